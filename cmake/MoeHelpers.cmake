@@ -1,0 +1,59 @@
+# Helpers for the project's own tests, examples and benchmarks (not installed).
+
+# One Catch2 main, compiled once and linked into every test program.
+if(MOE_BUILD_TESTS AND NOT TARGET moe_catch_main)
+  find_package(Catch2 2 REQUIRED)
+  add_library(moe_catch_main STATIC ${PROJECT_SOURCE_DIR}/tests/support/catch_main.cpp)
+  target_link_libraries(moe_catch_main PUBLIC Catch2::Catch2 moe::moe)
+  target_include_directories(moe_catch_main PUBLIC ${PROJECT_SOURCE_DIR}/tests/support)
+endif()
+
+set(MOE_SHARED_DATA_DIR "${PROJECT_SOURCE_DIR}/../shared/data" CACHE PATH
+    "Folder holding olmoe-routing/ (real routing statistics used by tests and benchmarks)")
+
+function(moe_sanitize target)
+  if(MOE_SANITIZE)
+    target_compile_options(${target} PRIVATE -fsanitize=address,undefined -fno-omit-frame-pointer
+                                             -fno-sanitize-recover=undefined)
+    target_link_options(${target} PRIVATE -fsanitize=address,undefined)
+  endif()
+endfunction()
+
+# moe_add_test(NAME <name> SOURCES <files...> LABELS <host|mpi|cuda> [LINK <targets...>]
+#              [MPI_RANKS <n>] [ARGS <args...>])
+# A host test runs its program once. An MPI test runs it under mpirun with MPI_RANKS processes.
+function(moe_add_test)
+  cmake_parse_arguments(T "" "NAME;MPI_RANKS" "SOURCES;LABELS;LINK;ARGS" ${ARGN})
+  if(NOT TARGET ${T_NAME})
+    add_executable(${T_NAME} ${T_SOURCES})
+    target_link_libraries(${T_NAME} PRIVATE moe_catch_main moe::moe ${T_LINK})
+    target_compile_definitions(${T_NAME} PRIVATE MOE_SHARED_DATA_DIR="${MOE_SHARED_DATA_DIR}")
+    target_compile_options(${T_NAME} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra>)
+    moe_sanitize(${T_NAME})
+  endif()
+  set(_test_name ${T_NAME})
+  if(T_MPI_RANKS)
+    set(_test_name ${T_NAME}_np${T_MPI_RANKS})
+    add_test(NAME ${_test_name}
+             COMMAND ${MPIEXEC_EXECUTABLE} --oversubscribe ${MPIEXEC_NUMPROC_FLAG} ${T_MPI_RANKS}
+                     $<TARGET_FILE:${T_NAME}> ${T_ARGS})
+    set_tests_properties(${_test_name} PROPERTIES
+      ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1"
+      PROCESSORS ${T_MPI_RANKS})
+  else()
+    add_test(NAME ${_test_name} COMMAND ${T_NAME} ${T_ARGS})
+  endif()
+  set_tests_properties(${_test_name} PROPERTIES LABELS "${T_LABELS}" TIMEOUT 900)
+  if("cuda" IN_LIST T_LABELS)
+    # A GPU test exits with 77 when no device is present; CTest reports it as skipped.
+    set_tests_properties(${_test_name} PROPERTIES SKIP_RETURN_CODE 77)
+  endif()
+endfunction()
+
+# moe_add_benchmark(NAME <name> SOURCES <files...> [LINK <targets...>])
+function(moe_add_benchmark)
+  cmake_parse_arguments(B "" "NAME" "SOURCES;LINK" ${ARGN})
+  add_executable(${B_NAME} ${B_SOURCES})
+  target_link_libraries(${B_NAME} PRIVATE benchmark::benchmark moe::moe ${B_LINK})
+  target_compile_definitions(${B_NAME} PRIVATE MOE_SHARED_DATA_DIR="${MOE_SHARED_DATA_DIR}")
+endfunction()

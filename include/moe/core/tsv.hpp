@@ -1,0 +1,113 @@
+#pragma once
+// A small, strict reader and writer for the tab-separated files the planners exchange
+// (profiles, topologies, plans). Errors name the file, the line and the column.
+//
+// Format rules shared by every moe TSV file:
+//   - fields are separated by one tab (a run of spaces is also accepted when reading);
+//   - lines starting with '#' are comments, blank lines are skipped;
+//   - an optional header line is recognised by the caller (TsvReader::skip_header).
+
+#include <charconv>
+#include <cmath>
+#include <fstream>
+#include <istream>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "moe/config.hpp"
+
+namespace moe::core {
+
+class TsvReader {
+public:
+  /// Reads from a file; throws moe::Error when it cannot be opened.
+  explicit TsvReader(std::string path) : name_(std::move(path)) {
+    auto file = std::make_unique<std::ifstream>(name_);
+    check(file->is_open(), "cannot open '", name_, "' for reading");
+    owned_ = std::move(file);
+    in_ = owned_.get();
+  }
+  /// Reads from a stream; `name` is used in error messages.
+  TsvReader(std::istream& in, std::string name) : name_(std::move(name)), in_(&in) {}
+
+  /// Advances to the next data line. Returns false at the end of the input.
+  bool next() {
+    while (std::getline(*in_, line_)) {
+      ++line_no_;
+      if (!line_.empty() && line_.back() == '\r') line_.pop_back();
+      std::size_t first = line_.find_first_not_of(" \t");
+      if (first == std::string::npos || line_[first] == '#') continue;
+      split();
+      return true;
+    }
+    check(!in_->bad(), name_, ": read error after line ", line_no_);
+    return false;
+  }
+
+  /// Skips the current line when its first field equals `first_field` (a header). Returns
+  /// whether it did.
+  bool is_header(std::string_view first_field) const {
+    return !fields_.empty() && fields_.front() == first_field;
+  }
+
+  [[nodiscard]] std::size_t size() const { return fields_.size(); }
+  [[nodiscard]] std::string_view field(std::size_t i) const {
+    check(i < fields_.size(), where(), ": expected at least ", i + 1, " fields, found ", fields_.size());
+    return fields_[i];
+  }
+  /// Requires exactly `n` fields on the current line.
+  void expect_fields(std::size_t n) const {
+    check(fields_.size() == n, where(), ": expected ", n, " fields, found ", fields_.size(),
+          " in '", line_, "'");
+  }
+
+  template <class Int>
+  [[nodiscard]] Int get_int(std::size_t i, std::string_view what) const {
+    std::string_view s = field(i);
+    Int value{};
+    auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
+    check(ec == std::errc() && ptr == s.data() + s.size(), where(), ": column ", i + 1, " (", what,
+          "): '", s, "' is not an integer in range");
+    return value;
+  }
+
+  [[nodiscard]] double get_double(std::size_t i, std::string_view what) const {
+    std::string_view s = field(i);
+    double value = 0;
+    auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
+    check(ec == std::errc() && ptr == s.data() + s.size(), where(), ": column ", i + 1, " (", what,
+          "): '", s, "' is not a number");
+    check(std::isfinite(value), where(), ": column ", i + 1, " (", what, "): '", s, "' is not finite");
+    return value;
+  }
+
+  [[nodiscard]] std::string where() const { return detail::concat(name_, ":", line_no_); }
+  [[nodiscard]] std::size_t line_number() const { return line_no_; }
+  [[nodiscard]] std::string const& name() const { return name_; }
+
+private:
+  void split() {
+    fields_.clear();
+    std::string_view rest(line_);
+    while (!rest.empty()) {
+      std::size_t start = rest.find_first_not_of(" \t");
+      if (start == std::string_view::npos) break;
+      rest.remove_prefix(start);
+      std::size_t end = rest.find_first_of(" \t");
+      fields_.push_back(rest.substr(0, end));
+      if (end == std::string_view::npos) break;
+      rest.remove_prefix(end);
+    }
+  }
+
+  std::string name_;
+  std::unique_ptr<std::istream> owned_;
+  std::istream* in_ = nullptr;
+  std::string line_;
+  std::vector<std::string_view> fields_;
+  std::size_t line_no_ = 0;
+};
+
+}  // namespace moe::core
