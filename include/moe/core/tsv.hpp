@@ -5,7 +5,7 @@
 // Format rules shared by every moe TSV file:
 //   - fields are separated by one tab (a run of spaces is also accepted when reading);
 //   - lines starting with '#' are comments, blank lines are skipped;
-//   - an optional header line is recognised by the caller (TsvReader::skip_header).
+//   - an optional header line is recognised by the caller (TsvReader::is_header).
 
 #include <charconv>
 #include <cmath>
@@ -46,8 +46,7 @@ public:
     return false;
   }
 
-  /// Skips the current line when its first field equals `first_field` (a header). Returns
-  /// whether it did.
+  /// Whether the current line is a header, recognised by its first field.
   bool is_header(std::string_view first_field) const {
     return !fields_.empty() && fields_.front() == first_field;
   }

@@ -1,0 +1,79 @@
+#pragma once
+// Replica allocator policies: which ranks hold a copy of each expert, and which copy a token uses.
+//
+// `replication::None`  - every expert has exactly one copy, on the rank the placement names.
+// `replication::Table` - a per-expert list of ranks holding copies (from EPLB or CRAFT plans); the
+//                        placement's rank must be among them. A token is served by the copy on its
+//                        own rank when there is one, otherwise by copy (source rank + token) mod n,
+//                        which spreads a hot expert's tokens evenly and needs no communication.
+
+#include <algorithm>
+#include <concepts>
+#include <span>
+#include <vector>
+
+#include "moe/config.hpp"
+
+namespace moe::replication {
+
+/// A replica policy picks, for one (token, expert) pair, the rank that serves it.
+template <class R>
+concept Policy = requires(R const& r, int expert, int primary, int source_rank, long long token,
+                          int experts, int ranks, std::span<int const> placement) {
+  { r.choose(expert, primary, source_rank, token) } -> std::convertible_to<int>;
+  r.validate(experts, ranks, placement);
+};
+
+struct None {
+  [[nodiscard]] int choose(int, int primary, int, long long) const { return primary; }
+  void validate(int, int, std::span<int const>) const {}
+};
+
+class Table {
+public:
+  Table() = default;
+  explicit Table(std::vector<std::vector<int>> replicas) : replicas_(std::move(replicas)) {}
+
+  [[nodiscard]] int choose(int expert, int primary, int source_rank, long long token) const {
+    auto const& copies = replicas_[static_cast<std::size_t>(expert)];
+    if (copies.size() == 1) return primary;
+    if (std::find(copies.begin(), copies.end(), source_rank) != copies.end()) return source_rank;
+    auto n = static_cast<long long>(copies.size());
+    return copies[static_cast<std::size_t>((source_rank + token) % n)];
+  }
+
+  [[nodiscard]] std::vector<std::vector<int>> const& replicas() const { return replicas_; }
+  [[nodiscard]] int copies(int expert) const {
+    return static_cast<int>(replicas_[static_cast<std::size_t>(expert)].size());
+  }
+
+  /// Throws moe::Error for a missing expert, an empty or duplicated copy list, a rank out of range,
+  /// or a placement rank that holds no copy.
+  void validate(int experts, int ranks, std::span<int const> placement) const {
+    check(static_cast<int>(replicas_.size()) == experts, "replica table has ", replicas_.size(),
+          " entries but the layer has ", experts, " experts");
+    for (int e = 0; e < experts; ++e) {
+      auto const& copies = replicas_[static_cast<std::size_t>(e)];
+      check(!copies.empty(), "replica table: expert ", e, " has no copy");
+      for (std::size_t i = 0; i < copies.size(); ++i) {
+        check(copies[i] >= 0 && copies[i] < ranks, "replica table: expert ", e, " has a copy on rank ",
+              copies[i], ", outside [0, ", ranks, ")");
+        check(std::find(copies.begin(), copies.begin() + static_cast<long>(i), copies[i]) ==
+                  copies.begin() + static_cast<long>(i),
+              "replica table: expert ", e, " lists rank ", copies[i], " twice");
+      }
+      if (!placement.empty()) {
+        int primary = placement[static_cast<std::size_t>(e)];
+        check(std::find(copies.begin(), copies.end(), primary) != copies.end(), "replica table: expert ",
+              e, " is placed on rank ", primary, " but that rank holds none of its copies");
+      }
+    }
+  }
+
+private:
+  std::vector<std::vector<int>> replicas_;
+};
+
+static_assert(Policy<None> && Policy<Table>);
+
+}  // namespace moe::replication
