@@ -1,0 +1,45 @@
+// EPLB port: DeepSeek's published example (issue 3 / the EPLB README) must come out exactly.
+#include <catch2/catch.hpp>
+
+#include "moe/replication/eplb.hpp"
+
+using namespace moe::replication;
+
+TEST_CASE("EPLB reproduces DeepSeek's published example (hierarchical policy)") {
+  std::vector<double> w = {90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86,
+                           20, 107, 104, 64, 19, 197, 187, 157, 172, 86, 16, 27};
+  auto r = eplb::rebalance_experts(w, 2, 12, 16, 4, 2, 8);
+  std::vector<int> phy2log = {5, 6, 5, 7, 8, 4, 3, 4, 10, 9, 10, 2, 0, 1, 11, 1,
+                              7, 10, 6, 8, 6, 11, 8, 9, 2, 4, 5, 1, 5, 0, 3, 1};
+  std::vector<int> logcnt = {1, 2, 1, 1, 2, 2, 1, 1, 1, 1, 2, 1, 1, 2, 1, 1, 1, 2, 2, 1, 2, 1, 1, 1};
+  CHECK(r.phy2log.v == phy2log);
+  CHECK(r.logcnt.v == logcnt);
+  // log2phy is consistent with phy2log.
+  for (int l = 0; l < 2; ++l)
+    for (int e = 0; e < 12; ++e)
+      for (int p : r.log2phy[l][e]) CHECK(r.phy2log(l, p) == e);
+  auto t = eplb::layer_tables(r, 0);
+  t.placement.validate(12, 8);
+  t.replicas.validate(12, 8, t.placement.ranks());
+}
+
+TEST_CASE("EPLB global policy keeps every slot filled and counts consistent") {
+  std::vector<double> w = {90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86};
+  // 4 groups over 3 nodes does not divide: the global policy is used.
+  auto r = eplb::rebalance_experts(w, 1, 12, 15, 4, 3, 3);
+  int total = 0;
+  for (int e = 0; e < 12; ++e) total += r.logcnt(0, e);
+  CHECK(total == 15);
+  // The 3 redundant copies go to the experts with the largest load per copy: 183, 165, 132.
+  CHECK(r.logcnt(0, 10) == 2);
+  CHECK(r.logcnt(0, 5) == 2);
+  CHECK(r.logcnt(0, 1) == 2);
+}
+
+TEST_CASE("EPLB rejects bad shapes and loads") {
+  std::vector<double> w = {1, 2, 3, 4};
+  CHECK_THROWS_AS(eplb::rebalance_experts(w, 1, 4, 6, 1, 1, 4), moe::Error);   // 6 slots on 4 GPUs
+  CHECK_THROWS_AS(eplb::rebalance_experts(w, 1, 4, 2, 1, 1, 2), moe::Error);   // fewer slots than experts
+  std::vector<double> bad = {1, -2, 3, 4};
+  CHECK_THROWS_AS(eplb::rebalance_experts(bad, 1, 4, 4, 1, 1, 2), moe::Error);
+}

@@ -1,0 +1,86 @@
+// Load profiles: TSV round trip, the real OLMoE marginals, the seeded sampler, and bad input.
+#include <catch2/catch.hpp>
+
+#include <sstream>
+
+#include "moe/profile/load_profile.hpp"
+
+using namespace moe::profile;
+
+static LoadProfile read_string(std::string const& s) {
+  std::istringstream in(s);
+  moe::core::TsvReader r(in, "test.tsv");
+  return read_profile(r);
+}
+
+TEST_CASE("load profile round-trips through its TSV format") {
+  LoadProfile p(3, 2, 5);
+  for (int b = 0; b < 3; ++b)
+    for (int l = 0; l < 2; ++l)
+      for (int e = 0; e < 5; ++e) p.at(b, l, e) = b * 100 + l * 10 + e + 0.25 * e;
+  std::ostringstream os;
+  write_profile(os, p);
+  LoadProfile q = read_string(os.str());
+  CHECK(q == p);
+  auto t = p.totals();
+  CHECK(t[0 * 5 + 3] == Approx(0 + 100 + 200 + 3 * 3 + 3 * 0.75));
+  auto s = p.slice(1, 3);
+  CHECK(s.batches() == 2);
+  CHECK(s.at(0, 1, 4) == p.at(1, 1, 4));
+}
+
+TEST_CASE("load profile rejects malformed, truncated and invalid files") {
+  std::string head = "moe-load-profile\t1\t2\t1\t3\n";
+  CHECK_THROWS_WITH(read_string(""), Catch::Contains("empty"));
+  CHECK_THROWS_WITH(read_string("profile\t1\t2\t1\t3\n"), Catch::Contains("header"));
+  CHECK_THROWS_WITH(read_string("moe-load-profile\t2\t2\t1\t3\n"), Catch::Contains("version"));
+  CHECK_THROWS_WITH(read_string(head + "0\t0\t1\t2\t3\n"), Catch::Contains("truncated"));
+  CHECK_THROWS_WITH(read_string(head + "0\t0\t1\t2\n1\t0\t1\t2\t3\n"), Catch::Contains("expected 5 fields"));
+  CHECK_THROWS_WITH(read_string(head + "0\t0\t1\t-2\t3\n1\t0\t1\t2\t3\n"), Catch::Contains("negative"));
+  CHECK_THROWS_WITH(read_string(head + "0\t0\t1\tnan\t3\n1\t0\t1\t2\t3\n"), Catch::Contains("not"));
+  CHECK_THROWS_WITH(read_string(head + "0\t0\t1\tinf\t3\n1\t0\t1\t2\t3\n"), Catch::Contains("not"));
+  CHECK_THROWS_WITH(read_string(head + "0\t0\t1\tx\t3\n1\t0\t1\t2\t3\n"), Catch::Contains("not a number"));
+  CHECK_THROWS_WITH(read_string(head + "1\t0\t1\t2\t3\n0\t0\t1\t2\t3\n"), Catch::Contains("expected batch 0"));
+  CHECK_THROWS_WITH(read_string(head + "0\t0\t1\t2\t3\n1\t0\t1\t2\t3\n1\t1\t1\t2\t3\n"), Catch::Contains("extra"));
+  CHECK_NOTHROW(read_string(head + "0\t0\t1\t2\t3\n1\t0\t1\t2\t3\n"));
+  LoadProfile p(1, 1, 2);
+  p.at(0, 0, 1) = -1;
+  CHECK_THROWS_AS(p.validate(), moe::Error);
+}
+
+TEST_CASE("real OLMoE marginals load and keep their totals") {
+  auto m = marginals_from_olmoe(std::string(MOE_SHARED_DATA_DIR) + "/olmoe-routing/olmoe-1b-7b/arxiv/expert_counts.tsv");
+  CHECK(m.layers == 3);
+  CHECK(m.experts == 64);
+  for (int l = 0; l < 3; ++l) {
+    double s = 0;
+    for (int e = 0; e < 64; ++e) s += m.at(l, e);
+    CHECK(s == 1671168.0);  // 208,896 tokens x top-8 (data README)
+  }
+}
+
+TEST_CASE("seeded sampler follows its marginals and is deterministic") {
+  Marginals m = zipf_marginals(2, 16, 1.0, 1.0, 7);
+  SampleOptions o;
+  o.batches = 400;
+  o.tokens_per_batch = 1000;
+  o.top_k = 2;
+  o.seed = 3;
+  auto p = sample_profile(m, o);
+  auto q = sample_profile(m, o);
+  CHECK(p == q);
+  p.validate();
+  auto t = p.totals();
+  for (int l = 0; l < 2; ++l) {
+    double ms = 0;
+    for (int e = 0; e < 16; ++e) ms += m.at(l, e);
+    for (int e = 0; e < 16; ++e) {
+      double expect = m.at(l, e) / ms;
+      double got = t[l * 16 + e] / (400.0 * 2000.0);
+      CHECK(got == Approx(expect).margin(0.005));
+    }
+  }
+  o.seed = 4;
+  CHECK_FALSE(sample_profile(m, o) == p);
+  CHECK_THROWS_AS(zipf_marginals(2, 4, 1.0, 0.5, 1), moe::Error);
+}
