@@ -79,11 +79,27 @@ struct KimiK2 {
                                   .renormalize = true, .routed_scale = 2.827f};
 };
 
-/// A model's routing structure at reduced widths, for tests and laptop-sized demos.
-template <ModelShape M, int Hidden, int ExpertFfn>
+/// A model's routing structure at reduced widths (and optionally another storage type), for tests
+/// and laptop-sized demos.
+template <ModelShape M, int Hidden, int ExpertFfn, DType D = M::spec.dtype>
 struct Reduced {
   static constexpr std::string_view name = M::name;
-  static constexpr ShapeSpec spec = M::spec.resized(Hidden, ExpertFfn);
+  static constexpr ShapeSpec spec = [] {
+    ShapeSpec s = M::spec.resized(Hidden, ExpertFfn);
+    s.dtype = D;
+    return s;
+  }();
+};
+
+/// A model at full size with another storage type (e.g. fp32 for reference checks).
+template <ModelShape M, DType D>
+struct WithDType {
+  static constexpr std::string_view name = M::name;
+  static constexpr ShapeSpec spec = [] {
+    ShapeSpec s = M::spec;
+    s.dtype = D;
+    return s;
+  }();
 };
 
 }  // namespace moe::models

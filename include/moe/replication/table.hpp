@@ -21,11 +21,13 @@ template <class R>
 concept Policy = requires(R const& r, int expert, int primary, int source_rank, long long token,
                           int experts, int ranks, std::span<int const> placement) {
   { r.choose(expert, primary, source_rank, token) } -> std::convertible_to<int>;
+  { r.holds(expert, primary, source_rank) } -> std::same_as<bool>;
   r.validate(experts, ranks, placement);
 };
 
 struct None {
   [[nodiscard]] int choose(int, int primary, int, long long) const { return primary; }
+  [[nodiscard]] bool holds(int, int primary, int rank) const { return primary == rank; }
   void validate(int, int, std::span<int const>) const {}
 };
 
@@ -40,6 +42,12 @@ public:
     if (std::find(copies.begin(), copies.end(), source_rank) != copies.end()) return source_rank;
     auto n = static_cast<long long>(copies.size());
     return copies[static_cast<std::size_t>((source_rank + token) % n)];
+  }
+
+  /// Whether `rank` holds a copy of `expert`.
+  [[nodiscard]] bool holds(int expert, int, int rank) const {
+    auto const& copies = replicas_[static_cast<std::size_t>(expert)];
+    return std::find(copies.begin(), copies.end(), rank) != copies.end();
   }
 
   [[nodiscard]] std::vector<std::vector<int>> const& replicas() const { return replicas_; }

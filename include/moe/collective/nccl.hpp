@@ -1,0 +1,218 @@
+#pragma once
+// collective::Nccl: one rank per GPU over an NCCL communicator. Buffers are device memory and every
+// operation is enqueued on the stream set with set_stream(); nothing here synchronises the host
+// except barrier(). Compiles with g++ (it needs only the CUDA runtime and NCCL headers); world size
+// 1 runs on a single GPU.
+//
+// Bootstrapping: either pass a communicator the host engine already owns (not destroyed here), or
+// create one from an ncclUniqueId that rank 0 made and the others received (collective/nccl_mpi.hpp
+// broadcasts it over MPI).
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <numeric>
+#include <vector>
+
+#include "moe/collective/concept.hpp"
+#include "moe/config.hpp"
+
+namespace moe::collective {
+
+namespace detail {
+inline void nccl_call(ncclResult_t r, char const* what) {
+  if (r != ncclSuccess) fail(what, " failed: ", ncclGetErrorString(r));
+}
+inline void cuda_call(cudaError_t r, char const* what) {
+  if (r != cudaSuccess) fail(what, " failed: ", cudaGetErrorString(r));
+}
+}  // namespace detail
+
+class Nccl {
+public:
+  static constexpr Memory memory = Memory::device;
+
+  /// Wraps a communicator owned by the caller.
+  explicit Nccl(ncclComm_t comm, cudaStream_t stream = nullptr) : comm_(comm), stream_(stream) { init(); }
+
+  /// Creates (and owns) a communicator of `size` ranks from a shared unique id.
+  static Nccl create(int rank, int size, ncclUniqueId const& id, cudaStream_t stream = nullptr) {
+    check(size > 0 && rank >= 0 && rank < size, "Nccl::create: rank ", rank, " of ", size, " is invalid");
+    ncclComm_t comm = nullptr;
+    detail::nccl_call(ncclCommInitRank(&comm, size, id, rank), "ncclCommInitRank");
+    Nccl n(comm, stream);
+    n.owns_ = true;
+    return n;
+  }
+
+  /// A fresh unique id (call on rank 0 and share it).
+  static ncclUniqueId unique_id() {
+    ncclUniqueId id;
+    detail::nccl_call(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    return id;
+  }
+
+  Nccl(Nccl const&) = delete;
+  Nccl& operator=(Nccl const&) = delete;
+  Nccl(Nccl&& o) noexcept { *this = std::move(o); }
+  Nccl& operator=(Nccl&& o) noexcept {
+    std::swap(comm_, o.comm_);
+    std::swap(stream_, o.stream_);
+    std::swap(rank_, o.rank_);
+    std::swap(size_, o.size_);
+    std::swap(owns_, o.owns_);
+    std::swap(scratch_, o.scratch_);
+    std::swap(counters_, o.counters_);
+    return *this;
+  }
+  ~Nccl() {
+    if (scratch_) cudaFree(scratch_);
+    if (owns_ && comm_) ncclCommDestroy(comm_);
+  }
+
+  [[nodiscard]] int rank() const { return rank_; }
+  [[nodiscard]] int size() const { return size_; }
+  [[nodiscard]] ncclComm_t comm() const { return comm_; }
+  [[nodiscard]] cudaStream_t stream() const { return stream_; }
+  void set_stream(cudaStream_t s) { stream_ = s; }
+  [[nodiscard]] Counters const& counters() const { return counters_; }
+  void reset_counters() { counters_ = {}; }
+
+  /// A one-element all-reduce, then a wait for the stream: every rank has arrived.
+  void barrier() {
+    detail::nccl_call(ncclAllReduce(scratch_, scratch_, 1, ncclFloat, ncclSum, comm_, stream_), "ncclAllReduce");
+    detail::cuda_call(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  }
+
+  void all_to_all(std::span<std::byte const> in, std::span<std::byte> out, std::size_t block) {
+    std::vector<std::size_t> counts(static_cast<std::size_t>(size_), block);
+    exchange(in, counts, out, counts, Op::all_to_all);
+  }
+
+  void all_to_all_v(std::span<std::byte const> in, std::span<std::size_t const> send_counts,
+                    std::span<std::byte> out, std::span<std::size_t const> recv_counts) {
+    exchange(in, send_counts, out, recv_counts, Op::all_to_all_v);
+  }
+
+  /// Variable-count reduce-scatter as one group of ncclReduce calls, one rooted at each rank.
+  void reduce_scatter_v(std::span<float const> in, std::span<float> out, std::span<std::size_t const> counts) {
+    check_counts(counts, "reduce_scatter_v");
+    std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+    check(in.size() == total, "reduce_scatter_v: input holds ", in.size(), " elements but the counts add up to ",
+          total);
+    std::size_t mine = counts[static_cast<std::size_t>(rank_)];
+    check(out.size() >= mine, "reduce_scatter_v: output holds ", out.size(), " elements, rank ", rank_,
+          " receives ", mine);
+    detail::nccl_call(ncclGroupStart(), "ncclGroupStart");
+    std::size_t offset = 0;
+    for (int p = 0; p < size_; ++p) {
+      std::size_t n = counts[static_cast<std::size_t>(p)];
+      if (n) {
+        detail::nccl_call(ncclReduce(in.data() + offset, p == rank_ ? out.data() : nullptr, n, ncclFloat, ncclSum,
+                                     p, comm_, stream_),
+                          "ncclReduce");
+      }
+      offset += n;
+    }
+    detail::nccl_call(ncclGroupEnd(), "ncclGroupEnd");
+    counters_.add(Op::reduce_scatter, (total - mine) * sizeof(float));
+    counters_.bytes_self += mine * sizeof(float);
+  }
+
+  /// Variable-count all-gather as one group of ncclBroadcast calls, one rooted at each rank.
+  void all_gather_v(std::span<std::byte const> in, std::span<std::byte> out, std::span<std::size_t const> counts) {
+    check_counts(counts, "all_gather_v");
+    check(in.size() == counts[static_cast<std::size_t>(rank_)], "all_gather_v: rank ", rank_, " contributes ",
+          in.size(), " bytes but its count says ", counts[static_cast<std::size_t>(rank_)]);
+    std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+    check(out.size() >= total, "all_gather_v: output holds ", out.size(), " bytes, needs ", total);
+    detail::nccl_call(ncclGroupStart(), "ncclGroupStart");
+    std::size_t offset = 0;
+    for (int p = 0; p < size_; ++p) {
+      std::size_t n = counts[static_cast<std::size_t>(p)];
+      if (n) {
+        detail::nccl_call(ncclBroadcast(p == rank_ ? in.data() : nullptr, out.data() + offset, n, ncclUint8, p,
+                                        comm_, stream_),
+                          "ncclBroadcast");
+      }
+      offset += n;
+    }
+    detail::nccl_call(ncclGroupEnd(), "ncclGroupEnd");
+    counters_.add(Op::all_gather, static_cast<std::size_t>(size_ - 1) * in.size());
+    counters_.bytes_self += in.size();
+  }
+
+  void all_reduce(std::span<float> data) {
+    detail::nccl_call(ncclAllReduce(data.data(), data.data(), data.size(), ncclFloat, ncclSum, comm_, stream_),
+                      "ncclAllReduce");
+    counters_.add(Op::all_reduce, 2 * static_cast<std::size_t>(size_ - 1) * data.size_bytes() /
+                                      static_cast<std::size_t>(size_));
+  }
+
+  void send(std::span<std::byte const> in, int peer, int tag) {
+    (void)tag;  // NCCL orders messages per peer and stream; tags are not needed
+    check(peer >= 0 && peer < size_, "send: peer ", peer, " out of range [0, ", size_, ")");
+    detail::nccl_call(ncclSend(in.data(), in.size(), ncclUint8, peer, comm_, stream_), "ncclSend");
+    if (peer == rank_) {
+      counters_.bytes_self += in.size();
+    } else {
+      counters_.add(Op::send, in.size());
+    }
+  }
+
+  void recv(std::span<std::byte> out, int peer, int tag) {
+    (void)tag;
+    check(peer >= 0 && peer < size_, "recv: peer ", peer, " out of range [0, ", size_, ")");
+    detail::nccl_call(ncclRecv(out.data(), out.size(), ncclUint8, peer, comm_, stream_), "ncclRecv");
+  }
+
+private:
+  void init() {
+    check(comm_ != nullptr, "Nccl: null communicator");
+    detail::nccl_call(ncclCommUserRank(comm_, &rank_), "ncclCommUserRank");
+    detail::nccl_call(ncclCommCount(comm_, &size_), "ncclCommCount");
+    detail::cuda_call(cudaMalloc(&scratch_, sizeof(float)), "cudaMalloc");
+  }
+
+  void exchange(std::span<std::byte const> in, std::span<std::size_t const> send_counts, std::span<std::byte> out,
+                std::span<std::size_t const> recv_counts, Op op) {
+    check_counts(send_counts, "all_to_all (send)");
+    check_counts(recv_counts, "all_to_all (receive)");
+    std::size_t send_total = std::accumulate(send_counts.begin(), send_counts.end(), std::size_t{0});
+    std::size_t recv_total = std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0});
+    check(send_total <= in.size(), "all_to_all: send counts add up to ", send_total,
+          " bytes but the send buffer holds ", in.size());
+    check(recv_total <= out.size(), "all_to_all: receive counts add up to ", recv_total,
+          " bytes but the receive buffer holds ", out.size());
+    detail::nccl_call(ncclGroupStart(), "ncclGroupStart");
+    std::size_t so = 0, ro = 0;
+    for (int p = 0; p < size_; ++p) {
+      std::size_t sn = send_counts[static_cast<std::size_t>(p)], rn = recv_counts[static_cast<std::size_t>(p)];
+      if (sn) detail::nccl_call(ncclSend(in.data() + so, sn, ncclUint8, p, comm_, stream_), "ncclSend");
+      if (rn) detail::nccl_call(ncclRecv(out.data() + ro, rn, ncclUint8, p, comm_, stream_), "ncclRecv");
+      so += sn;
+      ro += rn;
+    }
+    detail::nccl_call(ncclGroupEnd(), "ncclGroupEnd");
+    std::size_t self = send_counts[static_cast<std::size_t>(rank_)];
+    counters_.add(op, send_total - self);
+    counters_.bytes_self += self;
+  }
+
+  void check_counts(std::span<std::size_t const> counts, char const* what) const {
+    check(counts.size() == static_cast<std::size_t>(size_), what, ": ", counts.size(), " counts for ", size_,
+          " ranks");
+  }
+
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  int rank_ = 0;
+  int size_ = 0;
+  bool owns_ = false;
+  float* scratch_ = nullptr;
+  Counters counters_;
+};
+
+static_assert(Collective<Nccl>);
+
+}  // namespace moe::collective

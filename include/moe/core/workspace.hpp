@@ -1,0 +1,51 @@
+#pragma once
+// The workspace protocol (CUB style): the caller owns all scratch memory. A component describes its
+// buffers once, in a `carve(Carver&)` function; calling it with a measuring Carver gives the size
+// to allocate, calling it with a Carver over the caller's buffer hands out the pieces. Every piece
+// starts on a 256-byte boundary (enough for vector loads on CPUs and GPUs).
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "moe/config.hpp"
+
+namespace moe::core {
+
+class Carver {
+public:
+  static constexpr std::size_t alignment = 256;
+
+  /// A carver that only measures.
+  Carver() = default;
+  /// A carver over a caller-owned buffer.
+  explicit Carver(std::span<std::byte> buffer) : measuring_(false) {
+    auto address = reinterpret_cast<std::uintptr_t>(buffer.data());
+    std::size_t skip = (alignment - address % alignment) % alignment;
+    base_ = buffer.data() + skip;
+    capacity_ = buffer.size() >= skip ? buffer.size() - skip : 0;
+  }
+
+  /// The next `n` elements of T. When measuring, returns an empty span and only counts the bytes.
+  template <class T>
+  std::span<T> take(std::size_t n) {
+    offset_ = (offset_ + alignment - 1) / alignment * alignment;
+    std::size_t start = offset_;
+    offset_ += n * sizeof(T);
+    if (measuring_) return {};
+    check(offset_ <= capacity_, "workspace too small: ", capacity_, " usable bytes, needs at least ", offset_);
+    return {reinterpret_cast<T*>(base_ + start), n};
+  }
+
+  /// Bytes to allocate: what was taken plus slack for a buffer that is not 256-byte aligned.
+  [[nodiscard]] std::size_t used() const { return offset_ + alignment; }
+  [[nodiscard]] bool measuring() const { return measuring_; }
+
+private:
+  std::byte* base_ = nullptr;
+  std::size_t capacity_ = 0;
+  std::size_t offset_ = 0;
+  bool measuring_ = true;
+};
+
+}  // namespace moe::core

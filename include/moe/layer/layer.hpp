@@ -1,0 +1,467 @@
+#pragma once
+// moe::Layer: one expert-parallel MoE layer composed from policies.
+//
+//   using L = moe::Layer<Model, Router, Placement, Replicas, Schedule, Collective>;
+//   L layer(comm, placement, replicas, weights, {.max_tokens = 512});
+//   std::vector<std::byte> ws(layer.workspace_size());          // caller-owned scratch
+//   layer.run({.tokens = n, .x = x, .y = y}, ws);                // may be called many times
+//
+// Each rank passes its own tokens; the layer routes them, sends every token once to each rank that
+// serves at least one of its experts (de-duplication) together with its routing metadata in the
+// same record (one all-to-all-v), runs the local experts, sends one partial sum per (token, rank)
+// back, and adds the partials and the shared experts in the original token order.
+//
+// A dispatch record is [int32 token, int32 count, int32 expert[k], float weight[k]] padded to 16
+// bytes, followed by the token's hidden vector padded to 16 bytes. A combine record is the hidden
+// vector of the weighted partial sum, in storage precision, in the order the records came in.
+//
+// This header is the host execution path (InProcess and Mpi collectives); the CUDA path lives in
+// the kernels/*.cuh headers.
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "moe/collective/concept.hpp"
+#include "moe/config.hpp"
+#include "moe/core/bf16.hpp"
+#include "moe/core/shape.hpp"
+#include "moe/core/workspace.hpp"
+#include "moe/kernels/host.hpp"
+#include "moe/layer/weights.hpp"
+#include "moe/placement/table.hpp"
+#include "moe/replication/table.hpp"
+#include "moe/router/router.hpp"
+#include "moe/schedule/sequential.hpp"
+
+namespace moe {
+
+/// Storage type of a shape: float or bf16.
+template <ShapeSpec S>
+using storage_t = std::conditional_t<S.dtype == DType::f32, float, bf16>;
+
+struct LayerOptions {
+  int max_tokens = 0;        ///< most tokens one rank passes to run(); sizes the workspace
+  bool deduplicate = true;   ///< one record per (token, rank); false sends one per (token, expert)
+};
+
+/// What one run() did on this rank (assignment and record counts, and the bytes its collectives sent).
+struct LayerStats {
+  long long tokens = 0;          ///< tokens this rank passed in
+  long long assignments = 0;     ///< token-expert assignments (tokens x top_k)
+  long long local_assignments = 0;  ///< of those, served on this rank
+  long long records_remote = 0;  ///< dispatch records sent to other ranks
+  long long records_local = 0;   ///< dispatch records kept on this rank
+  long long records_received = 0;  ///< dispatch records received (own included)
+  std::size_t record_bytes = 0;  ///< bytes of one dispatch record
+  std::size_t meta_bytes = 0;    ///< of which metadata
+  std::size_t dispatch_bytes = 0;  ///< bytes the dispatch all-to-all-v sent to other ranks
+  std::size_t combine_bytes = 0;   ///< bytes the combine all-to-all-v sent to other ranks
+  std::size_t control_bytes = 0;   ///< bytes of the record-count exchange
+
+  [[nodiscard]] double local_activation_rate() const {
+    return assignments ? static_cast<double>(local_assignments) / static_cast<double>(assignments) : 0.0;
+  }
+};
+
+/// The outcome of can_implement(): ok, or why not.
+struct Status {
+  bool ok = true;
+  std::string message;
+  explicit operator bool() const { return ok; }
+};
+
+template <ModelShape Model, router::Policy Router, placement::Policy Placement, replication::Policy Replicas,
+          schedule::Policy Schedule, collective::Collective Comm>
+class Layer {
+public:
+  static constexpr ShapeSpec shape = Model::spec;
+  using element_type = storage_t<shape>;
+  using T = element_type;
+
+  static_assert(shape.hidden > 0 && shape.experts > 0 && shape.top_k > 0 && shape.top_k <= shape.experts,
+                "moe::Layer: the model shape needs positive sizes and top_k <= experts");
+  static_assert(Router::fits(shape), "moe::Layer: this Router policy does not fit the model's scoring and "
+                                     "grouping (see router::ForModel<Model>)");
+  static_assert(Comm::memory == collective::Memory::host,
+                "moe::Layer: this is the host execution path; a device collective (Nccl) needs the CUDA layer");
+
+  struct Arguments {
+    int tokens = 0;               ///< tokens on this rank (may be 0)
+    T const* x = nullptr;         ///< tokens x hidden
+    T* y = nullptr;               ///< tokens x hidden, written
+    long long first_token = 0;    ///< global index of this rank's first token (spreads replica choice)
+  };
+
+  Layer(Comm& comm, Placement placement, Replicas replicas, LayerWeights<T> weights, LayerOptions options)
+      : comm_(&comm), placement_(std::move(placement)), replicas_(std::move(replicas)), weights_(weights),
+        options_(options) {
+    validate(shape);
+    int ranks = comm.size();
+    placement_.validate(shape.experts, ranks);
+    primary_.resize(static_cast<std::size_t>(shape.experts));
+    for (int e = 0; e < shape.experts; ++e) primary_[static_cast<std::size_t>(e)] = placement_.rank_of(e);
+    replicas_.validate(shape.experts, ranks, primary_);
+    check(options_.max_tokens > 0, "moe::Layer: LayerOptions::max_tokens must be positive, got ", options_.max_tokens);
+    check(weights_.router != nullptr, "moe::Layer: router weights are missing");
+    check(static_cast<int>(weights_.experts.size()) == shape.experts, "moe::Layer: weights list ",
+          weights_.experts.size(), " experts, the shape has ", shape.experts);
+    check(static_cast<int>(weights_.shared.size()) == shape.shared_experts, "moe::Layer: weights list ",
+          weights_.shared.size(), " shared experts, the shape has ", shape.shared_experts);
+    for (int e = 0; e < shape.experts; ++e) {
+      bool mine = replicas_.holds(e, primary_[static_cast<std::size_t>(e)], comm.rank());
+      check(!mine || weights_.experts[static_cast<std::size_t>(e)].present(), "moe::Layer: rank ", comm.rank(),
+            " serves expert ", e, " but its weights are missing");
+    }
+    for (int e = 0; e < shape.shared_experts; ++e)
+      check(weights_.shared[static_cast<std::size_t>(e)].present(), "moe::Layer: shared expert ", e,
+            " has no weights");
+    meta_bytes_ = round16(2 * sizeof(std::int32_t) + static_cast<std::size_t>(k) * (sizeof(std::int32_t) + sizeof(float)));
+    payload_bytes_ = round16(h * sizeof(T));
+  }
+
+  /// Bytes of caller-owned workspace run() needs.
+  [[nodiscard]] std::size_t workspace_size() const {
+    core::Carver c;
+    Buffers b;
+    carve(c, b);
+    return c.used();
+  }
+
+  [[nodiscard]] Status can_implement(Arguments const& a) const {
+    if (a.tokens < 0) return {false, detail::concat("moe::Layer: negative token count ", a.tokens)};
+    if (a.tokens > options_.max_tokens)
+      return {false, detail::concat("moe::Layer: ", a.tokens, " tokens exceed the ", options_.max_tokens,
+                                    " the workspace was sized for (LayerOptions::max_tokens)")};
+    if (a.tokens > 0 && (a.x == nullptr || a.y == nullptr))
+      return {false, "moe::Layer: input or output pointer is null"};
+    return {};
+  }
+
+  /// One forward pass of this rank's tokens. Every rank of the collective must call it.
+  void run(Arguments const& a, std::span<std::byte> workspace) {
+    Status st = can_implement(a);
+    check(st.ok, st.message);
+    check(workspace.size() >= workspace_size(), "moe::Layer: workspace holds ", workspace.size(),
+          " bytes, run() needs ", workspace_size(), " (call workspace_size())");
+    Pass pass(*this, a, workspace);
+    Schedule::run(pass);
+  }
+
+  [[nodiscard]] LayerStats const& stats() const { return stats_; }
+  [[nodiscard]] Comm& comm() const { return *comm_; }
+  [[nodiscard]] std::vector<int> const& primary_ranks() const { return primary_; }
+
+private:
+  static constexpr auto h = static_cast<std::size_t>(shape.hidden);
+  static constexpr int k = shape.top_k;
+  static constexpr auto E = static_cast<std::size_t>(shape.experts);
+
+  static constexpr std::size_t round16(std::size_t n) { return (n + 15) / 16 * 16; }
+
+  struct RecordHeader {
+    std::int32_t token;
+    std::int32_t count;
+  };
+
+  struct Buffers {
+    std::span<float> logits;        // max_tokens x E
+    std::span<int> ids;             // max_tokens x k
+    std::span<float> gate;          // max_tokens x k
+    std::span<int> dest;            // max_tokens x k: rank serving each assignment
+    std::span<std::byte> send;      // dispatch records, grouped by destination
+    std::span<int> send_token;      // token of each dispatch record
+    std::span<std::size_t> counts;  // 4 x ranks: send, recv records; send, recv bytes
+    std::span<std::uint64_t> count_exchange;  // 2 x ranks
+    std::span<std::size_t> cursor;  // ranks: packing cursors
+    std::span<std::byte> recv;      // received dispatch records
+    std::span<float> partial;       // per received record: weighted sum of its experts (fp32)
+    std::span<T> back;              // partial sums in storage precision, sent back
+    std::span<T> returned;          // partial sums received back, in dispatch order
+    std::span<int> bucket_start;    // E + 1
+    std::span<int> bucket_fill;     // E: bucketing cursors
+    std::span<int> bucket_record;   // per (received record, slot): record index, grouped by expert
+    std::span<float> bucket_weight;
+    std::span<T> rows;              // gathered expert input rows
+    std::span<float> out;           // expert output rows (fp32)
+    std::span<float> scratch;       // SwiGLU intermediate
+    std::span<float> y;             // max_tokens x hidden accumulator
+  };
+
+  [[nodiscard]] std::size_t slots_per_token() const {
+    return options_.deduplicate ? static_cast<std::size_t>(std::min(k, comm_->size())) : static_cast<std::size_t>(k);
+  }
+  [[nodiscard]] std::size_t max_send_records() const {
+    return static_cast<std::size_t>(options_.max_tokens) * slots_per_token();
+  }
+  [[nodiscard]] std::size_t max_recv_records() const {
+    std::size_t per_peer = static_cast<std::size_t>(options_.max_tokens) * (options_.deduplicate ? 1 : static_cast<std::size_t>(k));
+    return per_peer * static_cast<std::size_t>(comm_->size());
+  }
+
+  void carve(core::Carver& c, Buffers& b) const {
+    auto m = static_cast<std::size_t>(options_.max_tokens);
+    auto ranks = static_cast<std::size_t>(comm_->size());
+    std::size_t rec = meta_bytes_ + payload_bytes_;
+    std::size_t rows = std::max(max_recv_records(), m);
+    std::size_t ffn = static_cast<std::size_t>(std::max(shape.expert_ffn, shape.shared_ffn));
+    b.logits = c.take<float>(m * E);
+    b.ids = c.take<int>(m * k);
+    b.gate = c.take<float>(m * k);
+    b.dest = c.take<int>(m * k);
+    b.send = c.take<std::byte>(max_send_records() * rec);
+    b.send_token = c.take<int>(max_send_records());
+    b.counts = c.take<std::size_t>(4 * ranks);
+    b.count_exchange = c.take<std::uint64_t>(2 * ranks);
+    b.cursor = c.take<std::size_t>(ranks);
+    b.recv = c.take<std::byte>(max_recv_records() * rec);
+    b.partial = c.take<float>(max_recv_records() * h);
+    b.back = c.take<T>(max_recv_records() * h);
+    b.returned = c.take<T>(max_send_records() * h);
+    b.bucket_start = c.take<int>(E + 1);
+    b.bucket_fill = c.take<int>(E);
+    b.bucket_record = c.take<int>(max_recv_records() * k);
+    b.bucket_weight = c.take<float>(max_recv_records() * k);
+    b.rows = c.take<T>(rows * h);
+    b.out = c.take<float>(rows * h);
+    b.scratch = c.take<float>(kernels::host::swiglu_scratch(static_cast<int>(rows), static_cast<int>(ffn)));
+    b.y = c.take<float>(m * h);
+  }
+
+  /// The state of one forward pass; the Schedule calls its phases.
+  class Pass {
+  public:
+    Pass(Layer& layer, Arguments const& a, std::span<std::byte> workspace) : L(layer), a_(a) {
+      core::Carver c(workspace);
+      L.carve(c, b_);
+      ranks_ = L.comm_->size();
+      rank_ = L.comm_->rank();
+      rec_ = L.meta_bytes_ + L.payload_bytes_;
+      L.stats_ = {};
+      L.stats_.tokens = a.tokens;
+      L.stats_.record_bytes = rec_;
+      L.stats_.meta_bytes = L.meta_bytes_;
+    }
+
+    /// Gate GEMM, router, and the rank that serves each assignment.
+    void route() {
+      auto t = static_cast<std::size_t>(a_.tokens);
+      kernels::host::gate_logits(a_.x, a_.tokens, shape.hidden, L.weights_.router, shape.experts, b_.logits.data());
+      std::span<float const> bias;
+      if (L.weights_.router_bias) bias = {L.weights_.router_bias, E};
+      router::route_all<Router>(shape, b_.logits, bias, a_.tokens, b_.ids, b_.gate);
+      for (std::size_t i = 0; i < t * k; ++i) {
+        int e = b_.ids[i];
+        int d = L.replicas_.choose(e, L.primary_[static_cast<std::size_t>(e)], rank_,
+                                   a_.first_token + static_cast<long long>(i / k));
+        b_.dest[i] = d;
+        L.stats_.local_assignments += d == rank_;
+      }
+      L.stats_.assignments = static_cast<long long>(t * k);
+    }
+
+    /// Packs records grouped by destination and exchanges them in one all-to-all-v.
+    void dispatch() {
+      auto ranks = static_cast<std::size_t>(ranks_);
+      auto send_records = b_.counts.subspan(0, ranks);
+      auto recv_records = b_.counts.subspan(ranks, ranks);
+      std::fill(send_records.begin(), send_records.end(), 0);
+      for_each_record([&](int, int d, std::span<int const>) { ++send_records[static_cast<std::size_t>(d)]; });
+      auto cursor = b_.cursor;
+      cursor[0] = 0;
+      for (std::size_t d = 1; d < ranks; ++d) cursor[d] = cursor[d - 1] + send_records[d - 1];
+      for_each_record([&](int t, int d, std::span<int const> slots) {
+        std::size_t r = cursor[static_cast<std::size_t>(d)]++;
+        b_.send_token[r] = t;
+        write_record(b_.send.data() + r * rec_, t, slots);
+      });
+      for (std::size_t d = 0; d < ranks; ++d) {
+        (d == static_cast<std::size_t>(rank_) ? L.stats_.records_local : L.stats_.records_remote) +=
+            static_cast<long long>(send_records[d]);
+      }
+
+      // Record counts first (a fixed-size exchange), then the records themselves.
+      for (std::size_t d = 0; d < ranks; ++d) b_.count_exchange[d] = send_records[d];
+      auto before = L.comm_->counters();
+      L.comm_->all_to_all(std::as_bytes(b_.count_exchange.first(ranks)),
+                          std::as_writable_bytes(b_.count_exchange.subspan(ranks, ranks)), sizeof(std::uint64_t));
+      std::size_t total = 0;
+      for (std::size_t p = 0; p < ranks; ++p) {
+        recv_records[p] = static_cast<std::size_t>(b_.count_exchange[ranks + p]);
+        total += recv_records[p];
+      }
+      check(total <= L.max_recv_records(), "moe::Layer: rank ", rank_, " would receive ", total,
+            " records but its workspace holds ", L.max_recv_records(),
+            " (do all ranks use the same LayerOptions::max_tokens?)");
+      received_ = total;
+      L.stats_.records_received = static_cast<long long>(total);
+      auto send_bytes = b_.counts.subspan(2 * ranks, ranks);
+      auto recv_bytes = b_.counts.subspan(3 * ranks, ranks);
+      for (std::size_t p = 0; p < ranks; ++p) {
+        send_bytes[p] = send_records[p] * rec_;
+        recv_bytes[p] = recv_records[p] * rec_;
+      }
+      auto middle = L.comm_->counters();
+      L.comm_->all_to_all_v(b_.send, send_bytes, b_.recv, recv_bytes);
+      auto after = L.comm_->counters();
+      L.stats_.control_bytes = middle.bytes_sent() - before.bytes_sent();
+      L.stats_.dispatch_bytes = after.bytes_sent() - middle.bytes_sent();
+    }
+
+    /// Runs every local expert on the rows that chose it and forms one weighted partial per record.
+    void compute() {
+      auto starts = b_.bucket_start;
+      std::fill(starts.begin(), starts.end(), 0);
+      for (std::size_t r = 0; r < received_; ++r) {
+        auto const* hdr = header(r);
+        check(hdr->count >= 1 && hdr->count <= k, "moe::Layer: corrupt record (", hdr->count, " experts)");
+        for (int j = 0; j < hdr->count; ++j) {
+          int e = experts_of(r)[j];
+          check(e >= 0 && e < shape.experts && L.replicas_.holds(e, L.primary_[static_cast<std::size_t>(e)], rank_),
+                "moe::Layer: rank ", rank_, " received a token for expert ", e,
+                " which it does not serve (do all ranks use the same placement and replica tables?)");
+          ++starts[static_cast<std::size_t>(e) + 1];
+        }
+      }
+      std::partial_sum(starts.begin(), starts.end(), starts.begin());
+      auto fill = b_.bucket_fill;
+      std::copy(starts.begin(), starts.end() - 1, fill.begin());
+      for (std::size_t r = 0; r < received_; ++r) {
+        for (int j = 0; j < header(r)->count; ++j) {
+          int e = experts_of(r)[j];
+          int at = fill[static_cast<std::size_t>(e)]++;
+          b_.bucket_record[static_cast<std::size_t>(at)] = static_cast<int>(r);
+          b_.bucket_weight[static_cast<std::size_t>(at)] = weights_of(r)[j];
+        }
+      }
+      std::fill(b_.partial.begin(), b_.partial.begin() + static_cast<std::ptrdiff_t>(received_ * h), 0.0f);
+      for (std::size_t e = 0; e < E; ++e) {
+        int first = starts[e], n = starts[e + 1] - first;
+        if (n == 0) continue;
+        for (int i = 0; i < n; ++i) {
+          std::size_t r = static_cast<std::size_t>(b_.bucket_record[static_cast<std::size_t>(first + i)]);
+          std::memcpy(b_.rows.data() + static_cast<std::size_t>(i) * h, payload(r), h * sizeof(T));
+        }
+        kernels::host::swiglu_expert(b_.rows.data(), n, shape.hidden, shape.expert_ffn, L.weights_.experts[e],
+                                     b_.out.data(), b_.scratch);
+        for (int i = 0; i < n; ++i) {
+          auto at = static_cast<std::size_t>(first + i);
+          float w = b_.bucket_weight[at];
+          float* dst = b_.partial.data() + static_cast<std::size_t>(b_.bucket_record[at]) * h;
+          float const* src = b_.out.data() + static_cast<std::size_t>(i) * h;
+          for (std::size_t q = 0; q < h; ++q) dst[q] += w * src[q];
+        }
+      }
+      for (std::size_t i = 0; i < received_ * h; ++i) b_.back[i] = from_float<T>(b_.partial[i]);
+    }
+
+    /// Sends the partials back, adds them and the shared experts in the original token order.
+    void combine() {
+      auto ranks = static_cast<std::size_t>(ranks_);
+      auto send_records = b_.counts.subspan(0, ranks);
+      auto recv_records = b_.counts.subspan(ranks, ranks);
+      auto back_bytes = b_.counts.subspan(2 * ranks, ranks);
+      auto ret_bytes = b_.counts.subspan(3 * ranks, ranks);
+      std::size_t sent = 0;
+      for (std::size_t p = 0; p < ranks; ++p) {
+        back_bytes[p] = recv_records[p] * h * sizeof(T);
+        ret_bytes[p] = send_records[p] * h * sizeof(T);
+        sent += send_records[p];
+      }
+      auto before = L.comm_->counters();
+      L.comm_->all_to_all_v(std::as_bytes(b_.back), back_bytes, std::as_writable_bytes(b_.returned), ret_bytes);
+      L.stats_.combine_bytes = L.comm_->counters().bytes_sent() - before.bytes_sent();
+
+      auto t = static_cast<std::size_t>(a_.tokens);
+      std::fill(b_.y.begin(), b_.y.begin() + static_cast<std::ptrdiff_t>(t * h), 0.0f);
+      for (auto const& sw : L.weights_.shared) {
+        if (t == 0) break;
+        kernels::host::swiglu_expert(a_.x, a_.tokens, shape.hidden, shape.shared_ffn, sw, b_.out.data(), b_.scratch);
+        for (std::size_t i = 0; i < t * h; ++i) b_.y[i] += b_.out[i];
+      }
+      for (std::size_t r = 0; r < sent; ++r) {
+        float* dst = b_.y.data() + static_cast<std::size_t>(b_.send_token[r]) * h;
+        T const* src = b_.returned.data() + r * h;
+        for (std::size_t q = 0; q < h; ++q) dst[q] += to_float(src[q]);
+      }
+      for (std::size_t i = 0; i < t * h; ++i) a_.y[i] = from_float<T>(b_.y[i]);
+    }
+
+  private:
+    /// Calls f(token, destination, slots) once per record this rank sends, destinations ascending
+    /// within a token. With de-duplication `slots` are all of the token's assignments served by that
+    /// destination; without, one assignment.
+    template <class F>
+    void for_each_record(F&& f) const {
+      int slots[k];
+      for (int t = 0; t < a_.tokens; ++t) {
+        int const* dest = b_.dest.data() + static_cast<std::size_t>(t) * k;
+        if (!L.options_.deduplicate) {
+          for (int j = 0; j < k; ++j) {
+            slots[0] = j;
+            f(t, dest[j], std::span<int const>(slots, 1));
+          }
+          continue;
+        }
+        for (int j = 0; j < k; ++j) {
+          bool seen = false;
+          for (int q = 0; q < j; ++q) seen |= dest[q] == dest[j];
+          if (seen) continue;
+          int n = 0;
+          for (int q = j; q < k; ++q)
+            if (dest[q] == dest[j]) slots[n++] = q;
+          f(t, dest[j], std::span<int const>(slots, static_cast<std::size_t>(n)));
+        }
+      }
+    }
+
+    void write_record(std::byte* out, int t, std::span<int const> slots) const {
+      std::memset(out, 0, L.meta_bytes_);
+      RecordHeader hdr{t, static_cast<std::int32_t>(slots.size())};
+      std::memcpy(out, &hdr, sizeof(hdr));
+      auto* ids = reinterpret_cast<std::int32_t*>(out + sizeof(hdr));
+      auto* w = reinterpret_cast<float*>(out + sizeof(hdr) + k * sizeof(std::int32_t));
+      for (std::size_t i = 0; i < slots.size(); ++i) {
+        std::size_t at = static_cast<std::size_t>(t) * k + static_cast<std::size_t>(slots[i]);
+        ids[i] = b_.ids[at];
+        w[i] = b_.gate[at];
+      }
+      std::memcpy(out + L.meta_bytes_, a_.x + static_cast<std::size_t>(t) * h, h * sizeof(T));
+    }
+
+    [[nodiscard]] RecordHeader const* header(std::size_t r) const {
+      return reinterpret_cast<RecordHeader const*>(b_.recv.data() + r * rec_);
+    }
+    [[nodiscard]] std::int32_t const* experts_of(std::size_t r) const {
+      return reinterpret_cast<std::int32_t const*>(b_.recv.data() + r * rec_ + sizeof(RecordHeader));
+    }
+    [[nodiscard]] float const* weights_of(std::size_t r) const {
+      return reinterpret_cast<float const*>(b_.recv.data() + r * rec_ + sizeof(RecordHeader) + k * sizeof(std::int32_t));
+    }
+    [[nodiscard]] std::byte const* payload(std::size_t r) const { return b_.recv.data() + r * rec_ + L.meta_bytes_; }
+
+    Layer& L;
+    Arguments const& a_;
+    Buffers b_;
+    int ranks_ = 0;
+    int rank_ = 0;
+    std::size_t rec_ = 0;
+    std::size_t received_ = 0;
+  };
+
+  Comm* comm_;
+  Placement placement_;
+  Replicas replicas_;
+  LayerWeights<T> weights_;
+  LayerOptions options_;
+  std::vector<int> primary_;
+  std::size_t meta_bytes_ = 0;
+  std::size_t payload_bytes_ = 0;
+  LayerStats stats_;
+};
+
+}  // namespace moe

@@ -1,0 +1,111 @@
+#pragma once
+// Shared checks of the expert-parallel Layer against the single-process reference. Every rank
+// builds the same seeded global batch and weights, runs the reference on all tokens, runs the layer
+// on its own slice and compares. The expected byte counts are computed here from the reference
+// routes and the tables, independently of the layer's own bookkeeping.
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "moe/moe.hpp"
+
+namespace moe::test {
+
+/// max |a - b| / max |b| over all elements (normwise relative error).
+template <class T>
+double max_relative_error(std::vector<T> const& a, std::vector<T> const& b) {
+  double diff = 0.0, scale = 0.0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::abs(double(to_float(a[i])) - double(to_float(b[i]))));
+    scale = std::max(scale, std::abs(double(to_float(b[i]))));
+  }
+  return scale > 0 ? diff / scale : diff;
+}
+
+template <class T>
+std::vector<T> random_tokens(int tokens, int hidden, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<T> x(static_cast<std::size_t>(tokens) * static_cast<std::size_t>(hidden));
+  for (auto& v : x) v = from_float<T>(d(rng));
+  return x;
+}
+
+struct Scenario {
+  std::vector<int> tokens_per_rank;
+  placement::Table placement;
+  bool deduplicate = true;
+  std::uint64_t seed = 1;
+};
+
+struct Outcome {
+  double error = 0.0;                 // this rank's normwise relative error
+  LayerStats stats;
+  std::size_t expected_dispatch = 0;  // analytic bytes this rank sends in the dispatch
+  std::size_t expected_combine = 0;   // analytic bytes this rank sends back in the combine
+  std::size_t without_dedup = 0;      // bytes one copy per (token, remote expert) would take
+};
+
+/// Runs one scenario on this rank. Model must be f32 or bf16; Router fits it.
+template <class Model, class Router, class Replicas, class Comm>
+Outcome run_scenario(Comm& comm, Scenario const& sc, Replicas replicas) {
+  using Lyr = Layer<Model, Router, placement::Table, Replicas, schedule::Sequential, Comm>;
+  using T = typename Lyr::element_type;
+  constexpr ShapeSpec s = Model::spec;
+  int rank = comm.rank();
+  auto const& counts = sc.tokens_per_rank;
+  int total = std::accumulate(counts.begin(), counts.end(), 0);
+  int first = std::accumulate(counts.begin(), counts.begin() + rank, 0);
+  auto h = static_cast<std::size_t>(s.hidden), k = static_cast<std::size_t>(s.top_k);
+
+  RandomLayerWeights<T> weights(s, sc.seed);
+  auto x = random_tokens<T>(total, s.hidden, sc.seed + 1000);
+  std::vector<T> ref(x.size());
+  std::vector<int> ids(static_cast<std::size_t>(total) * k);
+  std::vector<float> gw(ids.size());
+  reference_forward<Router>(s, weights.view(), total, x.data(), ref.data(), ids, gw);
+
+  // This rank holds only the experts it serves.
+  std::vector<int> primary = sc.placement.ranks();
+  auto local = weights.experts_where([&](int e) { return replicas.holds(e, primary[static_cast<std::size_t>(e)], rank); });
+  auto view = weights.view();
+  view.experts = local;
+  int max_tokens = std::max(1, *std::max_element(counts.begin(), counts.end()));
+  Lyr layer(comm, sc.placement, replicas, view, {.max_tokens = max_tokens, .deduplicate = sc.deduplicate});
+  std::vector<std::byte> ws(layer.workspace_size());
+  std::vector<T> y(static_cast<std::size_t>(counts[static_cast<std::size_t>(rank)]) * h);
+  layer.run({.tokens = counts[static_cast<std::size_t>(rank)], .x = x.data() + static_cast<std::size_t>(first) * h,
+             .y = y.data(), .first_token = first},
+            ws);
+
+  Outcome o;
+  std::vector<T> mine(ref.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(first) * h),
+                      ref.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(first + counts[static_cast<std::size_t>(rank)]) * h));
+  o.error = max_relative_error(y, mine);
+  o.stats = layer.stats();
+
+  // Analytic volumes from the reference routes: one record per distinct remote serving rank.
+  std::size_t rec = o.stats.record_bytes;
+  int src = 0, src_end = counts[0];
+  for (int t = 0; t < total; ++t) {
+    while (t >= src_end) src_end += counts[static_cast<std::size_t>(++src)];
+    std::set<int> dests;
+    for (std::size_t j = 0; j < k; ++j) {
+      int e = ids[static_cast<std::size_t>(t) * k + j];
+      int d = replicas.choose(e, primary[static_cast<std::size_t>(e)], src, t);
+      dests.insert(d);
+      if (src == rank && d != rank) o.without_dedup += rec;
+    }
+    for (int d : dests) {
+      if (src == rank && d != rank) o.expected_dispatch += rec;
+      if (d == rank && src != rank) o.expected_combine += h * sizeof(T);
+    }
+  }
+  return o;
+}
+
+}  // namespace moe::test
