@@ -71,3 +71,14 @@ function(moe_add_benchmark)
   target_link_libraries(${B_NAME} PRIVATE benchmark::benchmark moe::moe ${B_LINK})
   target_compile_definitions(${B_NAME} PRIVATE MOE_SHARED_DATA_DIR="${MOE_SHARED_DATA_DIR}")
 endfunction()
+
+# moe_add_areas(<area>...): add_subdirectory() for each area folder that exists and is selected by
+# MOE_AREAS.
+function(moe_add_areas)
+  foreach(area ${ARGN})
+    if(EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/${area}/CMakeLists.txt AND
+       (MOE_AREAS STREQUAL "all" OR area IN_LIST MOE_AREAS))
+      add_subdirectory(${area})
+    endif()
+  endforeach()
+endfunction()
