@@ -1,0 +1,131 @@
+// Bad input to the Layer gets a clear moe::Error, never a crash or a hang.
+#include <catch2/catch.hpp>
+
+#include "layer_check.hpp"
+
+using namespace moe;
+using Small = models::Reduced<models::Mixtral8x7B, 16, 8, DType::f32>;
+using L2 = Layer<Small, router::SoftmaxTopK, placement::Table, replication::None, schedule::Sequential,
+                 collective::InProcess<2>>;
+using L2R = Layer<Small, router::SoftmaxTopK, placement::Table, replication::Table, schedule::Sequential,
+                  collective::InProcess<2>>;
+
+namespace {
+RandomLayerWeights<float> const& weights() {
+  static RandomLayerWeights<float> w(Small::spec, 5);
+  return w;
+}
+template <class Body>
+void on_two_ranks(Body body) {
+  collective::run_in_process<2>([&](collective::InProcess<2>& comm) { body(comm); });
+}
+}  // namespace
+
+TEST_CASE("placement tables that miss an expert or name a bad rank", "[layer][errors]") {
+  CHECK_THROWS_WITH(on_two_ranks([](auto& comm) {
+                      L2 l(comm, placement::Table({0, 0, 0, 1, 1, 1, 1}), {}, weights().view(), {.max_tokens = 4});
+                    }),
+                    Catch::Contains("placement table has 7 entries") && Catch::Contains("8 experts"));
+  CHECK_THROWS_WITH(on_two_ranks([](auto& comm) {
+                      L2 l(comm, placement::Table({0, 0, 0, 1, 1, 1, 1, 2}), {}, weights().view(), {.max_tokens = 4});
+                    }),
+                    Catch::Contains("expert 7 on rank 2"));
+  CHECK_THROWS_WITH(on_two_ranks([](auto& comm) {
+                      L2 l(comm, placement::Table({0, 0, 0, -1, 1, 1, 1, 1}), {}, weights().view(), {.max_tokens = 4});
+                    }),
+                    Catch::Contains("expert 3 on rank -1"));
+  CHECK_THROWS_WITH(placement::Table::contiguous(8, 3), Catch::Contains("do not split evenly"));
+}
+
+TEST_CASE("replica tables that are inconsistent", "[layer][errors]") {
+  auto placement = placement::Table::contiguous(8, 2);
+  std::vector<std::vector<int>> copies{{0}, {0}, {0}, {0}, {1}, {1}, {1}, {1}};
+  copies[5] = {1, 1};
+  CHECK_THROWS_WITH(on_two_ranks([&](auto& comm) {
+                      L2R l(comm, placement, replication::Table(copies), weights().view(), {.max_tokens = 4});
+                    }),
+                    Catch::Contains("expert 5 lists rank 1 twice"));
+  copies[5] = {0};
+  CHECK_THROWS_WITH(on_two_ranks([&](auto& comm) {
+                      L2R l(comm, placement, replication::Table(copies), weights().view(), {.max_tokens = 4});
+                    }),
+                    Catch::Contains("expert 5 is placed on rank 1"));
+  copies.pop_back();
+  CHECK_THROWS_WITH(on_two_ranks([&](auto& comm) {
+                      L2R l(comm, placement, replication::Table(copies), weights().view(), {.max_tokens = 4});
+                    }),
+                    Catch::Contains("replica table has 7 entries"));
+}
+
+TEST_CASE("weights that do not match the shape", "[layer][errors]") {
+  auto placement = placement::Table::contiguous(8, 2);
+  CHECK_THROWS_WITH(on_two_ranks([&](auto& comm) {
+                      auto v = weights().view();
+                      v.experts = v.experts.first(6);
+                      L2 l(comm, placement, {}, v, {.max_tokens = 4});
+                    }),
+                    Catch::Contains("weights list 6 experts, the shape has 8"));
+  CHECK_THROWS_WITH(on_two_ranks([&](auto& comm) {
+                      // Every rank is handed only rank 0's experts; rank 1 notices.
+                      auto local = weights().experts_where([](int e) { return e < 4; });
+                      auto v = weights().view();
+                      v.experts = local;
+                      L2 l(comm, placement, {}, v, {.max_tokens = 4});
+                    }),
+                    Catch::Contains("rank 1 serves expert 4 but its weights are missing"));
+  CHECK_THROWS_WITH(on_two_ranks([&](auto& comm) {
+                      auto v = weights().view();
+                      v.router = nullptr;
+                      L2 l(comm, placement, {}, v, {.max_tokens = 4});
+                    }),
+                    Catch::Contains("router weights are missing"));
+  CHECK_THROWS_WITH(on_two_ranks([&](auto& comm) { L2 l(comm, placement, {}, weights().view(), {.max_tokens = 0}); }),
+                    Catch::Contains("max_tokens must be positive"));
+}
+
+TEST_CASE("more tokens than the workspace was sized for, or too small a workspace", "[layer][errors]") {
+  auto placement = placement::Table::contiguous(8, 2);
+  auto x = test::random_tokens<float>(8, 16, 3);
+  std::vector<float> y(x.size());
+  CHECK_THROWS_WITH(on_two_ranks([&](auto& comm) {
+                      L2 l(comm, placement, {}, weights().view(), {.max_tokens = 4});
+                      std::vector<std::byte> ws(l.workspace_size());
+                      int n = comm.rank() == 0 ? 5 : 2;
+                      l.run({.tokens = n, .x = x.data(), .y = y.data()}, ws);
+                    }),
+                    Catch::Contains("5 tokens exceed the 4"));
+  CHECK_THROWS_WITH(on_two_ranks([&](auto& comm) {
+                      L2 l(comm, placement, {}, weights().view(), {.max_tokens = 4});
+                      std::vector<std::byte> ws(l.workspace_size() / 2);
+                      l.run({.tokens = 2, .x = x.data(), .y = y.data()}, ws);
+                    }),
+                    Catch::Contains("workspace holds"));
+  CHECK_THROWS_WITH(on_two_ranks([&](auto& comm) {
+                      L2 l(comm, placement, {}, weights().view(), {.max_tokens = 4});
+                      std::vector<std::byte> ws(l.workspace_size());
+                      l.run({.tokens = 2, .x = nullptr, .y = y.data()}, ws);
+                    }),
+                    Catch::Contains("null"));
+  // Ranks disagreeing on max_tokens are caught when the record counts arrive.
+  CHECK_THROWS_WITH(on_two_ranks([&](auto& comm) {
+                      int cap = comm.rank() == 0 ? 8 : 1;
+                      L2 l(comm, placement, {}, weights().view(), {.max_tokens = cap});
+                      std::vector<std::byte> ws(l.workspace_size());
+                      int n = comm.rank() == 0 ? 8 : 1;
+                      l.run({.tokens = n, .x = x.data(), .y = y.data()}, ws);
+                    }),
+                    Catch::Contains("same LayerOptions::max_tokens"));
+}
+
+TEST_CASE("ranks with different placement tables are caught", "[layer][errors]") {
+  auto x = test::random_tokens<float>(8, 16, 3);
+  std::vector<float> y(x.size());
+  CHECK_THROWS_WITH(on_two_ranks([&](auto& comm) {
+                      // Rank 0 thinks everything lives on rank 1, rank 1 thinks everything lives on rank 0.
+                      std::vector<int> t(8, 1 - comm.rank());
+                      L2 l(comm, placement::Table(t), {}, weights().view(), {.max_tokens = 8});
+                      std::vector<std::byte> ws(l.workspace_size());
+                      l.run({.tokens = 8, .x = x.data(), .y = y.data()}, ws);
+                    }),
+                    Catch::Contains("which it does not serve"));
+}
