@@ -1,0 +1,80 @@
+// The OLMoE experiment on real routing data (layer 0): fit on arxiv + book, evaluate on github.
+// The data is loaded once for the whole program.
+#include <catch2/catch.hpp>
+
+#include <vector>
+
+#include "moe/placement/cocluster.hpp"
+#include "moe/placement/cocluster_metis.hpp"
+#include "moe/profile/olmoe_tokens.hpp"
+#include "moe/speculative/metrics.hpp"
+#include "moe/speculative/predictor.hpp"
+
+namespace ol = moe::profile::olmoe;
+namespace pl = moe::placement;
+namespace sp = moe::speculative;
+
+namespace {
+struct Data {
+  moe::profile::RouteProfile fit, held;
+  pl::CoclusterProblem problem;
+};
+Data const& data() {
+  static Data d = [] {
+    Data x;
+    ol::LoadOptions o;
+    o.only_layer = 0;
+    x.fit = ol::load(MOE_SHARED_DATA_DIR, {"arxiv", "book"}, o);
+    x.held = ol::load(MOE_SHARED_DATA_DIR, {"github"}, o);
+    x.problem = pl::CoclusterProblem::from_counts(x.fit.layer(0), ol::top_k, 8);
+    return x;
+  }();
+  return d;
+}
+double held_out_lar(pl::CoclusterResult const& r) {
+  auto table = sp::TokenDeviceTable::from_cocluster(data().problem, r, ol::vocab);
+  sp::Predictor pred(table);
+  return sp::local_activation_rate(data().held.layer(0), r.experts, [&](int t) { return pred.predict(t).device; });
+}
+pl::CrossEntropyOptions quick() {
+  pl::CrossEntropyOptions o;  // fewer rounds than the example program to keep the test short
+  o.iterations = 6;
+  o.samples = 8;
+  return o;
+}
+}  // namespace
+
+TEST_CASE("OLMoE: contiguous placement without shuffling is 1/8 local", "[speculative][olmoe]") {
+  auto c = pl::Table::contiguous(64, 8);
+  std::vector<double> eq(8, 1.0 / 8);
+  REQUIRE(sp::local_activation_rate_unshuffled(data().held.layer(0), c, eq) == Approx(0.125));
+  // s-TS alone (token table over the contiguous placement) is better than 1/8 on held-out data.
+  auto r = pl::assign_tokens_to(data().problem, c, 1.1);
+  REQUIRE(r.local_rate > 0.125);
+  REQUIRE(held_out_lar(r) > 0.125);
+}
+
+TEST_CASE("OLMoE: the 8-device co-clustering problem and its errors", "[speculative][olmoe][errors]") {
+  auto const& lc = data().fit.layer(0);
+  REQUIRE_THROWS_WITH(pl::CoclusterProblem::from_counts(lc, ol::top_k, 128),
+                      Catch::Contains("more devices (128) than experts (64)"));
+  REQUIRE(data().problem.total_frequency() == Approx(2 * 208896.0));
+}
+
+TEST_CASE("OLMoE: cross-entropy beats two-stage balanced k-means at the same balance cap", "[speculative][olmoe]") {
+  auto ce = pl::solve_cross_entropy(data().problem, quick());
+  auto km = pl::balanced_kmeans(data().problem);
+  REQUIRE(ce.imbalance <= 0.1 + 1e-9);
+  REQUIRE(km.imbalance <= 0.1 + 1e-9);
+  REQUIRE(ce.local_rate > km.local_rate);
+  REQUIRE(held_out_lar(ce) > held_out_lar(km));
+}
+
+#if MOE_HAS_METIS && defined(MOE_WITH_METIS)
+TEST_CASE("OLMoE: cross-entropy beats METIS on LAR at equal or better balance", "[speculative][olmoe][metis]") {
+  auto ce = pl::solve_cross_entropy(data().problem, quick());
+  auto me = pl::solve_metis(data().problem);
+  REQUIRE(ce.imbalance <= me.imbalance + 1e-9);
+  REQUIRE(ce.local_rate > me.local_rate);
+}
+#endif
