@@ -1,0 +1,295 @@
+// moe_plan: the offline planner. Model shape + load profile + topology + policies in; one plan
+// file per policy (docs/plan-format.md) and a side-by-side metrics report out.
+//
+//   moe_plan --model deepseek-r1 --topology fattree --synthetic-zipf 0.3,0.8 --batches 200
+//            --policies rr,greedy,ilp,ilpload,eplb,craft --c-layer 8 --c-exp 64 --out-dir plans
+//
+// Run with --help for every option. The profile's first --train-fraction of batches builds the
+// load-aware plans (ILPLoad, EPLB, CRAFT); the metrics are measured on the remaining batches.
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "moe/models/models.hpp"
+#include "moe/placement/eplb_packing.hpp"
+#include "moe/placement/heuristics.hpp"
+#include "moe/placement/ilp.hpp"
+#include "moe/placement/metrics.hpp"
+#include "moe/placement/plan_io.hpp"
+#include "moe/profile/load_profile.hpp"
+#include "moe/replication/craft.hpp"
+#include "moe/replication/eplb.hpp"
+#include "moe/topology/topology.hpp"
+
+using namespace moe;
+
+namespace {
+
+char const* kHelp = R"(moe_plan - offline expert placement and replication planner
+
+Model:     --model NAME        deepseek-r1 (default), deepseek-v3, deepseek-v2, deepseek-moe-16b,
+                               mixtral-8x7b, qwen3-30b-a3b, qwen3-235b-a22b, olmoe-1b-7b, kimi-k2
+           --layers N          override the number of MoE layers (e.g. to match a profile)
+Profile:   --profile FILE      a load profile (docs/plan-format.md)
+           --synthetic-zipf A,B  seeded Zipf-like marginals, exponent per layer in [A, B] (default 0.3,0.8)
+           --olmoe DIR         real marginals from DIR/expert_counts.tsv (e.g. .../olmoe-1b-7b/arxiv)
+           --batches N --tokens T --concentration C --seed S   per-batch sampling (synthetic batches)
+           --train-fraction F  batches used for planning (default 0.5), the rest for the report
+           --write-profile FILE  save the profile used
+Topology:  --topology KIND|FILE  fattree (default), dragonfly, fattree-sparse, dragonfly-sparse, or a file
+           --leaves N --servers-per-leaf N --gpus-per-server N   (default 16, 4, 4: the ILP paper's cluster)
+Policies:  --policies LIST     comma list of rr, greedy, ilp, ilpload, eplb-pack, eplb, craft (default all)
+           --c-layer N --c-exp N   ILP capacities (default 1 and ceil(L*E/G) + 6)
+           --eplb-replicas N   EPLB redundant slots per layer (default: number of GPUs)
+           --eplb-groups N --eplb-nodes N   EPLB hierarchy (default: model groups, GPUs / gpus-per-server)
+           --craft-r R         CRAFT replicas per GPU (default 0 = automatic)
+Output:    --out-dir DIR       write DIR/plan_<policy>.tsv for each policy
+           --report FILE       also write the report there (TSV)
+)";
+
+struct Shape {
+  int layers, experts, top_k, hidden, ffn, groups;
+};
+
+template <class M>
+Shape shape_of() {
+  return {M::spec.moe_layers, M::spec.experts, M::spec.top_k, M::spec.hidden, M::spec.expert_ffn, M::spec.groups};
+}
+
+Shape model_shape(std::string const& name) {
+  if (name == "deepseek-r1") return shape_of<models::DeepSeekR1>();
+  if (name == "deepseek-v3") return shape_of<models::DeepSeekV3>();
+  if (name == "deepseek-v2") return shape_of<models::DeepSeekV2>();
+  if (name == "deepseek-moe-16b") return shape_of<models::DeepSeekMoE16B>();
+  if (name == "mixtral-8x7b") return shape_of<models::Mixtral8x7B>();
+  if (name == "qwen3-30b-a3b") return shape_of<models::Qwen3_30B_A3B>();
+  if (name == "qwen3-235b-a22b") return shape_of<models::Qwen3_235B_A22B>();
+  if (name == "olmoe-1b-7b") return shape_of<models::OLMoE_1B_7B>();
+  if (name == "kimi-k2") return shape_of<models::KimiK2>();
+  fail("unknown model '", name, "' (see --help)");
+}
+
+std::vector<std::string> split(std::string const& s, char sep) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, sep))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+struct Row {
+  std::string policy;
+  placement::MeanStd hops;
+  double balancedness = 0;
+  long long replicas = 0;
+  double replica_gib = 0;
+  double seconds = 0;
+  std::string note;
+};
+
+int run(int argc, char** argv) {
+  std::map<std::string, std::string> opt;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::cout << kHelp;
+      return 0;
+    }
+    check(a.rfind("--", 0) == 0 && i + 1 < argc, "bad argument '", a, "' (options take a value; see --help)");
+    opt[a.substr(2)] = argv[++i];
+  }
+  auto get = [&](std::string const& k, std::string const& d) { return opt.count(k) ? opt[k] : d; };
+  auto geti = [&](std::string const& k, long long d) {
+    if (!opt.count(k)) return d;
+    char* end = nullptr;
+    long long v = std::strtoll(opt[k].c_str(), &end, 10);
+    check(end && *end == 0, "--", k, ": '", opt[k], "' is not an integer");
+    return v;
+  };
+  auto getd = [&](std::string const& k, double d) {
+    if (!opt.count(k)) return d;
+    char* end = nullptr;
+    double v = std::strtod(opt[k].c_str(), &end);
+    check(end && *end == 0, "--", k, ": '", opt[k], "' is not a number");
+    return v;
+  };
+
+  Shape s = model_shape(get("model", "deepseek-r1"));
+  if (opt.count("layers")) s.layers = static_cast<int>(geti("layers", s.layers));
+
+  // Topology.
+  std::string tk = get("topology", "fattree");
+  int leaves = static_cast<int>(geti("leaves", 16)), spl = static_cast<int>(geti("servers-per-leaf", 4)),
+      gps = static_cast<int>(geti("gpus-per-server", 4));
+  topology::Topology topo = tk == "fattree"            ? topology::fat_tree(leaves, spl, gps)
+                            : tk == "dragonfly"        ? topology::dragonfly(leaves, spl, gps)
+                            : tk == "fattree-sparse"   ? topology::fat_tree_sparse(leaves, spl, gps)
+                            : tk == "dragonfly-sparse" ? topology::dragonfly_sparse(leaves, spl, gps)
+                                                       : topology::read_topology(tk);
+  int G = topo.gpus();
+
+  // Profile.
+  profile::LoadProfile prof;
+  std::string source;
+  if (opt.count("profile")) {
+    prof = profile::read_profile(opt["profile"]);
+    source = "file " + opt["profile"];
+  } else {
+    profile::Marginals m;
+    if (opt.count("olmoe")) {
+      m = profile::marginals_from_olmoe(opt["olmoe"] + "/expert_counts.tsv");
+      source = "real OLMoE marginals (" + opt["olmoe"] + "), synthetic seeded batches";
+    } else {
+      auto ab = split(get("synthetic-zipf", "0.3,0.8"), ',');
+      check(ab.size() == 2, "--synthetic-zipf needs A,B");
+      m = profile::zipf_marginals(s.layers, s.experts, std::stod(ab[0]), std::stod(ab[1]),
+                                  static_cast<std::uint64_t>(geti("seed", 1)));
+      source = "synthetic Zipf-like marginals s in [" + ab[0] + ", " + ab[1] + "], seeded batches";
+    }
+    profile::SampleOptions so;
+    so.batches = static_cast<int>(geti("batches", 200));
+    so.tokens_per_batch = getd("tokens", 4096);
+    so.top_k = s.top_k;
+    so.concentration = getd("concentration", 2000);
+    so.seed = static_cast<std::uint64_t>(geti("seed", 1)) + 1000;
+    prof = profile::sample_profile(m, so);
+  }
+  check(prof.layers() == s.layers && prof.experts() == s.experts, "profile has ", prof.layers(), " layers x ",
+        prof.experts(), " experts but the model has ", s.layers, " x ", s.experts, " (use --layers or another --model)");
+  if (opt.count("write-profile")) profile::write_profile(opt["write-profile"], prof);
+  double tf = getd("train-fraction", 0.5);
+  int train_b = std::max(1, std::min(prof.batches() - 1, static_cast<int>(prof.batches() * tf)));
+  if (prof.batches() == 1) train_b = 1;
+  auto train = prof.slice(0, train_b);
+  auto test = prof.batches() > 1 ? prof.slice(train_b, prof.batches()) : prof;
+  auto train_totals = train.totals();
+
+  int c_layer = static_cast<int>(geti("c-layer", 1));
+  int c_exp = static_cast<int>(geti("c-exp", (static_cast<long long>(s.layers) * s.experts + G - 1) / G + 6));
+  auto problem = placement::make_problem(topo, s.layers, s.experts, c_layer, c_exp);
+  double eb = placement::expert_bytes(s.hidden, s.ffn);
+  std::string out_dir = get("out-dir", "");
+  if (!out_dir.empty()) std::filesystem::create_directories(out_dir);
+
+  std::vector<Row> rows;
+  auto record = [&](std::string name, placement::Assignment const& primary, std::vector<replication::Table> const& tables,
+                    placement::Shares const& shares, double secs, std::string note) {
+    Row r;
+    r.policy = std::move(name);
+    r.hops = placement::mean_std(placement::hops_per_batch(problem, primary, test, s.top_k));
+    r.balancedness = placement::balancedness(shares, test);
+    auto st = placement::replica_stats(tables, G, eb);
+    r.replicas = st.replicas;
+    r.replica_gib = st.replica_bytes / (1024.0 * 1024.0 * 1024.0);
+    r.seconds = secs;
+    r.note = std::move(note);
+    if (!out_dir.empty()) {
+      std::vector<placement::LayerPlan> plan;
+      for (int l = 0; l < s.layers; ++l) plan.push_back({primary.table(l), tables[static_cast<std::size_t>(l)]});
+      placement::write_plan(out_dir + "/plan_" + r.policy + ".tsv", plan, G);
+    }
+    rows.push_back(std::move(r));
+  };
+  auto single = [&](std::string name, placement::Assignment const& a, double secs, std::string note) {
+    std::vector<replication::Table> t;
+    for (int l = 0; l < s.layers; ++l) {
+      std::vector<std::vector<int>> c;
+      for (int e = 0; e < s.experts; ++e) c.push_back({a.at(l, e)});
+      t.emplace_back(std::move(c));
+    }
+    record(std::move(name), a, t, placement::Shares::from_assignment(a, G), secs, std::move(note));
+  };
+  auto from_tables = [&](std::vector<placement::Table> const& prim) {
+    placement::Assignment a{s.layers, s.experts, {}};
+    for (auto const& t : prim) a.gpu.insert(a.gpu.end(), t.ranks().begin(), t.ranks().end());
+    return a;
+  };
+
+  for (auto const& pol : split(get("policies", "rr,greedy,ilp,ilpload,eplb-pack,eplb,craft"), ',')) {
+    auto t0 = std::chrono::steady_clock::now();
+    if (pol == "rr") {
+      auto a = placement::round_robin(problem);
+      single(pol, a, seconds_since(t0), "");
+    } else if (pol == "greedy") {
+      auto a = placement::greedy(problem);
+      single(pol, a, seconds_since(t0), "");
+    } else if (pol == "ilp") {
+      auto r = placement::ilp(problem);
+      single(pol, r.assignment, seconds_since(t0), "exact, objective " + std::to_string(r.objective));
+    } else if (pol == "ilpload") {
+      auto r = placement::ilp_load(problem, train_totals);
+      single(pol, r.assignment, seconds_since(t0), "exact, objective " + std::to_string(r.objective));
+    } else if (pol == "eplb-pack" || pol == "eplb") {
+      int groups = static_cast<int>(geti("eplb-groups", s.groups));
+      int nodes = static_cast<int>(geti("eplb-nodes", std::max(1, G / gps)));
+      int extra = pol == "eplb" ? static_cast<int>(geti("eplb-replicas", G)) : 0;
+      auto r = replication::eplb::rebalance_experts(train_totals, s.layers, s.experts, s.experts + extra, groups, nodes, G);
+      std::vector<placement::Table> prim;
+      std::vector<replication::Table> tabs;
+      for (int l = 0; l < s.layers; ++l) {
+        auto lt = replication::eplb::layer_tables(r, l);
+        prim.push_back(lt.placement);
+        tabs.push_back(lt.replicas);
+      }
+      double secs = seconds_since(t0);
+      record(pol, from_tables(prim), tabs, placement::Shares::from_eplb(r), secs,
+             std::to_string(s.experts + extra) + " slots/layer");
+    } else if (pol == "craft") {
+      replication::craft::Options co;
+      co.replication_factor = static_cast<int>(geti("craft-r", 0));
+      auto p = replication::craft::plan(train, G, co);
+      double secs = seconds_since(t0);
+      record(pol, from_tables(p.placement), p.tables, placement::Shares::from_tables(p.tables, G), secs,
+             "R = " + std::to_string(p.replication_factor) + " replicas/GPU");
+    } else {
+      fail("unknown policy '", pol, "' (see --help)");
+    }
+  }
+
+  std::ostringstream rep;
+  rep << "# moe_plan report: " << get("model", "deepseek-r1") << " (" << s.layers << " MoE layers x " << s.experts
+      << " experts, top-" << s.top_k << "), " << G << " GPUs on " << tk << ", c_layer " << c_layer << ", c_exp "
+      << c_exp << "\n# profile: " << source << "; planned on " << train.batches() << " batches, measured on "
+      << test.batches() << "\n";
+  rep << "policy\thops_mean\thops_std\tgain_vs_first\tbalancedness\treplicas\treplica_GiB\tseconds\tnote\n";
+  char buf[512];
+  for (auto const& r : rows) {
+    double gain = rows.front().hops.mean > 0 ? 100.0 * (rows.front().hops.mean - r.hops.mean) / rows.front().hops.mean : 0;
+    std::snprintf(buf, sizeof buf, "%s\t%.2f\t%.2f\t%+.1f%%\t%.4f\t%lld\t%.2f\t%.4f\t%s\n", r.policy.c_str(), r.hops.mean,
+                  r.hops.std, gain, r.balancedness, r.replicas, r.replica_gib, r.seconds, r.note.c_str());
+    rep << buf;
+  }
+  std::cout << rep.str();
+  if (opt.count("report")) {
+    std::ofstream f(opt["report"]);
+    check(f.is_open(), "cannot open '", opt["report"], "' for writing");
+    f << rep.str();
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (moe::Error const& e) {
+    std::cerr << "moe_plan: " << e.what() << "\n";
+    return 2;
+  } catch (std::exception const& e) {
+    std::cerr << "moe_plan: " << e.what() << "\n";
+    return 2;
+  }
+}
