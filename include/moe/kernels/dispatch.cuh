@@ -1,0 +1,342 @@
+#pragma once
+// Token permutation on the GPU (nvcc only): which rank serves each assignment, how many dispatch
+// records go to each rank, the de-duplicated packing of the send buffer in the host Layer's record
+// format, and on the receiving side the grouping of (record, slot) pairs by expert.
+//
+// Send side (tokens t < T, ranks d < R, records grouped by destination, tokens in order within a
+// destination; the same order as the host Layer):
+//   plan_records   one thread per token: dest[t][j] from the replica policy; rec_count[d][t] = the
+//                  records token t sends to rank d (0/1 with de-duplication, else one per assignment)
+//   exclusive_sum  CUB scan of rec_count laid out d-major, so rec_pos[d][t] - rec_pos[d][0] is the
+//                  token's first record among those for rank d
+//   send_layout    per destination: records, first record in the send buffer (back to back, or a
+//                  fixed stride `cap` per destination for the padded exchange)
+//   pack_records   one block per token: record headers [int32 token, int32 count, int32 expert[k],
+//                  float weight[k]] padded to 16 bytes, then the hidden vector (16-byte vectors)
+//
+// Receive side (records back to back per source rank, or one fixed-stride region per rank):
+//   recv_layout    per source: first record and count, from the exchanged counts (on the device)
+//   sort_items     key = expert of each (record, slot) pair, value = record * k + slot; pairs that
+//                  are not valid records get the key `experts` (sorted last). A CUB radix sort
+//                  (stable) groups them by expert, records in arrival order within an expert
+//   expert_offsets row range of each expert in the sorted order; tile_starts for the grouped GEMM
+//   inverse        position of each (record, slot) pair in the sorted order (for the combine)
+//
+// Nothing here synchronises the host; every size comes from the caller's worst case.
+
+#include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_scan.cuh>
+
+#include "moe/kernels/cuda_common.cuh"
+
+namespace moe::kernels::cuda {
+
+/// The replica table on the device: the copies of expert e are ranks[offsets[e] .. offsets[e+1]),
+/// in the table's order; primary[e] is the placement's rank. Mirrors replication::Table::choose
+/// (and replication::None when every expert has exactly one copy).
+struct ReplicaView {
+  int const* offsets = nullptr;
+  int const* ranks = nullptr;
+  int const* primary = nullptr;
+
+  __device__ __forceinline__ int choose(int e, int source_rank, long long token) const {
+    int first = offsets[e], n = offsets[e + 1] - first;
+    if (n == 1) return primary[e];
+    for (int i = 0; i < n; ++i)
+      if (ranks[first + i] == source_rank) return source_rank;
+    return ranks[first + static_cast<int>((source_rank + token) % n)];
+  }
+};
+
+/// Error bits the receive side raises instead of crashing (read with CudaLayer::errors()).
+enum DeviceError : unsigned {
+  error_bad_count = 1u,   ///< a record with a count outside [1, k]
+  error_bad_expert = 2u,  ///< a record naming an expert out of range or not served on this rank
+};
+
+namespace detail {
+
+template <int K>
+__global__ void plan_records_kernel(int const* __restrict__ ids, int tokens, int ranks, ReplicaView replicas,
+                                    int source_rank, long long first_token, bool deduplicate, int* __restrict__ dest,
+                                    int* __restrict__ rec_count) {
+  int t = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (t >= tokens) return;
+  int d_of[K];
+#pragma unroll
+  for (int j = 0; j < K; ++j) {
+    d_of[j] = replicas.choose(ids[static_cast<std::size_t>(t) * K + j], source_rank, first_token + t);
+    dest[static_cast<std::size_t>(t) * K + j] = d_of[j];
+  }
+  for (int d = 0; d < ranks; ++d) rec_count[static_cast<std::size_t>(d) * tokens + t] = 0;
+#pragma unroll
+  for (int j = 0; j < K; ++j) {
+    bool seen = false;
+    for (int q = 0; q < j; ++q) seen |= d_of[q] == d_of[j];
+    if (!deduplicate || !seen) ++rec_count[static_cast<std::size_t>(d_of[j]) * tokens + t];
+  }
+}
+
+__global__ void send_layout_kernel(int const* __restrict__ rec_count, int const* __restrict__ rec_pos, int tokens,
+                                   int ranks, long long cap, std::uint64_t* __restrict__ send_count,
+                                   long long* __restrict__ send_base) {
+  int d = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (d >= ranks) return;
+  long long n = 0, first = 0;
+  if (tokens > 0) {
+    std::size_t a = static_cast<std::size_t>(d) * tokens, z = a + tokens - 1;
+    first = rec_pos[a];
+    n = static_cast<long long>(rec_pos[z]) + rec_count[z] - first;
+  }
+  send_count[d] = static_cast<std::uint64_t>(n);
+  send_base[d] = cap > 0 ? d * cap : first;
+}
+
+template <class T, int K>
+__global__ void pack_records_kernel(T const* __restrict__ x, int tokens, int hidden, int const* __restrict__ ids,
+                                    float const* __restrict__ weights, int const* __restrict__ dest,
+                                    int const* __restrict__ rec_pos, long long const* __restrict__ send_base,
+                                    bool deduplicate, std::byte* __restrict__ send, std::size_t record_bytes,
+                                    std::size_t meta_bytes) {
+  __shared__ long long rec_s[K];
+  __shared__ int nrec_s;
+  int t = static_cast<int>(blockIdx.x);
+  if (threadIdx.x == 0) {
+    int const* dt = dest + static_cast<std::size_t>(t) * K;
+    int n = 0;
+    for (int j = 0; j < K; ++j) {
+      int d = dt[j];
+      int before = 0;  // earlier assignments of this token to the same destination
+      for (int q = 0; q < j; ++q) before += dt[q] == d;
+      if (deduplicate && before > 0) continue;
+      std::size_t row0 = static_cast<std::size_t>(d) * tokens;
+      long long r = send_base[d] + (rec_pos[row0 + t] - rec_pos[row0]) + (deduplicate ? 0 : before);
+      std::byte* out = send + static_cast<std::size_t>(r) * record_bytes;
+      auto* words = reinterpret_cast<std::int32_t*>(out);
+      for (std::size_t w = 0; w < meta_bytes / 4; ++w) words[w] = 0;
+      auto* eid = words + 2;
+      auto* ew = reinterpret_cast<float*>(words + 2 + K);
+      int c = 0;
+      for (int q = j; q < K; ++q) {
+        if (dt[q] != d || (!deduplicate && q != j)) continue;
+        eid[c] = ids[static_cast<std::size_t>(t) * K + q];
+        ew[c] = weights[static_cast<std::size_t>(t) * K + q];
+        ++c;
+      }
+      words[0] = t;
+      words[1] = c;
+      rec_s[n++] = r;
+    }
+    nrec_s = n;
+  }
+  __syncthreads();
+  constexpr int V = vec_elems<T>;
+  int vecs = hidden / V;
+  auto const* src = reinterpret_cast<uint4 const*>(x + static_cast<std::size_t>(t) * hidden);
+  for (int i = static_cast<int>(threadIdx.x); i < vecs; i += static_cast<int>(blockDim.x)) {
+    uint4 v = src[i];
+    for (int q = 0; q < nrec_s; ++q)
+      reinterpret_cast<uint4*>(send + static_cast<std::size_t>(rec_s[q]) * record_bytes + meta_bytes)[i] = v;
+  }
+}
+
+__global__ void recv_layout_kernel(std::uint64_t const* __restrict__ recv_count, int ranks, long long cap,
+                                   long long* __restrict__ recv_base, int* __restrict__ recv_n) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  long long at = 0;
+  for (int p = 0; p < ranks; ++p) {
+    long long n = static_cast<long long>(recv_count[p]);
+    if (cap > 0) {
+      recv_base[p] = p * cap;
+      n = n < cap ? n : cap;  // a peer cannot fill more than its region
+    } else {
+      recv_base[p] = at;
+    }
+    recv_n[p] = static_cast<int>(n);
+    at += n;
+  }
+}
+
+/// Whether received record slot r holds a record: its region's first slot <= r < first + count.
+__device__ __forceinline__ bool slot_valid(long long r, long long const* recv_base, int const* recv_n, int ranks) {
+  int lo = 0, hi = ranks;  // last p with recv_base[p] <= r
+  while (hi - lo > 1) {
+    int mid = (lo + hi) / 2;
+    if (recv_base[mid] <= r) lo = mid; else hi = mid;
+  }
+  return r >= recv_base[lo] && r < recv_base[lo] + recv_n[lo];
+}
+
+template <int K>
+__global__ void sort_items_kernel(std::byte const* __restrict__ recv, std::size_t record_bytes, long long slots,
+                                  long long const* __restrict__ recv_base, int const* __restrict__ recv_n, int ranks,
+                                  int experts, unsigned char const* __restrict__ served, int* __restrict__ keys,
+                                  int* __restrict__ values, unsigned* __restrict__ errors) {
+  long long item = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (item >= slots * K) return;
+  long long r = item / K;
+  int i = static_cast<int>(item % K);
+  int key = experts;
+  if (slot_valid(r, recv_base, recv_n, ranks)) {
+    auto const* words = reinterpret_cast<std::int32_t const*>(recv + static_cast<std::size_t>(r) * record_bytes);
+    int count = words[1];
+    if (count < 1 || count > K) {
+      if (i == 0) atomicOr(errors, error_bad_count);
+    } else if (i < count) {
+      int e = words[2 + i];
+      if (e >= 0 && e < experts && served[e]) {
+        key = e;
+      } else {
+        atomicOr(errors, error_bad_expert);
+      }
+    }
+  }
+  keys[item] = key;
+  values[item] = static_cast<int>(item);
+}
+
+__global__ void expert_offsets_kernel(int const* __restrict__ sorted_keys, long long n, int experts,
+                                      int* __restrict__ offsets) {
+  int e = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (e > experts) return;
+  long long lo = 0, hi = n;  // first index with key >= e
+  while (lo < hi) {
+    long long mid = (lo + hi) / 2;
+    if (sorted_keys[mid] < e) lo = mid + 1; else hi = mid;
+  }
+  offsets[e] = static_cast<int>(lo);
+}
+
+__global__ void tile_starts_kernel(int const* __restrict__ offsets, int groups, int tile_m, int* __restrict__ starts) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  int at = 0;
+  for (int g = 0; g < groups; ++g) {
+    starts[g] = at;
+    at += (offsets[g + 1] - offsets[g] + tile_m - 1) / tile_m;
+  }
+  starts[groups] = at;
+}
+
+__global__ void inverse_kernel(int const* __restrict__ sorted_values, int const* __restrict__ offsets, int experts,
+                               int* __restrict__ position) {
+  int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i >= offsets[experts]) return;
+  position[sorted_values[i]] = i;
+}
+
+}  // namespace detail
+
+// -------------------------------------------------------------------------------------------------
+// Host launchers. All take a stream and enqueue only; sizes in records unless named bytes.
+// -------------------------------------------------------------------------------------------------
+
+/// dest (T x K) and rec_count (R x T, d-major) for `tokens` routed tokens.
+template <int K>
+void plan_records(cudaStream_t s, int const* ids, int tokens, int ranks, ReplicaView replicas, int source_rank,
+                  long long first_token, bool deduplicate, int* dest, int* rec_count) {
+  if (tokens == 0) return;
+  detail::plan_records_kernel<K><<<static_cast<unsigned>(blocks_for(tokens, 128)), 128, 0, s>>>(
+      ids, tokens, ranks, replicas, source_rank, first_token, deduplicate, dest, rec_count);
+  check_launch("plan_records_kernel");
+}
+
+/// Bytes of CUB scratch exclusive_sum needs for up to n items.
+inline std::size_t exclusive_sum_bytes(long long n) {
+  std::size_t bytes = 0;
+  check_cuda(cub::DeviceScan::ExclusiveSum(nullptr, bytes, static_cast<int const*>(nullptr),
+                                           static_cast<int*>(nullptr), static_cast<int>(n)),
+             "cub::DeviceScan::ExclusiveSum (size query)");
+  return bytes;
+}
+
+inline void exclusive_sum(cudaStream_t s, void* temp, std::size_t temp_bytes, int const* in, int* out, long long n) {
+  if (n == 0) return;
+  check_cuda(cub::DeviceScan::ExclusiveSum(temp, temp_bytes, in, out, static_cast<int>(n), s),
+             "cub::DeviceScan::ExclusiveSum");
+}
+
+/// send_count[d] (records) and send_base[d] (first record) per destination. cap > 0: fixed stride.
+inline void send_layout(cudaStream_t s, int const* rec_count, int const* rec_pos, int tokens, int ranks, long long cap,
+                        std::uint64_t* send_count, long long* send_base) {
+  detail::send_layout_kernel<<<static_cast<unsigned>(blocks_for(ranks, 128)), 128, 0, s>>>(
+      rec_count, rec_pos, tokens, ranks, cap, send_count, send_base);
+  check_launch("send_layout_kernel");
+}
+
+/// Writes every record of every token into `send` (record_bytes apart, payload after meta_bytes).
+template <class T, int K>
+void pack_records(cudaStream_t s, T const* x, int tokens, int hidden, int const* ids, float const* weights,
+                  int const* dest, int const* rec_pos, long long const* send_base, bool deduplicate, std::byte* send,
+                  std::size_t record_bytes, std::size_t meta_bytes) {
+  if (tokens == 0) return;
+  detail::pack_records_kernel<T, K><<<static_cast<unsigned>(tokens), 128, 0, s>>>(
+      x, tokens, hidden, ids, weights, dest, rec_pos, send_base, deduplicate, send, record_bytes, meta_bytes);
+  check_launch("pack_records_kernel");
+}
+
+/// recv_base and recv_n per source from the exchanged counts. cap > 0: fixed stride regions.
+inline void recv_layout(cudaStream_t s, std::uint64_t const* recv_count, int ranks, long long cap, long long* recv_base,
+                        int* recv_n) {
+  detail::recv_layout_kernel<<<1, 1, 0, s>>>(recv_count, ranks, cap, recv_base, recv_n);
+  check_launch("recv_layout_kernel");
+}
+
+/// Bits of the sort key for `experts` experts plus the sentinel `experts`.
+constexpr int expert_key_bits(int experts) {
+  int b = 1;
+  while ((1 << b) <= experts) ++b;
+  return b;
+}
+
+/// Bytes of CUB scratch for sorting up to n (record, slot) pairs.
+inline std::size_t sort_items_bytes(long long n, int experts) {
+  std::size_t bytes = 0;
+  check_cuda(cub::DeviceRadixSort::SortPairs(nullptr, bytes, static_cast<int const*>(nullptr), static_cast<int*>(nullptr),
+                                             static_cast<int const*>(nullptr), static_cast<int*>(nullptr),
+                                             static_cast<int>(n), 0, expert_key_bits(experts)),
+             "cub::DeviceRadixSort::SortPairs (size query)");
+  return bytes;
+}
+
+/// Buffers of the receive-side grouping; each holds `slots * K` items (offsets: experts + 1,
+/// tile_starts: experts + 1).
+struct ExpertGrouping {
+  int* keys = nullptr;
+  int* values = nullptr;
+  int* sorted_keys = nullptr;
+  int* sorted_values = nullptr;  ///< (record * K + slot) in expert order: the grouped GEMM's rows
+  int* position = nullptr;       ///< inverse of sorted_values
+  int* offsets = nullptr;        ///< rows of expert e: [offsets[e], offsets[e+1])
+  int* tile_starts = nullptr;    ///< first GEMM row tile of each expert
+  void* temp = nullptr;
+  std::size_t temp_bytes = 0;
+};
+
+/// Groups the (record, slot) pairs of `slots` received record slots by expert (see the file comment).
+template <int K>
+void group_by_expert(cudaStream_t s, std::byte const* recv, std::size_t record_bytes, long long slots,
+                     long long const* recv_base, int const* recv_n, int ranks, int experts,
+                     unsigned char const* served, int tile_m, ExpertGrouping const& g, unsigned* errors) {
+  long long n = slots * K;
+  if (n > 0) {
+    detail::sort_items_kernel<K><<<static_cast<unsigned>(blocks_for(n, 256)), 256, 0, s>>>(
+        recv, record_bytes, slots, recv_base, recv_n, ranks, experts, served, g.keys, g.values, errors);
+    check_launch("sort_items_kernel");
+    std::size_t temp_bytes = g.temp_bytes;
+    check_cuda(cub::DeviceRadixSort::SortPairs(g.temp, temp_bytes, g.keys, g.sorted_keys, g.values, g.sorted_values,
+                                               static_cast<int>(n), 0, expert_key_bits(experts), s),
+               "cub::DeviceRadixSort::SortPairs");
+  }
+  detail::expert_offsets_kernel<<<static_cast<unsigned>(blocks_for(experts + 1, 128)), 128, 0, s>>>(
+      g.sorted_keys, n, experts, g.offsets);
+  check_launch("expert_offsets_kernel");
+  detail::tile_starts_kernel<<<1, 1, 0, s>>>(g.offsets, experts, tile_m, g.tile_starts);
+  check_launch("tile_starts_kernel");
+  if (n > 0) {
+    detail::inverse_kernel<<<static_cast<unsigned>(blocks_for(n, 256)), 256, 0, s>>>(g.sorted_values, g.offsets,
+                                                                                    experts, g.position);
+    check_launch("inverse_kernel");
+  }
+}
+
+}  // namespace moe::kernels::cuda

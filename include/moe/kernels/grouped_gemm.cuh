@@ -1,0 +1,325 @@
+#pragma once
+// Grouped expert GEMMs with a fused SwiGLU epilogue (nvcc only).
+//
+// One launch computes, for every group g (an expert) with rows [rows[g], rows[g+1]) of the grouped
+// row order, C = A_g * B_g^T where B_g is the expert's weight in PyTorch Linear layout (N x K,
+// row-major, K contiguous) and the A rows are gathered through an index (so the permuted copy of
+// the tokens never exists: the first GEMM reads the received dispatch records in place).
+//
+//   Epilogue::swiglu      two weights (gate, up): out = T(silu(A gate^T) * (A up^T))
+//   Epilogue::store       out = T(A B^T)
+//   Epilogue::accumulate  out_f32 += A B^T (fp32; used for the shared experts, one launch each)
+//
+// Group sizes live on the device (they come from routing), so the grid is sized for the worst
+// case: sum_g ceil(rows_g / BM) <= ceil(total / BM) + groups row tiles times the column tiles. A
+// block finds its group by a binary search of `tile_starts`; surplus blocks exit at once. No host
+// synchronisation, graph-capturable.
+//
+// bf16: tensor cores through WMMA (16x16x16, fp32 accumulate); fp32: a SIMT FMA path with the
+// same tiling (for exact checks against the host; not a performance path). Tiles are BM x BN x BK
+// = 64 x 64 x 32 with 4 warps and register-staged prefetch of the next K slice. This is a first,
+// portable kernel; docs/cuda.md lists the Hopper (TMA + wgmma) work that the GPU session should
+// measure against it.
+
+#include <mma.h>
+
+#include "moe/kernels/cuda_common.cuh"
+
+namespace moe::kernels::cuda {
+
+enum class Epilogue { swiglu, store, accumulate };
+
+template <class T>
+struct GroupedGemmArgs {
+  // Groups: either `groups` with device row offsets (groups + 1) and tile starts (groups + 1), or
+  // rows == nullptr and one group of `uniform_rows` rows.
+  int groups = 1;
+  int const* rows = nullptr;
+  int const* tile_starts = nullptr;
+  int uniform_rows = 0;
+  long long max_row_tiles = 0;  ///< grid bound: row tiles over all groups in the worst case
+
+  // A: output row i (in grouped order) reads source row src(i) = index ? index[i] / index_div : i,
+  // at a + src(i) * a_stride bytes; K elements of T, 16-byte aligned.
+  std::byte const* a = nullptr;
+  std::size_t a_stride = 0;
+  int const* index = nullptr;
+  int index_div = 1;
+
+  // B per group: tables of device pointers (indexed by group), or single pointers when tables are null.
+  T const* const* b0_table = nullptr;
+  T const* const* b1_table = nullptr;
+  T const* b0 = nullptr;
+  T const* b1 = nullptr;
+
+  int n = 0;  ///< output columns (rows of B)
+  int k = 0;  ///< reduction length, a multiple of 16 / sizeof(T)
+
+  T* out = nullptr;           ///< swiglu / store: row i at out + i * out_ld
+  float* out_f32 = nullptr;   ///< accumulate
+  std::size_t out_ld = 0;     ///< elements
+};
+
+namespace detail {
+
+inline constexpr int gemm_bm = 64, gemm_bn = 64, gemm_bk = 32, gemm_threads = 128;
+
+template <class T, bool Two>
+struct GemmSmem {
+  static constexpr int V = vec_elems<T>;
+  static constexpr int ld_ab = gemm_bk + V;  // padded rows (16 bytes of padding)
+  static constexpr int ld_c = gemm_bn + 4;
+  static constexpr std::size_t a_bytes = sizeof(T) * gemm_bm * ld_ab;
+  static constexpr std::size_t b_bytes = sizeof(T) * gemm_bn * ld_ab;
+  static constexpr std::size_t stage_bytes = a_bytes + b_bytes * (Two ? 2 : 1);
+  static constexpr std::size_t c_bytes = sizeof(float) * gemm_bm * ld_c;
+  static constexpr std::size_t epi_bytes = c_bytes * (Two ? 2 : 1);
+  static constexpr std::size_t bytes = stage_bytes > epi_bytes ? stage_bytes : epi_bytes;
+  static_assert(a_bytes % 128 == 0 && b_bytes % 128 == 0 && c_bytes % 128 == 0, "tile pieces keep 128-byte alignment");
+  static_assert(bytes <= 48 * 1024, "static shared memory limit");
+};
+
+template <class T, Epilogue Ep>
+__global__ void __launch_bounds__(gemm_threads) grouped_gemm_kernel(GroupedGemmArgs<T> const p) {
+  constexpr bool two = Ep == Epilogue::swiglu;
+  using Smem = GemmSmem<T, two>;
+  constexpr int BM = gemm_bm, BN = gemm_bn, BK = gemm_bk, V = Smem::V;
+  constexpr int ld = Smem::ld_ab, ldc = Smem::ld_c;
+  constexpr int vpr = BK / V;                         // 16-byte vectors per tile row
+  constexpr int a_per_thread = BM * vpr / gemm_threads;
+  constexpr int b_per_thread = BN * vpr / gemm_threads;
+  static_assert(a_per_thread * gemm_threads == BM * vpr && b_per_thread * gemm_threads == BN * vpr);
+
+  __shared__ __align__(128) unsigned char smem[Smem::bytes];
+  T* As = reinterpret_cast<T*>(smem);
+  T* B0s = reinterpret_cast<T*>(smem + Smem::a_bytes);
+  T* B1s = reinterpret_cast<T*>(smem + Smem::a_bytes + Smem::b_bytes);
+  float* C0s = reinterpret_cast<float*>(smem);
+  float* C1s = reinterpret_cast<float*>(smem + Smem::c_bytes);
+
+  int const tid = static_cast<int>(threadIdx.x);
+  int const n_tiles = (p.n + BN - 1) / BN;
+  long long const tile = static_cast<long long>(blockIdx.x) / n_tiles;
+  int const n0 = static_cast<int>(blockIdx.x % static_cast<unsigned>(n_tiles)) * BN;
+
+  // Which group, and which of its rows.
+  int g = 0, row_begin, rows_here;
+  if (p.rows == nullptr) {
+    row_begin = static_cast<int>(tile) * BM;
+    if (row_begin >= p.uniform_rows) return;
+    rows_here = min(BM, p.uniform_rows - row_begin);
+  } else {
+    if (tile >= p.tile_starts[p.groups]) return;
+    int lo = 0, hi = p.groups;  // last g with tile_starts[g] <= tile
+    while (hi - lo > 1) {
+      int mid = (lo + hi) / 2;
+      if (p.tile_starts[mid] <= tile) lo = mid; else hi = mid;
+    }
+    g = lo;
+    row_begin = p.rows[g] + static_cast<int>(tile - p.tile_starts[g]) * BM;
+    rows_here = min(BM, p.rows[g + 1] - row_begin);
+  }
+  T const* b0 = p.b0_table ? p.b0_table[g] : p.b0;
+  T const* b1 = two ? (p.b1_table ? p.b1_table[g] : p.b1) : nullptr;
+
+  // Source addresses of this thread's A and B vectors (null: zero fill).
+  T const* a_src[a_per_thread];
+  int a_dst[a_per_thread];
+  int a_col[a_per_thread];
+#pragma unroll
+  for (int i = 0; i < a_per_thread; ++i) {
+    int idx = tid + i * gemm_threads, r = idx / vpr, c = (idx % vpr) * V;
+    a_dst[i] = r * ld + c;
+    a_col[i] = c;
+    a_src[i] = nullptr;
+    if (r < rows_here) {
+      int row = row_begin + r;
+      long long src = p.index ? p.index[row] / p.index_div : row;
+      a_src[i] = reinterpret_cast<T const*>(p.a + static_cast<std::size_t>(src) * p.a_stride);
+    }
+  }
+  T const* b0_src[b_per_thread];
+  T const* b1_src[b_per_thread];
+  int b_dst[b_per_thread];
+  int b_col[b_per_thread];
+#pragma unroll
+  for (int i = 0; i < b_per_thread; ++i) {
+    int idx = tid + i * gemm_threads, r = idx / vpr, c = (idx % vpr) * V;
+    b_dst[i] = r * ld + c;
+    b_col[i] = c;
+    bool ok = n0 + r < p.n;
+    b0_src[i] = ok ? b0 + static_cast<std::size_t>(n0 + r) * p.k : nullptr;
+    b1_src[i] = ok && two ? b1 + static_cast<std::size_t>(n0 + r) * p.k : nullptr;
+  }
+
+  uint4 ra[a_per_thread], rb0[b_per_thread], rb1[two ? b_per_thread : 1];
+  auto fetch = [&](int k0) {
+    uint4 const zero = make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int i = 0; i < a_per_thread; ++i)
+      ra[i] = a_src[i] && k0 + a_col[i] < p.k ? *reinterpret_cast<uint4 const*>(a_src[i] + k0 + a_col[i]) : zero;
+#pragma unroll
+    for (int i = 0; i < b_per_thread; ++i) {
+      bool ok = k0 + b_col[i] < p.k;
+      rb0[i] = b0_src[i] && ok ? *reinterpret_cast<uint4 const*>(b0_src[i] + k0 + b_col[i]) : zero;
+      if constexpr (two) rb1[i] = b1_src[i] && ok ? *reinterpret_cast<uint4 const*>(b1_src[i] + k0 + b_col[i]) : zero;
+    }
+  };
+  auto stash = [&] {
+#pragma unroll
+    for (int i = 0; i < a_per_thread; ++i) *reinterpret_cast<uint4*>(As + a_dst[i]) = ra[i];
+#pragma unroll
+    for (int i = 0; i < b_per_thread; ++i) {
+      *reinterpret_cast<uint4*>(B0s + b_dst[i]) = rb0[i];
+      if constexpr (two) *reinterpret_cast<uint4*>(B1s + b_dst[i]) = rb1[i];
+    }
+  };
+
+  if constexpr (std::is_same_v<T, moe::bf16>) {
+    namespace wmma = nvcuda::wmma;
+    using bf = __nv_bfloat16;
+    int const warp = tid / 32, wm = warp / 2, wn = warp % 2;  // 2 x 2 warps of 32 x 32
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc0[2][2], acc1[two ? 2 : 1][two ? 2 : 1];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        wmma::fill_fragment(acc0[i][j], 0.0f);
+        if constexpr (two) wmma::fill_fragment(acc1[i][j], 0.0f);
+      }
+    fetch(0);
+    for (int k0 = 0; k0 < p.k; k0 += BK) {
+      stash();
+      __syncthreads();
+      if (k0 + BK < p.k) fetch(k0 + BK);
+#pragma unroll
+      for (int kk = 0; kk < BK; kk += 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, bf, wmma::row_major> fa[2];
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, bf, wmma::col_major> fb;
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+          wmma::load_matrix_sync(fa[i], reinterpret_cast<bf const*>(As) + (wm * 32 + i * 16) * ld + kk, ld);
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          wmma::load_matrix_sync(fb, reinterpret_cast<bf const*>(B0s) + (wn * 32 + j * 16) * ld + kk, ld);
+#pragma unroll
+          for (int i = 0; i < 2; ++i) wmma::mma_sync(acc0[i][j], fa[i], fb, acc0[i][j]);
+          if constexpr (two) {
+            wmma::load_matrix_sync(fb, reinterpret_cast<bf const*>(B1s) + (wn * 32 + j * 16) * ld + kk, ld);
+#pragma unroll
+            for (int i = 0; i < 2; ++i) wmma::mma_sync(acc1[i][j], fa[i], fb, acc1[i][j]);
+          }
+        }
+      }
+      __syncthreads();
+    }
+    // The stage buffers are dead now (the loop ends with a barrier): reuse them for C.
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        int off = (wm * 32 + i * 16) * ldc + wn * 32 + j * 16;
+        wmma::store_matrix_sync(C0s + off, acc0[i][j], ldc, wmma::mem_row_major);
+        if constexpr (two) wmma::store_matrix_sync(C1s + off, acc1[i][j], ldc, wmma::mem_row_major);
+      }
+  } else {
+    // fp32 SIMT: thread (tr, tc) owns rows tr*8 .. tr*8+7 and columns tc, tc+16, tc+32, tc+48.
+    int const tr = tid / 16, tc = tid % 16;
+    float acc0[8][4] = {}, acc1[two ? 8 : 1][4] = {};
+    fetch(0);
+    for (int k0 = 0; k0 < p.k; k0 += BK) {
+      stash();
+      __syncthreads();
+      if (k0 + BK < p.k) fetch(k0 + BK);
+#pragma unroll 4
+      for (int kk = 0; kk < BK; ++kk) {
+        float a[8], b0v[4], b1v[4];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) a[i] = As[(tr * 8 + i) * ld + kk];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          b0v[j] = B0s[(tc + 16 * j) * ld + kk];
+          if constexpr (two) b1v[j] = B1s[(tc + 16 * j) * ld + kk];
+        }
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            acc0[i][j] = fmaf(a[i], b0v[j], acc0[i][j]);
+            if constexpr (two) acc1[i][j] = fmaf(a[i], b1v[j], acc1[i][j]);
+          }
+      }
+      __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        C0s[(tr * 8 + i) * ldc + tc + 16 * j] = acc0[i][j];
+        if constexpr (two) C1s[(tr * 8 + i) * ldc + tc + 16 * j] = acc1[i][j];
+      }
+  }
+  __syncthreads();
+
+  // Epilogue: V consecutive columns per step.
+  constexpr int cvecs = BN / V;
+  for (int idx = tid; idx < BM * cvecs; idx += gemm_threads) {
+    int r = idx / cvecs, c = (idx % cvecs) * V;
+    if (r >= rows_here) continue;
+    int n = n0 + c;
+    if (n >= p.n) continue;
+    std::size_t row = static_cast<std::size_t>(row_begin + r);
+    float v[V];
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      float c0 = C0s[r * ldc + c + e];
+      if constexpr (two) {
+        v[e] = silu(c0) * C1s[r * ldc + c + e];
+      } else {
+        v[e] = c0;
+      }
+    }
+    if constexpr (Ep == Epilogue::accumulate) {
+      float* o = p.out_f32 + row * p.out_ld + n;
+      for (int e = 0; e < V && n + e < p.n; ++e) o[e] += v[e];
+    } else {
+      T* o = p.out + row * p.out_ld + n;
+      if (n + V <= p.n) {
+        *reinterpret_cast<uint4*>(o) = pack<T>(v);
+      } else {
+        for (int e = 0; n + e < p.n; ++e) o[e] = store_as<T>(v[e]);
+      }
+    }
+  }
+}
+
+}  // namespace detail
+
+/// Row tile height of the grouped GEMM (the unit of `tile_starts`).
+inline constexpr int grouped_gemm_tile_m = detail::gemm_bm;
+
+/// Worst-case row tiles for `total` rows split into `groups` groups.
+constexpr long long grouped_gemm_row_tiles(long long total, int groups) {
+  return blocks_for(total, detail::gemm_bm) + groups;
+}
+
+/// Enqueues one grouped GEMM. Requirements (checked): k and n multiples of 16 / sizeof(T) (the
+/// outputs and every row start are then 16-byte aligned given aligned bases).
+template <class T, Epilogue Ep>
+void grouped_gemm(cudaStream_t s, GroupedGemmArgs<T> const& p) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, moe::bf16>, "grouped_gemm: float or moe::bf16");
+  constexpr int V = vec_elems<T>;
+  check(p.k > 0 && p.k % V == 0, "grouped_gemm: K = ", p.k, " must be a positive multiple of ", V);
+  check(p.n > 0 && p.n % V == 0, "grouped_gemm: N = ", p.n, " must be a positive multiple of ", V);
+  check(p.a_stride % 16 == 0, "grouped_gemm: A row stride ", p.a_stride, " bytes is not a multiple of 16");
+  check(reinterpret_cast<std::uintptr_t>(p.a) % 16 == 0, "grouped_gemm: A is not 16-byte aligned");
+  check(Ep == Epilogue::accumulate ? p.out_f32 != nullptr : p.out != nullptr, "grouped_gemm: no output");
+  long long row_tiles = p.rows ? p.max_row_tiles : blocks_for(p.uniform_rows, detail::gemm_bm);
+  long long blocks = row_tiles * blocks_for(p.n, detail::gemm_bn);
+  if (blocks == 0) return;
+  check(blocks < (1LL << 31), "grouped_gemm: ", blocks, " blocks exceed the grid limit");
+  detail::grouped_gemm_kernel<T, Ep><<<static_cast<unsigned>(blocks), detail::gemm_threads, 0, s>>>(p);
+  check_launch("grouped_gemm_kernel");
+}
+
+}  // namespace moe::kernels::cuda

@@ -1,0 +1,516 @@
+#pragma once
+// moe::CudaLayer: the device execution path of one expert-parallel MoE layer (nvcc only), built
+// from the kernels in moe/kernels/*.cuh. Same protocol as the host moe::Layer:
+//
+//   using L = moe::CudaLayer<Model, Router, placement::Table, replication::None, cuda::SingleGpu>;
+//   L layer(gpu, placement, replicas, device_weights, {.max_tokens = 4096});
+//   void* ws; cudaMalloc(&ws, layer.workspace_size());             // caller-owned device scratch
+//   layer.run({.tokens = n, .x = x, .y = y, .stream = s}, {static_cast<std::byte*>(ws), bytes});
+//
+// Weights, x and y are device pointers (LayerWeights as for the host layer, PyTorch layout).
+// Results follow the host reference: same routes (ties to the lower index), same record format and
+// de-duplication, fp32 accumulation, SwiGLU intermediate rounded to storage precision. Two
+// roundings differ from the host Layer: a routed expert's output is stored in storage precision
+// before the weighted sum of a record (the host keeps it in fp32), and sums run in another order.
+//
+// Collectives:
+//   cuda::SingleGpu       world size 1, no communication: the send buffer is the receive buffer.
+//   collective::Nccl      (or any device-memory Collective) with one of two exchanges:
+//     Exchange::exact     counts first (a fixed-size all_to_all on the device), then ONE host
+//                         synchronisation: the counts are copied to pinned host memory and the
+//                         stream is synchronised, because all_to_all_v needs byte counts on the host.
+//                         Then records and partials move with all_to_all_v of exactly their size.
+//                         This is the only host sync in a forward pass; it makes run() not
+//                         graph-capturable.
+//     Exchange::padded    no host synchronisation, graph-capturable: every rank sends every peer a
+//                         fixed region of worst-case size (max_tokens records with de-duplication,
+//                         max_tokens * top_k without) with a plain all_to_all; the real counts travel
+//                         in a separate 8-byte-per-peer all_to_all and only the device reads them.
+//                         Costs bandwidth: each region is sent whole.
+//
+// Everything the kernels need is carved from the caller's workspace (worst case from
+// max_tokens); the layer itself owns only small tables uploaded at construction (expert weight
+// pointers, replica lists, the served-expert mask), a cuBLAS handle, an error word and a pinned
+// count buffer.
+
+#include <cublas_v2.h>
+
+#include <algorithm>
+#include <concepts>
+#include <span>
+#include <type_traits>
+#include <vector>
+
+#include "moe/collective/concept.hpp"
+#include "moe/core/workspace.hpp"
+#include "moe/kernels/combine.cuh"
+#include "moe/kernels/cuda_common.cuh"
+#include "moe/kernels/dispatch.cuh"
+#include "moe/kernels/gate.cuh"
+#include "moe/kernels/grouped_gemm.cuh"
+#include "moe/layer/layer.hpp"
+
+namespace moe {
+
+namespace cuda {
+
+/// One GPU and no communication: rank 0 of 1.
+struct SingleGpu {
+  static constexpr collective::Memory memory = collective::Memory::device;
+  [[nodiscard]] int rank() const { return 0; }
+  [[nodiscard]] int size() const { return 1; }
+};
+
+/// How dispatch records cross ranks (see the file comment).
+enum class Exchange { exact, padded };
+
+}  // namespace cuda
+
+struct CudaLayerOptions {
+  int max_tokens = 0;       ///< most tokens one rank passes to run(); sizes the workspace
+  bool deduplicate = true;  ///< one record per (token, rank); false sends one per (token, expert)
+  cuda::Exchange exchange = cuda::Exchange::exact;
+  std::size_t cublas_workspace = std::size_t{8} << 20;  ///< bytes handed to cuBLAS for the gate GEMM
+};
+
+namespace detail {
+template <class C>
+concept DeviceComm = C::memory == collective::Memory::device && requires(C const& c) {
+  { c.rank() } -> std::same_as<int>;
+  { c.size() } -> std::same_as<int>;
+};
+template <class C>
+concept DeviceCollective = DeviceComm<C> && collective::Collective<C> && requires(C& c, cudaStream_t s) {
+  c.set_stream(s);
+};
+}  // namespace detail
+
+template <ModelShape Model, router::Policy Router, placement::Policy Placement, replication::Policy Replicas,
+          class Comm>
+class CudaLayer {
+public:
+  static constexpr ShapeSpec shape = Model::spec;
+  using element_type = storage_t<shape>;
+  using T = element_type;
+  static constexpr bool local = std::is_same_v<Comm, cuda::SingleGpu>;
+
+  static_assert(detail::DeviceComm<Comm>, "moe::CudaLayer: the collective must work on device memory "
+                                          "(cuda::SingleGpu or collective::Nccl)");
+  static_assert(local || detail::DeviceCollective<Comm>,
+                "moe::CudaLayer: a multi-rank collective needs all_to_all(_v) and set_stream(cudaStream_t)");
+  static_assert(shape.hidden > 0 && shape.experts > 0 && shape.top_k > 0 && shape.top_k <= shape.experts,
+                "moe::CudaLayer: the model shape needs positive sizes and top_k <= experts");
+  static_assert(Router::fits(shape), "moe::CudaLayer: this Router policy does not fit the model's scoring and "
+                                     "grouping (see router::ForModel<Model>)");
+  static_assert(std::is_same_v<Replicas, replication::None> || std::is_same_v<Replicas, replication::Table>,
+                "moe::CudaLayer: the device path knows replication::None and replication::Table");
+  static_assert(shape.hidden % kernels::cuda::vec_elems<T> == 0 && shape.expert_ffn % kernels::cuda::vec_elems<T> == 0 &&
+                    shape.shared_ffn % kernels::cuda::vec_elems<T> == 0,
+                "moe::CudaLayer: hidden and FFN widths must be multiples of 16 bytes of the storage type");
+
+  struct Arguments {
+    int tokens = 0;             ///< tokens on this rank (may be 0)
+    T const* x = nullptr;       ///< device, tokens x hidden, 16-byte aligned
+    T* y = nullptr;             ///< device, tokens x hidden, written
+    long long first_token = 0;  ///< global index of this rank's first token (spreads replica choice)
+    cudaStream_t stream = nullptr;
+  };
+
+  CudaLayer(Comm& comm, Placement placement, Replicas replicas, LayerWeights<T> weights, CudaLayerOptions options)
+      : comm_(&comm), placement_(std::move(placement)), replicas_(std::move(replicas)), weights_(weights),
+        options_(options) {
+    validate(shape);
+    int ranks = comm.size(), rank = comm.rank();
+    placement_.validate(shape.experts, ranks);
+    std::vector<int> primary(E);
+    for (int e = 0; e < shape.experts; ++e) primary[static_cast<std::size_t>(e)] = placement_.rank_of(e);
+    replicas_.validate(shape.experts, ranks, primary);
+    check(options_.max_tokens > 0, "moe::CudaLayer: CudaLayerOptions::max_tokens must be positive, got ",
+          options_.max_tokens);
+    check(weights_.router != nullptr, "moe::CudaLayer: router weights are missing");
+    check(static_cast<int>(weights_.experts.size()) == shape.experts, "moe::CudaLayer: weights list ",
+          weights_.experts.size(), " experts, the shape has ", shape.experts);
+    check(static_cast<int>(weights_.shared.size()) == shape.shared_experts, "moe::CudaLayer: weights list ",
+          weights_.shared.size(), " shared experts, the shape has ", shape.shared_experts);
+
+    // Replica lists (CSR), the served mask and the weight pointer tables.
+    std::vector<int> offsets{0}, copy_ranks;
+    std::vector<unsigned char> served(E);
+    std::vector<T const*> gate(E), up(E), down(E);
+    for (int e = 0; e < shape.experts; ++e) {
+      auto ue = static_cast<std::size_t>(e);
+      if constexpr (std::is_same_v<Replicas, replication::Table>) {
+        for (int r : replicas_.replicas()[ue]) copy_ranks.push_back(r);
+      } else {
+        copy_ranks.push_back(primary[ue]);
+      }
+      offsets.push_back(static_cast<int>(copy_ranks.size()));
+      served[ue] = replicas_.holds(e, primary[ue], rank) ? 1 : 0;
+      auto const& w = weights_.experts[ue];
+      check(!served[ue] || w.present(), "moe::CudaLayer: rank ", rank, " serves expert ", e,
+            " but its weights are missing");
+      if (served[ue]) {
+        check_aligned(w.gate, "gate", e);
+        check_aligned(w.up, "up", e);
+        check_aligned(w.down, "down", e);
+        gate[ue] = w.gate;
+        up[ue] = w.up;
+        down[ue] = w.down;
+      }
+    }
+    for (int e = 0; e < shape.shared_experts; ++e) {
+      auto const& w = weights_.shared[static_cast<std::size_t>(e)];
+      check(w.present(), "moe::CudaLayer: shared expert ", e, " has no weights");
+      check_aligned(w.gate, "shared gate", e);
+      check_aligned(w.up, "shared up", e);
+      check_aligned(w.down, "shared down", e);
+    }
+    replica_offsets_ = kernels::cuda::DeviceArray<int>(offsets.size());
+    replica_offsets_.upload(offsets.data(), offsets.size());
+    replica_ranks_ = kernels::cuda::DeviceArray<int>(copy_ranks.size());
+    replica_ranks_.upload(copy_ranks.data(), copy_ranks.size());
+    primary_ = kernels::cuda::DeviceArray<int>(E);
+    primary_.upload(primary.data(), E);
+    served_ = kernels::cuda::DeviceArray<unsigned char>(E);
+    served_.upload(served.data(), E);
+    gate_ = kernels::cuda::DeviceArray<T const*>(E);
+    gate_.upload(gate.data(), E);
+    up_ = kernels::cuda::DeviceArray<T const*>(E);
+    up_.upload(up.data(), E);
+    down_ = kernels::cuda::DeviceArray<T const*>(E);
+    down_.upload(down.data(), E);
+    errors_ = kernels::cuda::DeviceArray<unsigned>(1);
+    kernels::cuda::check_cuda(cudaMemset(errors_.get(), 0, sizeof(unsigned)), "cudaMemset");
+    kernels::cuda::check_cublas(cublasCreate(&cublas_), "cublasCreate");
+    if (!local) {
+      kernels::cuda::check_cuda(cudaMallocHost(reinterpret_cast<void**>(&host_counts_),
+                                               2 * static_cast<std::size_t>(ranks) * sizeof(std::uint64_t)),
+                                "cudaMallocHost");
+    }
+    meta_bytes_ = round16(2 * sizeof(std::int32_t) + static_cast<std::size_t>(k) * (sizeof(std::int32_t) + sizeof(float)));
+    payload_bytes_ = round16(h * sizeof(T));
+  }
+
+  CudaLayer(CudaLayer const&) = delete;
+  CudaLayer& operator=(CudaLayer const&) = delete;
+  ~CudaLayer() {
+    if (cublas_) cublasDestroy(cublas_);
+    if (host_counts_) cudaFreeHost(host_counts_);
+  }
+
+  /// Bytes of caller-owned device workspace run() needs.
+  [[nodiscard]] std::size_t workspace_size() const {
+    core::Carver c;
+    Buffers b;
+    carve(c, b);
+    return c.used();
+  }
+
+  [[nodiscard]] Status can_implement(Arguments const& a) const {
+    if (a.tokens < 0) return {false, moe::detail::concat("moe::CudaLayer: negative token count ", a.tokens)};
+    if (a.tokens > options_.max_tokens)
+      return {false, moe::detail::concat("moe::CudaLayer: ", a.tokens, " tokens exceed the ", options_.max_tokens,
+                                         " the workspace was sized for (CudaLayerOptions::max_tokens)")};
+    if (a.tokens > 0 && (a.x == nullptr || a.y == nullptr))
+      return {false, "moe::CudaLayer: input or output pointer is null"};
+    if (reinterpret_cast<std::uintptr_t>(a.x) % 16 != 0 || reinterpret_cast<std::uintptr_t>(a.y) % 16 != 0)
+      return {false, "moe::CudaLayer: x and y must be 16-byte aligned"};
+    return {};
+  }
+
+  /// One forward pass of this rank's tokens, enqueued on a.stream. Every rank must call it.
+  void run(Arguments const& a, std::span<std::byte> workspace) {
+    Status st = can_implement(a);
+    check(st.ok, st.message);
+    check(workspace.size() >= workspace_size(), "moe::CudaLayer: workspace holds ", workspace.size(),
+          " bytes, run() needs ", workspace_size(), " (call workspace_size())");
+    namespace kc = kernels::cuda;
+    core::Carver c(workspace);
+    Buffers b;
+    carve(c, b);
+    cudaStream_t s = a.stream;
+    int const ranks = comm_->size(), rank = comm_->rank(), t = a.tokens;
+    std::size_t const rec = meta_bytes_ + payload_bytes_;
+    long long const cap = padded() ? per_peer() : 0;
+    stats_ = {};
+    stats_.tokens = t;
+    stats_.assignments = static_cast<long long>(t) * k;
+    stats_.record_bytes = rec;
+    stats_.meta_bytes = meta_bytes_;
+    kc::check_cuda(cudaMemsetAsync(errors_.get(), 0, sizeof(unsigned), s), "cudaMemsetAsync");
+
+    // 1. Gate, router, destinations, record layout, packing.
+    if (t > 0) {
+      kc::gate_logits<T>(cublas_, s, b.cublas.data(), b.cublas.size(), a.x, t, shape.hidden, weights_.router,
+                         shape.experts, b.logits.data());
+      kc::route<shape, Router>(s, b.logits.data(), weights_.router_bias, t, b.ids.data(), b.weights.data());
+      kc::ReplicaView view{replica_offsets_.get(), replica_ranks_.get(), primary_.get()};
+      kc::plan_records<k>(s, b.ids.data(), t, ranks, view, rank, a.first_token, options_.deduplicate, b.dest.data(),
+                          b.rec_count.data());
+      kc::exclusive_sum(s, b.scan_temp.data(), b.scan_temp.size(), b.rec_count.data(), b.rec_pos.data(),
+                        static_cast<long long>(ranks) * t);
+    }
+    std::uint64_t* send_count = b.counts.data();
+    std::uint64_t* recv_count = b.counts.data() + ranks;
+    kc::send_layout(s, b.rec_count.data(), b.rec_pos.data(), t, ranks, cap, send_count, b.send_base.data());
+    kc::pack_records<T, k>(s, a.x, t, shape.hidden, b.ids.data(), b.weights.data(), b.dest.data(), b.rec_pos.data(),
+                           b.send_base.data(), options_.deduplicate, b.send.data(), rec, meta_bytes_);
+
+    // 2. Dispatch.
+    std::byte const* recv = b.send.data();
+    long long slots = static_cast<long long>(t) * (options_.deduplicate ? 1 : k);  // local: records <= this
+    std::uint64_t const* counts_in = send_count;
+    if constexpr (!local) {
+      comm_->set_stream(s);
+      auto before = comm_->counters();
+      comm_->all_to_all(std::as_bytes(std::span(send_count, static_cast<std::size_t>(ranks))),
+                        std::as_writable_bytes(std::span(recv_count, static_cast<std::size_t>(ranks))),
+                        sizeof(std::uint64_t));
+      auto middle = comm_->counters();
+      if (padded()) {
+        comm_->all_to_all(std::as_bytes(b.send), b.recv, static_cast<std::size_t>(cap) * rec);
+        slots = static_cast<long long>(ranks) * cap;
+      } else {
+        // The one host synchronisation of the exact exchange: all_to_all_v needs host byte counts.
+        kc::check_cuda(cudaMemcpyAsync(host_counts_, b.counts.data(), 2 * static_cast<std::size_t>(ranks) * sizeof(std::uint64_t),
+                                       cudaMemcpyDeviceToHost, s),
+                       "cudaMemcpyAsync (record counts)");
+        kc::check_cuda(cudaStreamSynchronize(s), "cudaStreamSynchronize (record counts)");
+        host_bytes_.assign(4 * static_cast<std::size_t>(ranks), 0);
+        std::size_t total = 0;
+        for (int p = 0; p < ranks; ++p) {
+          auto up = static_cast<std::size_t>(p);
+          std::size_t sent = host_counts_[up], got = host_counts_[static_cast<std::size_t>(ranks) + up];
+          host_bytes_[up] = sent * rec;
+          host_bytes_[static_cast<std::size_t>(ranks) + up] = got * rec;
+          host_bytes_[2 * static_cast<std::size_t>(ranks) + up] = got * h * sizeof(T);  // partials back
+          host_bytes_[3 * static_cast<std::size_t>(ranks) + up] = sent * h * sizeof(T);
+          total += got;
+          (p == rank ? stats_.records_local : stats_.records_remote) += static_cast<long long>(sent);
+        }
+        check(total <= recv_capacity(), "moe::CudaLayer: rank ", rank, " would receive ", total,
+              " records but its workspace holds ", recv_capacity(),
+              " (do all ranks use the same CudaLayerOptions::max_tokens?)");
+        stats_.records_received = static_cast<long long>(total);
+        auto hb = std::span<std::size_t const>(host_bytes_);
+        comm_->all_to_all_v(std::as_bytes(b.send), hb.subspan(0, static_cast<std::size_t>(ranks)), b.recv,
+                            hb.subspan(static_cast<std::size_t>(ranks), static_cast<std::size_t>(ranks)));
+        slots = static_cast<long long>(total);
+      }
+      auto after = comm_->counters();
+      stats_.control_bytes = middle.bytes_sent() - before.bytes_sent();
+      stats_.dispatch_bytes = after.bytes_sent() - middle.bytes_sent();
+      recv = b.recv.data();
+      counts_in = recv_count;
+    }
+    kc::recv_layout(s, counts_in, ranks, cap, b.recv_base.data(), b.recv_n.data());
+
+    // 3. Experts: group (record, slot) pairs by expert, gate+up with SwiGLU, down, weighted combine.
+    kc::ExpertGrouping grouping{b.keys.data(),     b.values.data(),  b.sorted_keys.data(), b.sorted_values.data(),
+                                b.position.data(), b.offsets.data(), b.tile_starts.data(), b.sort_temp.data(),
+                                b.sort_temp.size()};
+    kc::group_by_expert<k>(s, recv, rec, slots, b.recv_base.data(), b.recv_n.data(), ranks, shape.experts,
+                           served_.get(), kc::grouped_gemm_tile_m, grouping, errors_.get());
+    if (slots > 0) {
+      kc::GroupedGemmArgs<T> g1;
+      g1.groups = shape.experts;
+      g1.rows = b.offsets.data();
+      g1.tile_starts = b.tile_starts.data();
+      g1.max_row_tiles = kc::grouped_gemm_row_tiles(slots * k, shape.experts);
+      g1.a = recv + meta_bytes_;
+      g1.a_stride = rec;
+      g1.index = b.sorted_values.data();
+      g1.index_div = k;
+      g1.b0_table = gate_.get();
+      g1.b1_table = up_.get();
+      g1.n = shape.expert_ffn;
+      g1.k = shape.hidden;
+      g1.out = b.inter.data();
+      g1.out_ld = static_cast<std::size_t>(shape.expert_ffn);
+      kc::grouped_gemm<T, kc::Epilogue::swiglu>(s, g1);
+
+      kc::GroupedGemmArgs<T> g2 = g1;
+      g2.a = reinterpret_cast<std::byte const*>(b.inter.data());
+      g2.a_stride = static_cast<std::size_t>(shape.expert_ffn) * sizeof(T);
+      g2.index = nullptr;
+      g2.index_div = 1;
+      g2.b0_table = down_.get();
+      g2.b1_table = nullptr;
+      g2.n = shape.hidden;
+      g2.k = shape.expert_ffn;
+      g2.out = b.expert_out.data();
+      g2.out_ld = h;
+      kc::grouped_gemm<T, kc::Epilogue::store>(s, g2);
+
+      kc::combine_records<T, k>(s, recv, rec, slots, b.recv_base.data(), b.recv_n.data(), ranks, shape.experts,
+                                served_.get(), b.expert_out.data(), b.position.data(), shape.hidden, b.back.data());
+    }
+
+    // 4. Partials back, shared experts, sum in token order.
+    T const* returned = b.back.data();
+    if constexpr (!local) {
+      auto before = comm_->counters();
+      if (padded()) {
+        comm_->all_to_all(std::as_bytes(b.back), std::as_writable_bytes(b.returned),
+                          static_cast<std::size_t>(cap) * h * sizeof(T));
+      } else {
+        auto hb = std::span<std::size_t const>(host_bytes_);
+        comm_->all_to_all_v(std::as_bytes(b.back), hb.subspan(2 * static_cast<std::size_t>(ranks), static_cast<std::size_t>(ranks)),
+                            std::as_writable_bytes(b.returned),
+                            hb.subspan(3 * static_cast<std::size_t>(ranks), static_cast<std::size_t>(ranks)));
+      }
+      stats_.combine_bytes = comm_->counters().bytes_sent() - before.bytes_sent();
+      returned = b.returned.data();
+    }
+    float* shared_acc = nullptr;
+    if (shape.shared_experts > 0 && t > 0) {
+      shared_acc = b.shared_acc.data();
+      kc::check_cuda(cudaMemsetAsync(shared_acc, 0, static_cast<std::size_t>(t) * h * sizeof(float), s),
+                     "cudaMemsetAsync (shared experts)");
+      for (auto const& w : weights_.shared) {
+        kc::GroupedGemmArgs<T> s1;
+        s1.uniform_rows = t;
+        s1.a = reinterpret_cast<std::byte const*>(a.x);
+        s1.a_stride = h * sizeof(T);
+        s1.b0 = w.gate;
+        s1.b1 = w.up;
+        s1.n = shape.shared_ffn;
+        s1.k = shape.hidden;
+        s1.out = b.shared_inter.data();
+        s1.out_ld = static_cast<std::size_t>(shape.shared_ffn);
+        kc::grouped_gemm<T, kc::Epilogue::swiglu>(s, s1);
+        kc::GroupedGemmArgs<T> s2;
+        s2.uniform_rows = t;
+        s2.a = reinterpret_cast<std::byte const*>(b.shared_inter.data());
+        s2.a_stride = static_cast<std::size_t>(shape.shared_ffn) * sizeof(T);
+        s2.b0 = w.down;
+        s2.n = shape.hidden;
+        s2.k = shape.shared_ffn;
+        s2.out_f32 = shared_acc;
+        s2.out_ld = h;
+        kc::grouped_gemm<T, kc::Epilogue::accumulate>(s, s2);
+      }
+    }
+    kc::finish_tokens<T>(s, t, shape.hidden, ranks, b.rec_count.data(), b.rec_pos.data(), b.send_base.data(), returned,
+                         shared_acc, a.y);
+  }
+
+  /// Error bits (kernels::cuda::DeviceError) raised by the last run(). Synchronises the device:
+  /// a diagnostic for tests and debugging, not for the hot path.
+  [[nodiscard]] unsigned errors() const {
+    unsigned v = 0;
+    kernels::cuda::check_cuda(cudaMemcpy(&v, errors_.get(), sizeof(v), cudaMemcpyDeviceToHost), "cudaMemcpy (errors)");
+    return v;
+  }
+
+  /// Host-side statistics of the last run(). Record counts are known only with Exchange::exact.
+  [[nodiscard]] LayerStats const& stats() const { return stats_; }
+  [[nodiscard]] Comm& comm() const { return *comm_; }
+  [[nodiscard]] CudaLayerOptions const& options() const { return options_; }
+
+private:
+  static constexpr auto h = static_cast<std::size_t>(shape.hidden);
+  static constexpr int k = shape.top_k;
+  static constexpr auto E = static_cast<std::size_t>(shape.experts);
+
+  static constexpr std::size_t round16(std::size_t n) { return (n + 15) / 16 * 16; }
+
+  static void check_aligned(T const* p, char const* what, int e) {
+    check(reinterpret_cast<std::uintptr_t>(p) % 16 == 0, "moe::CudaLayer: ", what, " weights of expert ", e,
+          " are not 16-byte aligned");
+  }
+
+  struct Buffers {
+    std::span<float> logits;            // m x E
+    std::span<int> ids, dest;           // m x k
+    std::span<float> weights;           // m x k
+    std::span<int> rec_count, rec_pos;  // ranks x m
+    std::span<std::byte> scan_temp;
+    std::span<std::uint64_t> counts;    // send (ranks), then received (ranks)
+    std::span<long long> send_base, recv_base;
+    std::span<int> recv_n;
+    std::span<std::byte> send, recv;    // dispatch records
+    std::span<int> keys, values, sorted_keys, sorted_values, position;  // recv slots x k
+    std::span<std::byte> sort_temp;
+    std::span<int> offsets, tile_starts;  // E + 1
+    std::span<T> inter;                 // recv slots x k x expert_ffn
+    std::span<T> expert_out;            // recv slots x k x hidden
+    std::span<T> back;                  // recv slots x hidden
+    std::span<T> returned;              // send records x hidden
+    std::span<T> shared_inter;          // m x shared_ffn
+    std::span<float> shared_acc;        // m x hidden
+    std::span<std::byte> cublas;
+  };
+
+  [[nodiscard]] bool padded() const { return !local && options_.exchange == cuda::Exchange::padded; }
+  /// Most records one rank can send one peer.
+  [[nodiscard]] long long per_peer() const {
+    return static_cast<long long>(options_.max_tokens) * (options_.deduplicate ? 1 : k);
+  }
+  [[nodiscard]] std::size_t send_capacity() const {
+    auto ranks = static_cast<long long>(comm_->size());
+    if (padded()) return static_cast<std::size_t>(ranks * per_peer());
+    long long per_token = options_.deduplicate ? std::min<long long>(k, ranks) : k;
+    return static_cast<std::size_t>(options_.max_tokens) * static_cast<std::size_t>(per_token);
+  }
+  [[nodiscard]] std::size_t recv_capacity() const {
+    if (local) return send_capacity();
+    return static_cast<std::size_t>(comm_->size()) * static_cast<std::size_t>(per_peer());
+  }
+
+  void carve(core::Carver& c, Buffers& b) const {
+    namespace kc = kernels::cuda;
+    auto m = static_cast<std::size_t>(options_.max_tokens);
+    auto ranks = static_cast<std::size_t>(comm_->size());
+    std::size_t rec = meta_bytes_ + payload_bytes_;
+    std::size_t slots = recv_capacity(), items = slots * static_cast<std::size_t>(k);
+    b.logits = c.take<float>(m * E);
+    b.ids = c.take<int>(m * k);
+    b.dest = c.take<int>(m * k);
+    b.weights = c.take<float>(m * k);
+    b.rec_count = c.take<int>(ranks * m);
+    b.rec_pos = c.take<int>(ranks * m);
+    b.scan_temp = c.take<std::byte>(scan_bytes_ ? scan_bytes_ : (scan_bytes_ = kc::exclusive_sum_bytes(static_cast<long long>(ranks * m))));
+    b.counts = c.take<std::uint64_t>(2 * ranks);
+    b.send_base = c.take<long long>(ranks);
+    b.recv_base = c.take<long long>(ranks);
+    b.recv_n = c.take<int>(ranks);
+    b.send = c.take<std::byte>(send_capacity() * rec);
+    b.recv = c.take<std::byte>(local ? 0 : slots * rec);
+    b.keys = c.take<int>(items);
+    b.values = c.take<int>(items);
+    b.sorted_keys = c.take<int>(items);
+    b.sorted_values = c.take<int>(items);
+    b.position = c.take<int>(items);
+    b.sort_temp = c.take<std::byte>(sort_bytes_ ? sort_bytes_ : (sort_bytes_ = kc::sort_items_bytes(static_cast<long long>(items), shape.experts)));
+    b.offsets = c.take<int>(E + 1);
+    b.tile_starts = c.take<int>(E + 1);
+    b.inter = c.take<T>(items * static_cast<std::size_t>(shape.expert_ffn));
+    b.expert_out = c.take<T>(items * h);
+    b.back = c.take<T>(slots * h);
+    b.returned = c.take<T>(local ? 0 : send_capacity() * h);
+    b.shared_inter = c.take<T>(shape.shared_experts > 0 ? m * static_cast<std::size_t>(shape.shared_ffn) : 0);
+    b.shared_acc = c.take<float>(shape.shared_experts > 0 ? m * h : 0);
+    b.cublas = c.take<std::byte>(options_.cublas_workspace);
+  }
+
+  Comm* comm_;
+  Placement placement_;
+  Replicas replicas_;
+  LayerWeights<T> weights_;
+  CudaLayerOptions options_;
+  kernels::cuda::DeviceArray<int> replica_offsets_, replica_ranks_, primary_;
+  kernels::cuda::DeviceArray<unsigned char> served_;
+  kernels::cuda::DeviceArray<T const*> gate_, up_, down_;
+  kernels::cuda::DeviceArray<unsigned> errors_;
+  cublasHandle_t cublas_ = nullptr;
+  std::uint64_t* host_counts_ = nullptr;  // pinned: send counts, then received counts
+  std::vector<std::size_t> host_bytes_;   // exact exchange: send, recv, back, returned bytes per peer
+  std::size_t meta_bytes_ = 0;
+  std::size_t payload_bytes_ = 0;
+  mutable std::size_t scan_bytes_ = 0;  // CUB scratch sizes, queried once
+  mutable std::size_t sort_bytes_ = 0;
+  LayerStats stats_;
+};
+
+}  // namespace moe

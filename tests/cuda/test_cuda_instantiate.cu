@@ -1,0 +1,72 @@
+// Compile coverage of the CUDA headers: the whole device layer (and with it every kernel) is
+// instantiated for full-size example models (DeepSeek-V3, Mixtral-8x7B, DeepSeek-V2, Kimi-K2) and
+// for the reduced fp32 shapes the other GPU tests use. CI compiles this without a GPU; on a GPU the
+// test also builds each full-size layer (with placeholder weight pointers that are never read) and
+// checks its workspace query.
+
+#include <catch2/catch.hpp>
+
+#include "cuda_test_support.cuh"
+#include "moe/layer/cuda_layer.cuh"
+#include "moe/moe.hpp"
+#if defined(MOE_TEST_NCCL)
+#include "moe/collective/nccl.hpp"
+#endif
+
+namespace moe {
+using router::GroupLimitedTopK;
+using router::SigmoidGroupTopK;
+using router::SoftmaxTopK;
+using MixtralSmallF32 = models::Reduced<models::Mixtral8x7B, 64, 96, DType::f32>;
+using DeepSeekSmallF32 = models::Reduced<models::DeepSeekV3, 64, 32, DType::f32>;
+using DeepSeekSmallBf16 = models::Reduced<models::DeepSeekV3, 64, 32, DType::bf16>;
+
+template class CudaLayer<models::DeepSeekV3, SigmoidGroupTopK, placement::Table, replication::None, cuda::SingleGpu>;
+template class CudaLayer<models::Mixtral8x7B, SoftmaxTopK, placement::Table, replication::None, cuda::SingleGpu>;
+template class CudaLayer<models::DeepSeekV2, GroupLimitedTopK, placement::Table, replication::Table, cuda::SingleGpu>;
+template class CudaLayer<models::KimiK2, SigmoidGroupTopK, placement::Table, replication::None, cuda::SingleGpu>;
+template class CudaLayer<MixtralSmallF32, SoftmaxTopK, placement::Table, replication::None, cuda::SingleGpu>;
+template class CudaLayer<DeepSeekSmallF32, SigmoidGroupTopK, placement::Table, replication::Table, cuda::SingleGpu>;
+template class CudaLayer<DeepSeekSmallBf16, SigmoidGroupTopK, placement::Table, replication::None, cuda::SingleGpu>;
+#if defined(MOE_TEST_NCCL)
+template class CudaLayer<models::DeepSeekV3, SigmoidGroupTopK, placement::Table, replication::Table, collective::Nccl>;
+template class CudaLayer<models::Mixtral8x7B, SoftmaxTopK, placement::Table, replication::None, collective::Nccl>;
+#endif
+}  // namespace moe
+
+namespace {
+
+/// Workspace bytes of a full-size single-GPU layer whose expert weights are placeholders.
+template <class Model, class Router>
+std::size_t workspace_of(int max_tokens) {
+  using L = moe::CudaLayer<Model, Router, moe::placement::Table, moe::replication::None, moe::cuda::SingleGpu>;
+  using T = typename L::element_type;
+  constexpr moe::ShapeSpec s = Model::spec;
+  alignas(16) static T placeholder[8];
+  std::vector<moe::ExpertWeights<T>> experts(static_cast<std::size_t>(s.experts), {placeholder, placeholder, placeholder});
+  std::vector<moe::ExpertWeights<T>> shared(static_cast<std::size_t>(s.shared_experts), {placeholder, placeholder, placeholder});
+  moe::LayerWeights<T> w{placeholder, nullptr, experts, shared};
+  moe::cuda::SingleGpu gpu;
+  L layer(gpu, moe::placement::Table::contiguous(s.experts, 1), {}, w, {.max_tokens = max_tokens});
+  return layer.workspace_size();
+}
+
+template <class Model, class Router>
+void check_workspace() {
+  constexpr moe::ShapeSpec s = Model::spec;
+  std::size_t decode = workspace_of<Model, Router>(128), prefill = workspace_of<Model, Router>(4096);
+  INFO(Model::name << ": decode " << decode << " bytes, prefill " << prefill << " bytes");
+  // The routed activations alone: tokens x top_k rows of the intermediate and of the expert output.
+  std::size_t floor = 4096ull * s.top_k * (s.expert_ffn + s.hidden) * 2;
+  CHECK(prefill > floor);
+  CHECK(prefill > decode);
+  CHECK(decode > 128ull * s.top_k * (s.expert_ffn + s.hidden) * 2);
+}
+
+}  // namespace
+
+TEST_CASE("full-size layers report workspace sizes that cover their routed activations") {
+  check_workspace<moe::models::DeepSeekV3, moe::SigmoidGroupTopK>();
+  check_workspace<moe::models::Mixtral8x7B, moe::SoftmaxTopK>();
+  check_workspace<moe::models::KimiK2, moe::SigmoidGroupTopK>();
+}
