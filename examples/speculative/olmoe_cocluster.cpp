@@ -3,7 +3,10 @@
 //
 //   olmoe_cocluster [--data DIR] [--train arxiv,book] [--eval github] [--devices 8]
 //                   [--layers 0,7,15] [--seed 1] [--iterations 30] [--samples 16]
-//                   [--polish 2] [--final-polish 10]
+//                   [--polish 2] [--final-polish 10] [--split F]
+//
+// --split F: instead of a held-out domain, fit on a seeded share F of the --train domains'
+// occurrences and evaluate on the rest (simulated split of the aggregated counts, route_split.hpp).
 //
 // Prints one markdown table per layer: LAR with and without token shuffling, token imbalance on the
 // fitted and on the held-out data, device top-1 accuracy, solve time; for contiguous placement (s-TS
@@ -21,6 +24,7 @@
 #include "moe/placement/cocluster.hpp"
 #include "moe/placement/cocluster_metis.hpp"
 #include "moe/profile/olmoe_tokens.hpp"
+#include "moe/profile/route_split.hpp"
 #include "moe/speculative/metrics.hpp"
 #include "moe/speculative/predictor.hpp"
 
@@ -42,6 +46,7 @@ int main(int argc, char** argv) try {
   using namespace moe;
   std::string data = MOE_SHARED_DATA_DIR, train = "arxiv,book", eval = "github", layers_arg = "0,7,15";
   int devices = 8, iterations = 30, samples = 16, polish = 2, final_polish = 10;
+  double split_fraction = 0;
   unsigned long seed = 1;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i], v = argv[i + 1];
@@ -55,6 +60,7 @@ int main(int argc, char** argv) try {
     else if (a == "--samples") samples = std::stoi(v);
     else if (a == "--polish") polish = std::stoi(v);
     else if (a == "--final-polish") final_polish = std::stoi(v);
+    else if (a == "--split") split_fraction = std::stod(v);
     else {
       std::cerr << "unknown option " << a << "\n";
       return 2;
@@ -62,8 +68,18 @@ int main(int argc, char** argv) try {
   }
   namespace ol = profile::olmoe;
   auto t0 = std::chrono::steady_clock::now();
-  auto fit = ol::load(data, split(train));
-  auto held = ol::load(data, split(eval));
+  profile::RouteProfile fit, held;
+  if (split_fraction > 0) {
+    auto parts = profile::split_profile(ol::load(data, split(train)), split_fraction, seed);
+    fit = std::move(parts.first);
+    held = std::move(parts.second);
+    eval = "the remaining " + std::to_string(100 - static_cast<int>(100 * split_fraction)) + "% of " + train +
+           " (simulated split of aggregated counts)";
+    train = std::to_string(static_cast<int>(100 * split_fraction)) + "% of " + train;
+  } else {
+    fit = ol::load(data, split(train));
+    held = ol::load(data, split(eval));
+  }
   double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("OLMoE-1B-7B, %d devices, fit on %s, evaluated on %s (data loaded in %.2f s)\n\n", devices,
               train.c_str(), eval.c_str(), load_s);

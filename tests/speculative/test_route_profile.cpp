@@ -13,6 +13,8 @@
 #include "moe/placement/cocluster.hpp"
 #include "moe/profile/olmoe_tokens.hpp"
 #include "moe/profile/route_profile.hpp"
+#include "moe/profile/route_split.hpp"
+#include "moe/profile/route_synthetic.hpp"
 
 using moe::profile::RouteProfile;
 using moe::profile::RouteRecorder;
@@ -205,4 +207,40 @@ TEST_CASE("OLMoE arxiv profile matches the data set's README and expert_counts.t
   REQUIRE(std::accumulate(x.begin(), x.end(), std::int64_t{0}) == 1671168);
   REQUIRE_THROWS_AS(moe::profile::olmoe::load(MOE_SHARED_DATA_DIR, {"c4"}), moe::Error);  // no token file
   REQUIRE_THROWS_AS(moe::profile::olmoe::load(MOE_SHARED_DATA_DIR, {}), moe::Error);
+}
+
+TEST_CASE("seeded split of aggregated counts", "[speculative][profile]") {
+  moe::profile::synthetic::Spec s{.vocab = 300, .experts = 8, .top_k = 2, .topics = 2, .occurrences = 20000, .seed = 3};
+  auto p = moe::profile::synthetic::generate(s);
+  auto [fit, held] = moe::profile::split_profile(p, 0.2, 7);
+  auto const& all = p.layer(0);
+  double fit_occ = 0;
+  for (std::size_t r = 0; r < all.rows(); ++r) {
+    auto t = all.tokens[r];
+    auto fr = fit.layer(0).find(t), hr = held.layer(0).find(t);
+    std::int64_t ft = fr >= 0 ? fit.layer(0).row_total(static_cast<std::size_t>(fr)) : 0;
+    std::int64_t ht = hr >= 0 ? held.layer(0).row_total(static_cast<std::size_t>(hr)) : 0;
+    REQUIRE(ft + ht == all.row_total(r));  // every activation lands in exactly one part
+    REQUIRE(ft % 2 == 0);                  // whole occurrences
+    fit_occ += static_cast<double>(ft) / 2;
+    for (auto j = all.offsets[r]; j < all.offsets[r + 1]; ++j) {
+      auto e = all.expert[static_cast<std::size_t>(j)];
+      std::int64_t a = 0, b = 0;
+      auto get = [&](moe::profile::LayerCounts const& lc, std::ptrdiff_t row) {
+        if (row < 0) return std::int64_t{0};
+        for (auto k = lc.offsets[static_cast<std::size_t>(row)]; k < lc.offsets[static_cast<std::size_t>(row) + 1]; ++k)
+          if (lc.expert[static_cast<std::size_t>(k)] == e) return lc.count[static_cast<std::size_t>(k)];
+        return std::int64_t{0};
+      };
+      a = get(fit.layer(0), fr);
+      b = get(held.layer(0), hr);
+      REQUIRE(a + b == all.count[static_cast<std::size_t>(j)]);
+    }
+  }
+  // Binomial(20000, 0.2): mean 4000, sd 57.
+  REQUIRE(fit_occ == Approx(4000).margin(300));
+  auto again = moe::profile::split_profile(p, 0.2, 7);
+  REQUIRE(again.first.layer(0).count == fit.layer(0).count);
+  REQUIRE_THROWS_AS(moe::profile::split_profile(p, 1.0, 7), moe::Error);
+  REQUIRE_THROWS_AS(moe::profile::split_profile(RouteProfile{}, 0.5, 7), moe::Error);
 }
