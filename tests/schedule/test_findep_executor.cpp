@@ -9,6 +9,7 @@
 #include <random>
 
 #include "moe/collective/in_process.hpp"
+#include "moe/layer/layer.hpp"
 #include "moe/layer/reference.hpp"
 #include "moe/models/models.hpp"
 #include "moe/schedule/findep_executor.hpp"
@@ -110,19 +111,15 @@ TEST_CASE("FinDEP executor rejects bad input", "[schedule][executor][bad-input]"
   auto x = random_tokens(tokens_per_ag, s.hidden, 9);
   std::vector<float> y(x.size());
   auto run = [&](int ag, placement::Table p, Config c, int tokens_on_eg = 0) {
+    std::vector<std::vector<float>> out(world, std::vector<float>(x.size()));
     collective::run_in_process<world>([&](collective::InProcess<world>& comm) {
       Ex ex(comm, s, ag, p, weights.view());
       typename Ex::Arguments a;
-      if (comm.rank() < ag) a = {tokens_per_ag, x.data(), y.data()};
-      else a.tokens = tokens_on_eg;
-      if (comm.rank() < ag) {
-        // Each AG rank writes its own output: give them separate buffers.
-        std::vector<float> mine(x.size());
-        a.y = mine.data();
-        ex.run(a, c);
-      } else {
-        ex.run(a, c);
-      }
+      if (comm.rank() < ag)
+        a = {tokens_per_ag, x.data(), out[static_cast<std::size_t>(comm.rank())].data()};
+      else
+        a.tokens = tokens_on_eg;
+      ex.run(a, c);
     });
   };
   placement::Table two = placement::Table::round_robin(s.experts, 2);
@@ -151,5 +148,49 @@ TEST_CASE("FinDEP executor rejects bad input", "[schedule][executor][bad-input]"
   }
   SECTION("tokens on an EG rank") {
     CHECK_THROWS_WITH(run(2, two, Config{}, 4), Catch::Contains("tokens live on the AG ranks"));
+  }
+}
+
+TEMPLATE_TEST_CASE("FinDEP executor equals the sequential moe::Layer on the same tokens", "[schedule][executor]",
+                   DeepSeekSmall, MixtralSmall) {
+  using Model = TestType;
+  using Router = router::ForModel<Model>;
+  using Comm = collective::InProcess<world>;
+  using Lyr = Layer<Model, Router, placement::Table, replication::None, schedule::Sequential, Comm>;
+  constexpr ShapeSpec s = Model::spec;
+  constexpr int ag = 2;
+  auto h = static_cast<std::size_t>(s.hidden);
+  RandomLayerWeights<float> weights(s, 77);
+  int total = ag * tokens_per_ag;
+  auto x = random_tokens(total, s.hidden, 78);
+  // The expert-parallel Layer with the sequential schedule: every rank holds a quarter of the tokens.
+  std::vector<float> y_layer(x.size());
+  placement::Table ep = placement::Table::contiguous(s.experts, world);
+  collective::run_in_process<world>([&](Comm& comm) {
+    int per = total / world, r = comm.rank();
+    auto view = weights.view();
+    auto local = weights.experts_where([&](int e) { return ep.rank_of(e) == r; });
+    view.experts = local;
+    Lyr layer(comm, ep, replication::None{}, view, {.max_tokens = per});
+    std::vector<std::byte> ws(layer.workspace_size());
+    std::size_t first = static_cast<std::size_t>(r * per) * h;
+    layer.run({.tokens = per, .x = x.data() + first, .y = y_layer.data() + first, .first_token = r * per}, ws);
+  });
+  // The FinDEP executor on 2 AG + 2 EG ranks.
+  placement::Table eg_placement = placement::Table::contiguous(s.experts, world - ag);
+  for (Config c : {Config{Pipeline::findep, Order::aass, 3, 1, 4}, Config{Pipeline::findep, Order::asas, 4, 1, 2},
+                   Config{Pipeline::pppipe, Order::asas, 2, 1, 1}}) {
+    std::vector<float> y(x.size(), -1.0f);
+    collective::run_in_process<world>([&](Comm& comm) {
+      FinDepExecutor<Router, float, Comm> ex(comm, s, ag, eg_placement, weights.view());
+      typename FinDepExecutor<Router, float, Comm>::Arguments a;
+      if (comm.rank() < ag) {
+        std::size_t first = static_cast<std::size_t>(comm.rank()) * tokens_per_ag * h;
+        a = {tokens_per_ag, x.data() + first, y.data() + first};
+      }
+      ex.run(a, c);
+    });
+    INFO(pipeline_name(c.pipeline) << " " << order_name(c.order) << " r1 " << c.r1 << " r2 " << c.r2);
+    CHECK(rel_error(y.data(), y_layer.data(), y.size()) <= 1e-5);
   }
 }
