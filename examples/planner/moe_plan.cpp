@@ -244,8 +244,13 @@ int run(int argc, char** argv) {
         tabs.push_back(lt.replicas);
       }
       double secs = seconds_since(t0);
+      long long physical = 0;  // EPLB may put two copies of an expert on one GPU: count slots
+      for (int c : r.logcnt.v) physical += c - 1;
       record(pol, from_tables(prim), tabs, placement::Shares::from_eplb(r), secs,
              std::to_string(s.experts + extra) + " slots/layer");
+      rows.back().note += ", " + std::to_string(physical - rows.back().replicas) + " copies share a GPU with another copy";
+      rows.back().replicas = physical;
+      rows.back().replica_gib = static_cast<double>(physical) * eb / (1024.0 * 1024.0 * 1024.0);
     } else if (pol == "craft") {
       replication::craft::Options co;
       co.replication_factor = static_cast<int>(geti("craft-r", 0));
