@@ -1,0 +1,510 @@
+// GPU benchmarks of the MoE kernels and the single-GPU layer at the example models' expert shapes,
+// decode (128 tokens) and prefill (4096, 16384 tokens). Synthetic, seeded data: random bf16 weights
+// and tokens, routes from a random router (so loads are roughly uniform over experts).
+//
+// Every benchmark times the GPU with CUDA events (manual time) and reports counters:
+//   GB/s      bytes read + written by the kernel(s) per second
+//   TFLOP/s   2 * multiply-adds per second (GEMMs)
+//   tokens/s  tokens per second (layer)
+// and ratios against baselines measured in the same run:
+//   of_copy   GB/s / device-to-device cudaMemcpy GB/s (BM_Copy runs first)
+//   of_dense  TFLOP/s / a dense cuBLAS bf16 GEMM with the same flops (BM_DenseGemm runs first)
+//   of_loop   speed-up over a loop of per-expert cuBLAS GEMMs with host-known counts (eager style)
+//
+// Without a GPU the program prints a note and exits with 0.
+
+#include <benchmark/benchmark.h>
+#include <cublas_v2.h>
+
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "moe/kernels/combine.cuh"
+#include "moe/kernels/dispatch.cuh"
+#include "moe/kernels/gate.cuh"
+#include "moe/kernels/grouped_gemm.cuh"
+#include "moe/layer/cuda_layer.cuh"
+#include "moe/moe.hpp"
+
+namespace kc = moe::kernels::cuda;
+using moe::bf16;
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Small device helpers
+// ---------------------------------------------------------------------------------------------
+
+template <class T>
+struct Buf {
+  T* p = nullptr;
+  std::size_t n = 0;
+  Buf() = default;
+  explicit Buf(std::size_t count) : n(count) {
+    if (n) kc::check_cuda(cudaMalloc(reinterpret_cast<void**>(&p), n * sizeof(T)), "cudaMalloc");
+  }
+  Buf(Buf const&) = delete;
+  Buf& operator=(Buf const&) = delete;
+  ~Buf() {
+    if (p) cudaFree(p);
+  }
+  [[nodiscard]] std::size_t bytes() const { return n * sizeof(T); }
+};
+
+__global__ void fill_kernel(bf16* p, std::size_t n, std::uint64_t seed, float scale) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    std::uint64_t z = (i + seed * 0x9e3779b97f4a7c15ull) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 31)) * 0x94d049bb133111ebull;
+    z ^= z >> 29;
+    float u = static_cast<float>(z >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f;  // [-1, 1)
+    p[i] = kc::store_as<bf16>(u * scale);
+  }
+}
+
+void fill(bf16* p, std::size_t n, std::uint64_t seed, float scale) {
+  fill_kernel<<<1024, 256>>>(p, n, seed, scale);
+  kc::check_launch("fill_kernel");
+}
+
+/// Times `body` (enqueued on `s`) with events; one benchmark iteration per call.
+template <class F>
+void time_gpu(benchmark::State& state, cudaStream_t s, F&& body) {
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  body();  // warm-up
+  kc::check_cuda(cudaStreamSynchronize(s), "warm-up");
+  for (auto _ : state) {
+    cudaEventRecord(a, s);
+    body();
+    cudaEventRecord(b, s);
+    cudaEventSynchronize(b);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    state.SetIterationTime(static_cast<double>(ms) / 1e3);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+}
+
+benchmark::Counter rate(double per_iteration) {
+  return benchmark::Counter(per_iteration, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+double g_copy_gbs = 0;                     // measured D2D copy bandwidth
+std::map<std::string, double> g_dense;     // dense cuBLAS TFLOP/s per (model, tokens)
+std::map<std::string, double> g_loop_ms;   // per-expert cuBLAS loop time per (model, tokens)
+
+std::string key(std::string_view model, long tokens) { return std::string(model) + "/" + std::to_string(tokens); }
+
+// ---------------------------------------------------------------------------------------------
+// Per-model fixtures: full-size bf16 weights (cached per model), routes for a token count
+// ---------------------------------------------------------------------------------------------
+
+template <class Model>
+struct ModelWeights {
+  static constexpr moe::ShapeSpec s = Model::spec;
+  Buf<bf16> router, experts, shared;
+  std::vector<moe::ExpertWeights<bf16>> ew, sw;
+  ModelWeights()
+      : router(static_cast<std::size_t>(s.experts) * s.hidden),
+        experts(3ull * s.experts * s.hidden * s.expert_ffn),
+        shared(3ull * s.shared_experts * s.hidden * s.shared_ffn) {
+    fill(router.p, router.n, 1, 1.0f / std::sqrt(float(s.hidden)));
+    fill(experts.p, experts.n, 2, 1.0f / std::sqrt(float(s.hidden)));
+    if (shared.n) fill(shared.p, shared.n, 3, 1.0f / std::sqrt(float(s.hidden)));
+    std::size_t m = static_cast<std::size_t>(s.hidden) * s.expert_ffn;
+    for (int e = 0; e < s.experts; ++e) {
+      bf16* base = experts.p + 3 * m * static_cast<std::size_t>(e);
+      ew.push_back({base, base + m, base + 2 * m});
+    }
+    std::size_t sm = static_cast<std::size_t>(s.hidden) * s.shared_ffn;
+    for (int e = 0; e < s.shared_experts; ++e) {
+      bf16* base = shared.p + 3 * sm * static_cast<std::size_t>(e);
+      sw.push_back({base, base + sm, base + 2 * sm});
+    }
+    kc::check_cuda(cudaDeviceSynchronize(), "weights");
+  }
+  static ModelWeights& get() {
+    static ModelWeights* w = new ModelWeights();  // kept for the whole run
+    return *w;
+  }
+  moe::LayerWeights<bf16> view() const { return {router.p, nullptr, ew, sw}; }
+};
+
+/// Host routes of `tokens` random tokens (Gaussian logits stand in for router outputs).
+template <class Model>
+struct Routes {
+  static constexpr moe::ShapeSpec s = Model::spec;
+  static constexpr int k = s.top_k;
+  std::vector<int> ids;
+  std::vector<float> w;
+  std::vector<int> per_expert;
+  explicit Routes(int tokens) {
+    std::mt19937_64 rng(17);
+    std::normal_distribution<float> d(0.0f, 1.0f);
+    std::vector<float> logits(static_cast<std::size_t>(tokens) * s.experts);
+    for (auto& v : logits) v = d(rng);
+    ids.resize(static_cast<std::size_t>(tokens) * k);
+    w.resize(ids.size());
+    moe::router::route_all<moe::router::ForModel<Model>>(s, logits, {}, tokens, ids, w);
+    per_expert.assign(static_cast<std::size_t>(s.experts), 0);
+    for (int e : ids) ++per_expert[static_cast<std::size_t>(e)];
+  }
+};
+
+/// Device state of one token count: packed records (world size 1), grouping, GEMM buffers.
+template <class Model>
+struct Prepared {
+  static constexpr moe::ShapeSpec s = Model::spec;
+  static constexpr int k = s.top_k;
+  int tokens, ranks;
+  std::size_t meta = (8 + 8 * static_cast<std::size_t>(k) + 15) / 16 * 16;
+  std::size_t rec = meta + (static_cast<std::size_t>(s.hidden) * 2 + 15) / 16 * 16;
+  std::size_t slots, items;
+  Buf<bf16> x;
+  Buf<int> ids, dest, rec_count, rec_pos, off, rk, prim;
+  Buf<float> w;
+  Buf<std::byte> scan_temp, send;
+  Buf<std::uint64_t> send_count;
+  Buf<long long> send_base, recv_base;
+  Buf<int> recv_n, keys, values, skeys, svalues, position, offsets, tiles;
+  Buf<std::byte> sort_temp;
+  Buf<unsigned char> served;
+  Buf<unsigned> errors;
+  Buf<bf16> inter, out, back, y;
+  Buf<bf16 const*> gate, up, down;
+
+  Prepared(int tokens_, int ranks_)
+      : tokens(tokens_), ranks(ranks_), slots(static_cast<std::size_t>(tokens_) * std::min(k, ranks_)),
+        items(slots * k), x(static_cast<std::size_t>(tokens_) * s.hidden), ids(static_cast<std::size_t>(tokens_) * k),
+        dest(ids.n), rec_count(static_cast<std::size_t>(ranks_) * tokens_), rec_pos(rec_count.n),
+        off(static_cast<std::size_t>(s.experts) + 1), rk(static_cast<std::size_t>(s.experts)), prim(rk.n), w(ids.n),
+        scan_temp(kc::exclusive_sum_bytes(static_cast<long long>(rec_count.n))), send(slots * rec),
+        send_count(static_cast<std::size_t>(ranks_)), send_base(send_count.n), recv_base(send_count.n),
+        recv_n(send_count.n), keys(items), values(items), skeys(items), svalues(items), position(items),
+        offsets(off.n), tiles(off.n), sort_temp(kc::sort_items_bytes(static_cast<long long>(items), s.experts)),
+        served(rk.n), errors(1), inter(items * s.expert_ffn), out(items * s.hidden), back(slots * s.hidden),
+        y(x.n), gate(rk.n), up(rk.n), down(rk.n) {
+    Routes<Model> r(tokens);
+    fill(x.p, x.n, 5, 1.0f);
+    cudaMemcpy(ids.p, r.ids.data(), ids.bytes(), cudaMemcpyHostToDevice);
+    cudaMemcpy(w.p, r.w.data(), w.bytes(), cudaMemcpyHostToDevice);
+    // Experts spread contiguously over `ranks` ranks, one copy each; this rank serves them all
+    // (the benchmark measures one GPU's share of the work as if it received every record).
+    std::vector<int> o(off.n), ranks_of(rk.n);
+    for (int e = 0; e < s.experts; ++e) {
+      o[static_cast<std::size_t>(e)] = e;
+      ranks_of[static_cast<std::size_t>(e)] = e * ranks / s.experts;
+    }
+    o[static_cast<std::size_t>(s.experts)] = s.experts;
+    cudaMemcpy(off.p, o.data(), off.bytes(), cudaMemcpyHostToDevice);
+    cudaMemcpy(rk.p, ranks_of.data(), rk.bytes(), cudaMemcpyHostToDevice);
+    cudaMemcpy(prim.p, ranks_of.data(), prim.bytes(), cudaMemcpyHostToDevice);
+    std::vector<unsigned char> all(rk.n, 1);
+    cudaMemcpy(served.p, all.data(), served.bytes(), cudaMemcpyHostToDevice);
+    auto& mw = ModelWeights<Model>::get();
+    std::vector<bf16 const*> g(rk.n), u(rk.n), d(rk.n);
+    for (std::size_t e = 0; e < rk.n; ++e) {
+      g[e] = mw.ew[e].gate;
+      u[e] = mw.ew[e].up;
+      d[e] = mw.ew[e].down;
+    }
+    cudaMemcpy(gate.p, g.data(), gate.bytes(), cudaMemcpyHostToDevice);
+    cudaMemcpy(up.p, u.data(), up.bytes(), cudaMemcpyHostToDevice);
+    cudaMemcpy(down.p, d.data(), down.bytes(), cudaMemcpyHostToDevice);
+    pack(nullptr);
+    group(nullptr);
+    kc::check_cuda(cudaDeviceSynchronize(), "prepare");
+  }
+
+  void pack(cudaStream_t st) {
+    kc::ReplicaView view{off.p, rk.p, prim.p};
+    kc::plan_records<k>(st, ids.p, tokens, ranks, view, 0, 0, true, dest.p, rec_count.p);
+    kc::exclusive_sum(st, scan_temp.p, scan_temp.n, rec_count.p, rec_pos.p, static_cast<long long>(rec_count.n));
+    kc::send_layout(st, rec_count.p, rec_pos.p, tokens, ranks, 0, send_count.p, send_base.p);
+    kc::pack_records<bf16, k>(st, x.p, tokens, s.hidden, ids.p, w.p, dest.p, rec_pos.p, send_base.p, true, send.p, rec,
+                              meta);
+  }
+  /// The received side sees every record this rank packed, as if all came back to it.
+  void group(cudaStream_t st) {
+    kc::send_layout(st, rec_count.p, rec_pos.p, tokens, ranks, 0, send_count.p, send_base.p);
+    // One region holding every packed record: total count on the device, summed by recv_layout
+    // over the per-destination counts.
+    kc::recv_layout(st, send_count.p, ranks, 0, recv_base.p, recv_n.p);
+    kc::ExpertGrouping g{keys.p, values.p, skeys.p, svalues.p, position.p, offsets.p, tiles.p, sort_temp.p, sort_temp.n};
+    kc::group_by_expert<k>(st, send.p, rec, static_cast<long long>(slots), recv_base.p, recv_n.p, ranks, s.experts,
+                           served.p, kc::grouped_gemm_tile_m, g, errors.p);
+  }
+  void experts(cudaStream_t st) {
+    kc::GroupedGemmArgs<bf16> g1;
+    g1.groups = s.experts;
+    g1.rows = offsets.p;
+    g1.tile_starts = tiles.p;
+    g1.max_row_tiles = kc::grouped_gemm_row_tiles(static_cast<long long>(items), s.experts);
+    g1.a = send.p + meta;
+    g1.a_stride = rec;
+    g1.index = svalues.p;
+    g1.index_div = k;
+    g1.b0_table = gate.p;
+    g1.b1_table = up.p;
+    g1.n = s.expert_ffn;
+    g1.k = s.hidden;
+    g1.out = inter.p;
+    g1.out_ld = static_cast<std::size_t>(s.expert_ffn);
+    kc::grouped_gemm<bf16, kc::Epilogue::swiglu>(st, g1);
+    auto g2 = g1;
+    g2.a = reinterpret_cast<std::byte const*>(inter.p);
+    g2.a_stride = static_cast<std::size_t>(s.expert_ffn) * 2;
+    g2.index = nullptr;
+    g2.index_div = 1;
+    g2.b0_table = down.p;
+    g2.b1_table = nullptr;
+    g2.n = s.hidden;
+    g2.k = s.expert_ffn;
+    g2.out = out.p;
+    g2.out_ld = static_cast<std::size_t>(s.hidden);
+    kc::grouped_gemm<bf16, kc::Epilogue::store>(st, g2);
+  }
+  void combine(cudaStream_t st) {
+    kc::combine_records<bf16, k>(st, send.p, rec, static_cast<long long>(slots), recv_base.p, recv_n.p, ranks,
+                                 s.experts, served.p, out.p, position.p, s.hidden, back.p);
+    kc::finish_tokens<bf16>(st, tokens, s.hidden, ranks, rec_count.p, rec_pos.p, send_base.p, back.p, nullptr, y.p);
+  }
+};
+
+template <class Model>
+double routed_flops(long tokens) {
+  constexpr moe::ShapeSpec s = Model::spec;
+  return 6.0 * static_cast<double>(tokens) * s.top_k * s.hidden * s.expert_ffn;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Benchmarks
+// ---------------------------------------------------------------------------------------------
+
+void BM_Copy(benchmark::State& state) {
+  std::size_t bytes = std::size_t{1} << 30;
+  Buf<std::byte> a(bytes), b(bytes);
+  cudaMemset(a.p, 1, bytes);
+  time_gpu(state, nullptr, [&] { cudaMemcpyAsync(b.p, a.p, bytes, cudaMemcpyDeviceToDevice, nullptr); });
+  state.counters["GB/s"] = rate(2.0 * static_cast<double>(bytes) / 1e9);
+  // Derive the rate for later ratios from a separate timed pass (the counter is finalised later).
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  cudaEventRecord(e0);
+  for (int i = 0; i < 10; ++i) cudaMemcpyAsync(b.p, a.p, bytes, cudaMemcpyDeviceToDevice, nullptr);
+  cudaEventRecord(e1);
+  cudaEventSynchronize(e1);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, e0, e1);
+  g_copy_gbs = 2.0 * 10 * static_cast<double>(bytes) / (static_cast<double>(ms) / 1e3) / 1e9;
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+}
+
+/// Mean milliseconds of `body` over `reps` runs (for same-run baselines).
+template <class F>
+double mean_ms(F&& body, int reps = 20) {
+  body();
+  cudaDeviceSynchronize();
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  cudaEventRecord(e0);
+  for (int i = 0; i < reps; ++i) body();
+  cudaEventRecord(e1);
+  cudaEventSynchronize(e1);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, e0, e1);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return static_cast<double>(ms) / reps;
+}
+
+struct Cublas {
+  cublasHandle_t h = nullptr;
+  Cublas() { kc::check_cublas(cublasCreate(&h), "cublasCreate"); }
+  ~Cublas() { cublasDestroy(h); }
+  /// C (m x n, row-major) = A (m x k, row-major) * B^T (B: n x k, row-major), bf16 in, bf16 out.
+  void gemm_nt(bf16 const* a, bf16 const* b, bf16* c, int m, int n, int k) const {
+    float one = 1, zero = 0;
+    kc::check_cublas(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &one, b, CUDA_R_16BF, k, a, CUDA_R_16BF, k,
+                                  &zero, c, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                     "cublasGemmEx");
+  }
+};
+
+/// Dense cuBLAS GEMMs with the routed experts' total flops: (tokens * k) x ffn x hidden twice
+/// (gate, up) and (tokens * k) x hidden x ffn once, on one expert's weights.
+template <class Model>
+void BM_DenseGemm(benchmark::State& state) {
+  constexpr moe::ShapeSpec s = Model::spec;
+  long tokens = state.range(0);
+  int m = static_cast<int>(tokens * s.top_k);
+  auto& mw = ModelWeights<Model>::get();
+  Buf<bf16> a(static_cast<std::size_t>(m) * s.hidden), mid(static_cast<std::size_t>(m) * s.expert_ffn),
+      c(static_cast<std::size_t>(m) * s.hidden);
+  fill(a.p, a.n, 9, 1.0f);
+  Cublas cb;
+  auto body = [&] {
+    cb.gemm_nt(a.p, mw.ew[0].gate, mid.p, m, s.expert_ffn, s.hidden);
+    cb.gemm_nt(a.p, mw.ew[0].up, mid.p, m, s.expert_ffn, s.hidden);
+    cb.gemm_nt(mid.p, mw.ew[0].down, c.p, m, s.hidden, s.expert_ffn);
+  };
+  time_gpu(state, nullptr, body);
+  double flops = routed_flops<Model>(tokens);
+  state.counters["TFLOP/s"] = rate(flops / 1e12);
+  g_dense[key(Model::name, tokens)] = flops / (mean_ms(body) / 1e3) / 1e12;
+}
+
+/// The eager baseline: per expert, three cuBLAS GEMMs on its rows (counts known on the host).
+template <class Model>
+void BM_CublasExpertLoop(benchmark::State& state) {
+  constexpr moe::ShapeSpec s = Model::spec;
+  long tokens = state.range(0);
+  Routes<Model> r(static_cast<int>(tokens));
+  auto& mw = ModelWeights<Model>::get();
+  std::size_t rows = static_cast<std::size_t>(tokens) * s.top_k;
+  Buf<bf16> a(rows * s.hidden), g(rows * s.expert_ffn), c(rows * s.hidden);
+  fill(a.p, a.n, 10, 1.0f);
+  Cublas cb;
+  auto body = [&] {
+    std::size_t at = 0;
+    for (int e = 0; e < s.experts; ++e) {
+      int n = r.per_expert[static_cast<std::size_t>(e)];
+      if (n == 0) continue;
+      cb.gemm_nt(a.p + at * s.hidden, mw.ew[static_cast<std::size_t>(e)].gate, g.p + at * s.expert_ffn, n, s.expert_ffn,
+                 s.hidden);
+      cb.gemm_nt(a.p + at * s.hidden, mw.ew[static_cast<std::size_t>(e)].up, g.p + at * s.expert_ffn, n, s.expert_ffn,
+                 s.hidden);
+      cb.gemm_nt(g.p + at * s.expert_ffn, mw.ew[static_cast<std::size_t>(e)].down, c.p + at * s.hidden, n, s.hidden,
+                 s.expert_ffn);
+      at += static_cast<std::size_t>(n);
+    }
+  };
+  time_gpu(state, nullptr, body);
+  state.counters["TFLOP/s"] = rate(routed_flops<Model>(tokens) / 1e12);
+  g_loop_ms[key(Model::name, tokens)] = mean_ms(body, 5);
+}
+
+template <class Model>
+void BM_GroupedGemm(benchmark::State& state) {
+  long tokens = state.range(0);
+  Prepared<Model> p(static_cast<int>(tokens), 1);
+  time_gpu(state, nullptr, [&] { p.experts(nullptr); });
+  double flops = routed_flops<Model>(tokens);
+  state.counters["TFLOP/s"] = rate(flops / 1e12);
+  double ms = mean_ms([&] { p.experts(nullptr); }, 5);
+  double tf = flops / (ms / 1e3) / 1e12;
+  auto k = key(Model::name, tokens);
+  if (g_dense.count(k)) state.counters["of_dense"] = tf / g_dense[k];
+  if (g_loop_ms.count(k)) state.counters["of_loop"] = g_loop_ms[k] / ms;
+}
+
+/// Permutation: plan, scan, layout and packing of the send buffer (with `ranks` destinations),
+/// then the grouping by expert. Bytes: the tokens read once, every record written once.
+template <class Model>
+void BM_Permute(benchmark::State& state) {
+  long tokens = state.range(0);
+  int ranks = static_cast<int>(state.range(1));
+  Prepared<Model> p(static_cast<int>(tokens), ranks);
+  time_gpu(state, nullptr, [&] {
+    p.pack(nullptr);
+    p.group(nullptr);
+  });
+  std::vector<std::uint64_t> counts(static_cast<std::size_t>(ranks));
+  cudaMemcpy(counts.data(), p.send_count.p, counts.size() * 8, cudaMemcpyDeviceToHost);
+  double records = 0;
+  for (auto c : counts) records += static_cast<double>(c);
+  double bytes = static_cast<double>(tokens) * Model::spec.hidden * 2 + records * static_cast<double>(p.rec);
+  state.counters["GB/s"] = rate(bytes / 1e9);
+  state.counters["records"] = records;
+  if (g_copy_gbs > 0) {
+    double ms = mean_ms([&] {
+      p.pack(nullptr);
+      p.group(nullptr);
+    }, 10);
+    state.counters["of_copy"] = bytes / (ms / 1e3) / 1e9 / g_copy_gbs;
+  }
+}
+
+/// Weighted combine of each record's experts, then un-permute into token order.
+template <class Model>
+void BM_Combine(benchmark::State& state) {
+  long tokens = state.range(0);
+  Prepared<Model> p(static_cast<int>(tokens), 1);
+  p.experts(nullptr);
+  time_gpu(state, nullptr, [&] { p.combine(nullptr); });
+  double h2 = Model::spec.hidden * 2.0;
+  double bytes = static_cast<double>(p.items) * h2 + 2.0 * static_cast<double>(p.slots) * h2 + tokens * h2;
+  state.counters["GB/s"] = rate(bytes / 1e9);
+  if (g_copy_gbs > 0) {
+    double ms = mean_ms([&] { p.combine(nullptr); }, 10);
+    state.counters["of_copy"] = bytes / (ms / 1e3) / 1e9 / g_copy_gbs;
+  }
+}
+
+/// The whole single-GPU layer forward (gate, route, permute, experts, combine, shared experts).
+template <class Model>
+void BM_Layer(benchmark::State& state) {
+  using L = moe::CudaLayer<Model, moe::router::ForModel<Model>, moe::placement::Table, moe::replication::None,
+                           moe::cuda::SingleGpu>;
+  constexpr moe::ShapeSpec s = Model::spec;
+  long tokens = state.range(0);
+  auto& mw = ModelWeights<Model>::get();
+  moe::cuda::SingleGpu gpu;
+  L layer(gpu, moe::placement::Table::contiguous(s.experts, 1), {}, mw.view(),
+          {.max_tokens = static_cast<int>(tokens)});
+  Buf<std::byte> ws(layer.workspace_size());
+  Buf<bf16> x(static_cast<std::size_t>(tokens) * s.hidden), y(x.n);
+  fill(x.p, x.n, 11, 1.0f);
+  cudaStream_t st;
+  cudaStreamCreate(&st);
+  auto body = [&] { layer.run({.tokens = static_cast<int>(tokens), .x = x.p, .y = y.p, .stream = st}, {ws.p, ws.n}); };
+  time_gpu(state, st, body);
+  double flops = routed_flops<Model>(tokens) + 6.0 * tokens * s.shared_experts * s.hidden * s.shared_ffn +
+                 2.0 * tokens * s.hidden * s.experts;
+  state.counters["TFLOP/s"] = rate(flops / 1e12);
+  state.counters["tokens/s"] = rate(static_cast<double>(tokens));
+  state.counters["workspace_GB"] = static_cast<double>(ws.n) / 1e9;
+  cudaStreamDestroy(st);
+}
+
+template <class Model>
+void register_model() {
+  std::string n(Model::name);
+  for (long t : {128L, 4096L, 16384L}) {
+    benchmark::RegisterBenchmark(("DenseGemm/" + n).c_str(), BM_DenseGemm<Model>)->Arg(t)->UseManualTime()->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark(("CublasExpertLoop/" + n).c_str(), BM_CublasExpertLoop<Model>)->Arg(t)->UseManualTime()->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark(("GroupedGemm/" + n).c_str(), BM_GroupedGemm<Model>)->Arg(t)->UseManualTime()->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark(("Permute/" + n).c_str(), BM_Permute<Model>)->Args({t, 1})->Args({t, 8})->UseManualTime()->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark(("Combine/" + n).c_str(), BM_Combine<Model>)->Arg(t)->UseManualTime()->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark(("Layer/" + n).c_str(), BM_Layer<Model>)->Arg(t)->UseManualTime()->Unit(benchmark::kMicrosecond);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("bench_cuda_moe: no CUDA device, nothing measured\n");
+    return 0;
+  }
+  benchmark::RegisterBenchmark("Copy/D2D_1GiB", BM_Copy)->UseManualTime()->Unit(benchmark::kMicrosecond);
+  register_model<moe::models::Mixtral8x7B>();
+  register_model<moe::models::DeepSeekV3>();
+  register_model<moe::models::Qwen3_30B_A3B>();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
