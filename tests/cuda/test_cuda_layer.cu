@@ -206,6 +206,40 @@ TEST_CASE("single-GPU layer with no tokens or one token", "[cuda][layer]") {
   CHECK(none.normwise == 0.0);
 }
 
+TEST_CASE("single-GPU layer forward can be captured in a CUDA graph and replayed", "[cuda][layer][graph]") {
+  using L = SingleLayer<DeepSeekSmallBf16, moe::router::SigmoidGroupTopK>;
+  constexpr moe::ShapeSpec s = L::shape;
+  constexpr int tokens = 48;
+  moe::RandomLayerWeights<moe::bf16> weights(s, 13);
+  DeviceWeights<moe::bf16> dw(s, weights.view());
+  moe::cuda::SingleGpu gpu;
+  L layer(gpu, moe::placement::Table::contiguous(s.experts, 1), {}, dw.view(), {.max_tokens = 64});
+  Device<std::byte> ws(layer.workspace_size());
+  auto x = random_tokens<moe::bf16>(tokens, s.hidden, 14);
+  Device<moe::bf16> dx(x), direct(x.size()), replay(x.size());
+  cudaStream_t st;
+  moe::kernels::cuda::check_cuda(cudaStreamCreate(&st), "cudaStreamCreate");
+  layer.run({.tokens = tokens, .x = dx.get(), .y = direct.get(), .stream = st}, ws.bytes());
+  moe::kernels::cuda::check_cuda(cudaStreamSynchronize(st), "direct run");
+
+  replay.poison();
+  ws.poison();  // the graph must not depend on what a previous run left in the workspace
+  cudaGraph_t graph;
+  moe::kernels::cuda::check_cuda(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture");
+  layer.run({.tokens = tokens, .x = dx.get(), .y = replay.get(), .stream = st}, ws.bytes());
+  moe::kernels::cuda::check_cuda(cudaStreamEndCapture(st, &graph), "cudaStreamEndCapture");
+  cudaGraphExec_t exec;
+  moe::kernels::cuda::check_cuda(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+  for (int i = 0; i < 2; ++i) moe::kernels::cuda::check_cuda(cudaGraphLaunch(exec, st), "cudaGraphLaunch");
+  moe::kernels::cuda::check_cuda(cudaStreamSynchronize(st), "graph replay");
+  auto a = direct.download(), b = replay.download();
+  REQUIRE(a.size() == b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) REQUIRE(a[i].bits == b[i].bits);  // same kernels, same inputs: bitwise
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(st);
+}
+
 TEST_CASE("single-GPU layer rejects bad arguments", "[cuda][layer][bad-input]") {
   using L = SingleLayer<MixtralSmallF32, moe::router::SoftmaxTopK>;
   constexpr moe::ShapeSpec s = L::shape;
