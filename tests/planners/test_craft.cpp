@@ -196,3 +196,17 @@ TEST_CASE("EPLB balanced-packing placement balances a layer") {
   CHECK(g0 == g1);
   CHECK_THROWS_AS(placement::eplb_packing(load, 1, 8, 3), moe::Error);
 }
+
+TEST_CASE("CRAFT benefit estimation does not depend on the thread count") {
+  auto m = profile::zipf_marginals(7, 16, 0.3, 1.0, 3);
+  profile::SampleOptions o;
+  o.batches = 20;
+  o.tokens_per_batch = 128;
+  o.top_k = 2;
+  auto prof = profile::sample_profile(m, o);
+  auto a = craft::estimate_benefit(prof, 4, 1), b = craft::estimate_benefit(prof, 4, 3);
+  CHECK(a.base == b.base);
+  CHECK(a.gain == b.gain);
+  CHECK_THROWS_AS(craft::estimate_benefit(prof, 4, -1), moe::Error);
+  CHECK_THROWS_AS(craft::estimate_benefit(prof, 32, 1), moe::Error);  // fewer experts than GPUs
+}

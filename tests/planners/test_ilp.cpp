@@ -125,10 +125,10 @@ void check_solution(FlowInstance const& in, ExactResult const& r) {
 
 }  // namespace
 
-TEST_CASE("exact placement equals GLPK and LEMON on 150 random small instances") {
+TEST_CASE("exact placement equals GLPK and LEMON on 200 random small instances") {
   profile::Rng rng(2026);
   int feasible = 0, infeasible = 0;
-  for (int it = 0; it < 150; ++it) {
+  for (int it = 0; it < 200; ++it) {
     FlowInstance in;
     in.layers = 1 + rng.below(3);
     in.experts = 1 + rng.below(6);

@@ -84,3 +84,34 @@ TEST_CASE("seeded sampler follows its marginals and is deterministic") {
   CHECK_FALSE(sample_profile(m, o) == p);
   CHECK_THROWS_AS(zipf_marginals(2, 4, 1.0, 0.5, 1), moe::Error);
 }
+
+TEST_CASE("a profile from the real routing data: one batch per OLMoE / Mixtral domain") {
+  for (std::string model : {"olmoe-1b-7b", "mixtral-8x7b"}) {
+    std::vector<Marginals> domains;
+    for (std::string d : {"arxiv", "book", "c4", "github"})
+      domains.push_back(marginals_from_olmoe(std::string(MOE_SHARED_DATA_DIR) + "/olmoe-routing/" + model + "/" + d +
+                                             "/expert_counts.tsv"));
+    auto p = profile_from_marginals(domains);
+    CHECK(p.batches() == 4);
+    CHECK(p.layers() == 3);
+    int k = model == "olmoe-1b-7b" ? 8 : 2;
+    CHECK(p.experts() == (k == 8 ? 64 : 8));
+    for (int b = 0; b < 4; ++b)
+      for (int l = 0; l < 3; ++l) {
+        double s = 0;
+        for (int e = 0; e < p.experts(); ++e) s += p.at(b, l, e);
+        CHECK(s == 208896.0 * k);  // tokens per layer and domain x top-k (data README)
+      }
+    // Skew as the README reports: OLMoE max/mean between 2.5x and 7.8x, Mixtral 1.1x to 1.3x.
+    for (int b = 0; b < 4; ++b)
+      for (int l = 0; l < 3; ++l) {
+        double mx = 0, s = 0;
+        for (int e = 0; e < p.experts(); ++e) mx = std::max(mx, p.at(b, l, e)), s += p.at(b, l, e);
+        double skew = mx / (s / p.experts());
+        if (k == 8) CHECK((skew > 2.4 && skew < 7.9));
+        else CHECK((skew > 1.0 && skew < 1.35));
+      }
+  }
+  Marginals a = zipf_marginals(2, 4, 1, 1, 1), b = zipf_marginals(3, 4, 1, 1, 1);
+  CHECK_THROWS_AS(profile_from_marginals({a, b}), moe::Error);
+}

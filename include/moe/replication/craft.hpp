@@ -21,8 +21,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <limits>
 #include <numeric>
+#include <thread>
 #include <vector>
 
 #include "moe/config.hpp"
@@ -222,10 +224,13 @@ inline std::vector<std::vector<int>> layer_plan(double const* total, int E, int 
 }  // namespace detail
 
 /// Algorithm 1 on the profile (B x L x E) for `gpus` GPUs: every layer's plans for r = 0 and
-/// each count are replayed together in one pass over the batches.
-inline Benefit estimate_benefit(profile::LoadProfile const& prof, int gpus) {
+/// each count are replayed together in one pass over the batches. Layers are independent, so
+/// they are shared out over `threads` threads (0 = the hardware's count); the result does not
+/// depend on the thread count.
+inline Benefit estimate_benefit(profile::LoadProfile const& prof, int gpus, int threads = 1) {
   check(gpus > 0, "craft: gpus must be positive");
   check(prof.experts() >= gpus, "craft: ", prof.experts(), " experts cannot cover ", gpus, " GPUs");
+  check(threads >= 0, "craft: negative thread count");
   int L = prof.layers(), E = prof.experts(), B = prof.batches();
   Benefit T;
   T.counts = replica_counts(gpus);
@@ -233,26 +238,45 @@ inline Benefit estimate_benefit(profile::LoadProfile const& prof, int gpus) {
   std::size_t K = T.counts.size();
   T.base.assign(static_cast<std::size_t>(L), 0.0);
   T.gain.assign(K, std::vector<double>(static_cast<std::size_t>(L), 0.0));
-  std::vector<detail::Csr> plans(K + 1);
-  std::vector<double> acc(K + 1);
-  for (int l = 0; l < L; ++l) {
-    double const* tot = totals.data() + static_cast<std::size_t>(l) * static_cast<std::size_t>(E);
-    for (std::size_t k = 0; k <= K; ++k)
-      plans[k] = detail::to_csr(detail::layer_plan(tot, E, k == 0 ? 0 : T.counts[k - 1], gpus), gpus);
-    std::fill(acc.begin(), acc.end(), 0.0);
-    for (int b = 0; b < B; ++b) {
-      double const* row = prof.row(b, l);
-      double mean = 0;
-      for (int e = 0; e < E; ++e) mean += row[e];
-      mean /= gpus;
-      for (std::size_t k = 0; k <= K; ++k) {
-        double mx = detail::max_load(plans[k], row);
-        acc[k] += mx > 0 ? mean / mx : 1.0;
+  auto work = [&](int first, int step) {
+    std::vector<detail::Csr> plans(K + 1);
+    std::vector<double> acc(K + 1);
+    for (int l = first; l < L; l += step) {
+      double const* tot = totals.data() + static_cast<std::size_t>(l) * static_cast<std::size_t>(E);
+      for (std::size_t k = 0; k <= K; ++k)
+        plans[k] = detail::to_csr(detail::layer_plan(tot, E, k == 0 ? 0 : T.counts[k - 1], gpus), gpus);
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (int b = 0; b < B; ++b) {
+        double const* row = prof.row(b, l);
+        double mean = 0;
+        for (int e = 0; e < E; ++e) mean += row[e];
+        mean /= gpus;
+        for (std::size_t k = 0; k <= K; ++k) {
+          double mx = detail::max_load(plans[k], row);
+          acc[k] += mx > 0 ? mean / mx : 1.0;
+        }
       }
+      T.base[static_cast<std::size_t>(l)] = acc[0] / B;
+      for (std::size_t k = 0; k < K; ++k) T.gain[k][static_cast<std::size_t>(l)] = acc[k + 1] / B - acc[0] / B;
     }
-    T.base[static_cast<std::size_t>(l)] = acc[0] / B;
-    for (std::size_t k = 0; k < K; ++k) T.gain[k][static_cast<std::size_t>(l)] = acc[k + 1] / B - acc[0] / B;
+  };
+  int n = threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  n = std::min(n, L);
+  if (n <= 1) {
+    work(0, 1);
+    return T;
   }
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
+  std::vector<std::thread> pool;
+  for (int t = 0; t < n; ++t)
+    pool.emplace_back([&, t] {
+      try {
+        work(t, n);
+      } catch (...) { errors[static_cast<std::size_t>(t)] = std::current_exception(); }
+    });
+  for (auto& th : pool) th.join();
+  for (auto const& e : errors)
+    if (e) std::rethrow_exception(e);
   return T;
 }
 
@@ -342,13 +366,14 @@ struct Plan {
 struct Options {
   int replication_factor = 0;  ///< R (replicas per GPU); 0 = automatic
   Objective objective = Objective::gain;
+  int threads = 0;  ///< threads for the benefit replay (0 = the hardware's count)
 };
 
 /// CRAFT's whole plan from a profile for `gpus` GPUs.
 inline Plan plan(profile::LoadProfile const& prof, int gpus, Options const& o = {}) {
   prof.validate();
   Plan p;
-  p.benefit = estimate_benefit(prof, gpus);
+  p.benefit = estimate_benefit(prof, gpus, o.threads);
   check(o.replication_factor >= 0, "craft: negative replication factor");
   p.replication_factor = o.replication_factor > 0 ? o.replication_factor : auto_replication_factor(p.benefit, gpus, o.objective);
   p.replicas = choose_replicas(p.benefit, static_cast<long long>(p.replication_factor) * gpus, o.objective);
