@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <random>
+#include <string>
 
 #include "moe/models/models.hpp"
 #include "moe/schedule/solver.hpp"
@@ -72,6 +73,26 @@ TEST_CASE("solver is within 2% of exhaustive simulation and never below the best
           ++checked;
         }
   CHECK(checked == 24);
+}
+
+TEST_CASE("with the host-fitted models the solver still matches exhaustive simulation", "[schedule][solver]") {
+  // The model file measured on the host by findep_fit_host (examples/schedule/data).
+  std::string here = __FILE__;
+  std::string dir = here.substr(0, here.rfind('/'));
+  PerfModels m = read_models(dir + "/../../examples/schedule/data/host_models_2026-11-21.tsv");
+  REQUIRE_NOTHROW(m.validate());
+  for (moe::ShapeSpec const& s : {moe::models::DeepSeekV2::spec, moe::models::Qwen3_235B_A22B::spec})
+    for (int seq : {1024, 8192})
+      for (int ag : {2, 6}) {
+        Problem p = make_problem(s, ag, 8 - ag, seq, 4, 2);
+        p.r2_max = 16;
+        Solution sol = solve_findep(p, m);
+        Solution best = search_all(p, m, Pipeline::findep, Scorer::simulator);
+        Solution pp = search_all(p, m, Pipeline::pppipe, Scorer::simulator);
+        INFO("seq " << seq << " ag " << ag);
+        CHECK(sol.throughput >= 0.98 * best.throughput);
+        CHECK(sol.throughput >= pp.throughput * (1 - 1e-12));
+      }
 }
 
 TEST_CASE("a fixed batch is split over divisors only", "[schedule][solver]") {
