@@ -29,15 +29,21 @@ __global__ void combine_records_kernel(std::byte const* __restrict__ recv, std::
   auto const* words = reinterpret_cast<std::int32_t const*>(recv + static_cast<std::size_t>(r) * record_bytes);
   int count = words[1];
   if (count < 0 || count > K) count = 0;  // reported by sort_items; the partial is zero
+  // Per slot: the expert-output row to add (or -1) and its weight. Indexed only by unrolled
+  // constants, so both arrays stay in registers.
   int row[K];
   float w[K];
-  int n = 0;
-  for (int i = 0; i < count; ++i) {
-    int e = words[2 + i];
-    if (e < 0 || e >= experts || !served[e]) continue;
-    row[n] = position[r * K + i];
-    w[n] = reinterpret_cast<float const*>(words + 2 + K)[i];
-    ++n;
+#pragma unroll
+  for (int i = 0; i < K; ++i) {
+    row[i] = -1;
+    w[i] = 0.0f;
+    if (i < count) {
+      int e = words[2 + i];
+      if (e >= 0 && e < experts && served[e]) {
+        row[i] = position[r * K + i];
+        w[i] = reinterpret_cast<float const*>(words + 2 + K)[i];
+      }
+    }
   }
   int vecs = hidden / V;
   auto* dst = reinterpret_cast<uint4*>(back + static_cast<std::size_t>(r) * hidden);
@@ -45,7 +51,9 @@ __global__ void combine_records_kernel(std::byte const* __restrict__ recv, std::
     float acc[V];
 #pragma unroll
     for (int v = 0; v < V; ++v) acc[v] = 0.0f;
-    for (int i = 0; i < n; ++i) {
+#pragma unroll
+    for (int i = 0; i < K; ++i) {
+      if (row[i] < 0) continue;
       float o[V];
       unpack<T>(reinterpret_cast<uint4 const*>(expert_out + static_cast<std::size_t>(row[i]) * hidden)[q], o);
 #pragma unroll
