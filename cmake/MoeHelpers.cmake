@@ -13,8 +13,13 @@ if(MOE_BUILD_TESTS AND NOT TARGET moe_catch_main)
   endif()
 endif()
 
-set(MOE_SHARED_DATA_DIR "${PROJECT_SOURCE_DIR}/../shared/data" CACHE PATH
+# Real routing statistics (OLMoE, Mixtral) used by tests and benchmarks. A copy lives in tests/data
+# (Apache-2.0, see its LICENSE) so a clean clone tests the same on every machine.
+set(MOE_SHARED_DATA_DIR "${PROJECT_SOURCE_DIR}/tests/data" CACHE PATH
     "Folder holding olmoe-routing/ (real routing statistics used by tests and benchmarks)")
+if(NOT EXISTS "${MOE_SHARED_DATA_DIR}/olmoe-routing/README.md")
+  message(FATAL_ERROR "moe: MOE_SHARED_DATA_DIR=${MOE_SHARED_DATA_DIR} holds no olmoe-routing/ folder")
+endif()
 
 function(moe_sanitize target)
   if(MOE_SANITIZE)
