@@ -1,6 +1,7 @@
 #pragma once
 // A small, strict reader and writer for the tab-separated files the planners exchange
-// (profiles, topologies, plans). Errors name the file, the line and the column.
+// (profiles, topologies, plans). Errors name the file, the line and the column. Messages are built
+// only when a check fails, so parsing large files costs no string formatting.
 //
 // Format rules shared by every moe TSV file:
 //   - fields are separated by one tab (a run of spaces is also accepted when reading);
@@ -42,7 +43,7 @@ public:
       split();
       return true;
     }
-    check(!in_->bad(), name_, ": read error after line ", line_no_);
+    if (in_->bad()) fail(name_, ": read error after line ", line_no_);
     return false;
   }
 
@@ -53,13 +54,12 @@ public:
 
   [[nodiscard]] std::size_t size() const { return fields_.size(); }
   [[nodiscard]] std::string_view field(std::size_t i) const {
-    check(i < fields_.size(), where(), ": expected at least ", i + 1, " fields, found ", fields_.size());
+    if (i >= fields_.size()) fail(where(), ": expected at least ", i + 1, " fields, found ", fields_.size());
     return fields_[i];
   }
   /// Requires exactly `n` fields on the current line.
   void expect_fields(std::size_t n) const {
-    check(fields_.size() == n, where(), ": expected ", n, " fields, found ", fields_.size(),
-          " in '", line_, "'");
+    if (fields_.size() != n) fail(where(), ": expected ", n, " fields, found ", fields_.size(), " in '", line_, "'");
   }
 
   template <class Int>
@@ -67,8 +67,8 @@ public:
     std::string_view s = field(i);
     Int value{};
     auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
-    check(ec == std::errc() && ptr == s.data() + s.size(), where(), ": column ", i + 1, " (", what,
-          "): '", s, "' is not an integer in range");
+    if (ec != std::errc() || ptr != s.data() + s.size())
+      fail(where(), ": column ", i + 1, " (", what, "): '", s, "' is not an integer in range");
     return value;
   }
 
@@ -76,9 +76,9 @@ public:
     std::string_view s = field(i);
     double value = 0;
     auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
-    check(ec == std::errc() && ptr == s.data() + s.size(), where(), ": column ", i + 1, " (", what,
-          "): '", s, "' is not a number");
-    check(std::isfinite(value), where(), ": column ", i + 1, " (", what, "): '", s, "' is not finite");
+    if (ec != std::errc() || ptr != s.data() + s.size())
+      fail(where(), ": column ", i + 1, " (", what, "): '", s, "' is not a number");
+    if (!std::isfinite(value)) fail(where(), ": column ", i + 1, " (", what, "): '", s, "' is not finite");
     return value;
   }
 
