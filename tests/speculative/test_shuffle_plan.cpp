@@ -83,3 +83,42 @@ TEST_CASE("shuffle plan rejects bad predictions", "[speculative][shuffle][errors
   REQUIRE_THROWS_AS(sp::make_shuffle_plan(bad, 0), moe::Error);
   REQUIRE_THROWS_AS(sp::make_shuffle_plan(bad, 8, 0), moe::Error);
 }
+
+TEST_CASE("cap_predictions bounds tokens per device, moving the least confident", "[speculative][shuffle]") {
+  moe::placement::detail::Rng rng(17);
+  std::size_t n = 500;
+  int D = 4;
+  std::vector<int> pred(n);
+  std::vector<std::int16_t> conf(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    pred[i] = rng.uniform() < 0.6 ? 0 : static_cast<int>(rng.below(4));  // device 0 overloaded
+    conf[i] = static_cast<std::int16_t>(rng.below(32768));
+  }
+  auto orig = pred;
+  std::int32_t cap = 140;
+  auto moved = sp::cap_predictions(pred, conf, D, cap);
+  auto plan = sp::make_shuffle_plan(pred, D);
+  for (int d = 0; d < D; ++d) REQUIRE(plan.counts[static_cast<std::size_t>(d)] <= cap);
+  std::size_t changed = 0;
+  for (std::size_t i = 0; i < n; ++i) changed += pred[i] != orig[i];
+  REQUIRE(changed == moved);
+  auto c0 = std::count(orig.begin(), orig.end(), 0);
+  REQUIRE(static_cast<long>(moved) >= c0 - cap);
+  // Every token that left device 0 is no more confident than every token that stayed there.
+  int kept_min = 1 << 20, moved_max = -1;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (orig[i] != 0) continue;
+    if (pred[i] == 0) kept_min = std::min<int>(kept_min, conf[i]);
+    else moved_max = std::max<int>(moved_max, conf[i]);
+  }
+  REQUIRE(moved_max <= kept_min);
+  // Already within capacity: nothing moves.
+  auto again = pred;
+  REQUIRE(sp::cap_predictions(again, conf, D, cap) == 0);
+  REQUIRE(again == pred);
+  // Infeasible capacity and bad inputs are errors.
+  REQUIRE_THROWS_WITH(sp::cap_predictions(pred, conf, D, 100), Catch::Contains("do not fit"));
+  REQUIRE_THROWS_AS(sp::cap_predictions(pred, std::vector<std::int16_t>(3), D, cap), moe::Error);
+  std::vector<int> bad{5};
+  REQUIRE_THROWS_AS(sp::cap_predictions(bad, {}, D, cap), moe::Error);
+}

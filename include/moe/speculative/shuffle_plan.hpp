@@ -76,6 +76,51 @@ struct ShufflePlan {
   return p;
 }
 
+/// Bounds the tokens per device (e.g. the receive buffer of the shuffled reduce-scatter): on every
+/// device predicted for more than `capacity` tokens, the least confident ones (ties: the later
+/// token) move to the device with the most room left (ties: the lowest id). Other predictions are
+/// kept. `confidence` is one Q15 value per token, or empty (then later tokens move first). Any device
+/// choice keeps s-TS lossless; this only trades local activations for bounded buffers and balance.
+/// Returns the number of tokens moved; throws when devices * capacity < tokens.
+inline std::size_t cap_predictions(std::span<int> predicted, std::span<std::int16_t const> confidence, int devices,
+                                   std::int32_t capacity) {
+  check(devices > 0, "cap_predictions: devices must be positive, got ", devices);
+  check(capacity >= 0, "cap_predictions: capacity must be >= 0, got ", capacity);
+  check(confidence.empty() || confidence.size() == predicted.size(), "cap_predictions: ", confidence.size(),
+        " confidences for ", predicted.size(), " tokens");
+  check(static_cast<std::size_t>(devices) * static_cast<std::size_t>(capacity) >= predicted.size(),
+        "cap_predictions: ", predicted.size(), " tokens do not fit in ", devices, " devices x ", capacity);
+  auto D = static_cast<std::size_t>(devices);
+  std::vector<std::vector<std::int32_t>> members(D);
+  for (std::size_t i = 0; i < predicted.size(); ++i) {
+    int d = predicted[i];
+    check(d >= 0 && d < devices, "cap_predictions: token ", i, " is predicted for device ", d, ", outside [0, ",
+          devices, ")");
+    members[static_cast<std::size_t>(d)].push_back(static_cast<std::int32_t>(i));
+  }
+  std::vector<std::int64_t> room(D);
+  for (std::size_t d = 0; d < D; ++d) room[d] = capacity - static_cast<std::int64_t>(members[d].size());
+  std::size_t moved = 0;
+  for (std::size_t d = 0; d < D; ++d) {
+    if (room[d] >= 0) continue;
+    auto& m = members[d];
+    // Most confident first (ties: earlier token first); the tail beyond `capacity` moves.
+    std::stable_sort(m.begin(), m.end(), [&](std::int32_t a, std::int32_t b) {
+      auto ca = confidence.empty() ? 0 : confidence[static_cast<std::size_t>(a)];
+      auto cb = confidence.empty() ? 0 : confidence[static_cast<std::size_t>(b)];
+      return ca > cb;
+    });
+    for (auto k = static_cast<std::size_t>(capacity); k < m.size(); ++k) {
+      auto to = static_cast<std::size_t>(std::max_element(room.begin(), room.end()) - room.begin());
+      predicted[static_cast<std::size_t>(m[k])] = static_cast<int>(to);
+      --room[to];
+      ++moved;
+    }
+    room[d] = 0;
+  }
+  return moved;
+}
+
 /// packed[j] = rows[permutation[j]] (rows are `width` elements). packed has tokens() rows.
 template <class T>
 void pack_rows(ShufflePlan const& p, std::span<T const> rows, std::span<T> packed, std::size_t width) {
