@@ -97,7 +97,7 @@ __global__ void pack_records_kernel(T const* __restrict__ x, int tokens, int hid
                                     float const* __restrict__ weights, int const* __restrict__ dest,
                                     int const* __restrict__ rec_pos, long long const* __restrict__ send_base,
                                     bool deduplicate, std::byte* __restrict__ send, std::size_t record_bytes,
-                                    std::size_t meta_bytes) {
+                                    std::size_t meta_bytes, bool with_payload) {
   __shared__ long long rec_s[K];
   __shared__ int nrec_s;
   int t = static_cast<int>(blockIdx.x);
@@ -130,6 +130,7 @@ __global__ void pack_records_kernel(T const* __restrict__ x, int tokens, int hid
     nrec_s = n;
   }
   __syncthreads();
+  if (!with_payload) return;
   constexpr int V = vec_elems<T>;
   int vecs = hidden / V;
   auto const* src = reinterpret_cast<uint4 const*>(x + static_cast<std::size_t>(t) * hidden);
@@ -264,13 +265,15 @@ inline void send_layout(cudaStream_t s, int const* rec_count, int const* rec_pos
 }
 
 /// Writes every record of every token into `send` (record_bytes apart, payload after meta_bytes).
+/// `with_payload` false writes the metadata only (one GPU: the experts read the tokens from x).
 template <class T, int K>
 void pack_records(cudaStream_t s, T const* x, int tokens, int hidden, int const* ids, float const* weights,
                   int const* dest, int const* rec_pos, long long const* send_base, bool deduplicate, std::byte* send,
-                  std::size_t record_bytes, std::size_t meta_bytes) {
+                  std::size_t record_bytes, std::size_t meta_bytes, bool with_payload = true) {
   if (tokens == 0) return;
   detail::pack_records_kernel<T, K><<<static_cast<unsigned>(tokens), 128, 0, s>>>(
-      x, tokens, hidden, ids, weights, dest, rec_pos, send_base, deduplicate, send, record_bytes, meta_bytes);
+      x, tokens, hidden, ids, weights, dest, rec_pos, send_base, deduplicate, send, record_bytes, meta_bytes,
+      with_payload);
   check_launch("pack_records_kernel");
 }
 

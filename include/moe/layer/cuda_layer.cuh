@@ -14,7 +14,8 @@
 // before the weighted sum of a record (the host keeps it in fp32), and sums run in another order.
 //
 // Collectives:
-//   cuda::SingleGpu       world size 1, no communication: the send buffer is the receive buffer.
+//   cuda::SingleGpu       world size 1, no communication: the send buffer is the receive buffer, and
+//                         records carry metadata only (the experts read the token rows from x).
 //   collective::Nccl      (or any device-memory Collective) with one of two exchanges:
 //     Exchange::exact     counts first (a fixed-size all_to_all on the device), then ONE host
 //                         synchronisation: the counts are copied to pinned host memory and the
@@ -253,8 +254,9 @@ public:
     std::uint64_t* send_count = b.counts.data();
     std::uint64_t* recv_count = b.counts.data() + ranks;
     kc::send_layout(s, b.rec_count.data(), b.rec_pos.data(), t, ranks, cap, send_count, b.send_base.data());
+    // One GPU: records carry metadata only; the expert GEMM reads the token rows from x.
     kc::pack_records<T, k>(s, a.x, t, shape.hidden, b.ids.data(), b.weights.data(), b.dest.data(), b.rec_pos.data(),
-                           b.send_base.data(), options_.deduplicate, b.send.data(), rec, meta_bytes_);
+                           b.send_base.data(), options_.deduplicate, b.send.data(), rec, meta_bytes_, !local);
 
     // 2. Dispatch.
     std::byte const* recv = b.send.data();
@@ -317,10 +319,17 @@ public:
       g1.rows = b.offsets.data();
       g1.tile_starts = b.tile_starts.data();
       g1.max_row_tiles = kc::grouped_gemm_row_tiles(slots * k, shape.experts);
-      g1.a = recv + meta_bytes_;
-      g1.a_stride = rec;
-      g1.index = b.sorted_values.data();
-      g1.index_div = k;
+      g1.index = b.sorted_values.data();  // record * k + slot
+      if constexpr (local) {
+        // Records are in token order: record t (de-duplicated) or t * k + j (one per assignment).
+        g1.a = reinterpret_cast<std::byte const*>(a.x);
+        g1.a_stride = h * sizeof(T);
+        g1.index_div = options_.deduplicate ? k : k * k;
+      } else {
+        g1.a = recv + meta_bytes_;
+        g1.a_stride = rec;
+        g1.index_div = k;
+      }
       g1.b0_table = gate_.get();
       g1.b1_table = up_.get();
       g1.n = shape.expert_ffn;
