@@ -103,9 +103,9 @@ double lemon_optimum(FlowInstance const& in) {
       }
     }
   sup[sink] = -static_cast<long long>(L) * E;
-  NetworkSimplex<SmartDigraph, long long, long long> ns(g);
+  lemon::NetworkSimplex<SmartDigraph, long long, long long> ns(g);
   ns.upperMap(cap).costMap(cost).supplyMap(sup);
-  if (ns.run() != NetworkSimplex<SmartDigraph, long long, long long>::OPTIMAL) return std::numeric_limits<double>::quiet_NaN();
+  if (ns.run() != lemon::NetworkSimplex<SmartDigraph, long long, long long>::OPTIMAL) return std::numeric_limits<double>::quiet_NaN();
   return static_cast<double>(ns.totalCost());
 }
 
@@ -145,12 +145,16 @@ TEST_CASE("exact placement equals GLPK and LEMON on 200 random small instances")
     if (std::isnan(ref)) {
       ++infeasible;
       CHECK_THROWS_WITH(solve_exact(in), Catch::Contains("infeasible"));
+      CHECK_THROWS_WITH(solve_exact(in, Solver::shortest_paths), Catch::Contains("infeasible"));
       CHECK(std::isnan(lemon_optimum(in)));
       continue;
     }
     ++feasible;
     auto r = solve_exact(in);
     CHECK(r.objective == Approx(ref).margin(1e-9));
+    auto r2 = solve_exact(in, Solver::shortest_paths);
+    CHECK(r2.objective == Approx(ref).margin(1e-9));
+    check_solution(in, r2);
     CHECK(r.objective == Approx(lemon_optimum(in)).margin(1e-9));
     check_solution(in, r);
   }
@@ -177,6 +181,7 @@ TEST_CASE("exact placement equals GLPK on medium topology instances (ILP and ILP
       auto r = solve_exact(in);
       double ref = glpk_optimum(in);
       CHECK(r.objective == Approx(ref).margin(1e-6));
+      CHECK(solve_exact(in, Solver::shortest_paths).objective == Approx(ref).margin(1e-6));
       check_solution(in, r);
       // The exact optimum is never worse than the heuristics on the same objective (greedy may
       // run out of room under a tight c_exp, where it reports so).

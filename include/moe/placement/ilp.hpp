@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "moe/config.hpp"
+#include "moe/placement/network_simplex.hpp"
 #include "moe/placement/problem.hpp"
 
 namespace moe::placement {
@@ -46,9 +47,14 @@ struct FlowInstance {
 struct ExactResult {
   Assignment assignment;
   double objective = 0;
-  int groups = 0;        ///< GPU groups after merging interchangeable GPUs
-  int augmentations = 0; ///< shortest-path augmentations
+  int groups = 0;         ///< GPU groups after merging interchangeable GPUs
+  int augmentations = 0;  ///< shortest-path augmentations (Solver::shortest_paths)
+  long long pivots = 0;   ///< simplex pivots (Solver::network_simplex)
 };
+
+/// Which min-cost-flow method solves the reduced network (both exact; the simplex is faster on
+/// the planners' networks, the shortest-path method is kept as an independent cross-check).
+enum class Solver { network_simplex, shortest_paths };
 
 namespace detail {
 
@@ -177,7 +183,7 @@ private:
 }  // namespace detail
 
 /// Solves the instance exactly. Throws moe::Error when the capacities cannot hold all experts.
-inline ExactResult solve_exact(FlowInstance const& in) {
+inline ExactResult solve_exact(FlowInstance const& in, Solver solver = Solver::network_simplex) {
   int L = in.layers, E = in.experts, G = in.gpus;
   check(L > 0 && E > 0 && G > 0, "exact placement: layers (", L, "), experts (", E, ") and gpus (", G,
         ") must be positive");
@@ -244,35 +250,72 @@ inline ExactResult solve_exact(FlowInstance const& in) {
     nodes += static_cast<int>(cc.size());
   }
 
-  // 3. The network.
-  int S = 0, T = 1;
-  detail::ConvexFlow net(nodes);
-  std::vector<std::vector<int>> class_arc(static_cast<std::size_t>(L), std::vector<int>(static_cast<std::size_t>(NG)));
-  for (int l = 0; l < L; ++l) {
-    auto const& cc = class_cost[static_cast<std::size_t>(l)];
-    int base = class_base[static_cast<std::size_t>(l)];
-    net.add_arc(S, base, E, 0.0);
-    for (std::size_t k = 0; k + 1 < cc.size(); ++k)
-      net.add_convex(base + static_cast<int>(k), base + static_cast<int>(k) + 1, cc[k + 1] - cc[k], &asc[static_cast<std::size_t>(l)],
-                     &run_fwd[static_cast<std::size_t>(l)], &run_bwd[static_cast<std::size_t>(l)]);
-    for (int j = 0; j < NG; ++j) {
-      double c = gcost[static_cast<std::size_t>(l) * static_cast<std::size_t>(NG) + static_cast<std::size_t>(j)];
-      int k = static_cast<int>(std::lower_bound(cc.begin(), cc.end(), c) - cc.begin());
-      long long cap = std::min<long long>(static_cast<long long>(in.c_layer) * static_cast<long long>(group_gpus[static_cast<std::size_t>(j)].size()), E);
-      class_arc[static_cast<std::size_t>(l)][static_cast<std::size_t>(j)] = net.add_arc(base + k, 2 + j, static_cast<int>(cap), 0.0);
-    }
-  }
-  for (int j = 0; j < NG; ++j) {
-    long long cap = std::min<long long>(static_cast<long long>(in.c_exp) * static_cast<long long>(group_gpus[static_cast<std::size_t>(j)].size()),
-                                        static_cast<long long>(L) * E);
-    net.add_arc(2 + j, T, static_cast<int>(cap), 0.0);
-  }
+  // 3. The network: source -> first class of each layer -> chain of classes -> GPU groups -> sink.
   ExactResult res;
   res.groups = NG;
   long long want = static_cast<long long>(L) * E;
-  long long sent = net.run(S, T, want, res.augmentations);
-  check(sent == want, "infeasible placement: only ", sent, " of ", want, " experts fit under c_layer = ", in.c_layer,
-        " and c_exp = ", in.c_exp);
+  std::vector<std::vector<int>> class_arc(static_cast<std::size_t>(L), std::vector<int>(static_cast<std::size_t>(NG)));
+  auto group_cap = [&](int j, long long per) {
+    return std::min<long long>(per * static_cast<long long>(group_gpus[static_cast<std::size_t>(j)].size()), want);
+  };
+  std::vector<long long> class_flow(static_cast<std::size_t>(L) * static_cast<std::size_t>(NG), 0);
+  auto infeasible = [&](long long sent) {
+    if (sent < 0) fail("infeasible placement: the ", want, " experts do not fit under c_layer = ", in.c_layer, " and c_exp = ", in.c_exp);
+    fail("infeasible placement: only ", sent, " of ", want, " experts fit under c_layer = ", in.c_layer, " and c_exp = ",
+         in.c_exp);
+  };
+  if (solver == Solver::network_simplex) {
+    // Convex chain arcs become parallel arcs, one per run of equal weights (cheapest used first).
+    NetworkSimplex net(nodes);
+    for (int l = 0; l < L; ++l) {
+      auto const& cc = class_cost[static_cast<std::size_t>(l)];
+      auto const& a = asc[static_cast<std::size_t>(l)];
+      auto const& f = run_fwd[static_cast<std::size_t>(l)];
+      int base = class_base[static_cast<std::size_t>(l)];
+      net.set_supply(base, E);
+      for (std::size_t k = 0; k + 1 < cc.size(); ++k)
+        for (int t = 0; t < E; t += f[static_cast<std::size_t>(t)])
+          net.add_arc(base + static_cast<int>(k), base + static_cast<int>(k) + 1, f[static_cast<std::size_t>(t)],
+                      (cc[k + 1] - cc[k]) * a[static_cast<std::size_t>(t)]);
+      for (int j = 0; j < NG; ++j) {
+        double c = gcost[static_cast<std::size_t>(l) * static_cast<std::size_t>(NG) + static_cast<std::size_t>(j)];
+        int k = static_cast<int>(std::lower_bound(cc.begin(), cc.end(), c) - cc.begin());
+        class_arc[static_cast<std::size_t>(l)][static_cast<std::size_t>(j)] = net.add_arc(base + k, 2 + j, group_cap(j, in.c_layer), 0.0);
+      }
+    }
+    for (int j = 0; j < NG; ++j) net.add_arc(2 + j, 1, group_cap(j, in.c_exp), 0.0);
+    net.set_supply(1, -want);
+    if (net.run() != NetworkSimplex::Status::optimal) infeasible(-1);
+    res.pivots = net.pivots();
+    for (int l = 0; l < L; ++l)
+      for (int j = 0; j < NG; ++j)
+        class_flow[static_cast<std::size_t>(l) * static_cast<std::size_t>(NG) + static_cast<std::size_t>(j)] =
+            net.flow(class_arc[static_cast<std::size_t>(l)][static_cast<std::size_t>(j)]);
+  } else {
+    int S = 0, T = 1;
+    detail::ConvexFlow net(nodes);
+    for (int l = 0; l < L; ++l) {
+      auto const& cc = class_cost[static_cast<std::size_t>(l)];
+      int base = class_base[static_cast<std::size_t>(l)];
+      net.add_arc(S, base, E, 0.0);
+      for (std::size_t k = 0; k + 1 < cc.size(); ++k)
+        net.add_convex(base + static_cast<int>(k), base + static_cast<int>(k) + 1, cc[k + 1] - cc[k], &asc[static_cast<std::size_t>(l)],
+                       &run_fwd[static_cast<std::size_t>(l)], &run_bwd[static_cast<std::size_t>(l)]);
+      for (int j = 0; j < NG; ++j) {
+        double c = gcost[static_cast<std::size_t>(l) * static_cast<std::size_t>(NG) + static_cast<std::size_t>(j)];
+        int k = static_cast<int>(std::lower_bound(cc.begin(), cc.end(), c) - cc.begin());
+        class_arc[static_cast<std::size_t>(l)][static_cast<std::size_t>(j)] =
+            net.add_arc(base + k, 2 + j, static_cast<int>(group_cap(j, in.c_layer)), 0.0);
+      }
+    }
+    for (int j = 0; j < NG; ++j) net.add_arc(2 + j, T, static_cast<int>(group_cap(j, in.c_exp)), 0.0);
+    long long sent = net.run(S, T, want, res.augmentations);
+    if (sent != want) infeasible(sent);
+    for (int l = 0; l < L; ++l)
+      for (int j = 0; j < NG; ++j)
+        class_flow[static_cast<std::size_t>(l) * static_cast<std::size_t>(NG) + static_cast<std::size_t>(j)] =
+            net.flow(class_arc[static_cast<std::size_t>(l)][static_cast<std::size_t>(j)]);
+  }
 
   // 4. Deal experts out: heaviest experts to the cheapest groups, each group's share cyclically
   //    over its GPUs.
@@ -289,9 +332,9 @@ inline ExactResult solve_exact(FlowInstance const& in) {
     });
     std::size_t next = 0;
     for (int j : groups) {
-      int x = net.flow(class_arc[static_cast<std::size_t>(l)][static_cast<std::size_t>(j)]);
+      long long x = class_flow[static_cast<std::size_t>(l) * static_cast<std::size_t>(NG) + static_cast<std::size_t>(j)];
       auto const& gg = group_gpus[static_cast<std::size_t>(j)];
-      for (int u = 0; u < x; ++u) {
+      for (long long u = 0; u < x; ++u) {
         int gpu = gg[static_cast<std::size_t>(cursor[static_cast<std::size_t>(j)]++ % static_cast<long long>(gg.size()))];
         res.assignment.gpu[static_cast<std::size_t>(l) * static_cast<std::size_t>(E) + static_cast<std::size_t>(experts[next++])] = gpu;
       }
@@ -306,14 +349,14 @@ inline ExactResult solve_exact(FlowInstance const& in) {
 }
 
 /// ILP: minimises the hops of all experts, every expert weighted 1.
-inline ExactResult ilp(Problem const& p) {
+inline ExactResult ilp(Problem const& p, Solver solver = Solver::network_simplex) {
   p.validate();
-  return solve_exact(FlowInstance{p.layers, p.experts, p.gpus, p.c_layer, p.c_exp, p.cost_matrix(), {}});
+  return solve_exact(FlowInstance{p.layers, p.experts, p.gpus, p.c_layer, p.c_exp, p.cost_matrix(), {}}, solver);
 }
 
 /// ILPLoad: minimises the load-weighted hops; load is L x E (e.g. LoadProfile::totals()). Each
 /// layer's loads are normalised to frequencies f(l, .) summing to one, as in the paper.
-inline ExactResult ilp_load(Problem const& p, std::vector<double> const& load) {
+inline ExactResult ilp_load(Problem const& p, std::vector<double> const& load, Solver solver = Solver::network_simplex) {
   p.validate();
   check(load.size() == static_cast<std::size_t>(p.layers) * static_cast<std::size_t>(p.experts), "ILPLoad: load has ",
         load.size(), " entries, expected ", p.layers, "x", p.experts);
@@ -330,7 +373,7 @@ inline ExactResult ilp_load(Problem const& p, std::vector<double> const& load) {
       f[i] = s > 0 ? load[i] / s : 1.0 / p.experts;
     }
   }
-  return solve_exact(FlowInstance{p.layers, p.experts, p.gpus, p.c_layer, p.c_exp, p.cost_matrix(), std::move(f)});
+  return solve_exact(FlowInstance{p.layers, p.experts, p.gpus, p.c_layer, p.c_exp, p.cost_matrix(), std::move(f)}, solver);
 }
 
 }  // namespace moe::placement
