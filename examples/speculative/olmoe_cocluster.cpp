@@ -3,8 +3,10 @@
 //
 //   olmoe_cocluster [--data DIR] [--train arxiv,book] [--eval github] [--devices 8]
 //                   [--layers 0,7,15] [--seed 1] [--iterations 30] [--samples 16]
-//                   [--polish 2] [--final-polish 10] [--split F]
+//                   [--polish 2] [--final-polish 10] [--split F] [--out DIR]
 //
+// --out DIR: write the cross-entropy result of each layer L as DIR/experts-layer<L>.plan.tsv (a
+// one-layer plan file, moe/placement/plan_io.hpp) and DIR/token-table-layer<L>.tsv (table_io.hpp).
 // --split F: instead of a held-out domain, fit on a seeded share F of the --train domains'
 // occurrences and evaluate on the rest (simulated split of the aggregated counts, route_split.hpp).
 //
@@ -23,10 +25,12 @@
 
 #include "moe/placement/cocluster.hpp"
 #include "moe/placement/cocluster_metis.hpp"
+#include "moe/placement/plan_io.hpp"
 #include "moe/profile/olmoe_tokens.hpp"
 #include "moe/profile/route_split.hpp"
 #include "moe/speculative/metrics.hpp"
 #include "moe/speculative/predictor.hpp"
+#include "moe/speculative/table_io.hpp"
 
 #ifndef MOE_SHARED_DATA_DIR
 #define MOE_SHARED_DATA_DIR "../shared/data"
@@ -44,7 +48,7 @@ std::vector<std::string> split(std::string const& s) {
 
 int main(int argc, char** argv) try {
   using namespace moe;
-  std::string data = MOE_SHARED_DATA_DIR, train = "arxiv,book", eval = "github", layers_arg = "0,7,15";
+  std::string data = MOE_SHARED_DATA_DIR, train = "arxiv,book", eval = "github", layers_arg = "0,7,15", out;
   int devices = 8, iterations = 30, samples = 16, polish = 2, final_polish = 10;
   double split_fraction = 0;
   unsigned long seed = 1;
@@ -61,6 +65,7 @@ int main(int argc, char** argv) try {
     else if (a == "--polish") polish = std::stoi(v);
     else if (a == "--final-polish") final_polish = std::stoi(v);
     else if (a == "--split") split_fraction = std::stod(v);
+    else if (a == "--out") out = v;
     else {
       std::cerr << "unknown option " << a << "\n";
       return 2;
@@ -149,6 +154,12 @@ int main(int argc, char** argv) try {
       co.final_polish_rounds = final_polish;
       auto [r2, s2] = timed([&] { return placement::solve_cross_entropy(problem, co); });
       report("cross-entropy + refinement (default)", r2, s2);
+      if (!out.empty()) {
+        placement::write_plan(out + "/experts-layer" + std::to_string(layer) + ".plan.tsv",
+                              placement::plan_without_replicas({r2.experts}), devices);
+        speculative::write_token_table(out + "/token-table-layer" + std::to_string(layer) + ".tsv",
+                                       speculative::TokenDeviceTable::from_cocluster(problem, r2, ol::vocab));
+      }
     }
     std::printf("\n");
   }

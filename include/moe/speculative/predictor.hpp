@@ -106,11 +106,14 @@ public:
     return t;
   }
 
-  void set(int token, int device, double confidence) {
+  void set(int token, int device, double confidence) { set_q15(token, device, to_q15(confidence)); }
+  /// Same with the stored Q15 confidence.
+  void set_q15(int token, int device, Q15 confidence) {
     check_token(token);
+    check(confidence >= 0, "token table: negative confidence ", confidence);
     check(device >= 0 && device < devices_, "token table: device ", device, " outside [0, ", devices_, ")");
     device_[static_cast<std::size_t>(token)] = static_cast<std::int16_t>(device);
-    conf_[static_cast<std::size_t>(token)] = to_q15(confidence);
+    conf_[static_cast<std::size_t>(token)] = confidence;
   }
 
   /// Entry of a token id; device -1 when the profile never saw it. Throws on ids outside [0, vocab).
@@ -202,6 +205,25 @@ public:
   void add(std::span<int const> previous, int device, double weight) {
     check(device >= 0 && device < devices_, "device-sequence table: device ", device, " outside [0, ", devices_, ")");
     counts_[row(previous) * static_cast<std::size_t>(devices_) + static_cast<std::size_t>(device)] += weight;
+  }
+
+  /// Sets one row's prediction directly (e.g. when reading a table file). finalize() would replace
+  /// it by the argmax of the accumulated counts.
+  void set(std::span<int const> previous, int device, Q15 confidence) {
+    check(device >= -1 && device < devices_, "device-sequence table: device ", device, " outside [-1, ", devices_, ")");
+    check(confidence >= 0, "device-sequence table: negative confidence ", confidence);
+    auto r = row(previous);
+    device_[r] = static_cast<std::int16_t>(device);
+    conf_[r] = device >= 0 ? confidence : Q15{0};
+  }
+
+  /// Number of rows (devices ^ lookback); row r lists the previous devices as base-D digits,
+  /// oldest first.
+  [[nodiscard]] std::size_t rows() const { return device_.size(); }
+  /// Entry of row r (see rows()).
+  [[nodiscard]] Lookup row_entry(std::size_t r) const {
+    check(r < device_.size(), "device-sequence table: row ", r, " outside [0, ", device_.size(), ")");
+    return {device_[r], conf_[r]};
   }
 
   /// Recomputes the argmax device and its confidence (share of the row) of every row.
