@@ -262,6 +262,215 @@ TEST_CASE("single-GPU layer rejects bad arguments", "[cuda][layer][bad-input]") 
   CHECK_THROWS_WITH(layer.run({.tokens = 2, .x = x.get() + 1, .y = y.get()}, ws.bytes()), Catch::Contains("aligned"));
 }
 
+// -----------------------------------------------------------------------------------------------
+// Several ranks on one GPU: a device-memory collective for tests that stages every exchange through
+// host memory and collective::InProcess<N> (one thread per rank). It exercises the multi-rank
+// dispatch/combine logic of CudaLayer (both exchanges) without needing several GPUs.
+// -----------------------------------------------------------------------------------------------
+namespace moe::test {  // named: nvcc warns about the unreferenced `memory` inside an unnamed namespace
+
+template <int N>
+class StagedDevice {
+public:
+  static constexpr moe::collective::Memory memory = moe::collective::Memory::device;
+  explicit StagedDevice(moe::collective::InProcess<N>& host) : host_(&host) {}
+  [[nodiscard]] int rank() const { return host_->rank(); }
+  [[nodiscard]] int size() const { return host_->size(); }
+  void set_stream(cudaStream_t s) { stream_ = s; }
+  [[nodiscard]] moe::collective::Counters const& counters() const { return host_->counters(); }
+  void reset_counters() { host_->reset_counters(); }
+  void barrier() { host_->barrier(); }
+
+  void all_to_all(std::span<std::byte const> in, std::span<std::byte> out, std::size_t block) {
+    auto h_in = to_host(in.first(block * N));
+    std::vector<std::byte> h_out(block * N);
+    host_->all_to_all(h_in, h_out, block);
+    to_device(h_out, out);
+  }
+  void all_to_all_v(std::span<std::byte const> in, std::span<std::size_t const> send_counts, std::span<std::byte> out,
+                    std::span<std::size_t const> recv_counts) {
+    auto h_in = to_host(in.first(std::accumulate(send_counts.begin(), send_counts.end(), std::size_t{0})));
+    std::vector<std::byte> h_out(std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0}));
+    host_->all_to_all_v(h_in, send_counts, h_out, recv_counts);
+    to_device(h_out, out);
+  }
+  // Not used by the layer; present so the type models collective::Collective.
+  void reduce_scatter_v(std::span<float const>, std::span<float>, std::span<std::size_t const>) { unused(); }
+  void all_gather_v(std::span<std::byte const>, std::span<std::byte>, std::span<std::size_t const>) { unused(); }
+  void all_reduce(std::span<float>) { unused(); }
+  void send(std::span<std::byte const>, int, int) { unused(); }
+  void recv(std::span<std::byte>, int, int) { unused(); }
+
+private:
+  [[noreturn]] static void unused() { moe::fail("StagedDevice: operation not used by CudaLayer"); }
+  std::vector<std::byte> to_host(std::span<std::byte const> d) const {
+    moe::kernels::cuda::check_cuda(cudaStreamSynchronize(stream_), "staging sync");
+    std::vector<std::byte> h(d.size());
+    if (!h.empty())
+      moe::kernels::cuda::check_cuda(cudaMemcpy(h.data(), d.data(), d.size(), cudaMemcpyDeviceToHost), "staging D2H");
+    return h;
+  }
+  static void to_device(std::vector<std::byte> const& h, std::span<std::byte> d) {
+    if (!h.empty())
+      moe::kernels::cuda::check_cuda(cudaMemcpy(d.data(), h.data(), h.size(), cudaMemcpyHostToDevice), "staging H2D");
+  }
+  moe::collective::InProcess<N>* host_;
+  cudaStream_t stream_ = nullptr;
+};
+
+}  // namespace moe::test
+
+namespace {
+using moe::test::StagedDevice;
+
+struct RankResult {
+  double worst_stable = 0;
+  int fragile = 0;
+  moe::LayerStats stats;
+  std::size_t expected_dispatch = 0;  // from the host routes and the tables
+  unsigned errors = 0;
+};
+
+/// Four ranks, tokens per rank `counts`, experts placed by `placement`, copies by `replicas`.
+template <class Model, class Router, class Replicas>
+std::vector<RankResult> four_ranks(std::vector<int> const& counts, moe::placement::Table const& placement,
+                                   Replicas const& replicas, moe::cuda::Exchange exchange, bool dedup,
+                                   std::uint64_t seed) {
+  constexpr int N = 4;
+  using T = std::conditional_t<Model::spec.dtype == moe::DType::f32, float, moe::bf16>;
+  constexpr moe::ShapeSpec s = Model::spec;
+  auto h = static_cast<std::size_t>(s.hidden), k = static_cast<std::size_t>(s.top_k);
+  int total = std::accumulate(counts.begin(), counts.end(), 0);
+  moe::RandomLayerWeights<T> weights(s, seed);
+  auto x = random_tokens<T>(total, s.hidden, seed + 1);
+  std::vector<T> ref(x.size());
+  std::vector<int> ids(static_cast<std::size_t>(total) * k);
+  std::vector<float> gw(ids.size());
+  moe::reference_forward<Router>(s, weights.view(), total, x.data(), ref.data(), ids, gw);
+  auto fragile = fragile_tokens<Router>(s, weights.view(), x, total, 1e-5f);
+  DeviceWeights<T> dw(s, weights.view());
+  Device<T> dx(x), dy(x.size());
+  dy.poison();
+  std::vector<int> primary = placement.ranks();
+  int max_tokens = std::max(1, *std::max_element(counts.begin(), counts.end()));
+  std::vector<RankResult> results(N);
+
+  moe::collective::run_in_process<N>([&](moe::collective::InProcess<N>& host) {
+    StagedDevice<N> comm(host);
+    int rank = host.rank();
+    int first = std::accumulate(counts.begin(), counts.begin() + rank, 0);
+    auto view = dw.view();
+    std::vector<moe::ExpertWeights<T>> mine(dw.experts.size());
+    for (int e = 0; e < s.experts; ++e)
+      if (replicas.holds(e, primary[static_cast<std::size_t>(e)], rank))
+        mine[static_cast<std::size_t>(e)] = dw.experts[static_cast<std::size_t>(e)];
+    view.experts = mine;
+    using L = moe::CudaLayer<Model, Router, moe::placement::Table, Replicas, StagedDevice<N>>;
+    L layer(comm, placement, replicas, view,
+            {.max_tokens = max_tokens, .deduplicate = dedup, .exchange = exchange});
+    Device<std::byte> ws(layer.workspace_size());
+    ws.poison();
+    cudaStream_t st;
+    moe::kernels::cuda::check_cuda(cudaStreamCreate(&st), "cudaStreamCreate");
+    layer.run({.tokens = counts[static_cast<std::size_t>(rank)], .x = dx.get() + static_cast<std::size_t>(first) * h,
+               .y = dy.get() + static_cast<std::size_t>(first) * h, .first_token = first, .stream = st},
+              ws.bytes());
+    moe::kernels::cuda::check_cuda(cudaStreamSynchronize(st), "rank run");
+    cudaStreamDestroy(st);
+    auto& r = results[static_cast<std::size_t>(rank)];
+    r.stats = layer.stats();
+    r.errors = layer.errors();
+    // Analytic dispatch bytes. Padded: every peer gets a whole worst-case region. Exact: one record
+    // per (token, remote serving rank) with de-duplication, per remote assignment without.
+    if (exchange == moe::cuda::Exchange::padded) {
+      r.expected_dispatch = static_cast<std::size_t>(N - 1) * static_cast<std::size_t>(max_tokens) *
+                            (dedup ? 1 : k) * r.stats.record_bytes;
+      return;
+    }
+    for (int t = first; t < first + counts[static_cast<std::size_t>(rank)]; ++t) {
+      std::vector<int> dests;
+      for (std::size_t j = 0; j < k; ++j) {
+        int e = ids[static_cast<std::size_t>(t) * k + j];
+        int d = replicas.choose(e, primary[static_cast<std::size_t>(e)], rank, t);
+        if (d == rank) continue;
+        if (!dedup || std::find(dests.begin(), dests.end(), d) == dests.end()) {
+          dests.push_back(d);
+          r.expected_dispatch += r.stats.record_bytes;
+        }
+      }
+    }
+  });
+
+  auto y = dy.download();
+  for (int rank = 0, t0 = 0; rank < N; t0 += counts[static_cast<std::size_t>(rank)], ++rank) {
+    auto& r = results[static_cast<std::size_t>(rank)];
+    for (int t = t0; t < t0 + counts[static_cast<std::size_t>(rank)]; ++t) {
+      double td = 0, ts = 1e-6;
+      for (std::size_t q = 0; q < h; ++q) {
+        double g = moe::to_float(y[static_cast<std::size_t>(t) * h + q]);
+        double e = moe::to_float(ref[static_cast<std::size_t>(t) * h + q]);
+        td = std::isfinite(g) ? std::max(td, std::abs(g - e)) : 1e30;
+        ts = std::max(ts, std::abs(e));
+      }
+      if (fragile[static_cast<std::size_t>(t)]) {
+        ++r.fragile;
+      } else {
+        r.worst_stable = std::max(r.worst_stable, td / ts);
+      }
+    }
+  }
+  return results;
+}
+
+void check_ranks(std::vector<RankResult> const& results, double tolerance, bool check_bytes) {
+  int fragile = 0;
+  for (auto const& r : results) fragile += r.fragile;
+  for (std::size_t rank = 0; rank < results.size(); ++rank) {
+    auto const& r = results[rank];
+    INFO("rank " << rank << ": worst stable token " << r.worst_stable << ", fragile " << r.fragile
+                 << ", dispatch bytes " << r.stats.dispatch_bytes << " (expected " << r.expected_dispatch << ")");
+    CHECK(r.errors == 0u);
+    CHECK(r.worst_stable <= tolerance);
+    if (check_bytes && fragile == 0) CHECK(r.stats.dispatch_bytes == r.expected_dispatch);
+  }
+}
+
+moe::replication::Table every_16th_everywhere(moe::placement::Table const& placement, int ranks) {
+  std::vector<std::vector<int>> copies(static_cast<std::size_t>(placement.experts()));
+  for (int e = 0; e < placement.experts(); ++e) {
+    auto& c = copies[static_cast<std::size_t>(e)];
+    c = {placement.rank_of(e)};
+    if (e % 16 == 0)
+      for (int r = 0; r < ranks; ++r)
+        if (r != placement.rank_of(e)) c.push_back(r);
+  }
+  return moe::replication::Table(copies);
+}
+
+}  // namespace
+
+TEST_CASE("four ranks on one GPU (staged collective) match the host reference", "[cuda][layer][ranks]") {
+  using moe::router::SigmoidGroupTopK;
+  using moe::router::SoftmaxTopK;
+  using moe::cuda::Exchange;
+  for (auto ex : {Exchange::exact, Exchange::padded}) {
+    INFO("exchange " << (ex == Exchange::exact ? "exact" : "padded"));
+    auto contiguous = moe::placement::Table::contiguous(256, 4);
+    check_ranks(four_ranks<DeepSeekSmallF32, SigmoidGroupTopK>({9, 30, 1, 14}, contiguous, moe::replication::None{}, ex,
+                                                               true, 31),
+                fp32_tol, true);
+    check_ranks(four_ranks<DeepSeekSmallF32, SigmoidGroupTopK>({20, 0, 20, 7}, contiguous, moe::replication::None{}, ex,
+                                                               false, 32),
+                fp32_tol, true);
+    check_ranks(four_ranks<DeepSeekSmallBf16, SigmoidGroupTopK>({10, 25, 5, 17}, contiguous,
+                                                                every_16th_everywhere(contiguous, 4), ex, true, 33),
+                bf16_tol, true);
+    check_ranks(four_ranks<MixtralSmallF32, SoftmaxTopK>({7, 0, 23, 3}, moe::placement::Table::round_robin(8, 4),
+                                                         moe::replication::None{}, ex, true, 34),
+                fp32_tol, true);
+  }
+}
+
 #if defined(MOE_TEST_NCCL)
 namespace {
 
