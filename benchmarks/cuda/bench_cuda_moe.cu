@@ -477,6 +477,38 @@ void BM_Layer(benchmark::State& state) {
   cudaStreamDestroy(st);
 }
 
+/// The same forward captured once in a CUDA graph and replayed (no launch overhead; decode sizes).
+template <class Model>
+void BM_LayerGraph(benchmark::State& state) {
+  using L = moe::CudaLayer<Model, moe::router::ForModel<Model>, moe::placement::Table, moe::replication::None,
+                           moe::cuda::SingleGpu>;
+  constexpr moe::ShapeSpec s = Model::spec;
+  long tokens = state.range(0);
+  auto& mw = ModelWeights<Model>::get();
+  moe::cuda::SingleGpu gpu;
+  L layer(gpu, moe::placement::Table::contiguous(s.experts, 1), {}, mw.view(),
+          {.max_tokens = static_cast<int>(tokens)});
+  Buf<std::byte> ws(layer.workspace_size());
+  Buf<bf16> x(static_cast<std::size_t>(tokens) * s.hidden), y(x.n);
+  fill(x.p, x.n, 11, 1.0f);
+  cudaStream_t st;
+  cudaStreamCreate(&st);
+  auto run = [&] { layer.run({.tokens = static_cast<int>(tokens), .x = x.p, .y = y.p, .stream = st}, {ws.p, ws.n}); };
+  run();  // first run outside the capture (lazy library initialisation)
+  cudaStreamSynchronize(st);
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  kc::check_cuda(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture");
+  run();
+  kc::check_cuda(cudaStreamEndCapture(st, &graph), "cudaStreamEndCapture");
+  kc::check_cuda(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+  time_gpu(state, st, [&] { cudaGraphLaunch(exec, st); });
+  state.counters["tokens/s"] = rate(static_cast<double>(tokens));
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(st);
+}
+
 template <class Model>
 void register_model() {
   std::string n(Model::name);
@@ -488,6 +520,7 @@ void register_model() {
     benchmark::RegisterBenchmark(("Combine/" + n).c_str(), BM_Combine<Model>)->Arg(t)->UseManualTime()->Unit(benchmark::kMicrosecond);
     benchmark::RegisterBenchmark(("Layer/" + n).c_str(), BM_Layer<Model>)->Arg(t)->UseManualTime()->Unit(benchmark::kMicrosecond);
   }
+  benchmark::RegisterBenchmark(("LayerGraph/" + n).c_str(), BM_LayerGraph<Model>)->Arg(128)->UseManualTime()->Unit(benchmark::kMicrosecond);
 }
 
 }  // namespace
