@@ -19,3 +19,4 @@
 #include "moe/layer/weights.hpp"
 #include "moe/layer/reference.hpp"
 #include "moe/layer/layer.hpp"
+#include "moe/layer/shuffled.hpp"
