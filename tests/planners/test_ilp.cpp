@@ -9,6 +9,7 @@
 
 #include "moe/placement/heuristics.hpp"
 #include "moe/placement/ilp.hpp"
+#include "moe/placement/network_simplex.hpp"
 #include "moe/profile/load_profile.hpp"
 #include "moe/topology/topology.hpp"
 
@@ -214,4 +215,53 @@ TEST_CASE("ILP / ILPLoad wrappers and capacity errors") {
   std::vector<double> bad(16, 1.0);
   bad[0] = -1;
   CHECK_THROWS_AS(ilp_load(p, bad), moe::Error);
+}
+
+TEST_CASE("our network simplex equals LEMON's on random general networks") {
+  profile::Rng rng(77);
+  int optimal = 0, infeasible = 0;
+  for (int it = 0; it < 300; ++it) {
+    int n = 2 + rng.below(10), m = 2 * n + rng.below(4 * n);
+    NetworkSimplex ours(n);
+    lemon::SmartDigraph g;
+    std::vector<lemon::SmartDigraph::Node> v;
+    for (int i = 0; i < n; ++i) v.push_back(g.addNode());
+    lemon::SmartDigraph::ArcMap<long long> cap(g), cost(g);
+    lemon::SmartDigraph::NodeMap<long long> sup(g);
+    for (int a = 0; a < m; ++a) {
+      int s = rng.below(n), t = rng.below(n);
+      if (s == t) continue;
+      long long c = rng.below(8), w = rng.below(20) - (it % 4 == 0 ? 0 : 5);  // some negative costs
+      ours.add_arc(s, t, c, static_cast<double>(w));
+      auto e = g.addArc(v[s], v[t]);
+      cap[e] = c;
+      cost[e] = w;
+    }
+    std::vector<long long> b(n, 0);
+    for (int k = 0; k < n; ++k) {
+      int x = rng.below(n), y = rng.below(n);
+      long long amt = rng.below(5);
+      b[x] += amt;
+      b[y] -= amt;
+    }
+    for (int i = 0; i < n; ++i) {
+      ours.set_supply(i, b[i]);
+      sup[v[i]] = b[i];
+    }
+    lemon::NetworkSimplex<lemon::SmartDigraph, long long, long long> ref(g);
+    ref.upperMap(cap).costMap(cost).supplyMap(sup);
+    auto rs = ref.run();
+    auto os = ours.run();
+    INFO("instance " << it);
+    if (rs == lemon::NetworkSimplex<lemon::SmartDigraph, long long, long long>::OPTIMAL) {
+      ++optimal;
+      REQUIRE(os == NetworkSimplex::Status::optimal);
+      CHECK(ours.total_cost() == Approx(static_cast<double>(ref.totalCost())).margin(1e-9));
+    } else {
+      ++infeasible;
+      CHECK(os == NetworkSimplex::Status::infeasible);
+    }
+  }
+  CHECK(optimal >= 100);
+  CHECK(infeasible > 0);
 }
