@@ -17,7 +17,8 @@
 //
 // bf16: tensor cores through WMMA (16x16x16, fp32 accumulate); fp32: a SIMT FMA path with the
 // same tiling (for exact checks against the host; not a performance path). Tiles are BM x BN x BK
-// = 64 x 64 x 32 with 4 warps and register-staged prefetch of the next K slice. This is a first,
+// = 64 x 64 x 32 with 4 warps; two shared-memory stages, the next K slice prefetched through
+// registers while the current one is consumed (one barrier per slice). This is a first,
 // portable kernel; docs/cuda.md lists the Hopper (TMA + wgmma) work that the GPU session should
 // measure against it.
 
@@ -62,28 +63,68 @@ struct GroupedGemmArgs {
 
 namespace detail {
 
-inline constexpr int gemm_bm = 64, gemm_bn = 64, gemm_bk = 32, gemm_threads = 128;
+inline constexpr int gemm_bm = 64, gemm_bn = 64, gemm_threads = 128;
+/// K slice per stage: 32 for bf16 (two WMMA steps), 16 for fp32 (two stages fit static shared memory).
+template <class T>
+inline constexpr int gemm_bk = std::is_same_v<T, float> ? 16 : 32;
 
 template <class T, bool Two>
 struct GemmSmem {
   static constexpr int V = vec_elems<T>;
-  static constexpr int ld_ab = gemm_bk + V;  // padded rows (16 bytes of padding)
+  static constexpr int ld_ab = gemm_bk<T> + V;  // padded rows (16 bytes of padding)
   static constexpr int ld_c = gemm_bn + 4;
   static constexpr std::size_t a_bytes = sizeof(T) * gemm_bm * ld_ab;
   static constexpr std::size_t b_bytes = sizeof(T) * gemm_bn * ld_ab;
   static constexpr std::size_t stage_bytes = a_bytes + b_bytes * (Two ? 2 : 1);
+  static constexpr int stages = 2;  // double-buffered K slices
   static constexpr std::size_t c_bytes = sizeof(float) * gemm_bm * ld_c;
   static constexpr std::size_t epi_bytes = c_bytes * (Two ? 2 : 1);
-  static constexpr std::size_t bytes = stage_bytes > epi_bytes ? stage_bytes : epi_bytes;
+  static constexpr std::size_t bytes = stages * stage_bytes > epi_bytes ? stages * stage_bytes : epi_bytes;
   static_assert(a_bytes % 128 == 0 && b_bytes % 128 == 0 && c_bytes % 128 == 0, "tile pieces keep 128-byte alignment");
   static_assert(bytes <= 48 * 1024, "static shared memory limit");
+};
+
+/// One thread's share of a K slice: where its 16-byte vectors of A and B come from (null: zero),
+/// where they go in shared memory, and the registers that carry them in between.
+template <class T, bool Two, int NA, int NB>
+struct SliceLoader {
+  T const* a_src[NA];
+  int a_dst[NA];
+  int a_col[NA];
+  T const* b0_src[NB];
+  T const* b1_src[NB];
+  int b_dst[NB];
+  int b_col[NB];
+  uint4 ra[NA], rb0[NB], rb1[Two ? NB : 1];
+
+  __device__ __forceinline__ void fetch(int k0, int k) {
+    uint4 const zero = make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int i = 0; i < NA; ++i)
+      ra[i] = a_src[i] && k0 + a_col[i] < k ? *reinterpret_cast<uint4 const*>(a_src[i] + k0 + a_col[i]) : zero;
+#pragma unroll
+    for (int i = 0; i < NB; ++i) {
+      bool ok = k0 + b_col[i] < k;
+      rb0[i] = b0_src[i] && ok ? *reinterpret_cast<uint4 const*>(b0_src[i] + k0 + b_col[i]) : zero;
+      if constexpr (Two) rb1[i] = b1_src[i] && ok ? *reinterpret_cast<uint4 const*>(b1_src[i] + k0 + b_col[i]) : zero;
+    }
+  }
+  __device__ __forceinline__ void stash(T* as, T* b0s, T* b1s) const {
+#pragma unroll
+    for (int i = 0; i < NA; ++i) *reinterpret_cast<uint4*>(as + a_dst[i]) = ra[i];
+#pragma unroll
+    for (int i = 0; i < NB; ++i) {
+      *reinterpret_cast<uint4*>(b0s + b_dst[i]) = rb0[i];
+      if constexpr (Two) *reinterpret_cast<uint4*>(b1s + b_dst[i]) = rb1[i];
+    }
+  }
 };
 
 template <class T, Epilogue Ep>
 __global__ void __launch_bounds__(gemm_threads) grouped_gemm_kernel(GroupedGemmArgs<T> const p) {
   constexpr bool two = Ep == Epilogue::swiglu;
   using Smem = GemmSmem<T, two>;
-  constexpr int BM = gemm_bm, BN = gemm_bn, BK = gemm_bk, V = Smem::V;
+  constexpr int BM = gemm_bm, BN = gemm_bn, BK = gemm_bk<T>, V = Smem::V;
   constexpr int ld = Smem::ld_ab, ldc = Smem::ld_c;
   constexpr int vpr = BK / V;                         // 16-byte vectors per tile row
   constexpr int a_per_thread = BM * vpr / gemm_threads;
@@ -91,9 +132,12 @@ __global__ void __launch_bounds__(gemm_threads) grouped_gemm_kernel(GroupedGemmA
   static_assert(a_per_thread * gemm_threads == BM * vpr && b_per_thread * gemm_threads == BN * vpr);
 
   __shared__ __align__(128) unsigned char smem[Smem::bytes];
-  T* As = reinterpret_cast<T*>(smem);
-  T* B0s = reinterpret_cast<T*>(smem + Smem::a_bytes);
-  T* B1s = reinterpret_cast<T*>(smem + Smem::a_bytes + Smem::b_bytes);
+  // Stage `st` of the K-slice buffers (two stages: compute on one while the other is refilled).
+  auto As = [&](int st) { return reinterpret_cast<T*>(smem + st * Smem::stage_bytes); };
+  auto B0s = [&](int st) { return reinterpret_cast<T*>(smem + st * Smem::stage_bytes + Smem::a_bytes); };
+  auto B1s = [&](int st) {
+    return reinterpret_cast<T*>(smem + st * Smem::stage_bytes + Smem::a_bytes + Smem::b_bytes);
+  };
   float* C0s = reinterpret_cast<float*>(smem);
   float* C1s = reinterpret_cast<float*>(smem + Smem::c_bytes);
 
@@ -123,57 +167,37 @@ __global__ void __launch_bounds__(gemm_threads) grouped_gemm_kernel(GroupedGemmA
   T const* b1 = two ? (p.b1_table ? p.b1_table[g] : p.b1) : nullptr;
 
   // Source addresses of this thread's A and B vectors (null: zero fill).
-  T const* a_src[a_per_thread];
-  int a_dst[a_per_thread];
-  int a_col[a_per_thread];
+  SliceLoader<T, two, a_per_thread, b_per_thread> ld_;
 #pragma unroll
   for (int i = 0; i < a_per_thread; ++i) {
     int idx = tid + i * gemm_threads, r = idx / vpr, c = (idx % vpr) * V;
-    a_dst[i] = r * ld + c;
-    a_col[i] = c;
-    a_src[i] = nullptr;
+    ld_.a_dst[i] = r * ld + c;
+    ld_.a_col[i] = c;
+    ld_.a_src[i] = nullptr;
     if (r < rows_here) {
       int row = row_begin + r;
       long long src = p.index ? p.index[row] / p.index_div : row;
-      a_src[i] = reinterpret_cast<T const*>(p.a + static_cast<std::size_t>(src) * p.a_stride);
+      ld_.a_src[i] = reinterpret_cast<T const*>(p.a + static_cast<std::size_t>(src) * p.a_stride);
     }
   }
-  T const* b0_src[b_per_thread];
-  T const* b1_src[b_per_thread];
-  int b_dst[b_per_thread];
-  int b_col[b_per_thread];
 #pragma unroll
   for (int i = 0; i < b_per_thread; ++i) {
     int idx = tid + i * gemm_threads, r = idx / vpr, c = (idx % vpr) * V;
-    b_dst[i] = r * ld + c;
-    b_col[i] = c;
+    ld_.b_dst[i] = r * ld + c;
+    ld_.b_col[i] = c;
     bool ok = n0 + r < p.n;
-    b0_src[i] = ok ? b0 + static_cast<std::size_t>(n0 + r) * p.k : nullptr;
-    b1_src[i] = ok && two ? b1 + static_cast<std::size_t>(n0 + r) * p.k : nullptr;
+    ld_.b0_src[i] = ok ? b0 + static_cast<std::size_t>(n0 + r) * p.k : nullptr;
+    ld_.b1_src[i] = ok && two ? b1 + static_cast<std::size_t>(n0 + r) * p.k : nullptr;
   }
-
-  uint4 ra[a_per_thread], rb0[b_per_thread], rb1[two ? b_per_thread : 1];
-  auto fetch = [&](int k0) {
-    uint4 const zero = make_uint4(0, 0, 0, 0);
-#pragma unroll
-    for (int i = 0; i < a_per_thread; ++i)
-      ra[i] = a_src[i] && k0 + a_col[i] < p.k ? *reinterpret_cast<uint4 const*>(a_src[i] + k0 + a_col[i]) : zero;
-#pragma unroll
-    for (int i = 0; i < b_per_thread; ++i) {
-      bool ok = k0 + b_col[i] < p.k;
-      rb0[i] = b0_src[i] && ok ? *reinterpret_cast<uint4 const*>(b0_src[i] + k0 + b_col[i]) : zero;
-      if constexpr (two) rb1[i] = b1_src[i] && ok ? *reinterpret_cast<uint4 const*>(b1_src[i] + k0 + b_col[i]) : zero;
-    }
-  };
-  auto stash = [&] {
-#pragma unroll
-    for (int i = 0; i < a_per_thread; ++i) *reinterpret_cast<uint4*>(As + a_dst[i]) = ra[i];
-#pragma unroll
-    for (int i = 0; i < b_per_thread; ++i) {
-      *reinterpret_cast<uint4*>(B0s + b_dst[i]) = rb0[i];
-      if constexpr (two) *reinterpret_cast<uint4*>(B1s + b_dst[i]) = rb1[i];
-    }
-  };
+  auto fetch = [&](int k0) { ld_.fetch(k0, p.k); };
+  auto stash = [&](int st) { ld_.stash(As(st), B0s(st), B1s(st)); };
+  // Pipeline: slice 0 is staged before the loop. In the iteration on stage `cur`, the next slice
+  // is fetched into registers, `cur` is consumed, and the registers are stashed into the other
+  // stage, which nobody reads any more (its last reader finished before the previous barrier);
+  // one barrier per slice publishes it. The loop ends on a barrier, so the stages are free for C.
+  fetch(0);
+  stash(0);
+  __syncthreads();
 
   if constexpr (std::is_same_v<T, moe::bf16>) {
     namespace wmma = nvcuda::wmma;
@@ -187,30 +211,32 @@ __global__ void __launch_bounds__(gemm_threads) grouped_gemm_kernel(GroupedGemmA
         wmma::fill_fragment(acc0[i][j], 0.0f);
         if constexpr (two) wmma::fill_fragment(acc1[i][j], 0.0f);
       }
-    fetch(0);
-    for (int k0 = 0; k0 < p.k; k0 += BK) {
-      stash();
-      __syncthreads();
-      if (k0 + BK < p.k) fetch(k0 + BK);
+    for (int k0 = 0, cur = 0; k0 < p.k; k0 += BK, cur ^= 1) {
+      bool const more = k0 + BK < p.k;
+      if (more) fetch(k0 + BK);
+      bf const* as = reinterpret_cast<bf const*>(As(cur));
+      bf const* b0s = reinterpret_cast<bf const*>(B0s(cur));
+      bf const* b1s = reinterpret_cast<bf const*>(B1s(cur));
 #pragma unroll
       for (int kk = 0; kk < BK; kk += 16) {
         wmma::fragment<wmma::matrix_a, 16, 16, 16, bf, wmma::row_major> fa[2];
         wmma::fragment<wmma::matrix_b, 16, 16, 16, bf, wmma::col_major> fb;
 #pragma unroll
         for (int i = 0; i < 2; ++i)
-          wmma::load_matrix_sync(fa[i], reinterpret_cast<bf const*>(As) + (wm * 32 + i * 16) * ld + kk, ld);
+          wmma::load_matrix_sync(fa[i], as + (wm * 32 + i * 16) * ld + kk, ld);
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-          wmma::load_matrix_sync(fb, reinterpret_cast<bf const*>(B0s) + (wn * 32 + j * 16) * ld + kk, ld);
+          wmma::load_matrix_sync(fb, b0s + (wn * 32 + j * 16) * ld + kk, ld);
 #pragma unroll
           for (int i = 0; i < 2; ++i) wmma::mma_sync(acc0[i][j], fa[i], fb, acc0[i][j]);
           if constexpr (two) {
-            wmma::load_matrix_sync(fb, reinterpret_cast<bf const*>(B1s) + (wn * 32 + j * 16) * ld + kk, ld);
+            wmma::load_matrix_sync(fb, b1s + (wn * 32 + j * 16) * ld + kk, ld);
 #pragma unroll
             for (int i = 0; i < 2; ++i) wmma::mma_sync(acc1[i][j], fa[i], fb, acc1[i][j]);
           }
         }
       }
+      if (more) stash(cur ^ 1);
       __syncthreads();
     }
     // The stage buffers are dead now (the loop ends with a barrier): reuse them for C.
@@ -226,20 +252,21 @@ __global__ void __launch_bounds__(gemm_threads) grouped_gemm_kernel(GroupedGemmA
     // fp32 SIMT: thread (tr, tc) owns rows tr*8 .. tr*8+7 and columns tc, tc+16, tc+32, tc+48.
     int const tr = tid / 16, tc = tid % 16;
     float acc0[8][4] = {}, acc1[two ? 8 : 1][4] = {};
-    fetch(0);
-    for (int k0 = 0; k0 < p.k; k0 += BK) {
-      stash();
-      __syncthreads();
-      if (k0 + BK < p.k) fetch(k0 + BK);
+    for (int k0 = 0, cur = 0; k0 < p.k; k0 += BK, cur ^= 1) {
+      bool const more = k0 + BK < p.k;
+      if (more) fetch(k0 + BK);
+      T const* as = As(cur);
+      T const* b0s = B0s(cur);
+      T const* b1s = B1s(cur);
 #pragma unroll 4
       for (int kk = 0; kk < BK; ++kk) {
         float a[8], b0v[4], b1v[4];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) a[i] = As[(tr * 8 + i) * ld + kk];
+        for (int i = 0; i < 8; ++i) a[i] = as[(tr * 8 + i) * ld + kk];
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          b0v[j] = B0s[(tc + 16 * j) * ld + kk];
-          if constexpr (two) b1v[j] = B1s[(tc + 16 * j) * ld + kk];
+          b0v[j] = b0s[(tc + 16 * j) * ld + kk];
+          if constexpr (two) b1v[j] = b1s[(tc + 16 * j) * ld + kk];
         }
 #pragma unroll
         for (int i = 0; i < 8; ++i)
@@ -249,6 +276,7 @@ __global__ void __launch_bounds__(gemm_threads) grouped_gemm_kernel(GroupedGemmA
             if constexpr (two) acc1[i][j] = fmaf(a[i], b1v[j], acc1[i][j]);
           }
       }
+      if (more) stash(cur ^ 1);
       __syncthreads();
     }
 #pragma unroll
@@ -281,13 +309,17 @@ __global__ void __launch_bounds__(gemm_threads) grouped_gemm_kernel(GroupedGemmA
     }
     if constexpr (Ep == Epilogue::accumulate) {
       float* o = p.out_f32 + row * p.out_ld + n;
-      for (int e = 0; e < V && n + e < p.n; ++e) o[e] += v[e];
+#pragma unroll
+      for (int e = 0; e < V; ++e)
+        if (n + e < p.n) o[e] += v[e];
     } else {
       T* o = p.out + row * p.out_ld + n;
       if (n + V <= p.n) {
         *reinterpret_cast<uint4*>(o) = pack<T>(v);
       } else {
-        for (int e = 0; n + e < p.n; ++e) o[e] = store_as<T>(v[e]);
+#pragma unroll
+        for (int e = 0; e < V; ++e)
+          if (n + e < p.n) o[e] = store_as<T>(v[e]);
       }
     }
   }
