@@ -4,8 +4,9 @@
 //
 //   minimise sum cost(a) * flow(a)   s.t. 0 <= flow(a) <= cap(a), out(v) - in(v) = supply(v).
 //
-// The textbook method (Ahuja, Magnanti, Orlin, ch. 11): a spanning tree rooted at an artificial
-// node with big-M artificial arcs; block-search pricing; the leaving arc chosen by the strongly
+// The textbook method (Ahuja, Magnanti, Orlin, ch. 11), initialised like LEMON's: a spanning
+// tree rooted at an artificial node (free arcs from supply nodes, big-M arcs to demand nodes);
+// block-search pricing over the real arcs; the leaving arc chosen by the strongly
 // feasible tree rule (the last blocking arc of the cycle, which prevents cycling on degenerate
 // pivots). The tree is stored as parent / predecessor-arc / depth pointers plus per-node lists
 // of tree arcs; after a pivot only the subtree cut off by the leaving arc is re-hung.
@@ -62,8 +63,10 @@ public:
     for (long long s : supply_) flow_bound += std::abs(s);
     double big_m = (maxc + 1.0) * static_cast<double>(N);
     eps_ = 1e-12 * (maxc + 1.0);
+    // As in LEMON: supply nodes hang on the root by free arcs, demand nodes by big-M arcs;
+    // artificial arcs are never priced, so once out of the tree they stay out.
     for (int v = 0; v < n_; ++v) {
-      if (supply_[static_cast<std::size_t>(v)] >= 0) add_raw(v, root, flow_bound, big_m);
+      if (supply_[static_cast<std::size_t>(v)] >= 0) add_raw(v, root, flow_bound, 0.0);
       else add_raw(root, v, flow_bound, big_m);
     }
     int M = static_cast<int>(src_.size());
@@ -88,17 +91,19 @@ public:
     }
     rehang(root, -1, -1);
 
-    int block = std::max(10, static_cast<int>(std::sqrt(static_cast<double>(M))));
+    if (m == 0) return finish(m);
+    int block = std::max(10, static_cast<int>(std::sqrt(static_cast<double>(m))));
     int next = 0;
     for (;;) {
-      // Block search: the most negative (state * reduced cost) in the first block that has one.
+      // Block search over the real arcs: the most negative (state * reduced cost) in the first
+      // block that has one.
       int in = -1;
       double best = -eps_;
-      for (int scanned = 0; scanned < M;) {
-        int end = std::min(scanned + block, M);
+      for (int scanned = 0; scanned < m;) {
+        int end = std::min(scanned + block, m);
         for (; scanned < end; ++scanned) {
           int a = next;
-          next = next + 1 == M ? 0 : next + 1;
+          next = next + 1 == m ? 0 : next + 1;
           int st = state_[static_cast<std::size_t>(a)];
           if (st == 0) continue;
           double c = st * (cost_[static_cast<std::size_t>(a)] + pi_[static_cast<std::size_t>(src_[static_cast<std::size_t>(a)])] -
@@ -111,16 +116,18 @@ public:
       pivot(in);
       ++pivots_;
     }
-    for (int v = 0; v < n_; ++v)
-      if (flow_[static_cast<std::size_t>(m + v)] > 0) {
-        truncate(m);
-        return Status::infeasible;
-      }
-    truncate(m);
-    return Status::optimal;
+    return finish(m);
   }
 
 private:
+  Status finish(int m) {
+    bool feasible = true;
+    for (int v = 0; v < n_; ++v)
+      if (flow_[static_cast<std::size_t>(m + v)] != 0) feasible = false;
+    truncate(m);
+    return feasible ? Status::optimal : Status::infeasible;
+  }
+
   void add_raw(int u, int v, long long cap, double cost) {
     src_.push_back(u);
     dst_.push_back(v);
