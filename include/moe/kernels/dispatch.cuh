@@ -24,6 +24,7 @@
 //
 // Nothing here synchronises the host; every size comes from the caller's worst case.
 
+#include <cub/block/block_scan.cuh>
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
 
@@ -208,14 +209,27 @@ __global__ void expert_offsets_kernel(int const* __restrict__ sorted_keys, long 
   offsets[e] = static_cast<int>(lo);
 }
 
-__global__ void tile_starts_kernel(int const* __restrict__ offsets, int groups, int tile_m, int* __restrict__ starts) {
-  if (blockIdx.x != 0 || threadIdx.x != 0) return;
-  int at = 0;
-  for (int g = 0; g < groups; ++g) {
-    starts[g] = at;
-    at += (offsets[g + 1] - offsets[g] + tile_m - 1) / tile_m;
+inline constexpr int tile_starts_threads = 256;
+
+/// starts[g] = sum over g' < g of ceil(rows of g' / tile_m); one block, chunks of 256 groups.
+__global__ void __launch_bounds__(tile_starts_threads)
+    tile_starts_kernel(int const* __restrict__ offsets, int groups, int tile_m, int* __restrict__ starts) {
+  using Scan = cub::BlockScan<int, tile_starts_threads>;
+  __shared__ typename Scan::TempStorage scratch;
+  __shared__ int carry;
+  if (threadIdx.x == 0) carry = 0;
+  __syncthreads();
+  for (int base = 0; base < groups; base += tile_starts_threads) {
+    int g = base + static_cast<int>(threadIdx.x);
+    int tiles = g < groups ? (offsets[g + 1] - offsets[g] + tile_m - 1) / tile_m : 0;
+    int before = 0, chunk = 0;
+    Scan(scratch).ExclusiveSum(tiles, before, chunk);
+    if (g < groups) starts[g] = carry + before;
+    __syncthreads();  // every thread has read `carry`; `scratch` may be reused
+    if (threadIdx.x == 0) carry += chunk;
+    __syncthreads();
   }
-  starts[groups] = at;
+  if (threadIdx.x == 0) starts[groups] = carry;
 }
 
 __global__ void inverse_kernel(int const* __restrict__ sorted_values, int const* __restrict__ offsets, int experts,
@@ -333,7 +347,7 @@ void group_by_expert(cudaStream_t s, std::byte const* recv, std::size_t record_b
   detail::expert_offsets_kernel<<<static_cast<unsigned>(blocks_for(experts + 1, 128)), 128, 0, s>>>(
       g.sorted_keys, n, experts, g.offsets);
   check_launch("expert_offsets_kernel");
-  detail::tile_starts_kernel<<<1, 1, 0, s>>>(g.offsets, experts, tile_m, g.tile_starts);
+  detail::tile_starts_kernel<<<1, detail::tile_starts_threads, 0, s>>>(g.offsets, experts, tile_m, g.tile_starts);
   check_launch("tile_starts_kernel");
   if (n > 0) {
     detail::inverse_kernel<<<static_cast<unsigned>(blocks_for(n, 256)), 256, 0, s>>>(g.sorted_values, g.offsets,
