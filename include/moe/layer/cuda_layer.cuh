@@ -31,8 +31,11 @@
 //
 // Everything the kernels need is carved from the caller's workspace (worst case from
 // max_tokens); the layer itself owns only small tables uploaded at construction (expert weight
-// pointers, replica lists, the served-expert mask), a cuBLAS handle, an error word and a pinned
-// count buffer.
+// pointers, replica lists, the served-expert mask), a cuBLAS handle, an error word, a pinned
+// count buffer, and (for shapes with shared experts) a second stream with two events: the shared
+// experts run there, forked from the caller's stream at the start of run() and joined back before
+// the final sum, so they overlap routing, dispatch and the routed experts (graph capture follows
+// the fork and join).
 
 #include <cublas_v2.h>
 
@@ -183,6 +186,12 @@ public:
     errors_ = kernels::cuda::DeviceArray<unsigned>(1);
     kernels::cuda::check_cuda(cudaMemset(errors_.get(), 0, sizeof(unsigned)), "cudaMemset");
     kernels::cuda::check_cublas(cublasCreate(&cublas_), "cublasCreate");
+    if (shape.shared_experts > 0) {
+      // The shared experts run on a second stream, forked from and joined back into the caller's.
+      kernels::cuda::check_cuda(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+      kernels::cuda::check_cuda(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming), "cudaEventCreate");
+      kernels::cuda::check_cuda(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming), "cudaEventCreate");
+    }
     if (!local) {
       kernels::cuda::check_cuda(cudaMallocHost(reinterpret_cast<void**>(&host_counts_),
                                                2 * static_cast<std::size_t>(ranks) * sizeof(std::uint64_t)),
@@ -195,6 +204,9 @@ public:
   CudaLayer(CudaLayer const&) = delete;
   CudaLayer& operator=(CudaLayer const&) = delete;
   ~CudaLayer() {
+    if (join_) cudaEventDestroy(join_);
+    if (fork_) cudaEventDestroy(fork_);
+    if (side_) cudaStreamDestroy(side_);
     if (cublas_) cublasDestroy(cublas_);
     if (host_counts_) cudaFreeHost(host_counts_);
   }
@@ -239,6 +251,41 @@ public:
     stats_.record_bytes = rec;
     stats_.meta_bytes = meta_bytes_;
     kc::check_cuda(cudaMemsetAsync(errors_.get(), 0, sizeof(unsigned), s), "cudaMemsetAsync");
+
+    // 0. Shared experts on the side stream, overlapping everything up to the final sum.
+    float* shared_acc = nullptr;
+    if (shape.shared_experts > 0 && t > 0) {
+      shared_acc = b.shared_acc.data();
+      cudaStream_t ss = side_;
+      kc::check_cuda(cudaEventRecord(fork_, s), "cudaEventRecord (fork)");
+      kc::check_cuda(cudaStreamWaitEvent(ss, fork_, 0), "cudaStreamWaitEvent (fork)");
+      kc::check_cuda(cudaMemsetAsync(shared_acc, 0, static_cast<std::size_t>(t) * h * sizeof(float), ss),
+                     "cudaMemsetAsync (shared experts)");
+      for (auto const& w : weights_.shared) {
+        kc::GroupedGemmArgs<T> s1;
+        s1.uniform_rows = t;
+        s1.a = reinterpret_cast<std::byte const*>(a.x);
+        s1.a_stride = h * sizeof(T);
+        s1.b0 = w.gate;
+        s1.b1 = w.up;
+        s1.n = shape.shared_ffn;
+        s1.k = shape.hidden;
+        s1.out = b.shared_inter.data();
+        s1.out_ld = static_cast<std::size_t>(shape.shared_ffn);
+        kc::grouped_gemm<T, kc::Epilogue::swiglu>(ss, s1);
+        kc::GroupedGemmArgs<T> s2;
+        s2.uniform_rows = t;
+        s2.a = reinterpret_cast<std::byte const*>(b.shared_inter.data());
+        s2.a_stride = static_cast<std::size_t>(shape.shared_ffn) * sizeof(T);
+        s2.b0 = w.down;
+        s2.n = shape.hidden;
+        s2.k = shape.shared_ffn;
+        s2.out_f32 = shared_acc;
+        s2.out_ld = h;
+        kc::grouped_gemm<T, kc::Epilogue::accumulate>(ss, s2);
+      }
+      kc::check_cuda(cudaEventRecord(join_, ss), "cudaEventRecord (join)");
+    }
 
     // 1. Gate, router, destinations, record layout, packing.
     if (t > 0) {
@@ -371,35 +418,7 @@ public:
       stats_.combine_bytes = comm_->counters().bytes_sent() - before.bytes_sent();
       returned = b.returned.data();
     }
-    float* shared_acc = nullptr;
-    if (shape.shared_experts > 0 && t > 0) {
-      shared_acc = b.shared_acc.data();
-      kc::check_cuda(cudaMemsetAsync(shared_acc, 0, static_cast<std::size_t>(t) * h * sizeof(float), s),
-                     "cudaMemsetAsync (shared experts)");
-      for (auto const& w : weights_.shared) {
-        kc::GroupedGemmArgs<T> s1;
-        s1.uniform_rows = t;
-        s1.a = reinterpret_cast<std::byte const*>(a.x);
-        s1.a_stride = h * sizeof(T);
-        s1.b0 = w.gate;
-        s1.b1 = w.up;
-        s1.n = shape.shared_ffn;
-        s1.k = shape.hidden;
-        s1.out = b.shared_inter.data();
-        s1.out_ld = static_cast<std::size_t>(shape.shared_ffn);
-        kc::grouped_gemm<T, kc::Epilogue::swiglu>(s, s1);
-        kc::GroupedGemmArgs<T> s2;
-        s2.uniform_rows = t;
-        s2.a = reinterpret_cast<std::byte const*>(b.shared_inter.data());
-        s2.a_stride = static_cast<std::size_t>(shape.shared_ffn) * sizeof(T);
-        s2.b0 = w.down;
-        s2.n = shape.hidden;
-        s2.k = shape.shared_ffn;
-        s2.out_f32 = shared_acc;
-        s2.out_ld = h;
-        kc::grouped_gemm<T, kc::Epilogue::accumulate>(s, s2);
-      }
-    }
+    if (shared_acc) kc::check_cuda(cudaStreamWaitEvent(s, join_, 0), "cudaStreamWaitEvent (shared experts)");
     kc::finish_tokens<T>(s, t, shape.hidden, ranks, b.rec_count.data(), b.rec_pos.data(), b.send_base.data(), returned,
                          shared_acc, a.y);
   }
@@ -513,6 +532,8 @@ private:
   kernels::cuda::DeviceArray<T const*> gate_, up_, down_;
   kernels::cuda::DeviceArray<unsigned> errors_;
   cublasHandle_t cublas_ = nullptr;
+  cudaStream_t side_ = nullptr;  // shared experts (only when the shape has some)
+  cudaEvent_t fork_ = nullptr, join_ = nullptr;
   std::uint64_t* host_counts_ = nullptr;  // pinned: send counts, then received counts
   std::vector<std::size_t> host_bytes_;   // exact exchange: send, recv, back, returned bytes per peer
   std::size_t meta_bytes_ = 0;
