@@ -114,7 +114,7 @@ Checked run_layer(int tokens, int max_tokens, std::uint64_t seed, Make make_laye
   auto x = random_tokens<T>(tokens, s.hidden, seed + 1);
   std::vector<T> ref(x.size());
   moe::reference_forward<Router>(s, weights.view(), tokens, x.data(), ref.data());
-  auto fragile = fragile_tokens<Router>(s, weights.view(), x, tokens, std::is_same_v<T, float> ? 1e-5f : 1e-5f);
+  auto fragile = fragile_tokens<Router>(s, weights.view(), x, tokens, 1e-5f);
 
   DeviceWeights<T> dw(s, weights.view());
   auto layer = make_layer(dw.view(), max_tokens);
