@@ -20,17 +20,22 @@
 
 namespace moe::collective {
 
-/// MPI_Init / MPI_Finalize for programs that have no MPI setup of their own.
+/// MPI_Init_thread / MPI_Finalize for programs that have no MPI setup of their own. Asks for
+/// MPI_THREAD_MULTIPLE (schedules that drive links from several threads need it); `thread_level()`
+/// says what the library granted.
 class MpiSession {
 public:
-  MpiSession(int* argc, char*** argv) {
+  MpiSession(int* argc, char*** argv, int required = MPI_THREAD_MULTIPLE) {
     int initialized = 0;
     MPI_Initialized(&initialized);
     if (!initialized) {
-      MPI_Init(argc, argv);
+      MPI_Init_thread(argc, argv, required, &provided_);
       owns_ = true;
+    } else {
+      MPI_Query_thread(&provided_);
     }
   }
+  [[nodiscard]] int thread_level() const { return provided_; }
   MpiSession(MpiSession const&) = delete;
   MpiSession& operator=(MpiSession const&) = delete;
   ~MpiSession() {
@@ -39,6 +44,7 @@ public:
 
 private:
   bool owns_ = false;
+  int provided_ = MPI_THREAD_SINGLE;
 };
 
 class Mpi {
