@@ -20,7 +20,10 @@
 #include <array>
 #include <concepts>
 #include <cstddef>
+#include <numeric>
 #include <span>
+
+#include "moe/config.hpp"
 
 namespace moe::collective {
 
@@ -44,6 +47,92 @@ struct Counters {
     calls[static_cast<std::size_t>(op)] += 1;
   }
 };
+
+namespace detail {
+
+inline std::size_t sum(std::span<std::size_t const> v) { return std::accumulate(v.begin(), v.end(), std::size_t{0}); }
+
+/// The argument checks and the volume accounting every Collective implementation shares, so all
+/// backends reject the same bad calls with the same messages and count bytes the same way.
+class Ledger {
+public:
+  Ledger(int rank, int size) : rank_(rank), size_(size) {}
+
+  [[nodiscard]] Counters const& counters() const { return counters_; }
+  void reset() { counters_ = {}; }
+
+  struct Totals {
+    std::size_t send = 0, recv = 0;
+  };
+  /// all_to_all(_v): counts per peer in bytes. Returns the send and receive totals.
+  Totals exchange(Op op, std::size_t in_bytes, std::span<std::size_t const> send_counts, std::size_t out_bytes,
+                  std::span<std::size_t const> recv_counts) {
+    check(send_counts.size() == ranks() && recv_counts.size() == ranks(), "all_to_all: need ", size_,
+          " send and receive counts, got ", send_counts.size(), " and ", recv_counts.size());
+    Totals t{sum(send_counts), sum(recv_counts)};
+    check(t.send <= in_bytes, "all_to_all: send counts add up to ", t.send, " bytes but the send buffer holds ",
+          in_bytes);
+    check(t.recv <= out_bytes, "all_to_all: receive counts add up to ", t.recv,
+          " bytes but the receive buffer holds ", out_bytes);
+    std::size_t self = send_counts[me()];
+    counters_.add(op, t.send - self);
+    counters_.bytes_self += self;
+    return t;
+  }
+
+  struct Slice {
+    std::size_t offset = 0, count = 0, total = 0;
+  };
+  /// reduce_scatter_v: counts in elements of `element` bytes. Returns this rank's slice of the input.
+  Slice reduce_scatter(std::size_t in_elements, std::size_t out_elements, std::span<std::size_t const> counts,
+                       std::size_t element) {
+    check(counts.size() == ranks(), "reduce_scatter_v: ", counts.size(), " counts for ", size_, " ranks");
+    Slice s{sum(counts.first(me())), counts[me()], sum(counts)};
+    check(in_elements == s.total, "reduce_scatter_v: input holds ", in_elements, " elements but the counts add up to ",
+          s.total);
+    check(out_elements >= s.count, "reduce_scatter_v: output holds ", out_elements, " elements, rank ", rank_,
+          " receives ", s.count);
+    counters_.add(Op::reduce_scatter, (s.total - s.count) * element);
+    counters_.bytes_self += s.count * element;
+    return s;
+  }
+
+  /// all_gather_v: counts in bytes. Returns the total.
+  std::size_t all_gather(std::size_t in_bytes, std::size_t out_bytes, std::span<std::size_t const> counts) {
+    check(counts.size() == ranks(), "all_gather_v: ", counts.size(), " counts for ", size_, " ranks");
+    check(in_bytes == counts[me()], "all_gather_v: rank ", rank_, " contributes ", in_bytes,
+          " bytes but its count says ", counts[me()]);
+    std::size_t total = sum(counts);
+    check(out_bytes >= total, "all_gather_v: output holds ", out_bytes, " bytes, needs ", total);
+    counters_.add(Op::all_gather, (ranks() - 1) * in_bytes);
+    counters_.bytes_self += in_bytes;
+    return total;
+  }
+
+  void all_reduce(std::size_t bytes) { counters_.add(Op::all_reduce, 2 * (ranks() - 1) * bytes / ranks()); }
+
+  void send(int peer, std::size_t bytes) {
+    check_peer(peer, "send");
+    if (peer == rank_) {
+      counters_.bytes_self += bytes;
+    } else {
+      counters_.add(Op::send, bytes);
+    }
+  }
+  void check_peer(int peer, char const* what) const {
+    check(peer >= 0 && peer < size_, what, ": peer ", peer, " out of range [0, ", size_, ")");
+  }
+
+private:
+  [[nodiscard]] std::size_t ranks() const { return static_cast<std::size_t>(size_); }
+  [[nodiscard]] std::size_t me() const { return static_cast<std::size_t>(rank_); }
+
+  int rank_;
+  int size_;
+  Counters counters_;
+};
+
+}  // namespace detail
 
 /// Memory space a collective's buffers live in.
 enum class Memory { host, device };

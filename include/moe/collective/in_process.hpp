@@ -14,7 +14,6 @@
 #include <exception>
 #include <map>
 #include <mutex>
-#include <numeric>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -98,10 +97,6 @@ private:
   std::map<std::tuple<int, int, int>, std::vector<std::vector<std::byte>>> mailboxes_;
 };
 
-inline std::size_t sum(std::span<std::size_t const> v) {
-  return std::accumulate(v.begin(), v.end(), std::size_t{0});
-}
-
 }  // namespace detail
 
 /// One rank's handle on an in-process world of N ranks.
@@ -112,15 +107,15 @@ class InProcess {
 public:
   static constexpr Memory memory = Memory::host;
 
-  InProcess(detail::InProcessWorld& world, int rank) : world_(&world), rank_(rank) {
+  InProcess(detail::InProcessWorld& world, int rank) : world_(&world), rank_(rank), ledger_(rank, N) {
     check(world.size() == N, "InProcess<", N, "> attached to a world of ", world.size(), " ranks");
     check(rank >= 0 && rank < N, "InProcess<", N, ">: rank ", rank, " out of range");
   }
 
   [[nodiscard]] int rank() const { return rank_; }
   [[nodiscard]] int size() const { return N; }
-  [[nodiscard]] Counters const& counters() const { return counters_; }
-  void reset_counters() { counters_ = {}; }
+  [[nodiscard]] Counters const& counters() const { return ledger_.counters(); }
+  void reset_counters() { ledger_.reset(); }
 
   void barrier() { world_->barrier(); }
 
@@ -135,31 +130,19 @@ public:
   }
 
   void reduce_scatter_v(std::span<float const> in, std::span<float> out, std::span<std::size_t const> counts) {
-    check(counts.size() == N, "reduce_scatter_v: ", counts.size(), " counts for ", N, " ranks");
-    check(in.size() == detail::sum(counts), "reduce_scatter_v: input holds ", in.size(),
-          " elements but the counts add up to ", detail::sum(counts));
-    std::size_t mine = counts[static_cast<std::size_t>(rank_)];
-    check(out.size() >= mine, "reduce_scatter_v: output holds ", out.size(), " elements, rank ", rank_,
-          " receives ", mine);
-    std::size_t offset = std::accumulate(counts.begin(), counts.begin() + rank_, std::size_t{0});
+    auto slice = ledger_.reduce_scatter(in.size(), out.size(), counts, sizeof(float));
     world_->slot(rank_) = {in.data(), nullptr, in.size()};
     world_->barrier();
-    for (std::size_t i = 0; i < mine; ++i) out[i] = 0.0f;
+    for (std::size_t i = 0; i < slice.count; ++i) out[i] = 0.0f;
     for (int p = 0; p < N; ++p) {
-      auto const* src = static_cast<float const*>(world_->slot(p).data) + offset;
-      for (std::size_t i = 0; i < mine; ++i) out[i] += src[i];
+      auto const* src = static_cast<float const*>(world_->slot(p).data) + slice.offset;
+      for (std::size_t i = 0; i < slice.count; ++i) out[i] += src[i];
     }
     world_->barrier();
-    counters_.add(Op::reduce_scatter, (in.size() - mine) * sizeof(float));
-    counters_.bytes_self += mine * sizeof(float);
   }
 
   void all_gather_v(std::span<std::byte const> in, std::span<std::byte> out, std::span<std::size_t const> counts) {
-    check(counts.size() == N, "all_gather_v: ", counts.size(), " counts for ", N, " ranks");
-    check(in.size() == counts[static_cast<std::size_t>(rank_)], "all_gather_v: rank ", rank_, " contributes ",
-          in.size(), " bytes but its count says ", counts[static_cast<std::size_t>(rank_)]);
-    check(out.size() >= detail::sum(counts), "all_gather_v: output holds ", out.size(), " bytes, needs ",
-          detail::sum(counts));
+    ledger_.all_gather(in.size(), out.size(), counts);
     world_->slot(rank_) = {in.data(), nullptr, in.size()};
     world_->barrier();
     std::size_t offset = 0;
@@ -171,8 +154,6 @@ public:
       offset += s.count;
     }
     world_->barrier();
-    counters_.add(Op::all_gather, static_cast<std::size_t>(N - 1) * in.size());
-    counters_.bytes_self += in.size();
   }
 
   void all_reduce(std::span<float> data) {
@@ -188,21 +169,16 @@ public:
     }
     world_->barrier();
     std::copy(total.begin(), total.end(), data.begin());
-    counters_.add(Op::all_reduce, 2 * static_cast<std::size_t>(N - 1) * data.size_bytes() / N);
+    ledger_.all_reduce(data.size_bytes());
   }
 
   void send(std::span<std::byte const> in, int peer, int tag) {
-    check(peer >= 0 && peer < N, "send: peer ", peer, " out of range [0, ", N, ")");
+    ledger_.send(peer, in.size());
     world_->post(rank_, peer, tag, std::vector<std::byte>(in.begin(), in.end()));
-    if (peer == rank_) {
-      counters_.bytes_self += in.size();
-    } else {
-      counters_.add(Op::send, in.size());
-    }
   }
 
   void recv(std::span<std::byte> out, int peer, int tag) {
-    check(peer >= 0 && peer < N, "recv: peer ", peer, " out of range [0, ", N, ")");
+    ledger_.check_peer(peer, "recv");
     std::vector<std::byte> message = world_->take(peer, rank_, tag);
     check(message.size() == out.size(), "recv: rank ", rank_, " expected ", out.size(), " bytes from rank ",
           peer, " (tag ", tag, ") but the message has ", message.size());
@@ -212,12 +188,7 @@ public:
 private:
   void exchange(std::span<std::byte const> in, std::span<std::size_t const> send_counts, std::span<std::byte> out,
                 std::span<std::size_t const> recv_counts, Op op) {
-    check(send_counts.size() == N && recv_counts.size() == N, "all_to_all: need ", N,
-          " send and receive counts, got ", send_counts.size(), " and ", recv_counts.size());
-    check(detail::sum(send_counts) <= in.size(), "all_to_all: send counts add up to ", detail::sum(send_counts),
-          " bytes but the send buffer holds ", in.size());
-    check(detail::sum(recv_counts) <= out.size(), "all_to_all: receive counts add up to ",
-          detail::sum(recv_counts), " bytes but the receive buffer holds ", out.size());
+    ledger_.exchange(op, in.size(), send_counts, out.size(), recv_counts);
     world_->slot(rank_) = {in.data(), send_counts.data(), in.size()};
     world_->barrier();
     std::size_t out_offset = 0;
@@ -232,14 +203,11 @@ private:
       out_offset += n;
     }
     world_->barrier();
-    std::size_t self = send_counts[static_cast<std::size_t>(rank_)];
-    counters_.add(op, detail::sum(send_counts) - self);
-    counters_.bytes_self += self;
   }
 
   detail::InProcessWorld* world_;
   int rank_;
-  Counters counters_;
+  detail::Ledger ledger_;
 };
 
 /// Runs `body(InProcess<N>&)` on N threads, one per rank, and waits for all of them. The first

@@ -12,7 +12,6 @@
 #define MPICH_SKIP_MPICXX 1
 #endif
 #include <mpi.h>
-#include <numeric>
 #include <vector>
 
 #include "moe/collective/concept.hpp"
@@ -55,13 +54,14 @@ public:
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     call(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
     call(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+    ledger_ = detail::Ledger(rank_, size_);
   }
 
   [[nodiscard]] int rank() const { return rank_; }
   [[nodiscard]] int size() const { return size_; }
   [[nodiscard]] MPI_Comm comm() const { return comm_; }
-  [[nodiscard]] Counters const& counters() const { return counters_; }
-  void reset_counters() { counters_ = {}; }
+  [[nodiscard]] Counters const& counters() const { return ledger_.counters(); }
+  void reset_counters() { ledger_.reset(); }
 
   void barrier() { call(MPI_Barrier(comm_), "MPI_Barrier"); }
 
@@ -76,55 +76,35 @@ public:
   }
 
   void reduce_scatter_v(std::span<float const> in, std::span<float> out, std::span<std::size_t const> counts) {
-    check_counts(counts, "reduce_scatter_v");
-    std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
-    check(in.size() == total, "reduce_scatter_v: input holds ", in.size(), " elements but the counts add up to ",
-          total);
-    std::size_t mine = counts[static_cast<std::size_t>(rank_)];
-    check(out.size() >= mine, "reduce_scatter_v: output holds ", out.size(), " elements, rank ", rank_,
-          " receives ", mine);
-    std::vector<int> c = to_int(counts, 1, "reduce_scatter_v");
+    ledger_.reduce_scatter(in.size(), out.size(), counts, sizeof(float));
+    std::vector<int> c = to_int(counts, "reduce_scatter_v");
     call(MPI_Reduce_scatter(in.data(), out.data(), c.data(), MPI_FLOAT, MPI_SUM, comm_), "MPI_Reduce_scatter");
-    counters_.add(Op::reduce_scatter, (total - mine) * sizeof(float));
-    counters_.bytes_self += mine * sizeof(float);
   }
 
   void all_gather_v(std::span<std::byte const> in, std::span<std::byte> out, std::span<std::size_t const> counts) {
-    check_counts(counts, "all_gather_v");
-    check(in.size() == counts[static_cast<std::size_t>(rank_)], "all_gather_v: rank ", rank_, " contributes ",
-          in.size(), " bytes but its count says ", counts[static_cast<std::size_t>(rank_)]);
-    std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
-    check(out.size() >= total, "all_gather_v: output holds ", out.size(), " bytes, needs ", total);
-    std::vector<int> c = to_int(counts, 1, "all_gather_v");
+    ledger_.all_gather(in.size(), out.size(), counts);
+    std::vector<int> c = to_int(counts, "all_gather_v");
     std::vector<int> displs = displacements(c);
     call(MPI_Allgatherv(in.data(), static_cast<int>(in.size()), MPI_BYTE, out.data(), c.data(), displs.data(),
                         MPI_BYTE, comm_),
          "MPI_Allgatherv");
-    counters_.add(Op::all_gather, static_cast<std::size_t>(size_ - 1) * in.size());
-    counters_.bytes_self += in.size();
   }
 
   void all_reduce(std::span<float> data) {
     check(data.size() <= INT_MAX, "all_reduce: ", data.size(), " elements exceed MPI's int count");
     call(MPI_Allreduce(MPI_IN_PLACE, data.data(), static_cast<int>(data.size()), MPI_FLOAT, MPI_SUM, comm_),
          "MPI_Allreduce");
-    counters_.add(Op::all_reduce, 2 * static_cast<std::size_t>(size_ - 1) * data.size_bytes() /
-                                      static_cast<std::size_t>(size_));
+    ledger_.all_reduce(data.size_bytes());
   }
 
   void send(std::span<std::byte const> in, int peer, int tag) {
-    check(peer >= 0 && peer < size_, "send: peer ", peer, " out of range [0, ", size_, ")");
     check(in.size() <= INT_MAX, "send: ", in.size(), " bytes exceed MPI's int count");
+    ledger_.send(peer, in.size());
     call(MPI_Send(in.data(), static_cast<int>(in.size()), MPI_BYTE, peer, tag, comm_), "MPI_Send");
-    if (peer == rank_) {
-      counters_.bytes_self += in.size();
-    } else {
-      counters_.add(Op::send, in.size());
-    }
   }
 
   void recv(std::span<std::byte> out, int peer, int tag) {
-    check(peer >= 0 && peer < size_, "recv: peer ", peer, " out of range [0, ", size_, ")");
+    ledger_.check_peer(peer, "recv");
     check(out.size() <= INT_MAX, "recv: ", out.size(), " bytes exceed MPI's int count");
     MPI_Status status;
     call(MPI_Recv(out.data(), static_cast<int>(out.size()), MPI_BYTE, peer, tag, comm_, &status), "MPI_Recv");
@@ -137,37 +117,24 @@ public:
 private:
   void exchange(std::span<std::byte const> in, std::span<std::size_t const> send_counts, std::span<std::byte> out,
                 std::span<std::size_t const> recv_counts, Op op) {
-    check_counts(send_counts, "all_to_all (send)");
-    check_counts(recv_counts, "all_to_all (receive)");
-    std::vector<int> sc = to_int(send_counts, 1, "all_to_all");
-    std::vector<int> rc = to_int(recv_counts, 1, "all_to_all");
+    ledger_.exchange(op, in.size(), send_counts, out.size(), recv_counts);
+    std::vector<int> sc = to_int(send_counts, "all_to_all");
+    std::vector<int> rc = to_int(recv_counts, "all_to_all");
     std::vector<int> sd = displacements(sc);
     std::vector<int> rd = displacements(rc);
-    check(static_cast<std::size_t>(sd.back()) + static_cast<std::size_t>(sc.back()) <= in.size(),
-          "all_to_all: send counts exceed the send buffer (", in.size(), " bytes)");
-    check(static_cast<std::size_t>(rd.back()) + static_cast<std::size_t>(rc.back()) <= out.size(),
-          "all_to_all: receive counts exceed the receive buffer (", out.size(), " bytes)");
     call(MPI_Alltoallv(in.data(), sc.data(), sd.data(), MPI_BYTE, out.data(), rc.data(), rd.data(), MPI_BYTE,
                        comm_),
          "MPI_Alltoallv");
-    std::size_t self = send_counts[static_cast<std::size_t>(rank_)];
-    std::size_t total = std::accumulate(send_counts.begin(), send_counts.end(), std::size_t{0});
-    counters_.add(op, total - self);
-    counters_.bytes_self += self;
   }
 
-  void check_counts(std::span<std::size_t const> counts, char const* what) const {
-    check(counts.size() == static_cast<std::size_t>(size_), what, ": ", counts.size(), " counts for ", size_,
-          " ranks");
-  }
-
-  static std::vector<int> to_int(std::span<std::size_t const> counts, std::size_t scale, char const* what) {
+  /// MPI counts and displacements are ints: the whole message must stay under 2^31 elements.
+  static std::vector<int> to_int(std::span<std::size_t const> counts, char const* what) {
     std::vector<int> out(counts.size());
     std::size_t total = 0;
     for (std::size_t i = 0; i < counts.size(); ++i) {
-      total += counts[i] * scale;
-      check(total <= INT_MAX, what, ": message of more than 2^31 bytes is not supported by this MPI binding");
-      out[i] = static_cast<int>(counts[i] * scale);
+      total += counts[i];
+      check(total <= INT_MAX, what, ": messages of 2^31 elements or more are not supported by this MPI binding");
+      out[i] = static_cast<int>(counts[i]);
     }
     return out;
   }
@@ -189,7 +156,7 @@ private:
   MPI_Comm comm_;
   int rank_ = 0;
   int size_ = 1;
-  Counters counters_;
+  detail::Ledger ledger_{0, 1};
 };
 
 static_assert(Collective<Mpi>);

@@ -11,7 +11,6 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
-#include <numeric>
 #include <vector>
 
 #include "moe/collective/concept.hpp"
@@ -62,7 +61,7 @@ public:
     std::swap(size_, o.size_);
     std::swap(owns_, o.owns_);
     std::swap(scratch_, o.scratch_);
-    std::swap(counters_, o.counters_);
+    std::swap(ledger_, o.ledger_);
     return *this;
   }
   ~Nccl() {
@@ -75,8 +74,8 @@ public:
   [[nodiscard]] ncclComm_t comm() const { return comm_; }
   [[nodiscard]] cudaStream_t stream() const { return stream_; }
   void set_stream(cudaStream_t s) { stream_ = s; }
-  [[nodiscard]] Counters const& counters() const { return counters_; }
-  void reset_counters() { counters_ = {}; }
+  [[nodiscard]] Counters const& counters() const { return ledger_.counters(); }
+  void reset_counters() { ledger_.reset(); }
 
   /// A one-element all-reduce, then a wait for the stream: every rank has arrived.
   void barrier() {
@@ -96,13 +95,7 @@ public:
 
   /// Variable-count reduce-scatter as one group of ncclReduce calls, one rooted at each rank.
   void reduce_scatter_v(std::span<float const> in, std::span<float> out, std::span<std::size_t const> counts) {
-    check_counts(counts, "reduce_scatter_v");
-    std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
-    check(in.size() == total, "reduce_scatter_v: input holds ", in.size(), " elements but the counts add up to ",
-          total);
-    std::size_t mine = counts[static_cast<std::size_t>(rank_)];
-    check(out.size() >= mine, "reduce_scatter_v: output holds ", out.size(), " elements, rank ", rank_,
-          " receives ", mine);
+    ledger_.reduce_scatter(in.size(), out.size(), counts, sizeof(float));
     detail::nccl_call(ncclGroupStart(), "ncclGroupStart");
     std::size_t offset = 0;
     for (int p = 0; p < size_; ++p) {
@@ -115,17 +108,11 @@ public:
       offset += n;
     }
     detail::nccl_call(ncclGroupEnd(), "ncclGroupEnd");
-    counters_.add(Op::reduce_scatter, (total - mine) * sizeof(float));
-    counters_.bytes_self += mine * sizeof(float);
   }
 
   /// Variable-count all-gather as one group of ncclBroadcast calls, one rooted at each rank.
   void all_gather_v(std::span<std::byte const> in, std::span<std::byte> out, std::span<std::size_t const> counts) {
-    check_counts(counts, "all_gather_v");
-    check(in.size() == counts[static_cast<std::size_t>(rank_)], "all_gather_v: rank ", rank_, " contributes ",
-          in.size(), " bytes but its count says ", counts[static_cast<std::size_t>(rank_)]);
-    std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
-    check(out.size() >= total, "all_gather_v: output holds ", out.size(), " bytes, needs ", total);
+    ledger_.all_gather(in.size(), out.size(), counts);
     detail::nccl_call(ncclGroupStart(), "ncclGroupStart");
     std::size_t offset = 0;
     for (int p = 0; p < size_; ++p) {
@@ -138,31 +125,23 @@ public:
       offset += n;
     }
     detail::nccl_call(ncclGroupEnd(), "ncclGroupEnd");
-    counters_.add(Op::all_gather, static_cast<std::size_t>(size_ - 1) * in.size());
-    counters_.bytes_self += in.size();
   }
 
   void all_reduce(std::span<float> data) {
     detail::nccl_call(ncclAllReduce(data.data(), data.data(), data.size(), ncclFloat, ncclSum, comm_, stream_),
                       "ncclAllReduce");
-    counters_.add(Op::all_reduce, 2 * static_cast<std::size_t>(size_ - 1) * data.size_bytes() /
-                                      static_cast<std::size_t>(size_));
+    ledger_.all_reduce(data.size_bytes());
   }
 
   void send(std::span<std::byte const> in, int peer, int tag) {
     (void)tag;  // NCCL orders messages per peer and stream; tags are not needed
-    check(peer >= 0 && peer < size_, "send: peer ", peer, " out of range [0, ", size_, ")");
+    ledger_.send(peer, in.size());
     detail::nccl_call(ncclSend(in.data(), in.size(), ncclUint8, peer, comm_, stream_), "ncclSend");
-    if (peer == rank_) {
-      counters_.bytes_self += in.size();
-    } else {
-      counters_.add(Op::send, in.size());
-    }
   }
 
   void recv(std::span<std::byte> out, int peer, int tag) {
     (void)tag;
-    check(peer >= 0 && peer < size_, "recv: peer ", peer, " out of range [0, ", size_, ")");
+    ledger_.check_peer(peer, "recv");
     detail::nccl_call(ncclRecv(out.data(), out.size(), ncclUint8, peer, comm_, stream_), "ncclRecv");
   }
 
@@ -171,19 +150,13 @@ private:
     check(comm_ != nullptr, "Nccl: null communicator");
     detail::nccl_call(ncclCommUserRank(comm_, &rank_), "ncclCommUserRank");
     detail::nccl_call(ncclCommCount(comm_, &size_), "ncclCommCount");
+    ledger_ = detail::Ledger(rank_, size_);
     detail::cuda_call(cudaMalloc(&scratch_, sizeof(float)), "cudaMalloc");
   }
 
   void exchange(std::span<std::byte const> in, std::span<std::size_t const> send_counts, std::span<std::byte> out,
                 std::span<std::size_t const> recv_counts, Op op) {
-    check_counts(send_counts, "all_to_all (send)");
-    check_counts(recv_counts, "all_to_all (receive)");
-    std::size_t send_total = std::accumulate(send_counts.begin(), send_counts.end(), std::size_t{0});
-    std::size_t recv_total = std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0});
-    check(send_total <= in.size(), "all_to_all: send counts add up to ", send_total,
-          " bytes but the send buffer holds ", in.size());
-    check(recv_total <= out.size(), "all_to_all: receive counts add up to ", recv_total,
-          " bytes but the receive buffer holds ", out.size());
+    ledger_.exchange(op, in.size(), send_counts, out.size(), recv_counts);
     detail::nccl_call(ncclGroupStart(), "ncclGroupStart");
     std::size_t so = 0, ro = 0;
     for (int p = 0; p < size_; ++p) {
@@ -194,14 +167,6 @@ private:
       ro += rn;
     }
     detail::nccl_call(ncclGroupEnd(), "ncclGroupEnd");
-    std::size_t self = send_counts[static_cast<std::size_t>(rank_)];
-    counters_.add(op, send_total - self);
-    counters_.bytes_self += self;
-  }
-
-  void check_counts(std::span<std::size_t const> counts, char const* what) const {
-    check(counts.size() == static_cast<std::size_t>(size_), what, ": ", counts.size(), " counts for ", size_,
-          " ranks");
   }
 
   ncclComm_t comm_ = nullptr;
@@ -210,7 +175,7 @@ private:
   int size_ = 0;
   bool owns_ = false;
   float* scratch_ = nullptr;
-  Counters counters_;
+  detail::Ledger ledger_{0, 1};
 };
 
 static_assert(Collective<Nccl>);
