@@ -428,6 +428,10 @@ struct CrossEntropyOptions {
   /// sample before scoring, and to the best sample at the end.
   int polish_rounds = 2;
   int final_polish_rounds = 10;
+  /// Weight of the balance term against the remote-activation term when ranking samples (the 3.4
+  /// objective with lambda = 1 / balance_weight, in the normalised units of `objective()`); 0 ranks by
+  /// local activations only (the hard cap balance_factor still applies).
+  double balance_weight = 0;
   std::uint64_t seed = 1;
 };
 
@@ -446,6 +450,7 @@ inline CoclusterResult solve_cross_entropy(CoclusterProblem const& p, CrossEntro
   check(opt.elite_fraction > 0 && opt.elite_fraction <= 1, "cross-entropy: elite_fraction must be in (0, 1]");
   check(opt.smoothing > 0 && opt.smoothing <= 1, "cross-entropy: smoothing must be in (0, 1]");
   check(opt.balance_factor >= 1, "cross-entropy: balance_factor must be >= 1");
+  check(opt.balance_weight >= 0, "cross-entropy: balance_weight must be >= 0");
   auto E = static_cast<std::size_t>(p.experts);
   auto D = static_cast<std::size_t>(p.devices);
   auto per = static_cast<std::size_t>(p.experts_per_device());
@@ -458,7 +463,8 @@ inline CoclusterResult solve_cross_entropy(CoclusterProblem const& p, CrossEntro
   std::vector<std::vector<int>> labels(n_samples, std::vector<int>(E));
   std::vector<double> score(n_samples);
   std::vector<int> best_experts, best_tokens, tokens;
-  double best_score = -1;
+  double best_score = -std::numeric_limits<double>::infinity(), best_local = 0;
+  const double mean_load = p.total_frequency() / p.devices, total_weight = p.total_weight();
   std::vector<double> load, mass, w(D);
   std::vector<std::size_t> perm(E), room(D), idx(n_samples);
   std::iota(perm.begin(), perm.end(), std::size_t{0});
@@ -493,11 +499,21 @@ inline CoclusterResult solve_cross_entropy(CoclusterProblem const& p, CrossEntro
         labels[s][e] = static_cast<int>(pick);
         --room[pick];
       }
-      score[s] = detail::assign_tokens(p, labels[s], order, opt.balance_factor, tokens, load, mass);
+      double local = detail::assign_tokens(p, labels[s], order, opt.balance_factor, tokens, load, mass);
       if (opt.polish_rounds > 0)
-        score[s] = detail::polish(p, labels[s], tokens, order, opt.balance_factor, opt.polish_rounds, score[s]);
+        local = detail::polish(p, labels[s], tokens, order, opt.balance_factor, opt.polish_rounds, local);
+      // Samples are ranked by the 3.4 objective, negated and scaled by the total activations:
+      // local activations - balance_weight * total * sum_d (F_d / (F/D) - 1)^2.
+      score[s] = local;
+      if (opt.balance_weight > 0) {
+        auto dl = device_token_load(p, tokens);
+        double bal = 0;
+        for (double v : dl) bal += (v / mean_load - 1) * (v / mean_load - 1);
+        score[s] -= opt.balance_weight * total_weight * bal;
+      }
       if (score[s] > best_score) {
         best_score = score[s];
+        best_local = local;
         best_experts = labels[s];
         best_tokens = tokens;
       }
@@ -527,7 +543,7 @@ inline CoclusterResult solve_cross_entropy(CoclusterProblem const& p, CrossEntro
     }
   }
   if (opt.final_polish_rounds > 0)
-    detail::polish(p, best_experts, best_tokens, order, opt.balance_factor, opt.final_polish_rounds, best_score);
+    detail::polish(p, best_experts, best_tokens, order, opt.balance_factor, opt.final_polish_rounds, best_local);
   return detail::finish(p, std::move(best_experts), std::move(best_tokens), it);
 }
 
