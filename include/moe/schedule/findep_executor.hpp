@@ -16,12 +16,26 @@
 // per received token back (in fp32). The output is shared + sum over EG ranks of the partials, the
 // same function as the sequential layer (moe::reference_forward) up to summation order.
 //
-// A2E message (tag 3c, then 3c + 1, c = i * r2 + j): a uint64 record count, then the records
-//   [int32 token (index in the AG rank's batch), int32 count, int32 expert[k], float weight[k],
-//    T hidden[h]].
-// E2A message (tag 3c + 2): count x hidden floats, records in the order they were sent.
-// The collective's send and recv are called from two threads of a rank at once (one sending, one
-// receiving): InProcess allows it; an MPI collective needs MPI_THREAD_MULTIPLE.
+// Messages of chunk c = i * r2 + j (micro-batch i, chunk j), with w = c mod tag_window:
+//   A2E header  (AG -> EG, tag 3w):     uint64 {record count, r1, r2, c}; the EG rank checks that
+//                                       r1, r2 and c are its own, so ranks run with different
+//                                       schedules fail with a clear error instead of mixing data
+//   A2E records (AG -> EG, tag 3w + 1): [int32 token (index in the AG rank's batch), int32 count,
+//                                       int32 expert[k], float weight[k], T hidden[h]] per record
+//   E2A partials (EG -> AG, tag 3w + 2): count x hidden floats, records in the order they were sent
+// Tags stay below 3 * tag_window = 12288, inside the 32767 every MPI guarantees (MPI_TAG_UB). A
+// tag is reused every tag_window chunks and by the next run(); both backends deliver the messages
+// of one (source, destination, tag) in the order they were sent (MPI's non-overtaking rule holds
+// because on every rank one thread does all of the sends and the receives of one direction).
+//
+// Threads: on an AG rank the A2E thread is the only one that sends and the E2A thread the only one
+// that receives, and they use different tags (3w, 3w + 1 out; 3w + 2 in). The collective's send
+// and recv are therefore called from two threads of a rank at once: InProcess allows it; with
+// collective::Mpi the library must grant MPI_THREAD_MULTIPLE (collective::MpiSession asks for it;
+// the constructor cannot check it, the MPI test does). An EG rank uses its calling thread only.
+// All ranks must call run() with the same r1 and r2 (the EG checks this with the A2E header). If
+// a rank fails midway (e.g. an AG rank whose tokens r1 does not divide), the others may wait
+// forever on MPI; InProcess aborts them.
 
 #include <algorithm>
 #include <condition_variable>
@@ -97,7 +111,12 @@ public:
   }
 
 private:
-  static constexpr int tag(int i, int j, int r2, int part) { return 3 * (i * r2 + j) + part; }
+public:
+  /// Chunks between two reuses of a tag (see the header comment).
+  static constexpr int tag_window = 4096;
+
+private:
+  static constexpr int tag(int i, int j, int r2, int part) { return 3 * ((i * r2 + j) % tag_window) + part; }
 
   [[nodiscard]] std::size_t record_bytes() const {
     return 2 * sizeof(std::int32_t) + static_cast<std::size_t>(s_.top_k) * (sizeof(std::int32_t) + sizeof(float)) +
@@ -206,8 +225,9 @@ private:
                   }
               buf.assign(list.size() * rec, std::byte{0});
               for (std::size_t r = 0; r < list.size(); ++r) pack(buf.data() + r * rec, list[r], a.x, ids, gate, g);
-              std::uint64_t count = list.size();
-              comm_->send(std::as_bytes(std::span(&count, 1)), ag_ + g, tag(i, j, c.r2, 0));
+              std::uint64_t header[4] = {list.size(), static_cast<std::uint64_t>(c.r1),
+                                         static_cast<std::uint64_t>(c.r2), static_cast<std::uint64_t>(i * c.r2 + j)};
+              comm_->send(std::as_bytes(std::span(header)), ag_ + g, tag(i, j, c.r2, 0));
               comm_->send(buf, ag_ + g, tag(i, j, c.r2, 1));
             }
             bump(dispatched);
@@ -281,8 +301,17 @@ private:
         std::size_t total = 0;
         std::vector<std::size_t> first(static_cast<std::size_t>(ag_) + 1, 0);
         for (int p = 0; p < ag_; ++p) {
-          std::uint64_t count = 0;
-          comm_->recv(std::as_writable_bytes(std::span(&count, 1)), p, tag(i, j, c.r2, 0));
+          std::uint64_t header[4] = {};
+          comm_->recv(std::as_writable_bytes(std::span(header)), p, tag(i, j, c.r2, 0));
+          check(header[1] == static_cast<std::uint64_t>(c.r1) && header[2] == static_cast<std::uint64_t>(c.r2),
+                "FinDepExecutor: EG rank ", comm_->rank(), " runs r1 = ", c.r1, ", r2 = ", c.r2, " but AG rank ", p,
+                " sent a chunk of a schedule with r1 = ", header[1], ", r2 = ", header[2],
+                " (every rank must call run() with the same configuration)");
+          check(header[3] == static_cast<std::uint64_t>(i * c.r2 + j), "FinDepExecutor: EG rank ", comm_->rank(),
+                " expected chunk ", i * c.r2 + j, " from AG rank ", p, " but received chunk ", header[3]);
+          std::uint64_t count = header[0];
+          check(count <= static_cast<std::uint64_t>(INT32_MAX), "FinDepExecutor: corrupt A2E header (", count,
+                " records)");
           auto& b = in[static_cast<std::size_t>(p)];
           b.resize(static_cast<std::size_t>(count) * rec);
           comm_->recv(b, p, tag(i, j, c.r2, 1));
