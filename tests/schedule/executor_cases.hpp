@@ -137,7 +137,8 @@ std::vector<Result> run_executor_cases(Comm& comm, int ag, std::uint64_t seed) {
     view.shared = no_shared;
   }
   view.experts = experts;
-  FinDepExecutor<Router, float, Comm> ex(comm, s, ag, on_eg, view);
+  FinDepExecutor<Router, float, Comm> ex(comm, s, ag, on_eg, view, tokens_per_ag);
+  std::vector<std::byte> ws(ex.workspace_size());  // caller-owned, reused by every run
 
   std::size_t first = is_ag ? static_cast<std::size_t>(rank) * tokens_per_ag * h : 0;
   std::size_t n = is_ag ? static_cast<std::size_t>(tokens_per_ag) * h : 0;
@@ -149,7 +150,7 @@ std::vector<Result> run_executor_cases(Comm& comm, int ag, std::uint64_t seed) {
     std::vector<float> y(n, -1.0f);
     typename FinDepExecutor<Router, float, Comm>::Arguments a;
     if (is_ag) a = {tokens_per_ag, x.data() + first, y.data()};
-    ex.run(a, c);
+    ex.run(a, c, ws);
     Result r{describe(c, ag, eg)};
     if (is_ag) {
       r.vs_reference = rel_error(y.data(), ref.data(), n);

@@ -58,10 +58,10 @@ TEST_CASE("FinDEP executor rejects bad input", "[schedule][executor][bad-input]"
   RandomLayerWeights<float> weights(s, 5);
   auto x = tokens_for(s);
   auto run = [&](int ag, placement::Table p, Config c, int tokens_on_eg = 0,
-                 std::optional<Config> eg_config = std::nullopt) {
+                 std::optional<Config> eg_config = std::nullopt, int max_tokens = tokens_per_ag) {
     std::vector<std::vector<float>> out(world, std::vector<float>(x.size()));
     collective::run_in_process<world>([&](collective::InProcess<world>& comm) {
-      Ex ex(comm, s, ag, p, weights.view());
+      Ex ex(comm, s, ag, p, weights.view(), max_tokens);
       typename Ex::Arguments a;
       if (comm.rank() < ag)
         a = {tokens_per_ag, x.data(), out[static_cast<std::size_t>(comm.rank())].data()};
@@ -96,6 +96,26 @@ TEST_CASE("FinDEP executor rejects bad input", "[schedule][executor][bad-input]"
   }
   SECTION("tokens on an EG rank") {
     CHECK_THROWS_WITH(run(2, two, Config{}, 4), Catch::Contains("tokens live on the AG ranks"));
+  }
+  SECTION("more tokens than max_tokens") {
+    CHECK_THROWS_WITH(run(2, two, Config{}, 0, std::nullopt, 16),
+                      Catch::Contains("passes 24 tokens, above the max_tokens of 16"));
+  }
+  SECTION("max_tokens below one") {
+    CHECK_THROWS_WITH(run(2, two, Config{}, 0, std::nullopt, 0),
+                      Catch::Contains("max_tokens (tokens per AG rank) must be at least 1, got 0"));
+  }
+  SECTION("more chunks than max_tokens") {
+    CHECK_THROWS_WITH(run(2, two, Config{Pipeline::findep, Order::asas, 24, 1, 2}),
+                      Catch::Contains("r1 * r2 = 24 * 2 chunks exceed max_tokens = 24"));
+  }
+  SECTION("workspace smaller than workspace_size()") {
+    CHECK_THROWS_WITH(collective::run_in_process<world>([&](collective::InProcess<world>& comm) {
+                        Ex ex(comm, s, 2, two, weights.view(), tokens_per_ag);
+                        std::vector<std::byte> ws(ex.workspace_size() / 2);
+                        ex.run({}, Config{}, ws);
+                      }),
+                      Catch::Contains("run() needs"));
   }
   SECTION("EG ranks run another schedule than the AG ranks") {
     CHECK_THROWS_WITH(run(2, two, Config{Pipeline::findep, Order::aass, 2, 1, 3}, 0,

@@ -3,8 +3,13 @@
 // [0, ag) form the attention group (AG: tokens, router, shared experts), ranks [ag, ag + eg) the
 // expert group (EG: the routed experts, placed by a placement::Table over the eg EG ranks).
 //
-//   moe::schedule::FinDepExecutor<Router, float, Comm> ex(comm, shape, ag, eg_placement, weights);
-//   ex.run({.tokens = n, .x = x, .y = y}, config);   // every rank calls it; EG ranks pass no tokens
+//   moe::schedule::FinDepExecutor<Router, float, Comm> ex(comm, shape, ag, eg_placement, weights, max_tokens);
+//   std::vector<std::byte> ws(ex.workspace_size());   // caller-owned scratch (differs AG / EG)
+//   ex.run({.tokens = n, .x = x, .y = y}, config, ws); // every rank calls it; EG ranks pass no tokens
+//   ex.run({.tokens = n, .x = x, .y = y}, config);     // the same with a workspace the executor keeps
+//
+// `max_tokens` bounds the tokens of any AG rank in one run() (it sizes the workspace; every rank
+// must use the same value, because EG ranks size their receive buffers with it).
 //
 // An AG rank splits its tokens into r1 micro-batches and each micro-batch into r2 chunks and runs
 // three threads, one per resource of the schedule:
@@ -51,6 +56,7 @@
 #include "moe/config.hpp"
 #include "moe/core/bf16.hpp"
 #include "moe/core/shape.hpp"
+#include "moe/core/workspace.hpp"
 #include "moe/kernels/host.hpp"
 #include "moe/layer/weights.hpp"
 #include "moe/placement/table.hpp"
@@ -70,14 +76,21 @@ public:
     T* y = nullptr;        ///< tokens x hidden, written
   };
 
-  /// `placement` maps each routed expert to an EG rank index in [0, eg).
-  FinDepExecutor(Comm& comm, ShapeSpec shape, int ag, placement::Table placement, LayerWeights<T> weights)
-      : comm_(&comm), s_(shape), ag_(ag), eg_(comm.size() - ag), placement_(std::move(placement)), w_(weights) {
+  /// Chunks between two reuses of a tag (see the header comment).
+  static constexpr int tag_window = 4096;
+
+  /// `placement` maps each routed expert to an EG rank index in [0, eg). `max_tokens` (>= 1) is the
+  /// most tokens an AG rank passes to one run().
+  FinDepExecutor(Comm& comm, ShapeSpec shape, int ag, placement::Table placement, LayerWeights<T> weights,
+                 int max_tokens)
+      : comm_(&comm), s_(shape), ag_(ag), eg_(comm.size() - ag), placement_(std::move(placement)), w_(weights),
+        max_tokens_(max_tokens) {
     validate(s_);
     check(Router::fits(s_), "FinDepExecutor: router ", Router::name, " does not fit the shape");
     check(ag_ >= 1, "FinDepExecutor: the attention group (AG) is empty; it needs at least one rank, got ag = ", ag_);
     check(eg_ >= 1, "FinDepExecutor: the expert group (EG) is empty: the collective has ", comm.size(),
           " ranks and ", ag_, " of them are AG ranks");
+    check(max_tokens_ >= 1, "FinDepExecutor: max_tokens (tokens per AG rank) must be at least 1, got ", max_tokens_);
     placement_.validate(s_.experts, eg_);
     check(static_cast<int>(w_.experts.size()) == s_.experts, "FinDepExecutor: weights list ", w_.experts.size(),
           " experts, the shape has ", s_.experts);
@@ -96,38 +109,120 @@ public:
 
   [[nodiscard]] bool is_ag() const { return comm_->rank() < ag_; }
   [[nodiscard]] int eg_index() const { return comm_->rank() - ag_; }
+  [[nodiscard]] int attention_ranks() const { return ag_; }
+  [[nodiscard]] int expert_ranks() const { return eg_; }
+  [[nodiscard]] int max_tokens() const { return max_tokens_; }
+
+  /// Bytes of caller-owned workspace run() needs on this rank (an AG and an EG rank differ).
+  [[nodiscard]] std::size_t workspace_size() const {
+    core::Carver c;
+    if (is_ag()) {
+      AgBuffers b;
+      carve(c, b);
+    } else {
+      EgBuffers b;
+      carve(c, b);
+    }
+    return c.used();
+  }
 
   /// Runs the layer under schedule `c` (pipeline, order, r1, r2; m_a is not used: the micro-batch
   /// size is tokens / r1). Every rank must call it with the same r1 and r2.
-  void run(Arguments const& a, Config const& c) {
+  void run(Arguments const& a, Config const& c, std::span<std::byte> workspace) {
     check(c.r1 >= 1, "FinDepExecutor: r1 (micro-batches) must be at least 1, got ", c.r1);
     check(c.r2 >= 1, "FinDepExecutor: r2 (token chunks) must be at least 1, got ", c.r2);
     check(c.pipeline == Pipeline::findep || c.r2 == 1, "FinDepExecutor: PPPipe has no token chunks; r2 must be 1, got ",
           c.r2);
-    if (is_ag())
-      run_ag(a, c);
-    else
-      run_eg(a, c);
+    check(static_cast<long long>(c.r1) * c.r2 <= max_tokens_, "FinDepExecutor: r1 * r2 = ", c.r1, " * ", c.r2,
+          " chunks exceed max_tokens = ", max_tokens_, " (a chunk holds at least one token of a full batch)");
+    check(workspace.size() >= workspace_size(), "FinDepExecutor: workspace holds ", workspace.size(),
+          " bytes, run() needs ", workspace_size(), " (call workspace_size())");
+    core::Carver carver(workspace);
+    if (is_ag()) {
+      AgBuffers b;
+      carve(carver, b);
+      run_ag(a, c, b);
+    } else {
+      EgBuffers b;
+      carve(carver, b);
+      run_eg(a, c, b);
+    }
   }
 
-private:
-public:
-  /// Chunks between two reuses of a tag (see the header comment).
-  static constexpr int tag_window = 4096;
+  /// The same with a workspace the executor allocates once and keeps.
+  void run(Arguments const& a, Config const& c) {
+    own_.resize(workspace_size());
+    run(a, c, own_);
+  }
 
 private:
   static constexpr int tag(int i, int j, int r2, int part) { return 3 * ((i * r2 + j) % tag_window) + part; }
 
-  [[nodiscard]] std::size_t record_bytes() const {
-    return 2 * sizeof(std::int32_t) + static_cast<std::size_t>(s_.top_k) * (sizeof(std::int32_t) + sizeof(float)) +
-           static_cast<std::size_t>(s_.hidden) * sizeof(T);
+  [[nodiscard]] std::size_t meta_bytes() const {
+    return 2 * sizeof(std::int32_t) + static_cast<std::size_t>(s_.top_k) * (sizeof(std::int32_t) + sizeof(float));
+  }
+  [[nodiscard]] std::size_t record_bytes() const { return meta_bytes() + static_cast<std::size_t>(s_.hidden) * sizeof(T); }
+
+  struct AgBuffers {
+    std::span<int> ids;              // max_tokens x k
+    std::span<float> gate;           // max_tokens x k
+    std::span<float> shared;         // max_tokens x h: shared-expert sum
+    std::span<float> routed;         // max_tokens x h: sum of the EG partials
+    std::span<int> sent;             // tokens sent, list after list in (chunk, EG rank) order
+    std::span<std::size_t> sent_at;  // start of each (chunk, EG rank) list in `sent`, + 1 end
+    std::span<float> logits;         // compute thread: one micro-batch's gate logits
+    std::span<float> shared_out;     // compute thread: one shared expert on one micro-batch
+    std::span<float> shared_scratch;
+    std::span<std::byte> packed;     // A2E thread: one chunk's records for one EG rank
+    std::span<float> part;           // E2A thread: one chunk's partials from one EG rank
+  };
+  struct EgBuffers {
+    std::span<std::byte> in;         // one chunk's records from every AG rank, back to back
+    std::span<std::size_t> first;    // ag + 1: first record of each AG rank
+    std::span<float> partial;        // per record: weighted sum of this rank's experts (fp32)
+    std::span<int> user;             // records that chose the expert at hand
+    std::span<float> user_weight;
+    std::span<T> rows;               // their hidden vectors
+    std::span<float> rows_out;       // the expert's output rows
+    std::span<float> scratch;
+  };
+
+  void carve(core::Carver& c, AgBuffers& b) const {
+    auto m = static_cast<std::size_t>(max_tokens_), h = static_cast<std::size_t>(s_.hidden);
+    auto k = static_cast<std::size_t>(s_.top_k), eg = static_cast<std::size_t>(eg_);
+    b.ids = c.take<int>(m * k);
+    b.gate = c.take<float>(m * k);
+    b.shared = c.take<float>(m * h);
+    b.routed = c.take<float>(m * h);
+    b.sent = c.take<int>(m * std::min(k, eg));  // a token goes to at most min(k, eg) EG ranks
+    b.sent_at = c.take<std::size_t>(m * eg + 1);  // r1 * r2 <= tokens chunks
+    b.logits = c.take<float>(m * static_cast<std::size_t>(s_.experts));
+    b.shared_out = c.take<float>(s_.shared_experts > 0 ? m * h : 0);
+    b.shared_scratch = c.take<float>(s_.shared_experts > 0 ? kernels::host::swiglu_scratch(max_tokens_, s_.shared_ffn) : 0);
+    b.packed = c.take<std::byte>(m * record_bytes());
+    b.part = c.take<float>(m * h);
+  }
+
+  void carve(core::Carver& c, EgBuffers& b) const {
+    auto n = static_cast<std::size_t>(max_tokens_) * static_cast<std::size_t>(ag_);  // records of one chunk
+    auto h = static_cast<std::size_t>(s_.hidden);
+    b.in = c.take<std::byte>(n * record_bytes());
+    b.first = c.take<std::size_t>(static_cast<std::size_t>(ag_) + 1);
+    b.partial = c.take<float>(n * h);
+    b.user = c.take<int>(n);
+    b.user_weight = c.take<float>(n);
+    b.rows = c.take<T>(n * h);
+    b.rows_out = c.take<float>(n * h);
+    b.scratch = c.take<float>(kernels::host::swiglu_scratch(static_cast<int>(n), s_.expert_ffn));
   }
 
   // ---------------------------------------------------------------------------------------------
   // AG rank: compute, A2E and E2A threads.
   // ---------------------------------------------------------------------------------------------
-  void run_ag(Arguments const& a, Config const& c) {
+  void run_ag(Arguments const& a, Config const& c, AgBuffers const& b) {
     check(a.tokens >= 0, "FinDepExecutor: negative token count ", a.tokens);
+    check(a.tokens <= max_tokens_, "FinDepExecutor: AG rank ", comm_->rank(), " passes ", a.tokens,
+          " tokens, above the max_tokens of ", max_tokens_, " the executor was built for");
     check(a.tokens == 0 || (a.x && a.y), "FinDepExecutor: input or output pointer is null");
     check(a.tokens % c.r1 == 0, "FinDepExecutor: r1 = ", c.r1, " does not divide the ", a.tokens,
           " tokens of AG rank ", comm_->rank());
@@ -137,14 +232,13 @@ private:
     int chunk = mb / c.r2;
     auto h = static_cast<std::size_t>(s_.hidden), k = static_cast<std::size_t>(s_.top_k);
     auto n = static_cast<std::size_t>(a.tokens);
-    std::vector<int> ids(n * k);
-    std::vector<float> gate(n * k), shared(n * h, 0.0f), routed(n * h, 0.0f);
-    // Per (micro-batch, chunk, EG rank): the tokens sent, in order (written by A2E, read by E2A).
-    std::vector<std::vector<int>> sent(static_cast<std::size_t>(c.r1 * c.r2 * eg_));
+    std::fill_n(b.shared.data(), n * h, 0.0f);
+    std::fill_n(b.routed.data(), n * h, 0.0f);
+    b.sent_at[0] = 0;
 
     std::mutex mu;
     std::condition_variable cv;
-    int released = 0;  // micro-batches whose A2E may start
+    int released = 0;    // micro-batches whose A2E may start
     int dispatched = 0;  // chunks sent, in (micro-batch, chunk) order
     bool aborted = false;
     std::exception_ptr error;
@@ -168,21 +262,20 @@ private:
     bool pppipe = c.pipeline == Pipeline::pppipe;
     auto attention = [&](int i) {  // the router step of micro-batch i
       std::size_t first = static_cast<std::size_t>(i) * static_cast<std::size_t>(mb);
-      std::vector<float> logits(static_cast<std::size_t>(mb) * static_cast<std::size_t>(s_.experts));
+      auto logits = b.logits.first(static_cast<std::size_t>(mb) * static_cast<std::size_t>(s_.experts));
       kernels::host::gate_logits(a.x + first * h, mb, s_.hidden, w_.router, s_.experts, logits.data());
       std::span<float const> bias;
       if (w_.router_bias) bias = {w_.router_bias, static_cast<std::size_t>(s_.experts)};
-      router::route_all<Router>(s_, logits, bias, mb, std::span<int>(ids).subspan(first * k),
-                                std::span<float>(gate).subspan(first * k));
+      router::route_all<Router>(s_, logits, bias, mb, b.ids.subspan(first * k, static_cast<std::size_t>(mb) * k),
+                                b.gate.subspan(first * k, static_cast<std::size_t>(mb) * k));
       if (!pppipe || w_.shared.empty()) bump(released);
     };
     auto shared_expert = [&](int i) {
       std::size_t first = static_cast<std::size_t>(i) * static_cast<std::size_t>(mb);
-      std::vector<float> out(static_cast<std::size_t>(mb) * h);
-      std::vector<float> scratch(kernels::host::swiglu_scratch(mb, s_.shared_ffn));
+      float* out = b.shared_out.data();
       for (auto const& sw : w_.shared) {
-        kernels::host::swiglu_expert(a.x + first * h, mb, s_.hidden, s_.shared_ffn, sw, out.data(), scratch);
-        for (std::size_t q = 0; q < out.size(); ++q) shared[first * h + q] += out[q];
+        kernels::host::swiglu_expert(a.x + first * h, mb, s_.hidden, s_.shared_ffn, sw, out, b.shared_scratch);
+        for (std::size_t q = 0; q < static_cast<std::size_t>(mb) * h; ++q) b.shared[first * h + q] += out[q];
       }
       if (pppipe && !w_.shared.empty()) bump(released);
     };
@@ -206,29 +299,32 @@ private:
       }
     });
 
+    // Written by the A2E thread, read by the E2A thread after `dispatched` says the chunk was sent
+    // (the mutex orders the two).
     std::thread a2e([&] {
       try {
         std::size_t rec = record_bytes();
-        std::vector<std::byte> buf;
         for (int i = 0; i < c.r1; ++i) {
           if (!wait_for(released, i)) return;
           for (int j = 0; j < c.r2; ++j) {
             for (int g = 0; g < eg_; ++g) {
-              auto& list = sent[static_cast<std::size_t>((i * c.r2 + j) * eg_ + g)];
-              list.clear();
+              auto list = static_cast<std::size_t>((i * c.r2 + j) * eg_ + g);
+              std::size_t at = b.sent_at[list];
               int t0 = i * mb + j * chunk;
               for (int t = t0; t < t0 + chunk; ++t)
                 for (std::size_t q = 0; q < k; ++q)
-                  if (placement_.rank_of(ids[static_cast<std::size_t>(t) * k + q]) == g) {
-                    list.push_back(t);
+                  if (placement_.rank_of(b.ids[static_cast<std::size_t>(t) * k + q]) == g) {
+                    b.sent[at++] = t;
                     break;
                   }
-              buf.assign(list.size() * rec, std::byte{0});
-              for (std::size_t r = 0; r < list.size(); ++r) pack(buf.data() + r * rec, list[r], a.x, ids, gate, g);
-              std::uint64_t header[4] = {list.size(), static_cast<std::uint64_t>(c.r1),
-                                         static_cast<std::uint64_t>(c.r2), static_cast<std::uint64_t>(i * c.r2 + j)};
+              b.sent_at[list + 1] = at;
+              std::size_t count = at - b.sent_at[list];
+              for (std::size_t r = 0; r < count; ++r)
+                pack(b.packed.data() + r * rec, b.sent[b.sent_at[list] + r], a.x, b, g);
+              std::uint64_t header[4] = {count, static_cast<std::uint64_t>(c.r1), static_cast<std::uint64_t>(c.r2),
+                                         static_cast<std::uint64_t>(i * c.r2 + j)};
               comm_->send(std::as_bytes(std::span(header)), ag_ + g, tag(i, j, c.r2, 0));
-              comm_->send(buf, ag_ + g, tag(i, j, c.r2, 1));
+              comm_->send(b.packed.first(count * rec), ag_ + g, tag(i, j, c.r2, 1));
             }
             bump(dispatched);
           }
@@ -240,20 +336,20 @@ private:
 
     std::thread e2a([&] {
       try {
-        std::vector<float> part;
         for (int i = 0; i < c.r1; ++i)
           for (int j = 0; j < c.r2; ++j) {
             if (!wait_for(dispatched, i * c.r2 + j)) return;
             for (int g = 0; g < eg_; ++g) {
-              auto const& list = sent[static_cast<std::size_t>((i * c.r2 + j) * eg_ + g)];
-              part.resize(list.size() * h);
-              comm_->recv(std::as_writable_bytes(std::span(part)), ag_ + g, tag(i, j, c.r2, 2));
-              for (std::size_t r = 0; r < list.size(); ++r) {
-                float* dst = routed.data() + static_cast<std::size_t>(list[r]) * h;
+              auto list = static_cast<std::size_t>((i * c.r2 + j) * eg_ + g);
+              std::size_t lo = b.sent_at[list], count = b.sent_at[list + 1] - lo;
+              auto part = b.part.first(count * h);
+              comm_->recv(std::as_writable_bytes(part), ag_ + g, tag(i, j, c.r2, 2));
+              for (std::size_t r = 0; r < count; ++r) {
+                float* dst = b.routed.data() + static_cast<std::size_t>(b.sent[lo + r]) * h;
                 for (std::size_t q = 0; q < h; ++q) dst[q] += part[r * h + q];
               }
             }
-        }
+          }
       } catch (...) {
         fail_all(std::current_exception());
       }
@@ -262,44 +358,39 @@ private:
     a2e.join();
     e2a.join();
     if (error) std::rethrow_exception(error);
-    for (std::size_t q = 0; q < n * h; ++q) a.y[q] = from_float<T>(routed[q] + shared[q]);
+    for (std::size_t q = 0; q < n * h; ++q) a.y[q] = from_float<T>(b.routed[q] + b.shared[q]);
   }
 
-  void pack(std::byte* out, int t, T const* x, std::vector<int> const& ids, std::vector<float> const& gate, int g) const {
+  void pack(std::byte* out, int t, T const* x, AgBuffers const& b, int g) const {
     auto k = static_cast<std::size_t>(s_.top_k), h = static_cast<std::size_t>(s_.hidden);
     std::int32_t hdr[2] = {t, 0};
     auto* e = reinterpret_cast<std::int32_t*>(out + sizeof(hdr));
     auto* w = reinterpret_cast<float*>(out + sizeof(hdr) + k * sizeof(std::int32_t));
     for (std::size_t q = 0; q < k; ++q) {
       std::size_t at = static_cast<std::size_t>(t) * k + q;
-      if (placement_.rank_of(ids[at]) != g) continue;
-      e[hdr[1]] = ids[at];
-      w[hdr[1]] = gate[at];
+      if (placement_.rank_of(b.ids[at]) != g) continue;
+      e[hdr[1]] = b.ids[at];
+      w[hdr[1]] = b.gate[at];
       ++hdr[1];
     }
     std::memcpy(out, hdr, sizeof(hdr));
-    std::memcpy(out + sizeof(hdr) + k * (sizeof(std::int32_t) + sizeof(float)), x + static_cast<std::size_t>(t) * h,
-                h * sizeof(T));
+    std::memcpy(out + meta_bytes(), x + static_cast<std::size_t>(t) * h, h * sizeof(T));
   }
 
   // ---------------------------------------------------------------------------------------------
   // EG rank: chunks in (micro-batch, chunk) order; receive from every AG rank, compute, send back.
   // ---------------------------------------------------------------------------------------------
-  void run_eg(Arguments const& a, Config const& c) {
+  void run_eg(Arguments const& a, Config const& c, EgBuffers const& b) {
     check(a.tokens == 0, "FinDepExecutor: EG rank ", comm_->rank(), " was given ", a.tokens,
           " tokens; tokens live on the AG ranks");
     auto h = static_cast<std::size_t>(s_.hidden), k = static_cast<std::size_t>(s_.top_k);
-    std::size_t rec = record_bytes();
-    std::size_t meta = 2 * sizeof(std::int32_t) + k * (sizeof(std::int32_t) + sizeof(float));
+    std::size_t rec = record_bytes(), meta = meta_bytes();
     int me = eg_index();
-    std::vector<std::vector<std::byte>> in(static_cast<std::size_t>(ag_));
-    std::vector<float> partial, rows_out, scratch;
-    std::vector<T> rows;
+    auto record = [&](std::size_t r) { return b.in.data() + r * rec; };
     for (int i = 0; i < c.r1; ++i)
       for (int j = 0; j < c.r2; ++j) {
-        // Receive this chunk from every AG rank.
-        std::size_t total = 0;
-        std::vector<std::size_t> first(static_cast<std::size_t>(ag_) + 1, 0);
+        // Receive this chunk from every AG rank, records back to back.
+        b.first[0] = 0;
         for (int p = 0; p < ag_; ++p) {
           std::uint64_t header[4] = {};
           comm_->recv(std::as_writable_bytes(std::span(header)), p, tag(i, j, c.r2, 0));
@@ -309,61 +400,59 @@ private:
                 " (every rank must call run() with the same configuration)");
           check(header[3] == static_cast<std::uint64_t>(i * c.r2 + j), "FinDepExecutor: EG rank ", comm_->rank(),
                 " expected chunk ", i * c.r2 + j, " from AG rank ", p, " but received chunk ", header[3]);
-          std::uint64_t count = header[0];
-          check(count <= static_cast<std::uint64_t>(INT32_MAX), "FinDepExecutor: corrupt A2E header (", count,
-                " records)");
-          auto& b = in[static_cast<std::size_t>(p)];
-          b.resize(static_cast<std::size_t>(count) * rec);
-          comm_->recv(b, p, tag(i, j, c.r2, 1));
-          total += static_cast<std::size_t>(count);
-          first[static_cast<std::size_t>(p) + 1] = total;
+          check(header[0] <= static_cast<std::uint64_t>(max_tokens_), "FinDepExecutor: AG rank ", p, " sent ",
+                header[0], " records in one chunk, above max_tokens = ", max_tokens_,
+                " (every rank must build the executor with the same max_tokens)");
+          auto count = static_cast<std::size_t>(header[0]);
+          auto at = b.first[static_cast<std::size_t>(p)];
+          comm_->recv(b.in.subspan(at * rec, count * rec), p, tag(i, j, c.r2, 1));
+          b.first[static_cast<std::size_t>(p) + 1] = at + count;
+        }
+        std::size_t total = b.first[static_cast<std::size_t>(ag_)];
+        for (std::size_t r = 0; r < total; ++r) {
+          std::int32_t hdr[2];
+          std::memcpy(hdr, record(r), sizeof(hdr));
+          check(hdr[1] >= 1 && hdr[1] <= s_.top_k, "FinDepExecutor: corrupt record (", hdr[1], " experts)");
+          for (int q = 0; q < hdr[1]; ++q) {
+            std::int32_t id;
+            std::memcpy(&id, record(r) + sizeof(hdr) + static_cast<std::size_t>(q) * sizeof(std::int32_t), sizeof(id));
+            check(id >= 0 && id < s_.experts && placement_.rank_of(id) == me, "FinDepExecutor: EG rank ",
+                  comm_->rank(), " received a token for expert ", id, " which it does not serve");
+          }
         }
         // Weighted partial sum of this rank's experts for every received record, expert by expert.
-        partial.assign(total * h, 0.0f);
+        std::fill_n(b.partial.data(), total * h, 0.0f);
         for (int e = 0; e < s_.experts; ++e) {
           if (placement_.rank_of(e) != me) continue;
-          std::vector<std::pair<std::size_t, float>> users;  // (record, weight)
-          for (int p = 0; p < ag_; ++p) {
-            auto const& b = in[static_cast<std::size_t>(p)];
-            for (std::size_t r = 0; r < b.size() / rec; ++r) {
-              std::byte const* R = b.data() + r * rec;
-              std::int32_t hdr[2];
-              std::memcpy(hdr, R, sizeof(hdr));
-              check(hdr[1] >= 1 && hdr[1] <= s_.top_k, "FinDepExecutor: corrupt record (", hdr[1], " experts)");
-              for (int q = 0; q < hdr[1]; ++q) {
-                std::int32_t id;
-                float wt;
-                std::memcpy(&id, R + sizeof(hdr) + static_cast<std::size_t>(q) * sizeof(std::int32_t), sizeof(id));
-                std::memcpy(&wt, R + sizeof(hdr) + k * sizeof(std::int32_t) + static_cast<std::size_t>(q) * sizeof(float),
-                            sizeof(wt));
-                check(id >= 0 && id < s_.experts && placement_.rank_of(id) == me, "FinDepExecutor: EG rank ",
-                      comm_->rank(), " received a token for expert ", id, " which it does not serve");
-                if (id == e) users.emplace_back(first[static_cast<std::size_t>(p)] + r, wt);
-              }
+          std::size_t m = 0;
+          for (std::size_t r = 0; r < total; ++r) {
+            std::int32_t hdr[2];
+            std::memcpy(hdr, record(r), sizeof(hdr));
+            for (int q = 0; q < hdr[1]; ++q) {
+              std::int32_t id;
+              std::memcpy(&id, record(r) + sizeof(hdr) + static_cast<std::size_t>(q) * sizeof(std::int32_t), sizeof(id));
+              if (id != e) continue;
+              float wt;
+              std::memcpy(&wt, record(r) + sizeof(hdr) + k * sizeof(std::int32_t) + static_cast<std::size_t>(q) * sizeof(float),
+                          sizeof(wt));
+              b.user[m] = static_cast<int>(r);
+              b.user_weight[m] = wt;
+              std::memcpy(b.rows.data() + m * h, record(r) + meta, h * sizeof(T));
+              ++m;
             }
           }
-          if (users.empty()) continue;
-          int m = static_cast<int>(users.size());
-          rows.resize(users.size() * h);
-          rows_out.resize(users.size() * h);
-          scratch.resize(kernels::host::swiglu_scratch(m, s_.expert_ffn));
-          for (std::size_t u = 0; u < users.size(); ++u) {
-            std::size_t r = users[u].first;
-            auto p = static_cast<std::size_t>(std::upper_bound(first.begin(), first.end(), r) - first.begin() - 1);
-            std::byte const* R = in[p].data() + (r - first[p]) * rec;
-            std::memcpy(rows.data() + u * h, R + meta, h * sizeof(T));
-          }
-          kernels::host::swiglu_expert(rows.data(), m, s_.hidden, s_.expert_ffn, w_.experts[static_cast<std::size_t>(e)],
-                                       rows_out.data(), scratch);
-          for (std::size_t u = 0; u < users.size(); ++u) {
-            float* dst = partial.data() + users[u].first * h;
-            for (std::size_t q = 0; q < h; ++q) dst[q] += users[u].second * rows_out[u * h + q];
+          if (m == 0) continue;
+          kernels::host::swiglu_expert(b.rows.data(), static_cast<int>(m), s_.hidden, s_.expert_ffn,
+                                       w_.experts[static_cast<std::size_t>(e)], b.rows_out.data(), b.scratch);
+          for (std::size_t u = 0; u < m; ++u) {
+            float* dst = b.partial.data() + static_cast<std::size_t>(b.user[u]) * h;
+            for (std::size_t q = 0; q < h; ++q) dst[q] += b.user_weight[u] * b.rows_out[u * h + q];
           }
         }
         // One message back to every AG rank: its records' partials, in the order they came.
         for (int p = 0; p < ag_; ++p) {
-          auto lo = first[static_cast<std::size_t>(p)], hi = first[static_cast<std::size_t>(p) + 1];
-          comm_->send(std::as_bytes(std::span(partial.data() + lo * h, (hi - lo) * h)), p, tag(i, j, c.r2, 2));
+          auto lo = b.first[static_cast<std::size_t>(p)], hi = b.first[static_cast<std::size_t>(p) + 1];
+          comm_->send(std::as_bytes(b.partial.subspan(lo * h, (hi - lo) * h)), p, tag(i, j, c.r2, 2));
         }
       }
   }
@@ -373,6 +462,8 @@ private:
   int ag_, eg_;
   placement::Table placement_;
   LayerWeights<T> w_;
+  int max_tokens_;
+  std::vector<std::byte> own_;
 };
 
 }  // namespace moe::schedule
