@@ -3,9 +3,11 @@
 // single-process sequential layer (moe::reference_forward) and the expert-parallel moe::Layer
 // (Sequential schedule) on the same MPI communicator, fp32, 1e-5 normwise relative. The scenarios
 // are the InProcess test's (executor_cases.hpp). An AG rank sends from one thread and receives on
-// another at the same time, so the MPI library must provide MPI_THREAD_MULTIPLE.
+// another at the same time, so the MPI library must provide MPI_THREAD_MULTIPLE. The same for
+// moe::DisaggregatedLayer with the FinDep and PPPipe schedule policies (disaggregated_cases.hpp).
 #include <catch2/catch.hpp>
 
+#include "disaggregated_cases.hpp"
 #include "executor_cases.hpp"
 #include "moe/collective/mpi.hpp"
 
@@ -54,4 +56,24 @@ TEMPLATE_TEST_CASE("FinDEP executor on MPI equals the sequential layer for every
   collective::Mpi comm;
   REQUIRE(comm.size() >= 2);
   check_all_splits<TestType>(comm, 500);
+}
+
+TEMPLATE_TEST_CASE("DisaggregatedLayer on MPI equals the sequential layer for every split", "[schedule][disaggregated][mpi]",
+                   schedule::FinDep, schedule::PPPipe) {
+  int level = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&level);
+  REQUIRE(level >= MPI_THREAD_MULTIPLE);
+  collective::Mpi comm;
+  for (int ag = 1; ag < comm.size(); ++ag) {
+    auto check = [&](std::vector<Result> const& results) {
+      REQUIRE(!results.empty());
+      for (Result const& r : results) {
+        double ref = worst_over_ranks(r.vs_reference);
+        INFO(r.what << " on " << comm.size() << " MPI ranks (worst AG rank)");
+        CHECK(ref <= tolerance);
+      }
+    };
+    check(run_disaggregated_cases<DeepSeekSmall, TestType>(comm, ag, 900 + static_cast<std::uint64_t>(ag)));
+    check(run_disaggregated_cases<MixtralSmall, TestType>(comm, ag, 950 + static_cast<std::uint64_t>(ag)));
+  }
 }

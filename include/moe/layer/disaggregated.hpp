@@ -1,0 +1,128 @@
+#pragma once
+// moe::DisaggregatedLayer: one MoE layer on disaggregated ranks (FinDEP, PPPipe), composed from the
+// same policies as moe::Layer. The Schedule policy is schedule::FinDep or schedule::PPPipe
+// (schedule/disaggregated.hpp): its type picks the pipeline, its value carries the AG size and the
+// solved configuration (order, r1, r2).
+//
+//   using L = moe::DisaggregatedLayer<Model, Router, Placement, moe::replication::None,
+//                                     moe::schedule::FinDep, Comm>;
+//   L layer(comm, on_eg, {}, weights, {.ag = 2, .order = moe::schedule::Order::aass, .r1 = 3, .r2 = 2},
+//           {.max_tokens = 512});
+//   std::vector<std::byte> ws(layer.workspace_size());   // caller-owned scratch (AG and EG differ)
+//   layer.run({.tokens = n, .x = x, .y = y}, ws);          // every rank; EG ranks pass no tokens
+//
+// Ranks [0, ag) form the attention group: they hold the tokens, the router and the shared experts.
+// Ranks [ag, size) form the expert group: `placement` maps each routed expert to an EG index in
+// [0, size - ag), and an EG rank needs only its own experts' weights. The output on each AG rank is
+// the sequential layer's (moe::Layer, moe::reference_forward) up to summation order. The work is
+// done by schedule::FinDepExecutor (host threads over the collective's send / recv; see
+// docs/findep.md); with collective::Mpi the MPI library must grant MPI_THREAD_MULTIPLE.
+//
+// Not supported (compile-time or constructor errors): replicated experts (Replicas must be
+// replication::None), LayerOptions::deduplicate = false (a token always goes once to each EG rank
+// that serves one of its experts), device collectives.
+
+#include <span>
+#include <type_traits>
+#include <vector>
+
+#include "moe/collective/concept.hpp"
+#include "moe/config.hpp"
+#include "moe/core/shape.hpp"
+#include "moe/layer/layer.hpp"
+#include "moe/layer/weights.hpp"
+#include "moe/placement/table.hpp"
+#include "moe/replication/table.hpp"
+#include "moe/router/router.hpp"
+#include "moe/schedule/disaggregated.hpp"
+#include "moe/schedule/findep_executor.hpp"
+
+namespace moe {
+
+template <ModelShape Model, router::Policy Router, placement::Policy Placement, replication::Policy Replicas,
+          schedule::DisaggregatedPolicy Schedule, collective::Collective Comm>
+class DisaggregatedLayer {
+public:
+  static constexpr ShapeSpec shape = Model::spec;
+  using element_type = storage_t<shape>;
+  using T = element_type;
+
+  static_assert(shape.hidden > 0 && shape.experts > 0 && shape.top_k > 0 && shape.top_k <= shape.experts,
+                "moe::DisaggregatedLayer: the model shape needs positive sizes and top_k <= experts");
+  static_assert(Router::fits(shape), "moe::DisaggregatedLayer: this Router policy does not fit the model's scoring "
+                                     "and grouping (see router::ForModel<Model>)");
+  static_assert(Comm::memory == collective::Memory::host,
+                "moe::DisaggregatedLayer: host collectives only (InProcess, Mpi)");
+  static_assert(std::is_same_v<Replicas, replication::None>,
+                "moe::DisaggregatedLayer: replicated experts on the expert group are not supported; use "
+                "replication::None");
+
+  struct Arguments {
+    int tokens = 0;        ///< tokens on this rank (AG ranks; EG ranks pass 0)
+    T const* x = nullptr;  ///< tokens x hidden
+    T* y = nullptr;        ///< tokens x hidden, written
+  };
+
+  /// `placement` maps experts to EG ranks [0, size - schedule.ag).
+  DisaggregatedLayer(Comm& comm, Placement const& placement, Replicas, LayerWeights<T> weights, Schedule schedule,
+                     LayerOptions options)
+      : schedule_(checked(schedule, options, comm.size())),
+        executor_(comm, shape, schedule.ag, eg_table(placement, comm.size() - schedule.ag), weights, options.max_tokens) {}
+
+  /// Bytes of caller-owned workspace run() needs on this rank.
+  [[nodiscard]] std::size_t workspace_size() const { return executor_.workspace_size(); }
+
+  [[nodiscard]] Status can_implement(Arguments const& a) const {
+    if (a.tokens < 0) return {false, detail::concat("moe::DisaggregatedLayer: negative token count ", a.tokens)};
+    if (!executor_.is_ag() && a.tokens != 0)
+      return {false, detail::concat("moe::DisaggregatedLayer: rank ", executor_.attention_ranks() + executor_.eg_index(),
+                                    " is an expert-group rank and was given ", a.tokens,
+                                    " tokens; tokens live on the attention-group ranks")};
+    if (a.tokens > executor_.max_tokens())
+      return {false, detail::concat("moe::DisaggregatedLayer: ", a.tokens, " tokens exceed the ", executor_.max_tokens(),
+                                    " the workspace was sized for (LayerOptions::max_tokens)")};
+    if (a.tokens > 0 && (a.x == nullptr || a.y == nullptr))
+      return {false, "moe::DisaggregatedLayer: input or output pointer is null"};
+    if (a.tokens % schedule_.r1 != 0)
+      return {false, detail::concat("moe::DisaggregatedLayer: r1 = ", schedule_.r1, " does not divide the ", a.tokens,
+                                    " tokens of this attention-group rank")};
+    if ((a.tokens / schedule_.r1) % schedule_.r2 != 0)
+      return {false, detail::concat("moe::DisaggregatedLayer: r2 = ", schedule_.r2, " does not divide the ",
+                                    a.tokens / schedule_.r1, " tokens of a micro-batch")};
+    return {};
+  }
+
+  /// One forward pass. Every rank of the collective must call it (EG ranks with no tokens).
+  void run(Arguments const& a, std::span<std::byte> workspace) {
+    Status st = can_implement(a);
+    check(st.ok, st.message);
+    executor_.run({a.tokens, a.x, a.y}, schedule_.config(), workspace);
+  }
+
+  [[nodiscard]] bool is_attention_rank() const { return executor_.is_ag(); }
+  [[nodiscard]] Schedule const& schedule() const { return schedule_; }
+
+private:
+  static Schedule checked(Schedule s, LayerOptions const& o, int ranks) {
+    check(s.ag >= 1 && s.ag < ranks, "moe::DisaggregatedLayer: the attention group must hold between 1 and ",
+          ranks - 1, " of the ", ranks, " ranks (the rest form the expert group), got ag = ", s.ag);
+    check(o.max_tokens > 0, "moe::DisaggregatedLayer: LayerOptions::max_tokens must be positive, got ", o.max_tokens);
+    check(o.deduplicate, "moe::DisaggregatedLayer: LayerOptions::deduplicate = false is not supported (a token goes "
+                         "once to each expert-group rank that serves one of its experts)");
+    check(s.r1 >= 1 && s.r2 >= 1, "moe::DisaggregatedLayer: r1 and r2 must be at least 1, got r1 = ", s.r1,
+          ", r2 = ", s.r2);
+    return s;
+  }
+
+  static placement::Table eg_table(Placement const& p, int eg) {
+    p.validate(shape.experts, eg);
+    std::vector<int> t(static_cast<std::size_t>(shape.experts));
+    for (int e = 0; e < shape.experts; ++e) t[static_cast<std::size_t>(e)] = p.rank_of(e);
+    return placement::Table(std::move(t));
+  }
+
+  Schedule schedule_;
+  schedule::FinDepExecutor<Router, T, Comm> executor_;
+};
+
+}  // namespace moe

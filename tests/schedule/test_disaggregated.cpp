@@ -1,0 +1,101 @@
+// moe::DisaggregatedLayer on InProcess ranks: the FinDEP / PPPipe pipeline picked at compile time by
+// the Schedule policy type, its configuration from the solver or fixed; every AG rank's output must
+// equal moe::reference_forward (fp32, 1e-5 normwise relative). Bad input gives clear errors.
+#include <catch2/catch.hpp>
+
+#include "disaggregated_cases.hpp"
+#include "moe/collective/in_process.hpp"
+
+using namespace moe;
+using namespace moe::schedule;
+using namespace moe::test::findep;
+
+namespace {
+template <class Model, class Schedule, int N>
+void check_split(int ag, std::uint64_t seed) {
+  std::vector<std::vector<Result>> per_rank(N);
+  collective::run_in_process<N>([&](collective::InProcess<N>& comm) {
+    per_rank[static_cast<std::size_t>(comm.rank())] = run_disaggregated_cases<Model, Schedule>(comm, ag, seed);
+  });
+  for (int r = 0; r < ag; ++r) {
+    REQUIRE(!per_rank[static_cast<std::size_t>(r)].empty());
+    for (Result const& res : per_rank[static_cast<std::size_t>(r)]) {
+      INFO(res.what << ", AG rank " << r);
+      CHECK(res.vs_reference <= tolerance);
+    }
+  }
+}
+}  // namespace
+
+TEMPLATE_TEST_CASE("DisaggregatedLayer equals the sequential layer (InProcess)", "[schedule][disaggregated]",
+                   FinDep, PPPipe) {
+  static_assert(DisaggregatedPolicy<TestType>);
+  for (int ag : {1, 2, 3}) {
+    check_split<DeepSeekSmall, TestType, 4>(ag, 700 + static_cast<std::uint64_t>(ag));
+    check_split<MixtralSmall, TestType, 4>(ag, 710 + static_cast<std::uint64_t>(ag));
+  }
+  check_split<DeepSeekSmall, TestType, 3>(2, 720);
+  check_split<MixtralSmall, TestType, 5>(3, 730);
+}
+
+TEST_CASE("DisaggregatedLayer schedule policies carry the solved configuration", "[schedule][disaggregated]") {
+  STATIC_REQUIRE(FinDep::pipeline == Pipeline::findep);
+  STATIC_REQUIRE(PPPipe::pipeline == Pipeline::pppipe);
+  STATIC_REQUIRE(!DisaggregatedPolicy<Sequential>);
+  FinDep f = FinDep::from(Config{Pipeline::findep, Order::aass, 3, 2, 4}, 2);
+  CHECK(f.ag == 2);
+  CHECK(f.config() == Config{Pipeline::findep, Order::aass, 3, 1, 4});
+  PPPipe p{.ag = 1, .order = Order::aass, .r1 = 2, .r2 = 1};
+  CHECK(p.config() == Config{Pipeline::pppipe, Order::asas, 2, 1, 1});  // PPPipe always alternates
+  CHECK_THROWS_WITH(FinDep::from(Config{Pipeline::pppipe, Order::asas, 2, 1, 1}, 2),
+                    Catch::Contains("is a PPPipe schedule, not FinDEP"));
+}
+
+TEST_CASE("DisaggregatedLayer rejects bad input", "[schedule][disaggregated][bad-input]") {
+  using Model = MixtralSmall;
+  using Router = router::ForModel<Model>;
+  constexpr int world = 4;
+  using Comm = collective::InProcess<world>;
+  using Lyr = DisaggregatedLayer<Model, Router, placement::Table, replication::None, FinDep, Comm>;
+  constexpr ShapeSpec s = Model::spec;
+  RandomLayerWeights<float> weights(s, 5);
+  auto x = random_tokens(tokens_per_ag, s.hidden, 9);
+  auto run = [&](FinDep sched, LayerOptions o, int tokens_on_ag = tokens_per_ag, int tokens_on_eg = 0) {
+    std::vector<std::vector<float>> out(world, std::vector<float>(x.size()));
+    collective::run_in_process<world>([&](Comm& comm) {
+      Lyr layer(comm, blocks(s.experts, world - sched.ag), replication::None{}, weights.view(), sched, o);
+      std::vector<std::byte> ws(layer.workspace_size());
+      typename Lyr::Arguments a;
+      if (comm.rank() < sched.ag)
+        a = {tokens_on_ag, x.data(), out[static_cast<std::size_t>(comm.rank())].data()};
+      else
+        a.tokens = tokens_on_eg;
+      layer.run(a, ws);
+    });
+  };
+  LayerOptions ok{.max_tokens = tokens_per_ag};
+  SECTION("empty attention group") {
+    CHECK_THROWS_WITH(run(FinDep{.ag = 0}, ok), Catch::Contains("between 1 and 3 of the 4 ranks (the rest form the expert group), got ag = 0"));
+  }
+  SECTION("empty expert group") {
+    CHECK_THROWS_WITH(run(FinDep{.ag = 4}, ok), Catch::Contains("got ag = 4"));
+  }
+  SECTION("r1 that does not divide the tokens") {
+    CHECK_THROWS_WITH(run(FinDep{.ag = 2, .r1 = 5}, ok), Catch::Contains("r1 = 5 does not divide the 24 tokens"));
+  }
+  SECTION("r2 that does not divide a micro-batch") {
+    CHECK_THROWS_WITH(run(FinDep{.ag = 2, .r1 = 2, .r2 = 5}, ok),
+                      Catch::Contains("r2 = 5 does not divide the 12 tokens of a micro-batch"));
+  }
+  SECTION("more tokens than max_tokens") {
+    CHECK_THROWS_WITH(run(FinDep{.ag = 2}, {.max_tokens = 8}), Catch::Contains("24 tokens exceed the 8"));
+  }
+  SECTION("deduplicate = false") {
+    CHECK_THROWS_WITH(run(FinDep{.ag = 2}, {.max_tokens = 24, .deduplicate = false}),
+                      Catch::Contains("deduplicate = false is not supported"));
+  }
+  SECTION("tokens on an expert-group rank") {
+    CHECK_THROWS_WITH(run(FinDep{.ag = 2}, ok, tokens_per_ag, 3),
+                      Catch::Contains("is an expert-group rank and was given 3 tokens"));
+  }
+}
