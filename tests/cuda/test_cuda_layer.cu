@@ -348,6 +348,8 @@ struct RankResult {
   moe::LayerStats stats;
   std::size_t expected_dispatch = 0;  // from the host routes and the tables
   unsigned errors = 0;
+  int non_finite = 0;  // tokens with a NaN or infinite output, fragile ones included
+  int tokens = 0;
 };
 
 /// Four ranks, tokens per rank `counts`, experts placed by `placement`, copies by `replicas`.
@@ -423,14 +425,18 @@ std::vector<RankResult> four_ranks(std::vector<int> const& counts, moe::placemen
   auto y = dy.download();
   for (int rank = 0, t0 = 0; rank < N; t0 += counts[static_cast<std::size_t>(rank)], ++rank) {
     auto& r = results[static_cast<std::size_t>(rank)];
+    r.tokens = counts[static_cast<std::size_t>(rank)];
     for (int t = t0; t < t0 + counts[static_cast<std::size_t>(rank)]; ++t) {
       double td = 0, ts = 1e-6;
+      bool finite = true;
       for (std::size_t q = 0; q < h; ++q) {
         double g = moe::to_float(y[static_cast<std::size_t>(t) * h + q]);
         double e = moe::to_float(ref[static_cast<std::size_t>(t) * h + q]);
+        finite = finite && std::isfinite(g);
         td = std::isfinite(g) ? std::max(td, std::abs(g - e)) : 1e30;
         ts = std::max(ts, std::abs(e));
       }
+      r.non_finite += finite ? 0 : 1;  // poisoned output left unwritten: never exempt
       if (fragile[static_cast<std::size_t>(t)]) {
         ++r.fragile;
       } else {
@@ -442,13 +448,19 @@ std::vector<RankResult> four_ranks(std::vector<int> const& counts, moe::placemen
 }
 
 void check_ranks(std::vector<RankResult> const& results, double tolerance, bool check_bytes) {
-  int fragile = 0;
-  for (auto const& r : results) fragile += r.fragile;
+  int fragile = 0, tokens = 0;
+  for (auto const& r : results) {
+    fragile += r.fragile;
+    tokens += r.tokens;
+  }
+  INFO("fragile tokens " << fragile << " of " << tokens);
+  CHECK(fragile * 20 <= std::max(tokens, 20));  // at most 5% near-tie tokens, as on one GPU
   for (std::size_t rank = 0; rank < results.size(); ++rank) {
     auto const& r = results[rank];
     INFO("rank " << rank << ": worst stable token " << r.worst_stable << ", fragile " << r.fragile
                  << ", dispatch bytes " << r.stats.dispatch_bytes << " (expected " << r.expected_dispatch << ")");
     CHECK(r.errors == 0u);
+    CHECK(r.non_finite == 0);
     CHECK(r.worst_stable <= tolerance);
     if (check_bytes && fragile == 0) CHECK(r.stats.dispatch_bytes == r.expected_dispatch);
   }
