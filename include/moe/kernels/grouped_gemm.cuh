@@ -346,6 +346,10 @@ void grouped_gemm(cudaStream_t s, GroupedGemmArgs<T> const& p) {
   check(p.a_stride % 16 == 0, "grouped_gemm: A row stride ", p.a_stride, " bytes is not a multiple of 16");
   check(reinterpret_cast<std::uintptr_t>(p.a) % 16 == 0, "grouped_gemm: A is not 16-byte aligned");
   check(Ep == Epilogue::accumulate ? p.out_f32 != nullptr : p.out != nullptr, "grouped_gemm: no output");
+  check(p.out_ld >= static_cast<std::size_t>(p.n), "grouped_gemm: output row stride ", p.out_ld, " < N = ", p.n);
+  // The swiglu / store epilogue writes 16-byte vectors at out + row * out_ld + column.
+  check(Ep == Epilogue::accumulate || (p.out_ld % V == 0 && reinterpret_cast<std::uintptr_t>(p.out) % 16 == 0),
+        "grouped_gemm: output rows must start 16-byte aligned (out_ld ", p.out_ld, " elements)");
   long long row_tiles = p.rows ? p.max_row_tiles : blocks_for(p.uniform_rows, detail::gemm_bm);
   long long blocks = row_tiles * blocks_for(p.n, detail::gemm_bn);
   if (blocks == 0) return;
