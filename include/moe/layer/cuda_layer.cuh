@@ -321,6 +321,12 @@ public:
         slots = static_cast<long long>(ranks) * cap;
       } else {
         // The one host synchronisation of the exact exchange: all_to_all_v needs host byte counts.
+        // Under stream capture it would fail deep inside the runtime; say why instead.
+        cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+        kc::check_cuda(cudaStreamIsCapturing(s, &capturing), "cudaStreamIsCapturing");
+        check(capturing == cudaStreamCaptureStatusNone,
+              "moe::CudaLayer: Exchange::exact synchronises the host once per forward pass and cannot be "
+              "captured in a CUDA graph; use CudaLayerOptions::exchange = cuda::Exchange::padded");
         kc::check_cuda(cudaMemcpyAsync(host_counts_, b.counts.data(), 2 * static_cast<std::size_t>(ranks) * sizeof(std::uint64_t),
                                        cudaMemcpyDeviceToHost, s),
                        "cudaMemcpyAsync (record counts)");
