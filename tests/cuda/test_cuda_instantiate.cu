@@ -31,7 +31,20 @@ template class CudaLayer<DeepSeekSmallBf16, SigmoidGroupTopK, placement::Table, 
 #if defined(MOE_TEST_NCCL)
 template class CudaLayer<models::DeepSeekV3, SigmoidGroupTopK, placement::Table, replication::Table, collective::Nccl>;
 template class CudaLayer<models::Mixtral8x7B, SoftmaxTopK, placement::Table, replication::None, collective::Nccl>;
+// The composed type of the design: moe::Layer picks the device path for a device communicator.
+static_assert(std::is_base_of_v<
+              CudaLayer<models::DeepSeekV3, SigmoidGroupTopK, placement::Table, replication::Table, collective::Nccl>,
+              Layer<models::DeepSeekV3, SigmoidGroupTopK, placement::Table, replication::Table, schedule::Sequential,
+                    collective::Nccl>>);
+template class Layer<models::DeepSeekV3, SigmoidGroupTopK, placement::Table, replication::Table, schedule::Sequential,
+                     collective::Nccl>;
 #endif
+static_assert(std::is_base_of_v<
+              CudaLayer<models::Mixtral8x7B, SoftmaxTopK, placement::Table, replication::None, cuda::SingleGpu>,
+              Layer<models::Mixtral8x7B, SoftmaxTopK, placement::Table, replication::None, schedule::Sequential,
+                    cuda::SingleGpu>>);
+template class Layer<models::Mixtral8x7B, SoftmaxTopK, placement::Table, replication::None, schedule::Sequential,
+                     cuda::SingleGpu>;
 }  // namespace moe
 
 namespace {

@@ -137,6 +137,15 @@ private:
 /// Memory space a collective's buffers live in.
 enum class Memory { host, device };
 
+/// The least a Layer needs to know of its communication backend: the memory space and the ranks.
+/// (cuda::SingleGpu is a Communicator that is not a Collective: one GPU, nothing to exchange.)
+template <class C>
+concept Communicator = requires(C const& cc) {
+  { C::memory } -> std::convertible_to<Memory>;
+  { cc.rank() } -> std::same_as<int>;
+  { cc.size() } -> std::same_as<int>;
+};
+
 template <class C>
 concept Collective = requires(C& c, C const& cc, std::span<std::byte const> in, std::span<std::byte> out,
                               std::span<std::size_t const> counts, std::span<float const> fin,

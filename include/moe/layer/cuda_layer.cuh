@@ -549,4 +549,19 @@ private:
   LayerStats stats_;
 };
 
+/// moe::Layer with a device communicator (collective::Nccl, cuda::SingleGpu) is the CUDA layer: the
+/// same composition of policies as the host path, so an engine switches backends by changing the
+/// Collective alone. The device path runs the phases in sequence.
+template <ModelShape Model, router::Policy Router, placement::Policy Placement, replication::Policy Replicas,
+          schedule::Policy Schedule, collective::Communicator Comm>
+  requires(Comm::memory == collective::Memory::device)
+class Layer<Model, Router, Placement, Replicas, Schedule, Comm>
+    : public CudaLayer<Model, Router, Placement, Replicas, Comm> {
+  static_assert(std::is_same_v<Schedule, schedule::Sequential>,
+                "moe::Layer on a device communicator runs schedule::Sequential (FinDEP runs on the host executor)");
+
+public:
+  using CudaLayer<Model, Router, Placement, Replicas, Comm>::CudaLayer;
+};
+
 }  // namespace moe

@@ -15,8 +15,8 @@
 // bytes, followed by the token's hidden vector padded to 16 bytes. A combine record is the hidden
 // vector of the weighted partial sum, in storage precision, in the order the records came in.
 //
-// This header is the host execution path (InProcess and Mpi collectives); the CUDA path lives in
-// the kernels/*.cuh headers.
+// This header is the host execution path (InProcess and Mpi collectives). With a device
+// communicator the same Layer type runs the CUDA kernels: see moe/layer/cuda_layer.cuh.
 
 #include <algorithm>
 #include <cstring>
@@ -75,8 +75,10 @@ struct Status {
   explicit operator bool() const { return ok; }
 };
 
+/// The host execution path. For a device communicator (collective::Nccl, cuda::SingleGpu) the
+/// specialisation in moe/layer/cuda_layer.cuh runs the CUDA kernels instead.
 template <ModelShape Model, router::Policy Router, placement::Policy Placement, replication::Policy Replicas,
-          schedule::Policy Schedule, collective::Collective Comm>
+          schedule::Policy Schedule, collective::Communicator Comm>
 class Layer {
 public:
   static constexpr ShapeSpec shape = Model::spec;
@@ -88,7 +90,9 @@ public:
   static_assert(Router::fits(shape), "moe::Layer: this Router policy does not fit the model's scoring and "
                                      "grouping (see router::ForModel<Model>)");
   static_assert(Comm::memory == collective::Memory::host,
-                "moe::Layer: this is the host execution path; a device collective (Nccl) needs the CUDA layer");
+                "moe::Layer: a device communicator (Nccl, cuda::SingleGpu) needs #include <moe/layer/cuda_layer.cuh>, "
+                "compiled by nvcc");
+  static_assert(collective::Collective<Comm>, "moe::Layer: the host path needs a full collective::Collective");
 
   struct Arguments {
     int tokens = 0;               ///< tokens on this rank (may be 0)
