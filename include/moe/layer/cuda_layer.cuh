@@ -123,19 +123,9 @@ public:
   CudaLayer(Comm& comm, Placement placement, Replicas replicas, LayerWeights<T> weights, CudaLayerOptions options)
       : comm_(&comm), placement_(std::move(placement)), replicas_(std::move(replicas)), weights_(weights),
         options_(options) {
-    validate(shape);
     int ranks = comm.size(), rank = comm.rank();
-    placement_.validate(shape.experts, ranks);
-    std::vector<int> primary(E);
-    for (int e = 0; e < shape.experts; ++e) primary[static_cast<std::size_t>(e)] = placement_.rank_of(e);
-    replicas_.validate(shape.experts, ranks, primary);
-    check(options_.max_tokens > 0, "moe::CudaLayer: CudaLayerOptions::max_tokens must be positive, got ",
-          options_.max_tokens);
-    check(weights_.router != nullptr, "moe::CudaLayer: router weights are missing");
-    check(static_cast<int>(weights_.experts.size()) == shape.experts, "moe::CudaLayer: weights list ",
-          weights_.experts.size(), " experts, the shape has ", shape.experts);
-    check(static_cast<int>(weights_.shared.size()) == shape.shared_experts, "moe::CudaLayer: weights list ",
-          weights_.shared.size(), " shared experts, the shape has ", shape.shared_experts);
+    std::vector<int> primary = detail::check_layer_setup("moe::CudaLayer", shape, ranks, rank, placement_, replicas_,
+                                                         weights_, options_.max_tokens);
 
     // Replica lists (CSR), the served mask and the weight pointer tables.
     std::vector<int> offsets{0}, copy_ranks;
@@ -151,8 +141,6 @@ public:
       offsets.push_back(static_cast<int>(copy_ranks.size()));
       served[ue] = replicas_.holds(e, primary[ue], rank) ? 1 : 0;
       auto const& w = weights_.experts[ue];
-      check(!served[ue] || w.present(), "moe::CudaLayer: rank ", rank, " serves expert ", e,
-            " but its weights are missing");
       if (served[ue]) {
         check_aligned(w.gate, "gate", e);
         check_aligned(w.up, "up", e);
@@ -164,7 +152,6 @@ public:
     }
     for (int e = 0; e < shape.shared_experts; ++e) {
       auto const& w = weights_.shared[static_cast<std::size_t>(e)];
-      check(w.present(), "moe::CudaLayer: shared expert ", e, " has no weights");
       check_aligned(w.gate, "shared gate", e);
       check_aligned(w.up, "shared up", e);
       check_aligned(w.down, "shared down", e);

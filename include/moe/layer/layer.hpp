@@ -77,6 +77,37 @@ struct Status {
 
 /// The host execution path. For a device communicator (collective::Nccl, cuda::SingleGpu) the
 /// specialisation in moe/layer/cuda_layer.cuh runs the CUDA kernels instead.
+namespace detail {
+
+/// The checks every execution path of a layer makes when it is built: the shape, the tables against
+/// the ranks, the options, and that this rank has the weights of every expert it serves. Returns
+/// the primary rank of each expert. `who` names the layer type in the messages.
+template <class T, placement::Policy Placement, replication::Policy Replicas>
+std::vector<int> check_layer_setup(char const* who, ShapeSpec const& s, int ranks, int rank, Placement const& placement,
+                                   Replicas const& replicas, LayerWeights<T> const& weights, int max_tokens) {
+  validate(s);
+  placement.validate(s.experts, ranks);
+  std::vector<int> primary(static_cast<std::size_t>(s.experts));
+  for (int e = 0; e < s.experts; ++e) primary[static_cast<std::size_t>(e)] = placement.rank_of(e);
+  replicas.validate(s.experts, ranks, primary);
+  check(max_tokens > 0, who, ": max_tokens must be positive, got ", max_tokens);
+  check(weights.router != nullptr, who, ": router weights are missing");
+  check(static_cast<int>(weights.experts.size()) == s.experts, who, ": weights list ", weights.experts.size(),
+        " experts, the shape has ", s.experts);
+  check(static_cast<int>(weights.shared.size()) == s.shared_experts, who, ": weights list ", weights.shared.size(),
+        " shared experts, the shape has ", s.shared_experts);
+  for (int e = 0; e < s.experts; ++e) {
+    bool mine = replicas.holds(e, primary[static_cast<std::size_t>(e)], rank);
+    check(!mine || weights.experts[static_cast<std::size_t>(e)].present(), who, ": rank ", rank, " serves expert ", e,
+          " but its weights are missing");
+  }
+  for (int e = 0; e < s.shared_experts; ++e)
+    check(weights.shared[static_cast<std::size_t>(e)].present(), who, ": shared expert ", e, " has no weights");
+  return primary;
+}
+
+}  // namespace detail
+
 template <ModelShape Model, router::Policy Router, placement::Policy Placement, replication::Policy Replicas,
           schedule::Policy Schedule, collective::Communicator Comm>
 class Layer {
@@ -104,26 +135,8 @@ public:
   Layer(Comm& comm, Placement placement, Replicas replicas, LayerWeights<T> weights, LayerOptions options)
       : comm_(&comm), placement_(std::move(placement)), replicas_(std::move(replicas)), weights_(weights),
         options_(options) {
-    validate(shape);
-    int ranks = comm.size();
-    placement_.validate(shape.experts, ranks);
-    primary_.resize(static_cast<std::size_t>(shape.experts));
-    for (int e = 0; e < shape.experts; ++e) primary_[static_cast<std::size_t>(e)] = placement_.rank_of(e);
-    replicas_.validate(shape.experts, ranks, primary_);
-    check(options_.max_tokens > 0, "moe::Layer: LayerOptions::max_tokens must be positive, got ", options_.max_tokens);
-    check(weights_.router != nullptr, "moe::Layer: router weights are missing");
-    check(static_cast<int>(weights_.experts.size()) == shape.experts, "moe::Layer: weights list ",
-          weights_.experts.size(), " experts, the shape has ", shape.experts);
-    check(static_cast<int>(weights_.shared.size()) == shape.shared_experts, "moe::Layer: weights list ",
-          weights_.shared.size(), " shared experts, the shape has ", shape.shared_experts);
-    for (int e = 0; e < shape.experts; ++e) {
-      bool mine = replicas_.holds(e, primary_[static_cast<std::size_t>(e)], comm.rank());
-      check(!mine || weights_.experts[static_cast<std::size_t>(e)].present(), "moe::Layer: rank ", comm.rank(),
-            " serves expert ", e, " but its weights are missing");
-    }
-    for (int e = 0; e < shape.shared_experts; ++e)
-      check(weights_.shared[static_cast<std::size_t>(e)].present(), "moe::Layer: shared expert ", e,
-            " has no weights");
+    primary_ = detail::check_layer_setup("moe::Layer", shape, comm.size(), comm.rank(), placement_, replicas_, weights_,
+                                         options_.max_tokens);
     meta_bytes_ = round16(2 * sizeof(std::int32_t) + static_cast<std::size_t>(k) * (sizeof(std::int32_t) + sizeof(float)));
     payload_bytes_ = round16(h * sizeof(T));
   }
