@@ -4,7 +4,7 @@
 //   olmoe_cocluster [--data DIR] [--train arxiv,book] [--eval github] [--devices 8]
 //                   [--layers 0,7,15] [--seed 1] [--iterations 30] [--samples 16]
 //                   [--polish 2] [--final-polish 10] [--elite 0.2] [--smoothing 0.7]
-//                   [--balance-weight 0] [--fit-gamma 1.1] [--cap 1.1] [--fallback prior|modulo]
+//                   [--balance-weight 0] [--fit-gamma 1.1] [--cap 1.1] [--fallback modulo|prior]
 //                   [--methods contiguous,metis,metis+refine,kmeans,ce-plain,ce] [--split F] [--out DIR]
 //
 // --out DIR: write the cross-entropy result of each layer L as DIR/experts-layer<L>.plan.tsv (a
@@ -59,7 +59,7 @@ int main(int argc, char** argv) try {
   std::string data = MOE_SHARED_DATA_DIR, train = "arxiv,book", eval = "github", layers_arg = "0,7,15", out;
   int devices = 8, iterations = 30, samples = 16, polish = 2, final_polish = 10;
   double split_fraction = 0, elite = 0.2, smoothing = 0.7, balance_weight = 0, fit_gamma = 1.1, cap = 1.1;
-  std::string fallback = "prior", methods = "contiguous,metis,metis+refine,kmeans,ce-plain,ce";
+  std::string fallback = "modulo", methods = "contiguous,metis,metis+refine,kmeans,ce-plain,ce";
   unsigned long seed = 1;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i], v = argv[i + 1];

@@ -74,7 +74,8 @@ TEST_CASE("capped evaluation: prior fallback and fractional moves, by hand", "[s
     return t == 0 ? sp::Prediction{0, 100, Source::token_table} : sp::Prediction{1, 0, Source::fallback};
   };
   std::vector<double> prior{0.7, 0.3};  // unseen tokens start on device 0
-  sp::CappedEvalOptions opt;            // cap 1.1 x 4 = 4.4 occurrences per device
+  sp::CappedEvalOptions opt;  // cap 1.1 x 4 = 4.4 occurrences per device
+  opt.fallback = sp::Fallback::prior;
   auto r = sp::capped_evaluation(prof.layer(0), placement, 1, 2, predict, prior, opt);
   // Uncapped: all 8 on device 0; local = token 1's 2 activations -> 2/8.
   REQUIRE(r.lar_uncapped == Approx(2.0 / 8));
@@ -114,7 +115,9 @@ TEST_CASE("capped evaluation: bad input", "[speculative][capped][errors]") {
   std::vector<double> prior{0.5, 0.5};
   REQUIRE_THROWS_WITH(sp::capped_evaluation(prof.layer(0), placement, 1, 2, predict, prior, opt),
                       Catch::Contains("capacity_factor must be >= 1"));
-  REQUIRE_THROWS_WITH(sp::capped_evaluation(prof.layer(0), placement, 1, 2, predict, {}, {}),
+  sp::CappedEvalOptions with_prior;
+  with_prior.fallback = sp::Fallback::prior;
+  REQUIRE_THROWS_WITH(sp::capped_evaluation(prof.layer(0), placement, 1, 2, predict, {}, with_prior),
                       Catch::Contains("needs one prior value per device"));
   REQUIRE_THROWS_WITH(sp::capped_evaluation(prof.layer(0), pl::Table(std::vector<int>{0, 1, 1}), 1, 2, predict, prior),
                       Catch::Contains("placement has 3 experts"));

@@ -7,6 +7,7 @@
 #include "moe/placement/cocluster.hpp"
 #include "moe/placement/cocluster_metis.hpp"
 #include "moe/profile/olmoe_tokens.hpp"
+#include "moe/speculative/capped_eval.hpp"
 #include "moe/speculative/metrics.hpp"
 #include "moe/speculative/predictor.hpp"
 
@@ -35,6 +36,13 @@ double held_out_lar(pl::CoclusterResult const& r) {
   auto table = sp::TokenDeviceTable::from_cocluster(data().problem, r, ol::vocab);
   sp::Predictor pred(table);
   return sp::local_activation_rate(data().held.layer(0), r.experts, [&](int t) { return pred.predict(t).device; });
+}
+// Held-out LAR at the enforced balance (capacity 1.1 x mean per device, predictor default for unseen
+// tokens), the same rule for every method.
+sp::CappedEval held_out_capped(pl::CoclusterResult const& r) {
+  auto table = sp::TokenDeviceTable::from_cocluster(data().problem, r, ol::vocab);
+  sp::Predictor pred(table);
+  return sp::capped_evaluation(data().held.layer(0), r.experts, ol::top_k, 8, [&](int t) { return pred.predict(t); });
 }
 pl::CrossEntropyOptions quick() {
   pl::CrossEntropyOptions o;  // fewer rounds than the example program to keep the test short
@@ -71,10 +79,30 @@ TEST_CASE("OLMoE: cross-entropy beats two-stage balanced k-means at the same bal
 }
 
 #if MOE_HAS_METIS && defined(MOE_WITH_METIS)
-TEST_CASE("OLMoE: cross-entropy beats METIS on LAR at equal or better balance", "[speculative][olmoe][metis]") {
+TEST_CASE("OLMoE: cross-entropy beats METIS on the FITTED data's LAR at equal or better balance",
+          "[speculative][olmoe][metis]") {
+  // In-sample only: on the held-out domain the two are within seed noise (docs/speculative.md, 6),
+  // so no held-out ordering between them is asserted.
   auto ce = pl::solve_cross_entropy(data().problem, quick());
   auto me = pl::solve_metis(data().problem);
   REQUIRE(ce.imbalance <= me.imbalance + 1e-9);
   REQUIRE(ce.local_rate > me.local_rate);
+}
+
+TEST_CASE("OLMoE held-out domain at an enforced balance: co-clustering beats contiguous s-TS",
+          "[speculative][olmoe][metis][capped]") {
+  auto contiguous = held_out_capped(pl::assign_tokens_to(data().problem, pl::Table::contiguous(64, 8), 1.1));
+  auto ce = held_out_capped(pl::solve_cross_entropy(data().problem, quick()));
+  auto me = held_out_capped(pl::solve_metis(data().problem));
+  for (auto const* r : {&contiguous, &ce, &me}) {
+    REQUIRE(r->imbalance <= 0.1 + 1e-9);     // the cap holds for every method
+    REQUIRE(r->imbalance_uncapped > 0.2);    // and is needed: fitted tables do not keep their balance
+    REQUIRE(r->unseen_share == Approx(1 - 0.679).margin(0.001));
+  }
+  CAPTURE(contiguous.lar, ce.lar, me.lar);
+  // Measured here: contiguous 0.151, METIS 0.173, the shortened cross-entropy run (6 x 8) 0.158; the
+  // full run (30 x 16) reaches 0.165-0.176 over seeds 1-3.
+  REQUIRE(ce.lar > contiguous.lar);
+  REQUIRE(me.lar > contiguous.lar + 0.01);
 }
 #endif
