@@ -217,51 +217,86 @@ TEST_CASE("ILP / ILPLoad wrappers and capacity errors") {
   CHECK_THROWS_AS(ilp_load(p, bad), moe::Error);
 }
 
+namespace {
+
+/// One random general network (some negative costs, random supplies) solved by ours and LEMON's;
+/// returns 1 when LEMON finds it optimal, 0 when infeasible. Our flow is checked arc by arc
+/// (bounds, conservation) and our cost against LEMON's optimum.
+int compare_random_network(profile::Rng& rng, int it, int n, int m, int max_cap, int max_supply) {
+  NetworkSimplex ours(n);
+  lemon::SmartDigraph g;
+  std::vector<lemon::SmartDigraph::Node> v;
+  for (int i = 0; i < n; ++i) v.push_back(g.addNode());
+  lemon::SmartDigraph::ArcMap<long long> cap(g), cost(g);
+  lemon::SmartDigraph::NodeMap<long long> sup(g);
+  std::vector<int> src, dst;
+  std::vector<long long> caps;
+  for (int a = 0; a < m; ++a) {
+    int s = rng.below(n), t = rng.below(n);
+    if (s == t) continue;
+    long long c = rng.below(max_cap), w = rng.below(20) - (it % 4 == 0 ? 0 : 5);  // some negative costs
+    ours.add_arc(s, t, c, static_cast<double>(w));
+    src.push_back(s), dst.push_back(t), caps.push_back(c);
+    auto e = g.addArc(v[s], v[t]);
+    cap[e] = c;
+    cost[e] = w;
+  }
+  std::vector<long long> b(n, 0);
+  for (int k = 0; k < n; ++k) {
+    int x = rng.below(n), y = rng.below(n);
+    long long amt = rng.below(max_supply);
+    b[x] += amt;
+    b[y] -= amt;
+  }
+  for (int i = 0; i < n; ++i) {
+    ours.set_supply(i, b[i]);
+    sup[v[i]] = b[i];
+  }
+  lemon::NetworkSimplex<lemon::SmartDigraph, long long, long long> ref(g);
+  ref.upperMap(cap).costMap(cost).supplyMap(sup);
+  auto rs = ref.run();
+  auto os = ours.run();
+  INFO("instance " << it << " (" << n << " nodes, " << src.size() << " arcs)");
+  if (rs != lemon::NetworkSimplex<lemon::SmartDigraph, long long, long long>::OPTIMAL) {
+    CHECK(os == NetworkSimplex::Status::infeasible);
+    return 0;
+  }
+  REQUIRE(os == NetworkSimplex::Status::optimal);
+  CHECK(ours.total_cost() == Approx(static_cast<double>(ref.totalCost())).margin(1e-9));
+  std::vector<long long> net(n, 0);
+  bool bounds = true;
+  for (int a = 0; a < static_cast<int>(src.size()); ++a) {
+    long long f = ours.flow(a);
+    bounds = bounds && f >= 0 && f <= caps[a];
+    net[src[a]] += f;
+    net[dst[a]] -= f;
+  }
+  CHECK(bounds);
+  CHECK(net == b);
+  return 1;
+}
+
+}  // namespace
+
 TEST_CASE("our network simplex equals LEMON's on random general networks") {
   profile::Rng rng(77);
   int optimal = 0, infeasible = 0;
   for (int it = 0; it < 300; ++it) {
     int n = 2 + rng.below(10), m = 2 * n + rng.below(4 * n);
-    NetworkSimplex ours(n);
-    lemon::SmartDigraph g;
-    std::vector<lemon::SmartDigraph::Node> v;
-    for (int i = 0; i < n; ++i) v.push_back(g.addNode());
-    lemon::SmartDigraph::ArcMap<long long> cap(g), cost(g);
-    lemon::SmartDigraph::NodeMap<long long> sup(g);
-    for (int a = 0; a < m; ++a) {
-      int s = rng.below(n), t = rng.below(n);
-      if (s == t) continue;
-      long long c = rng.below(8), w = rng.below(20) - (it % 4 == 0 ? 0 : 5);  // some negative costs
-      ours.add_arc(s, t, c, static_cast<double>(w));
-      auto e = g.addArc(v[s], v[t]);
-      cap[e] = c;
-      cost[e] = w;
-    }
-    std::vector<long long> b(n, 0);
-    for (int k = 0; k < n; ++k) {
-      int x = rng.below(n), y = rng.below(n);
-      long long amt = rng.below(5);
-      b[x] += amt;
-      b[y] -= amt;
-    }
-    for (int i = 0; i < n; ++i) {
-      ours.set_supply(i, b[i]);
-      sup[v[i]] = b[i];
-    }
-    lemon::NetworkSimplex<lemon::SmartDigraph, long long, long long> ref(g);
-    ref.upperMap(cap).costMap(cost).supplyMap(sup);
-    auto rs = ref.run();
-    auto os = ours.run();
-    INFO("instance " << it);
-    if (rs == lemon::NetworkSimplex<lemon::SmartDigraph, long long, long long>::OPTIMAL) {
-      ++optimal;
-      REQUIRE(os == NetworkSimplex::Status::optimal);
-      CHECK(ours.total_cost() == Approx(static_cast<double>(ref.totalCost())).margin(1e-9));
-    } else {
-      ++infeasible;
-      CHECK(os == NetworkSimplex::Status::infeasible);
-    }
+    int r = compare_random_network(rng, it, n, m, 8, 5);
+    optimal += r;
+    infeasible += 1 - r;
   }
   CHECK(optimal >= 100);
   CHECK(infeasible > 0);
+}
+
+TEST_CASE("our network simplex equals LEMON's on larger random networks (deep trees, many pivots)") {
+  profile::Rng rng(78);
+  int optimal = 0;
+  for (int it = 0; it < 40; ++it) {
+    int n = 50 + rng.below(250), m = 4 * n + rng.below(16 * n);
+    optimal += compare_random_network(rng, it, n, m, 30, 40);
+  }
+  CHECK(optimal >= 10);
 }

@@ -29,6 +29,7 @@
 #include <map>
 #include <numeric>
 #include <queue>
+#include <utility>
 #include <vector>
 
 #include "moe/config.hpp"
@@ -180,10 +181,9 @@ private:
   std::vector<Chain> chains_;
 };
 
-}  // namespace detail
-
-/// Solves the instance exactly. Throws moe::Error when the capacities cannot hold all experts.
-inline ExactResult solve_exact(FlowInstance const& in, Solver solver = Solver::network_simplex) {
+/// The whole exact solve; with `capture` set, the reduced network is built, copied there (not run)
+/// and an empty result is returned.
+inline ExactResult solve_exact_impl(FlowInstance const& in, Solver solver, NetworkSimplex* capture) {
   int L = in.layers, E = in.experts, G = in.gpus;
   check(L > 0 && E > 0 && G > 0, "exact placement: layers (", L, "), experts (", E, ") and gpus (", G,
         ") must be positive");
@@ -285,6 +285,10 @@ inline ExactResult solve_exact(FlowInstance const& in, Solver solver = Solver::n
     }
     for (int j = 0; j < NG; ++j) net.add_arc(2 + j, 1, group_cap(j, in.c_exp), 0.0);
     net.set_supply(1, -want);
+    if (capture != nullptr) {
+      *capture = std::move(net);
+      return res;
+    }
     if (net.run() != NetworkSimplex::Status::optimal) infeasible(-1);
     res.pivots = net.pivots();
     for (int l = 0; l < L; ++l)
@@ -348,6 +352,21 @@ inline ExactResult solve_exact(FlowInstance const& in, Solver solver = Solver::n
   return res;
 }
 
+}  // namespace detail
+
+/// Solves the instance exactly. Throws moe::Error when the capacities cannot hold all experts.
+inline ExactResult solve_exact(FlowInstance const& in, Solver solver = Solver::network_simplex) {
+  return detail::solve_exact_impl(in, solver, nullptr);
+}
+
+/// The reduced network that solve_exact hands to the network simplex for this instance, built but
+/// not run (benchmarks time other solvers on exactly this network). Same checks as solve_exact.
+inline NetworkSimplex reduced_network(FlowInstance const& in) {
+  NetworkSimplex net(1);
+  detail::solve_exact_impl(in, Solver::network_simplex, &net);
+  return net;
+}
+
 /// ILP: minimises the hops of all experts, every expert weighted 1.
 inline ExactResult ilp(Problem const& p, Solver solver = Solver::network_simplex) {
   p.validate();
@@ -356,7 +375,7 @@ inline ExactResult ilp(Problem const& p, Solver solver = Solver::network_simplex
 
 /// ILPLoad: minimises the load-weighted hops; load is L x E (e.g. LoadProfile::totals()). Each
 /// layer's loads are normalised to frequencies f(l, .) summing to one, as in the paper.
-inline ExactResult ilp_load(Problem const& p, std::vector<double> const& load, Solver solver = Solver::network_simplex) {
+inline FlowInstance ilp_load_instance(Problem const& p, std::vector<double> const& load) {
   p.validate();
   check(load.size() == static_cast<std::size_t>(p.layers) * static_cast<std::size_t>(p.experts), "ILPLoad: load has ",
         load.size(), " entries, expected ", p.layers, "x", p.experts);
@@ -373,7 +392,10 @@ inline ExactResult ilp_load(Problem const& p, std::vector<double> const& load, S
       f[i] = s > 0 ? load[i] / s : 1.0 / p.experts;
     }
   }
-  return solve_exact(FlowInstance{p.layers, p.experts, p.gpus, p.c_layer, p.c_exp, p.cost_matrix(), std::move(f)}, solver);
+  return FlowInstance{p.layers, p.experts, p.gpus, p.c_layer, p.c_exp, p.cost_matrix(), std::move(f)};
+}
+inline ExactResult ilp_load(Problem const& p, std::vector<double> const& load, Solver solver = Solver::network_simplex) {
+  return solve_exact(ilp_load_instance(p, load), solver);
 }
 
 }  // namespace moe::placement

@@ -1,18 +1,26 @@
 #pragma once
-// A small primal network simplex for min-cost flow (no dependency; LEMON's NetworkSimplex is the
+// A primal network simplex for min-cost flow (no dependency; LEMON's NetworkSimplex is the
 // reference it is checked and timed against in tests/ and benchmarks/planners).
 //
 //   minimise sum cost(a) * flow(a)   s.t. 0 <= flow(a) <= cap(a), out(v) - in(v) = supply(v).
 //
-// The textbook method (Ahuja, Magnanti, Orlin, ch. 11), initialised like LEMON's: a spanning
-// tree rooted at an artificial node (free arcs from supply nodes, big-M arcs to demand nodes);
-// block-search pricing over the real arcs; the leaving arc chosen by the strongly
-// feasible tree rule (the last blocking arc of the cycle, which prevents cycling on degenerate
-// pivots). The tree is stored as parent / predecessor-arc / depth pointers plus per-node lists
-// of tree arcs; after a pivot only the subtree cut off by the leaving arc is re-hung.
+// The textbook method (Ahuja, Magnanti, Orlin, ch. 11):
+//  - start: a spanning tree rooted at an artificial node, free arcs from supply nodes and big-M
+//    arcs to demand nodes (the artificial arcs are never priced, so once out they stay out);
+//  - pricing: block search (blocks of about sqrt(arcs) arcs, the most negative reduced cost of the
+//    first block that has one; the next search goes on where the last one stopped), over an
+//    interleaved arc order so that each block samples the whole network (as LEMON does); the
+//    arc data read by pricing (ends and cost) lies in one array of structs;
+//  - leaving arc: the last blocking arc of the cycle (strongly feasible trees, no cycling);
+//  - tree: parent / predecessor arc / direction plus a preorder thread with reverse thread,
+//    subtree sizes and last successors. A pivot splices the cut-off subtree, re-rooted at the
+//    entering arc's end, into the thread after the other end: O(size of that subtree + depth),
+//    no allocation. Potentials of the moved subtree are recomputed from their new parents in
+//    preorder (never accumulated), so rounding does not drift over many pivots.
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <vector>
 
@@ -28,24 +36,33 @@ public:
     check(nodes > 0, "network simplex: needs at least one node");
   }
 
+  /// Reserves room for `arcs` arcs (optional).
+  void reserve(int arcs) { arcs_.reserve(static_cast<std::size_t>(arcs)); }
+
   /// Adds arc u -> v; returns its id.
   int add_arc(int u, int v, long long cap, double cost) {
     check(u >= 0 && u < n_ && v >= 0 && v < n_, "network simplex: arc ", u, " -> ", v, " outside [0, ", n_, ")");
     check(cap >= 0, "network simplex: negative capacity");
     check(std::isfinite(cost), "network simplex: cost is not finite");
-    src_.push_back(u);
-    dst_.push_back(v);
-    cap_.push_back(cap);
-    cost_.push_back(cost);
-    return static_cast<int>(src_.size()) - 1;
+    arcs_.push_back({u, v, cap, cost});
+    return static_cast<int>(arcs_.size()) - 1;
   }
   void set_supply(int v, long long s) { supply_[static_cast<std::size_t>(v)] = s; }
 
-  [[nodiscard]] long long flow(int arc) const { return flow_[static_cast<std::size_t>(arc)]; }
+  [[nodiscard]] int nodes() const { return n_; }
+  [[nodiscard]] int arcs() const { return static_cast<int>(arcs_.size()); }
+  [[nodiscard]] int source(int a) const { return arcs_[static_cast<std::size_t>(a)].src; }
+  [[nodiscard]] int target(int a) const { return arcs_[static_cast<std::size_t>(a)].dst; }
+  [[nodiscard]] long long capacity(int a) const { return arcs_[static_cast<std::size_t>(a)].cap; }
+  [[nodiscard]] double cost(int a) const { return arcs_[static_cast<std::size_t>(a)].cost; }
+  [[nodiscard]] long long supply(int v) const { return supply_[static_cast<std::size_t>(v)]; }
+
+  /// Flow on arc `a` after run().
+  [[nodiscard]] long long flow(int a) const { return flow_[static_cast<std::size_t>(pos_[static_cast<std::size_t>(a)])]; }
   [[nodiscard]] long long pivots() const { return pivots_; }
   [[nodiscard]] double total_cost() const {
     double s = 0;
-    for (std::size_t a = 0; a < src_.size(); ++a) s += cost_[a] * static_cast<double>(flow_[a]);
+    for (std::size_t a = 0; a < arcs_.size(); ++a) s += arcs_[a].cost * static_cast<double>(flow(static_cast<int>(a)));
     return s;
   }
 
@@ -53,195 +70,282 @@ public:
     long long total = 0;
     for (long long s : supply_) total += s;
     check(total == 0, "network simplex: supplies sum to ", total, ", not 0");
-    int m = static_cast<int>(src_.size());
-    int root = n_;
-    int N = n_ + 1;
-    // Artificial arcs m .. m + n_ - 1, one per real node.
-    double maxc = 0;
-    long long flow_bound = 1;
-    for (int a = 0; a < m; ++a) maxc = std::max(maxc, std::abs(cost_[static_cast<std::size_t>(a)]));
-    for (long long s : supply_) flow_bound += std::abs(s);
-    double big_m = (maxc + 1.0) * static_cast<double>(N);
-    eps_ = 1e-12 * (maxc + 1.0);
-    // As in LEMON: supply nodes hang on the root by free arcs, demand nodes by big-M arcs;
-    // artificial arcs are never priced, so once out of the tree they stay out.
-    for (int v = 0; v < n_; ++v) {
-      if (supply_[static_cast<std::size_t>(v)] >= 0) add_raw(v, root, flow_bound, 0.0);
-      else add_raw(root, v, flow_bound, big_m);
-    }
-    int M = static_cast<int>(src_.size());
-    flow_.assign(static_cast<std::size_t>(M), 0);
-    state_.assign(static_cast<std::size_t>(M), 1);  // 1 = at lower bound, -1 = at upper, 0 = tree
-    tree_arcs_.clear();
-    for (int v = 0; v < n_; ++v) {
-      int a = m + v;
-      flow_[static_cast<std::size_t>(a)] = std::abs(supply_[static_cast<std::size_t>(v)]);
-      state_[static_cast<std::size_t>(a)] = 0;
-      tree_arcs_.push_back(a);
-    }
-    parent_.assign(static_cast<std::size_t>(N), -1);
-    pred_.assign(static_cast<std::size_t>(N), -1);
-    up_.assign(static_cast<std::size_t>(N), 0);
-    depth_.assign(static_cast<std::size_t>(N), 0);
-    pi_.assign(static_cast<std::size_t>(N), 0.0);
-    adj_.assign(static_cast<std::size_t>(N), {});
-    for (int a : tree_arcs_) {
-      adj_[static_cast<std::size_t>(src_[static_cast<std::size_t>(a)])].push_back(a);
-      adj_[static_cast<std::size_t>(dst_[static_cast<std::size_t>(a)])].push_back(a);
-    }
-    rehang(root, -1, -1);
-
-    if (m == 0) return finish(m);
-    int block = std::max(10, static_cast<int>(std::sqrt(static_cast<double>(m))));
-    int next = 0;
-    for (;;) {
-      // Block search over the real arcs: the most negative (state * reduced cost) in the first
-      // block that has one.
-      int in = -1;
-      double best = -eps_;
-      for (int scanned = 0; scanned < m;) {
-        int end = std::min(scanned + block, m);
-        for (; scanned < end; ++scanned) {
-          int a = next;
-          next = next + 1 == m ? 0 : next + 1;
-          int st = state_[static_cast<std::size_t>(a)];
-          if (st == 0) continue;
-          double c = st * (cost_[static_cast<std::size_t>(a)] + pi_[static_cast<std::size_t>(src_[static_cast<std::size_t>(a)])] -
-                           pi_[static_cast<std::size_t>(dst_[static_cast<std::size_t>(a)])]);
-          if (c < best) best = c, in = a;
-        }
-        if (in >= 0) break;
+    init();
+    pivots_ = 0;
+    if (m_ > 0) {
+      int block = std::max(10, static_cast<int>(std::sqrt(static_cast<double>(m_))));
+      int next = 0;
+      for (;;) {
+        int in = find_entering(block, next);
+        if (in < 0) break;
+        pivot(in);
+        ++pivots_;
       }
-      if (in < 0) break;
-      pivot(in);
-      ++pivots_;
     }
-    return finish(m);
+    for (int v = 0; v < n_; ++v)
+      if (flow_[static_cast<std::size_t>(m_ + v)] != 0) return Status::infeasible;
+    return Status::optimal;
   }
 
 private:
-  Status finish(int m) {
-    bool feasible = true;
-    for (int v = 0; v < n_; ++v)
-      if (flow_[static_cast<std::size_t>(m + v)] != 0) feasible = false;
-    truncate(m);
-    return feasible ? Status::optimal : Status::infeasible;
-  }
+  struct UserArc {
+    int src, dst;
+    long long cap;
+    double cost;
+  };
+  struct Arc {  // what pricing reads, in internal order
+    int src, dst;
+    double cost;
+  };
 
-  void add_raw(int u, int v, long long cap, double cost) {
-    src_.push_back(u);
-    dst_.push_back(v);
-    cap_.push_back(cap);
-    cost_.push_back(cost);
-  }
-  void truncate(int m) {
-    src_.resize(static_cast<std::size_t>(m));
-    dst_.resize(static_cast<std::size_t>(m));
-    cap_.resize(static_cast<std::size_t>(m));
-    cost_.resize(static_cast<std::size_t>(m));
-    flow_.resize(static_cast<std::size_t>(m));
-  }
-
-  /// Hangs the subtree containing `top` below `parent` through tree arc `arc` (-1 for the root)
-  /// and recomputes parent, predecessor arc, direction, depth and potential inside it.
-  void rehang(int top, int parent, int arc) {
-    parent_[static_cast<std::size_t>(top)] = parent;
-    pred_[static_cast<std::size_t>(top)] = arc;
-    if (arc < 0) {
-      depth_[static_cast<std::size_t>(top)] = 0;
-      pi_[static_cast<std::size_t>(top)] = 0;
-    } else {
-      bool down = src_[static_cast<std::size_t>(arc)] == parent;  // parent -> top
-      up_[static_cast<std::size_t>(top)] = down ? 0 : 1;
-      depth_[static_cast<std::size_t>(top)] = depth_[static_cast<std::size_t>(parent)] + 1;
-      pi_[static_cast<std::size_t>(top)] = down ? pi_[static_cast<std::size_t>(parent)] + cost_[static_cast<std::size_t>(arc)]
-                                                : pi_[static_cast<std::size_t>(parent)] - cost_[static_cast<std::size_t>(arc)];
+  void init() {
+    m_ = static_cast<int>(arcs_.size());
+    int N = n_ + 1, M = m_ + n_;
+    root_ = n_;
+    arc_.resize(static_cast<std::size_t>(M));
+    cap_.resize(static_cast<std::size_t>(M));
+    flow_.assign(static_cast<std::size_t>(M), 0);
+    state_.assign(static_cast<std::size_t>(M), 1);  // 1 = at lower bound, -1 = at upper, 0 = tree
+    pos_.resize(static_cast<std::size_t>(m_));
+    // Interleave: user arc k goes to slot i, i advancing by `skip` and wrapping to the next start.
+    double maxc = 0;
+    long long flow_bound = 1;
+    {
+      int skip = std::max(m_ / n_, 3), i = 0, j = 0;
+      for (int k = 0; k < m_; ++k) {
+        UserArc const& u = arcs_[static_cast<std::size_t>(k)];
+        arc_[static_cast<std::size_t>(i)] = {u.src, u.dst, u.cost};
+        cap_[static_cast<std::size_t>(i)] = u.cap;
+        pos_[static_cast<std::size_t>(k)] = i;
+        maxc = std::max(maxc, std::abs(u.cost));
+        if ((i += skip) >= m_) i = ++j;
+      }
     }
-    stack_.clear();
-    stack_.push_back(top);
-    while (!stack_.empty()) {
-      int u = stack_.back();
-      stack_.pop_back();
-      for (int a : adj_[static_cast<std::size_t>(u)]) {
-        if (a == pred_[static_cast<std::size_t>(u)]) continue;
-        bool out = src_[static_cast<std::size_t>(a)] == u;  // u -> w: w's arc points down from its parent
-        int w = out ? dst_[static_cast<std::size_t>(a)] : src_[static_cast<std::size_t>(a)];
-        parent_[static_cast<std::size_t>(w)] = u;
-        pred_[static_cast<std::size_t>(w)] = a;
-        up_[static_cast<std::size_t>(w)] = out ? 0 : 1;
-        depth_[static_cast<std::size_t>(w)] = depth_[static_cast<std::size_t>(u)] + 1;
-        pi_[static_cast<std::size_t>(w)] = out ? pi_[static_cast<std::size_t>(u)] + cost_[static_cast<std::size_t>(a)]
-                                               : pi_[static_cast<std::size_t>(u)] - cost_[static_cast<std::size_t>(a)];
-        stack_.push_back(w);
+    for (long long s : supply_) flow_bound += std::abs(s);
+    double big_m = (maxc + 1.0) * static_cast<double>(N);
+    eps_ = 1e-12 * (maxc + 1.0);
+
+    parent_.assign(static_cast<std::size_t>(N), -1);
+    pred_.assign(static_cast<std::size_t>(N), -1);
+    dir_.assign(static_cast<std::size_t>(N), 0);
+    thread_.resize(static_cast<std::size_t>(N));
+    rev_.resize(static_cast<std::size_t>(N));
+    succ_.resize(static_cast<std::size_t>(N));
+    last_.resize(static_cast<std::size_t>(N));
+    pi_.assign(static_cast<std::size_t>(N), 0.0);
+    buf_.resize(static_cast<std::size_t>(N));
+    stem_.resize(static_cast<std::size_t>(N));
+    size_.resize(static_cast<std::size_t>(N));
+    // Root first in the thread, then nodes 0 .. n-1, each a leaf below the root.
+    thread_[static_cast<std::size_t>(root_)] = 0;
+    rev_[0] = root_;
+    succ_[static_cast<std::size_t>(root_)] = N;
+    last_[static_cast<std::size_t>(root_)] = n_ - 1;
+    for (int v = 0; v < n_; ++v) {
+      std::size_t e = static_cast<std::size_t>(m_ + v), vv = static_cast<std::size_t>(v);
+      parent_[vv] = root_;
+      pred_[vv] = m_ + v;
+      thread_[vv] = v + 1;
+      rev_[vv + 1] = v;
+      succ_[vv] = 1;
+      last_[vv] = v;
+      state_[e] = 0;
+      cap_[e] = flow_bound;
+      long long s = supply_[vv];
+      if (s >= 0) {  // v -> root, free
+        arc_[e] = {v, root_, 0.0};
+        dir_[vv] = 1;
+        flow_[e] = s;
+        pi_[vv] = 0;
+      } else {  // root -> v, big M
+        arc_[e] = {root_, v, big_m};
+        dir_[vv] = -1;
+        flow_[e] = -s;
+        pi_[vv] = big_m;
       }
     }
   }
 
-  void remove_adj(int v, int a) {
-    auto& l = adj_[static_cast<std::size_t>(v)];
-    auto it = std::find(l.begin(), l.end(), a);
-    *it = l.back();
-    l.pop_back();
+  /// Block search: returns the arc with the most negative (state * reduced cost) in the first
+  /// block (starting at `next`) that has one, or -1 when no arc prices out. The next search
+  /// starts where this one stopped.
+  int find_entering(int block, int& next) const {
+    int in = -1;
+    double best = -eps_;
+    int cnt = block;
+    Arc const* arc = arc_.data();
+    std::int8_t const* st = state_.data();
+    double const* pi = pi_.data();
+    for (int pass = 0; pass < 2; ++pass) {
+      int lo = pass == 0 ? next : 0, hi = pass == 0 ? m_ : next;
+      for (int e = lo; e < hi; ++e) {
+        Arc const& x = arc[e];
+        double c = st[e] * (x.cost + pi[x.src] - pi[x.dst]);
+        if (c < best) best = c, in = e;
+        if (--cnt == 0) {
+          if (in >= 0) {
+            next = e;
+            return in;
+          }
+          cnt = block;
+        }
+      }
+    }
+    return in;
   }
 
   void pivot(int in) {
-    int st = state_[static_cast<std::size_t>(in)];
-    int first = st == 1 ? src_[static_cast<std::size_t>(in)] : dst_[static_cast<std::size_t>(in)];
-    int second = st == 1 ? dst_[static_cast<std::size_t>(in)] : src_[static_cast<std::size_t>(in)];
-    // Join node.
+    std::size_t ie = static_cast<std::size_t>(in);
+    int st = state_[ie];
+    int first = st == 1 ? arc_[ie].src : arc_[ie].dst;
+    int second = st == 1 ? arc_[ie].dst : arc_[ie].src;
+    // Join node: climb from the end with the smaller subtree (it cannot be the other's ancestor).
     int a = first, b = second;
     while (a != b) {
-      if (depth_[static_cast<std::size_t>(a)] >= depth_[static_cast<std::size_t>(b)]) a = parent_[static_cast<std::size_t>(a)];
+      if (succ_[static_cast<std::size_t>(a)] < succ_[static_cast<std::size_t>(b)]) a = parent_[static_cast<std::size_t>(a)];
       else b = parent_[static_cast<std::size_t>(b)];
     }
     int join = a;
-    long long delta = cap_[static_cast<std::size_t>(in)];
-    int out_node = -1, result = 0;
     // Flow runs join -> ... -> first, then first -> second over `in`, then second -> ... -> join.
+    long long delta = cap_[ie];
+    int u_out = -1, result = 0;
     for (int u = first; u != join; u = parent_[static_cast<std::size_t>(u)]) {
-      int e = pred_[static_cast<std::size_t>(u)];
-      long long d = up_[static_cast<std::size_t>(u)] ? flow_[static_cast<std::size_t>(e)]
-                                                     : cap_[static_cast<std::size_t>(e)] - flow_[static_cast<std::size_t>(e)];
-      if (d < delta) delta = d, out_node = u, result = 1;
+      std::size_t e = static_cast<std::size_t>(pred_[static_cast<std::size_t>(u)]);
+      long long d = dir_[static_cast<std::size_t>(u)] == 1 ? flow_[e] : cap_[e] - flow_[e];
+      if (d < delta) delta = d, u_out = u, result = 1;
     }
     for (int u = second; u != join; u = parent_[static_cast<std::size_t>(u)]) {
-      int e = pred_[static_cast<std::size_t>(u)];
-      long long d = up_[static_cast<std::size_t>(u)] ? cap_[static_cast<std::size_t>(e)] - flow_[static_cast<std::size_t>(e)]
-                                                     : flow_[static_cast<std::size_t>(e)];
-      if (d <= delta) delta = d, out_node = u, result = 2;
+      std::size_t e = static_cast<std::size_t>(pred_[static_cast<std::size_t>(u)]);
+      long long d = dir_[static_cast<std::size_t>(u)] == 1 ? cap_[e] - flow_[e] : flow_[e];
+      if (d <= delta) delta = d, u_out = u, result = 2;
     }
     if (delta > 0) {
       long long val = st * delta;
-      flow_[static_cast<std::size_t>(in)] += val;
-      for (int u = src_[static_cast<std::size_t>(in)]; u != join; u = parent_[static_cast<std::size_t>(u)])
-        flow_[static_cast<std::size_t>(pred_[static_cast<std::size_t>(u)])] -= (up_[static_cast<std::size_t>(u)] ? 1 : -1) * val;
-      for (int u = dst_[static_cast<std::size_t>(in)]; u != join; u = parent_[static_cast<std::size_t>(u)])
-        flow_[static_cast<std::size_t>(pred_[static_cast<std::size_t>(u)])] += (up_[static_cast<std::size_t>(u)] ? 1 : -1) * val;
+      flow_[ie] += val;
+      for (int u = arc_[ie].src; u != join; u = parent_[static_cast<std::size_t>(u)])
+        flow_[static_cast<std::size_t>(pred_[static_cast<std::size_t>(u)])] -= dir_[static_cast<std::size_t>(u)] * val;
+      for (int u = arc_[ie].dst; u != join; u = parent_[static_cast<std::size_t>(u)])
+        flow_[static_cast<std::size_t>(pred_[static_cast<std::size_t>(u)])] += dir_[static_cast<std::size_t>(u)] * val;
     }
-    if (result == 0) {
-      state_[static_cast<std::size_t>(in)] = -st;
+    if (result == 0) {  // the entering arc itself blocks: it just changes bound
+      state_[ie] = static_cast<std::int8_t>(-st);
       return;
     }
-    int out = pred_[static_cast<std::size_t>(out_node)];
-    state_[static_cast<std::size_t>(out)] = flow_[static_cast<std::size_t>(out)] == 0 ? 1 : -1;
-    state_[static_cast<std::size_t>(in)] = 0;
-    // The subtree below the leaving arc holds `first` (result 1) or `second` (result 2); it is
-    // re-hung from that end of the entering arc.
-    remove_adj(src_[static_cast<std::size_t>(out)], out);
-    remove_adj(dst_[static_cast<std::size_t>(out)], out);
-    adj_[static_cast<std::size_t>(src_[static_cast<std::size_t>(in)])].push_back(in);
-    adj_[static_cast<std::size_t>(dst_[static_cast<std::size_t>(in)])].push_back(in);
-    int q = result == 1 ? first : second, p = result == 1 ? second : first;
-    rehang(q, p, in);
+    std::size_t oe = static_cast<std::size_t>(pred_[static_cast<std::size_t>(u_out)]);
+    state_[oe] = flow_[oe] == 0 ? 1 : -1;
+    state_[ie] = 0;
+    int u_in = result == 1 ? first : second, v_in = result == 1 ? second : first;
+    update_tree(in, u_in, v_in, u_out);
   }
 
-  int n_;
+  /// The subtree S of u_out (u_in inside it) is cut off and hung below v_in by arc `in`,
+  /// re-rooted at u_in.
+  void update_tree(int in, int u_in, int v_in, int u_out) {
+    int* parent = parent_.data();
+    int* thread = thread_.data();
+    int* rev = rev_.data();
+    int* succ = succ_.data();
+    int* last = last_.data();
+    int v_out = parent[u_out];
+    int s = succ[u_out];
+    int old_last = last[u_out];
+    // Stem u_in = x0, x1 = parent(x0), ..., xk = u_out.
+    int k = 0;
+    for (int x = u_in;; x = parent[x]) {
+      stem_[static_cast<std::size_t>(k++)] = x;
+      if (x == u_out) break;
+    }
+    // New preorder of S: for i = 0..k, the old preorder of subtree(x_i) without subtree(x_{i-1}).
+    int nb = 0;
+    for (int i = 0; i < k; ++i) {
+      int x = stem_[static_cast<std::size_t>(i)];
+      int end = thread[last[x]];
+      int skip = i > 0 ? stem_[static_cast<std::size_t>(i) - 1] : -1;
+      int skip_to = i > 0 ? thread[last[skip]] : -1;
+      for (int u = x; u != end;) {
+        if (u == skip) {
+          u = skip_to;
+          continue;
+        }
+        buf_[static_cast<std::size_t>(nb++)] = u;
+        u = thread[u];
+      }
+    }
+    int new_last = buf_[static_cast<std::size_t>(s) - 1];
+    // Cut S out of the thread and out of its old ancestors.
+    {
+      int p = rev[u_out], q = thread[old_last];
+      thread[p] = q;
+      rev[q] = p;
+      for (int a = v_out; a != -1 && last[a] == old_last; a = parent[a]) last[a] = p;
+      for (int a = v_out; a != -1; a = parent[a]) succ[a] -= s;
+    }
+    // Re-root S: reverse the stem (parents, predecessor arcs, directions, sizes, last successors).
+    {
+      int prev_pred = pred_[static_cast<std::size_t>(u_in)];
+      std::int8_t prev_dir = dir_[static_cast<std::size_t>(u_in)];
+      int below = 0;  // old subtree size of x_{i-1}
+      // sizes: new succ(x_k) = old succ(x_k) - old succ(x_{k-1}); going down adds up.
+      for (int i = 0; i < k; ++i) {
+        int x = stem_[static_cast<std::size_t>(i)];
+        int old_size = succ[x];
+        size_[static_cast<std::size_t>(i)] = old_size - below;
+        below = old_size;
+      }
+      int acc = 0;
+      for (int i = k - 1; i >= 0; --i) {
+        acc += size_[static_cast<std::size_t>(i)];
+        succ[stem_[static_cast<std::size_t>(i)]] = acc;
+        last[stem_[static_cast<std::size_t>(i)]] = new_last;
+      }
+      for (int i = 1; i < k; ++i) {
+        int x = stem_[static_cast<std::size_t>(i)];
+        int np = pred_[static_cast<std::size_t>(x)];
+        std::int8_t nd = dir_[static_cast<std::size_t>(x)];
+        parent[x] = stem_[static_cast<std::size_t>(i) - 1];
+        pred_[static_cast<std::size_t>(x)] = prev_pred;
+        dir_[static_cast<std::size_t>(x)] = static_cast<std::int8_t>(-prev_dir);
+        prev_pred = np;
+        prev_dir = nd;
+      }
+      parent[u_in] = v_in;
+      pred_[static_cast<std::size_t>(u_in)] = in;
+      dir_[static_cast<std::size_t>(u_in)] = arc_[static_cast<std::size_t>(in)].src == u_in ? 1 : -1;
+    }
+    // Splice S in right after v_in.
+    {
+      int after = thread[v_in];
+      int prev = v_in;
+      for (int i = 0; i < s; ++i) {
+        int u = buf_[static_cast<std::size_t>(i)];
+        thread[prev] = u;
+        rev[u] = prev;
+        prev = u;
+      }
+      thread[new_last] = after;
+      rev[after] = new_last;
+      if (last[v_in] == v_in)
+        for (int a = v_in; a != -1 && last[a] == v_in; a = parent[a]) last[a] = new_last;
+      for (int a = v_in; a != -1; a = parent[a]) succ[a] += s;
+    }
+    // Potentials of S, parents first.
+    double* pi = pi_.data();
+    for (int i = 0; i < s; ++i) {
+      int u = buf_[static_cast<std::size_t>(i)];
+      Arc const& x = arc_[static_cast<std::size_t>(pred_[static_cast<std::size_t>(u)])];
+      // Tree arcs have zero reduced cost: cost + pi(src) - pi(dst) = 0.
+      pi[u] = dir_[static_cast<std::size_t>(u)] == 1 ? pi[parent[u]] - x.cost : pi[parent[u]] + x.cost;
+    }
+  }
+
+  int n_, m_ = 0, root_ = 0;
   std::vector<long long> supply_;
-  std::vector<int> src_, dst_;
+  std::vector<UserArc> arcs_;    // as added
+  std::vector<int> pos_;         // user arc -> internal slot
+  std::vector<Arc> arc_;         // internal order; artificial arcs at m_ .. m_ + n_ - 1
   std::vector<long long> cap_, flow_;
-  std::vector<double> cost_;
-  std::vector<int> state_, tree_arcs_, parent_, pred_, up_, depth_, stack_;
-  std::vector<std::vector<int>> adj_;  // tree arcs at each node
+  std::vector<std::int8_t> state_, dir_;
+  std::vector<int> parent_, pred_, thread_, rev_, succ_, last_, buf_, stem_, size_;  // scratch of update_tree
   std::vector<double> pi_;
   double eps_ = 0;
   long long pivots_ = 0;
