@@ -7,6 +7,7 @@
 #include "moe/placement/cocluster.hpp"
 #include "moe/placement/cocluster_metis.hpp"
 #include "moe/profile/olmoe_tokens.hpp"
+#include "moe/profile/route_split.hpp"
 #include "moe/speculative/capped_eval.hpp"
 #include "moe/speculative/metrics.hpp"
 #include "moe/speculative/predictor.hpp"
@@ -104,5 +105,27 @@ TEST_CASE("OLMoE held-out domain at an enforced balance: co-clustering beats con
   // full run (30 x 16) reaches 0.165-0.176 over seeds 1-3.
   REQUIRE(ce.lar > contiguous.lar);
   REQUIRE(me.lar > contiguous.lar + 0.01);
+}
+
+TEST_CASE("OLMoE same domains, held-out 80 % split, enforced balance: cross-entropy beats METIS",
+          "[speculative][olmoe][metis][capped]") {
+  // Fit on a seeded 20 % of arxiv + book + github occurrences (layer 0), evaluate on the other 80 %
+  // at the enforced 1.1 cap. Measured with the full solver (30 x 16) at layers 0 / 7 / 15 and seeds
+  // 1-3: +4.5 % to +12.2 % LAR over METIS in all 9 cells; with this short run (6 x 8) at layer 0,
+  // seeds 1-3: +8.0 / +3.0 / +5.2 %. (Across domains the order is not robust: not asserted.)
+  ol::LoadOptions o;
+  o.only_layer = 0;
+  auto parts = moe::profile::split_profile(ol::load(MOE_SHARED_DATA_DIR, {"arxiv", "book", "github"}, o), 0.2, 1);
+  auto problem = pl::CoclusterProblem::from_counts(parts.first.layer(0), ol::top_k, 8);
+  auto eval = [&](pl::CoclusterResult const& r) {
+    sp::Predictor pred(sp::TokenDeviceTable::from_cocluster(problem, r, ol::vocab));
+    return sp::capped_evaluation(parts.second.layer(0), r.experts, ol::top_k, 8, [&](int t) { return pred.predict(t); });
+  };
+  auto ce = eval(pl::solve_cross_entropy(problem, quick()));
+  auto me = eval(pl::solve_metis(problem));
+  CAPTURE(ce.lar, me.lar);
+  REQUIRE(ce.imbalance <= 0.1 + 1e-9);
+  REQUIRE(me.imbalance <= 0.1 + 1e-9);
+  REQUIRE(ce.lar > me.lar);
 }
 #endif
