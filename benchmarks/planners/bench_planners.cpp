@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <ctime>
 #include <map>
 
 #include "moe/placement/heuristics.hpp"
@@ -102,7 +104,137 @@ static void BM_ILP_R1_256gpu(benchmark::State& st) {
 }
 BENCHMARK(BM_ILP_R1_256gpu)->Arg(1)->Arg(8)->Unit(benchmark::kMillisecond);
 
+// The reduced network that ilp_load hands to our network simplex (placement::reduced_network),
+// with costs scaled by 1e9 and rounded to integers, so that our solver and LEMON's get exactly
+// the same arcs, in the same order, with the same integer-valued costs.
+namespace {
+struct ArcList {
+  int nodes = 0;
+  std::vector<int> src, dst;
+  std::vector<long long> cap, cost, supply;
+  std::vector<double> exact_cost;  // unscaled, as ilp_load uses them
+};
+ArcList const& r1_reduced(int c_layer) {
+  static std::map<int, ArcList> cache;
+  auto it = cache.find(c_layer);
+  if (it == cache.end()) {
+    auto net = placement::reduced_network(placement::ilp_load_instance(r1_problem(c_layer), r1_load()));
+    ArcList l;
+    l.nodes = net.nodes();
+    for (int a = 0; a < net.arcs(); ++a) {
+      l.src.push_back(net.source(a));
+      l.dst.push_back(net.target(a));
+      l.cap.push_back(net.capacity(a));
+      l.cost.push_back(std::llround(1e9 * net.cost(a)));
+      l.exact_cost.push_back(net.cost(a));
+    }
+    for (int v = 0; v < l.nodes; ++v) l.supply.push_back(net.supply(v));
+    it = cache.emplace(c_layer, std::move(l)).first;
+  }
+  return it->second;
+}
+double thread_cpu_s() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+/// Builds our solver from the arc list and runs it; returns the optimum (scaled units) and pivots.
+std::pair<double, long long> solve_ours(ArcList const& l, bool exact_costs) {
+  placement::NetworkSimplex ns(l.nodes);
+  ns.reserve(static_cast<int>(l.src.size()));
+  for (std::size_t a = 0; a < l.src.size(); ++a)
+    ns.add_arc(l.src[a], l.dst[a], l.cap[a], exact_costs ? l.exact_cost[a] : static_cast<double>(l.cost[a]));
+  for (int v = 0; v < l.nodes; ++v) ns.set_supply(v, l.supply[static_cast<std::size_t>(v)]);
+  if (ns.run() != placement::NetworkSimplex::Status::optimal) return {-1, 0};
+  return {ns.total_cost(), ns.pivots()};
+}
+}  // namespace
+
+// Our network simplex alone on the reduced network (graph build included). Arguments: c_layer,
+// costs (0 = the integer-scaled costs LEMON gets, 1 = the exact double costs ilp_load uses).
+static void BM_NS_same_network_R1_256gpu(benchmark::State& st) {
+  auto const& l = r1_reduced(static_cast<int>(st.range(0)));
+  bool exact = st.range(1) == 1;
+  std::pair<double, long long> r;
+  for (auto _ : st) {
+    r = solve_ours(l, exact);
+    benchmark::DoNotOptimize(r);
+  }
+  if (r.first < 0) st.SkipWithError("ours: not optimal");
+  st.counters["objective_scaled"] = exact ? r.first * 1e9 : r.first;
+  st.counters["pivots"] = static_cast<double>(r.second);
+  st.counters["arcs"] = static_cast<double>(l.src.size());
+  st.counters["nodes"] = l.nodes;
+}
+BENCHMARK(BM_NS_same_network_R1_256gpu)
+    ->Args({1, 0})
+    ->Args({8, 0})
+    ->Args({1, 1})
+    ->Args({8, 1})
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(1.0);
+
 #ifdef MOE_BENCH_LEMON
+/// LEMON's NetworkSimplex (default Block Search pivot rule) built from the same arc list.
+static double solve_lemon(ArcList const& l) {
+  using namespace lemon;
+  SmartDigraph gr;
+  gr.reserveNode(l.nodes);
+  gr.reserveArc(static_cast<int>(l.src.size()));
+  std::vector<SmartDigraph::Node> nd(static_cast<std::size_t>(l.nodes));
+  for (auto& x : nd) x = gr.addNode();
+  SmartDigraph::ArcMap<long long> cap(gr), cost(gr);
+  SmartDigraph::NodeMap<long long> sup(gr);
+  for (std::size_t a = 0; a < l.src.size(); ++a) {
+    auto e = gr.addArc(nd[static_cast<std::size_t>(l.src[a])], nd[static_cast<std::size_t>(l.dst[a])]);
+    cap[e] = l.cap[a];
+    cost[e] = l.cost[a];
+  }
+  for (int v = 0; v < l.nodes; ++v) sup[nd[static_cast<std::size_t>(v)]] = l.supply[static_cast<std::size_t>(v)];
+  NetworkSimplex<SmartDigraph, long long, long long> ns(gr);
+  ns.upperMap(cap).costMap(cost).supplyMap(sup);
+  if (ns.run() != NetworkSimplex<SmartDigraph, long long, long long>::OPTIMAL) return -1;
+  return static_cast<double>(ns.totalCost());
+}
+
+// LEMON alone on the same arc list (graph build included).
+static void BM_LEMON_same_network_R1_256gpu(benchmark::State& st) {
+  auto const& l = r1_reduced(static_cast<int>(st.range(0)));
+  double r = 0;
+  for (auto _ : st) {
+    r = solve_lemon(l);
+    benchmark::DoNotOptimize(r);
+  }
+  if (r < 0) st.SkipWithError("LEMON: not optimal");
+  st.counters["objective_scaled"] = r;
+}
+BENCHMARK(BM_LEMON_same_network_R1_256gpu)->Arg(1)->Arg(8)->Unit(benchmark::kMillisecond)->MinTime(1.0);
+
+// Paired: every iteration runs ours (integer-scaled costs) and LEMON on the same arc list, each
+// timed with this thread's CPU clock, so both see the same machine load. Counters: CPU ms per
+// solve of each and ours / LEMON (sums over all iterations); the optima must agree exactly.
+static void BM_NS_vs_LEMON_paired_R1_256gpu(benchmark::State& st) {
+  auto const& l = r1_reduced(static_cast<int>(st.range(0)));
+  double ours_s = 0, lemon_s = 0;
+  bool same = true;
+  for (auto _ : st) {
+    double t0 = thread_cpu_s();
+    auto o = solve_ours(l, false);
+    double t1 = thread_cpu_s();
+    double r = solve_lemon(l);
+    double t2 = thread_cpu_s();
+    ours_s += t1 - t0;
+    lemon_s += t2 - t1;
+    same = same && o.first >= 0 && o.first == r;
+  }
+  if (!same) st.SkipWithError("ours and LEMON disagree");
+  auto n = static_cast<double>(st.iterations());
+  st.counters["ours_cpu_ms"] = 1e3 * ours_s / n;
+  st.counters["lemon_cpu_ms"] = 1e3 * lemon_s / n;
+  st.counters["ours_over_lemon"] = ours_s / lemon_s;
+}
+BENCHMARK(BM_NS_vs_LEMON_paired_R1_256gpu)->Arg(1)->Arg(8)->Unit(benchmark::kMillisecond)->MinTime(2.0);
+
 // LEMON NetworkSimplex on expert -> (layer, GPU group) -> group -> sink, with the GPUs of equal
 // cost columns merged (reduction 1 only); costs are frequencies scaled by 1e9 and rounded.
 static void BM_LEMON_ILPLoad_R1_256gpu(benchmark::State& st) {

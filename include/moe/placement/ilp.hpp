@@ -229,11 +229,20 @@ inline ExactResult solve_exact_impl(FlowInstance const& in, Solver solver, Netwo
   std::vector<std::vector<double>> class_cost(static_cast<std::size_t>(L));
   int nodes = 2 + NG;
   std::vector<int> class_base(static_cast<std::size_t>(L));
+  // heavy: per layer the experts by weight, heaviest first, ties by expert id (one sort per layer
+  // serves both the ascending weights here and the dealing in step 4).
+  std::vector<int> heavy(static_cast<std::size_t>(L) * static_cast<std::size_t>(E));
+  std::vector<std::pair<double, int>> keyed(static_cast<std::size_t>(E));
   for (int l = 0; l < L; ++l) {
+    for (int e = 0; e < E; ++e) keyed[static_cast<std::size_t>(e)] = {-W(l, e), e};
+    std::sort(keyed.begin(), keyed.end());
     auto& a = asc[static_cast<std::size_t>(l)];
     a.resize(static_cast<std::size_t>(E));
-    for (int e = 0; e < E; ++e) a[static_cast<std::size_t>(e)] = W(l, e);
-    std::sort(a.begin(), a.end());
+    for (int t = 0; t < E; ++t) {
+      auto const& k = keyed[static_cast<std::size_t>(E - 1 - t)];
+      a[static_cast<std::size_t>(t)] = -k.first;
+      heavy[static_cast<std::size_t>(l) * static_cast<std::size_t>(E) + static_cast<std::size_t>(E - 1 - t)] = k.second;
+    }
     auto& f = run_fwd[static_cast<std::size_t>(l)];
     auto& b = run_bwd[static_cast<std::size_t>(l)];
     f.assign(static_cast<std::size_t>(E) + 1, 0);
@@ -325,10 +334,9 @@ inline ExactResult solve_exact_impl(FlowInstance const& in, Solver solver, Netwo
   //    over its GPUs.
   res.assignment = Assignment{L, E, std::vector<int>(static_cast<std::size_t>(L) * static_cast<std::size_t>(E), -1)};
   std::vector<long long> cursor(static_cast<std::size_t>(NG), 0);
-  std::vector<int> experts(static_cast<std::size_t>(E)), groups(static_cast<std::size_t>(NG));
+  std::vector<int> groups(static_cast<std::size_t>(NG));
   for (int l = 0; l < L; ++l) {
-    std::iota(experts.begin(), experts.end(), 0);
-    std::stable_sort(experts.begin(), experts.end(), [&](int a, int b) { return W(l, a) > W(l, b); });
+    int const* experts = heavy.data() + static_cast<std::size_t>(l) * static_cast<std::size_t>(E);
     std::iota(groups.begin(), groups.end(), 0);
     std::stable_sort(groups.begin(), groups.end(), [&](int a, int b) {
       return gcost[static_cast<std::size_t>(l) * static_cast<std::size_t>(NG) + static_cast<std::size_t>(a)] <

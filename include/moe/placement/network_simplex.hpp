@@ -172,26 +172,30 @@ private:
   int find_entering(int block, int& next) const {
     int in = -1;
     double best = -eps_;
-    int cnt = block;
     Arc const* arc = arc_.data();
     std::int8_t const* st = state_.data();
     double const* pi = pi_.data();
-    for (int pass = 0; pass < 2; ++pass) {
-      int lo = pass == 0 ? next : 0, hi = pass == 0 ? m_ : next;
-      for (int e = lo; e < hi; ++e) {
-        Arc const& x = arc[e];
-        double c = st[e] * (x.cost + pi[x.src] - pi[x.dst]);
-        if (c < best) best = c, in = e;
-        if (--cnt == 0) {
-          if (in >= 0) {
-            next = e;
-            return in;
-          }
-          cnt = block;
+    // Blocks of `block` arcs from `next`, wrapping around once; a block may straddle the end.
+    int e = next, left = m_;
+    while (left > 0) {
+      int len = std::min(block, left);
+      left -= len;
+      while (len > 0) {
+        int stop = std::min(e + len, m_);
+        len -= stop - e;
+        for (; e < stop; ++e) {
+          Arc const& x = arc[e];
+          double c = st[e] * (x.cost + pi[x.src] - pi[x.dst]);
+          if (c < best) best = c, in = e;
         }
+        if (e == m_) e = 0;
+      }
+      if (in >= 0) {
+        next = e;
+        return in;
       }
     }
-    return in;
+    return -1;
   }
 
   void pivot(int in) {
