@@ -97,6 +97,9 @@ TEST_CASE("co-clustering input validation", "[speculative][cocluster][errors]") 
   pl::CrossEntropyOptions bad;
   bad.elite_fraction = 0;
   REQUIRE_THROWS_AS(pl::solve_cross_entropy(q, bad), moe::Error);
+  pl::CrossEntropyOptions negative_weight;
+  negative_weight.balance_weight = -1;
+  REQUIRE_THROWS_WITH(pl::solve_cross_entropy(q, negative_weight), Catch::Contains("balance_weight must be >= 0"));
 }
 
 TEST_CASE("Hungarian assignment against all permutations", "[speculative][cocluster]") {
