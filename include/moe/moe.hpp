@@ -52,3 +52,5 @@
 // FinDEP: performance models, solver, simulator, host executor.
 #include "moe/schedule/findep.hpp"
 #include "moe/schedule/findep_executor.hpp"
+#include "moe/schedule/disaggregated.hpp"
+#include "moe/layer/disaggregated.hpp"
