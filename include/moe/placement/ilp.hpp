@@ -282,10 +282,23 @@ inline ExactResult solve_exact_impl(FlowInstance const& in, Solver solver, Netwo
       auto const& f = run_fwd[static_cast<std::size_t>(l)];
       int base = class_base[static_cast<std::size_t>(l)];
       net.set_supply(base, E);
-      for (std::size_t k = 0; k + 1 < cc.size(); ++k)
-        for (int t = 0; t < E; t += f[static_cast<std::size_t>(t)])
-          net.add_arc(base + static_cast<int>(k), base + static_cast<int>(k) + 1, f[static_cast<std::size_t>(t)],
-                      (cc[k + 1] - cc[k]) * a[static_cast<std::size_t>(t)]);
+      // Warm start: whatever the GPU groups of classes 0..k cannot take (c_layer caps) must go
+      // on beyond class k, over the cheapest chain arcs; those arcs start saturated.
+      std::vector<long long> class_room(cc.size(), 0);
+      for (int j = 0; j < NG; ++j) {
+        double c = gcost[static_cast<std::size_t>(l) * static_cast<std::size_t>(NG) + static_cast<std::size_t>(j)];
+        class_room[static_cast<std::size_t>(std::lower_bound(cc.begin(), cc.end(), c) - cc.begin())] += group_cap(j, in.c_layer);
+      }
+      long long room = 0;
+      for (std::size_t k = 0; k + 1 < cc.size(); ++k) {
+        room += class_room[k];
+        long long forced = E - room;  // lower bound on the flow beyond class k
+        for (int t = 0; t < E; t += f[static_cast<std::size_t>(t)]) {
+          int arc = net.add_arc(base + static_cast<int>(k), base + static_cast<int>(k) + 1, f[static_cast<std::size_t>(t)],
+                                (cc[k + 1] - cc[k]) * a[static_cast<std::size_t>(t)]);
+          if (t + f[static_cast<std::size_t>(t)] <= forced) net.start_at_upper(arc);
+        }
+      }
       for (int j = 0; j < NG; ++j) {
         double c = gcost[static_cast<std::size_t>(l) * static_cast<std::size_t>(NG) + static_cast<std::size_t>(j)];
         int k = static_cast<int>(std::lower_bound(cc.begin(), cc.end(), c) - cc.begin());

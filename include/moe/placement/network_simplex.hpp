@@ -44,10 +44,18 @@ public:
     check(u >= 0 && u < n_ && v >= 0 && v < n_, "network simplex: arc ", u, " -> ", v, " outside [0, ", n_, ")");
     check(cap >= 0, "network simplex: negative capacity");
     check(std::isfinite(cost), "network simplex: cost is not finite");
-    arcs_.push_back({u, v, cap, cost});
+    arcs_.push_back({u, v, cap, cost, false});
     return static_cast<int>(arcs_.size()) - 1;
   }
   void set_supply(int v, long long s) { supply_[static_cast<std::size_t>(v)] = s; }
+  /// Warm start (optional): arc `a` starts at its upper bound (flow = capacity) instead of 0.
+  /// Any set of such arcs gives a valid starting tree (the artificial arcs take up the
+  /// imbalance), so the optimum does not depend on it; arcs that are saturated in an optimal
+  /// solution (e.g. forced by capacities) save the pivots that would saturate them one by one.
+  void start_at_upper(int a) {
+    check(a >= 0 && a < arcs(), "network simplex: arc ", a, " outside [0, ", arcs(), ")");
+    arcs_[static_cast<std::size_t>(a)].upper = true;
+  }
 
   [[nodiscard]] int nodes() const { return n_; }
   [[nodiscard]] int arcs() const { return static_cast<int>(arcs_.size()); }
@@ -92,6 +100,7 @@ private:
     int src, dst;
     long long cap;
     double cost;
+    bool upper = false;  // warm start at the upper bound
   };
   struct Arc {  // what pricing reads, in internal order
     int src, dst;
@@ -108,20 +117,37 @@ private:
     state_.assign(static_cast<std::size_t>(M), 1);  // 1 = at lower bound, -1 = at upper, 0 = tree
     pos_.resize(static_cast<std::size_t>(m_));
     // Interleave: user arc k goes to slot i, i advancing by `skip` and wrapping to the next start.
+    // Arcs started at the upper bound move their flow into the supplies the artificial arcs see.
+    // Artificial capacity: more than any flow an artificial arc can carry (all supplies plus all
+    // real capacities), clamped far below overflow.
+    constexpr long long clamp = std::numeric_limits<long long>::max() / 4;
     double maxc = 0;
     long long flow_bound = 1;
+    std::vector<long long>& b = start_supply_;
+    b = supply_;
     {
       int skip = std::max(m_ / n_, 3), i = 0, j = 0;
       for (int k = 0; k < m_; ++k) {
         UserArc const& u = arcs_[static_cast<std::size_t>(k)];
-        arc_[static_cast<std::size_t>(i)] = {u.src, u.dst, u.cost};
-        cap_[static_cast<std::size_t>(i)] = u.cap;
+        std::size_t ii = static_cast<std::size_t>(i);
+        arc_[ii] = {u.src, u.dst, u.cost};
+        cap_[ii] = u.cap;
+        if (u.upper) {
+          state_[ii] = -1;
+          flow_[ii] = u.cap;
+          b[static_cast<std::size_t>(u.src)] -= u.cap;
+          b[static_cast<std::size_t>(u.dst)] += u.cap;
+        }
         pos_[static_cast<std::size_t>(k)] = i;
         maxc = std::max(maxc, std::abs(u.cost));
+        flow_bound = u.cap >= clamp - flow_bound ? clamp : flow_bound + u.cap;
         if ((i += skip) >= m_) i = ++j;
       }
     }
-    for (long long s : supply_) flow_bound += std::abs(s);
+    for (long long s : supply_) {
+      long long a = s < 0 ? (s < -clamp ? clamp : -s) : s;
+      flow_bound = a >= clamp - flow_bound ? clamp : flow_bound + a;
+    }
     double big_m = (maxc + 1.0) * static_cast<double>(N);
     eps_ = 1e-12 * (maxc + 1.0);
 
@@ -151,7 +177,7 @@ private:
       last_[vv] = v;
       state_[e] = 0;
       cap_[e] = flow_bound;
-      long long s = supply_[vv];
+      long long s = b[vv];
       if (s >= 0) {  // v -> root, free
         arc_[e] = {v, root_, 0.0};
         dir_[vv] = 1;
@@ -343,7 +369,7 @@ private:
   }
 
   int n_, m_ = 0, root_ = 0;
-  std::vector<long long> supply_;
+  std::vector<long long> supply_, start_supply_;
   std::vector<UserArc> arcs_;    // as added
   std::vector<int> pos_;         // user arc -> internal slot
   std::vector<Arc> arc_;         // internal order; artificial arcs at m_ .. m_ + n_ - 1
