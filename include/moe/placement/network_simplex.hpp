@@ -64,6 +64,7 @@ public:
   [[nodiscard]] long long capacity(int a) const { return arcs_[static_cast<std::size_t>(a)].cap; }
   [[nodiscard]] double cost(int a) const { return arcs_[static_cast<std::size_t>(a)].cost; }
   [[nodiscard]] long long supply(int v) const { return supply_[static_cast<std::size_t>(v)]; }
+  [[nodiscard]] bool starts_at_upper(int a) const { return arcs_[static_cast<std::size_t>(a)].upper; }
 
   /// Flow on arc `a` after run().
   [[nodiscard]] long long flow(int a) const { return flow_[static_cast<std::size_t>(pos_[static_cast<std::size_t>(a)])]; }
