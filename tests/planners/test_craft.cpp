@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <functional>
+#include <limits>
 
 #include "moe/placement/eplb_packing.hpp"
 #include "moe/placement/metrics.hpp"
@@ -209,4 +210,36 @@ TEST_CASE("CRAFT benefit estimation does not depend on the thread count") {
   CHECK(a.gain == b.gain);
   CHECK_THROWS_AS(craft::estimate_benefit(prof, 4, -1), moe::Error);
   CHECK_THROWS_AS(craft::estimate_benefit(prof, 32, 1), moe::Error);  // fewer experts than GPUs
+}
+
+TEST_CASE("CRAFT DP with a budget far above every layer's largest count equals brute force") {
+  // A budget above what any selection can use (here above INT_MAX) once overflowed the DP's int
+  // table size; the answer is the best selection of any total, as brute force finds it.
+  profile::Rng rng(7);
+  for (int it = 0; it < 20; ++it) {
+    int L = 1 + rng.below(4), D = 1 << rng.below(4);
+    craft::Benefit T;
+    T.counts = craft::replica_counts(D);
+    T.base.assign(static_cast<std::size_t>(L), 0.5);
+    for (std::size_t k = 0; k < T.counts.size(); ++k) {
+      T.gain.emplace_back();
+      for (int l = 0; l < L; ++l) T.gain.back().push_back(rng.uniform() - 0.2);
+    }
+    for (long long C : {5'000'000'000LL, static_cast<long long>(L) * D, static_cast<long long>(L) * D + 1}) {
+      auto x = craft::choose_replicas(T, C);
+      INFO("L=" << L << " D=" << D << " C=" << C);
+      CHECK(value(T, x, craft::Objective::gain) == Approx(brute_force(T, C, craft::Objective::gain)).margin(1e-12));
+    }
+  }
+}
+
+TEST_CASE("CRAFT replicate rejects non-finite and negative loads") {
+  std::vector<double> nan_load(4, std::numeric_limits<double>::quiet_NaN());
+  CHECK_THROWS_WITH(craft::replicate(nan_load.data(), 4, 2, 4), Catch::Contains("not finite"));
+  std::vector<double> neg{1, -1, 2, 3};
+  CHECK_THROWS_WITH(craft::replicate(neg.data(), 4, 2, 4), Catch::Contains("load -1 of expert 1"));
+  std::vector<double> ok{1, 1, 2, 3};
+  CHECK_THROWS_WITH(craft::replicate(ok.data(), 4, -1, 4), Catch::Contains("r >= 0"));
+  // Too many replicas for max_copies (existing path, now with its message asserted).
+  CHECK_THROWS_WITH(craft::replicate(ok.data(), 4, 13, 4), Catch::Contains("do not fit"));
 }

@@ -90,6 +90,10 @@ inline std::vector<std::vector<int>> assign_capacity(int experts, std::vector<in
 inline std::vector<int> replicate(double const* load, int experts, int r, int max_copies) {
   check(static_cast<long long>(experts) * max_copies >= static_cast<long long>(experts) + r, "craft: ", r,
         " replicas do not fit with at most ", max_copies, " copies of each of ", experts, " experts");
+  check(experts > 0 && r >= 0, "craft: replicate needs experts > 0 and r >= 0, got ", experts, " and ", r);
+  for (int e = 0; e < experts; ++e)
+    check(std::isfinite(load[e]) && load[e] >= 0, "craft: load ", load[e], " of expert ", e,
+          " is negative or not finite");
   std::vector<int> cnt(static_cast<std::size_t>(experts), 1);
   for (int i = 0; i < r; ++i) {
     int best = -1;
@@ -290,7 +294,12 @@ enum class Objective {
 inline std::vector<int> choose_replicas(Benefit const& T, long long capacity, Objective obj = Objective::gain) {
   check(capacity >= 0, "craft: negative replica budget ", capacity);
   int L = static_cast<int>(T.base.size());
-  int C = static_cast<int>(capacity);
+  // No selection uses more than `most` replicas (every layer at the largest count), so totals above
+  // most + 1 are unreachable: clamping there keeps the answer (best total below the budget) and
+  // bounds the DP table and the int below for any capacity.
+  long long most = static_cast<long long>(L) * (T.counts.empty() ? 0 : *std::max_element(T.counts.begin(), T.counts.end()));
+  check(most < std::numeric_limits<int>::max(), "craft: ", most, " replicas are too many to choose from");
+  int C = static_cast<int>(std::min(capacity, most + 1));
   constexpr double ninf = -std::numeric_limits<double>::infinity();
   std::vector<double> prev(static_cast<std::size_t>(C) + 1, ninf), cur(static_cast<std::size_t>(C) + 1);
   std::vector<std::vector<signed char>> choice(static_cast<std::size_t>(L), std::vector<signed char>(static_cast<std::size_t>(C) + 1, -1));
