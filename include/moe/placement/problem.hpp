@@ -118,6 +118,13 @@ inline void check_assignment(Problem const& p, Assignment const& a) {
 
 /// sum over (l, e) of weight(l, e) * p(l, gpu(l, e)); weight is L x E row-major (empty = all 1).
 inline double objective(Problem const& p, Assignment const& a, std::vector<double> const& weight = {}) {
+  check(a.layers == p.layers && a.experts == p.experts &&
+            a.gpu.size() == static_cast<std::size_t>(p.layers) * static_cast<std::size_t>(p.experts),
+        "objective: assignment is ", a.layers, "x", a.experts, " with ", a.gpu.size(), " entries, the problem is ",
+        p.layers, "x", p.experts);
+  check(weight.empty() || weight.size() == static_cast<std::size_t>(p.layers) * static_cast<std::size_t>(p.experts),
+        "objective: weight has ", weight.size(), " entries, expected layers x experts = ", p.layers, "x", p.experts);
+  for (int g : a.gpu) check(g >= 0 && g < p.gpus, "objective: assignment uses GPU ", g, " outside [0, ", p.gpus, ")");
   double s = 0;
   for (int l = 0; l < p.layers; ++l)
     for (int e = 0; e < p.experts; ++e) {
