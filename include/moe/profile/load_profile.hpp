@@ -283,6 +283,11 @@ inline LoadProfile sample_profile(Marginals const& m, SampleOptions const& o) {
         "sample_profile: marginals have the wrong size");
   check(o.batches > 0 && o.top_k > 0 && o.tokens_per_batch > 0 && o.concentration > 0,
         "sample_profile: batches, top_k, tokens_per_batch and concentration must be positive");
+  // An infinite concentration makes the gamma sampler loop forever (NaN acceptance test), and
+  // infinite tokens give infinite loads.
+  check(std::isfinite(o.tokens_per_batch * o.top_k) && std::isfinite(o.concentration),
+        "sample_profile: tokens_per_batch (", o.tokens_per_batch, ") and concentration (", o.concentration,
+        ") must be finite");
   for (double w : m.weight) check(std::isfinite(w) && w >= 0, "sample_profile: marginal weight ", w, " is negative or not finite");
   Rng rng(o.seed);
   LoadProfile p(o.batches, m.layers, m.experts);
