@@ -35,6 +35,31 @@ TEST_CASE("placement objective rejects weights and assignments of the wrong shap
   CHECK_THROWS_WITH(placement::objective(p, far), Contains("GPU 9 outside [0, 4)"));
 }
 
+TEST_CASE("placement problem validation names inconsistent sizes") {
+  auto p = small_problem();
+  p.hops.pop_back();
+  CHECK_THROWS_WITH(p.validate(), Contains("hop matrix has 15 entries, expected 4x4"));
+  p = small_problem();
+  p.attention.pop_back();
+  CHECK_THROWS_WITH(p.validate(), Contains("2 attention GPUs given, expected layers + 1 = 3"));
+  p = small_problem();
+  p.attention[1] = 4;
+  CHECK_THROWS_WITH(p.validate(), Contains("attention GPU 4 outside [0, 4)"));
+  p = small_problem();
+  p.hops[1] = -1;
+  CHECK_THROWS_WITH(p.validate(), Contains("negative hop count -1"));
+  p = small_problem();
+  p.c_layer = 0;
+  CHECK_THROWS_WITH(p.validate(), Contains("must be positive"));
+  CHECK_THROWS_WITH(placement::spread_attention(0, 4), Contains("layers and gpus must be positive"));
+  p = small_problem();
+  placement::Assignment wrong{1, 4, std::vector<int>(4, 0)};
+  CHECK_THROWS_WITH(placement::check_assignment(p, wrong), Contains("assignment has the wrong shape"));
+  placement::Assignment crowded{2, 4, std::vector<int>(8, 0)};
+  p.c_layer = 2;
+  CHECK_THROWS_WITH(placement::check_assignment(p, crowded), Contains("more than c_layer = 2"));
+}
+
 TEST_CASE("seeded sampler rejects options that would hang or give infinite loads") {
   auto m = profile::zipf_marginals(1, 4, 1, 1, 1);
   profile::SampleOptions o;
@@ -67,4 +92,65 @@ TEST_CASE("seeded sampler rejects options that would hang or give infinite loads
   profile::LoadProfile p(2, 1, 1);
   CHECK_THROWS_WITH(p.slice(1, 3), Contains("batch range [1, 3) outside [0, 2)"));
   CHECK_THROWS_WITH(p.totals(1, 1), Contains("batch range [1, 1)"));
+}
+
+TEST_CASE("EPLB and CRAFT name their bad inputs") {
+  std::vector<double> w = {1, 2, 3, 4};
+  CHECK_THROWS_WITH(replication::eplb::rebalance_experts(w, 2, 4, 4, 1, 1, 2), Contains("weight has 4 entries, expected 2x4"));
+  CHECK_THROWS_WITH(replication::eplb::rebalance_experts(w, 1, 4, 6, 1, 1, 4), Contains("do not split over 4"));
+  CHECK_THROWS_WITH(replication::eplb::rebalance_experts(w, 1, 4, 2, 1, 1, 2), Contains("cannot hold 4 logical experts"));
+  std::vector<double> neg = {1, -2, 3, 4};
+  CHECK_THROWS_WITH(replication::eplb::rebalance_experts(neg, 1, 4, 4, 1, 1, 2), Contains("is negative or not finite"));
+  CHECK_THROWS_WITH(replication::eplb::rebalance_experts(w, 1, 4, 4, 0, 1, 2), Contains("must be positive"));
+  std::vector<double> load = {4, 3, 2, 1};
+  // 5 copies for 4 slots, and an expert with more copies than GPUs.
+  CHECK_THROWS_WITH(replication::craft::place_layer(load.data(), {2, 1, 1, 1}, {2, 2}), Contains("5 copies for 4 slots"));
+  CHECK_THROWS_WITH(replication::craft::place_layer(load.data(), {3, 1, 1, 1}, {3, 3}), Contains("needs 1..2"));
+  CHECK_THROWS_WITH(replication::craft::interleave_select({0, 1, 2}, 4), Contains("cannot pick 4 of 3"));
+  CHECK_THROWS_WITH(replication::craft::assign_capacity(4, {-1}, 2), Contains("negative replica count for layer 0"));
+  replication::craft::Benefit T;
+  T.counts = {1, 2};
+  T.base = {0.5};
+  T.gain = {{0.1}, {0.2}};
+  CHECK_THROWS_WITH(replication::craft::selection_gain(T, {3}), Contains("replica count 3 was not estimated"));
+  CHECK_THROWS_WITH(replication::craft::choose_replicas(T, -1), Contains("negative replica budget -1"));
+  profile::LoadProfile prof(2, 1, 4);
+  for (int e = 0; e < 4; ++e) prof.at(0, 0, e) = prof.at(1, 0, e) = e + 1;
+  CHECK_THROWS_WITH(replication::craft::estimate_benefit(prof, 8), Contains("4 experts cannot cover 8 GPUs"));
+  CHECK_THROWS_WITH(replication::craft::estimate_benefit(prof, 2, -1), Contains("negative thread count"));
+  CHECK_THROWS_WITH(replication::craft::estimate_benefit(prof, 0), Contains("gpus must be positive"));
+  replication::craft::Options o;
+  o.replication_factor = -1;
+  CHECK_THROWS_WITH(replication::craft::plan(prof, 2, o), Contains("negative replication factor"));
+}
+
+TEST_CASE("topology building names unknown, self and unfinished links") {
+  topology::Topology t;
+  int a = t.add_server("a", 2);
+  CHECK_THROWS_WITH(t.add_link(a, 5), Contains("link between unknown vertices 0 and 5"));
+  CHECK_THROWS_WITH(t.add_link(a, a), Contains("link from 'a' to itself"));
+  CHECK_THROWS_WITH(t.vertex("zz"), Contains("unknown vertex 'zz'"));
+  CHECK_THROWS_WITH(t.gpu_hops(), Contains("call finalize() first"));
+  CHECK_THROWS_WITH(t.add_server("a", 1), Contains("duplicate"));
+  CHECK_THROWS_WITH(topology::fat_tree(0, 1, 1), Contains("must be positive"));
+  CHECK_THROWS_WITH(topology::fat_tree(2, 1, 1, 0), Contains("spines must be positive"));
+  CHECK_THROWS_WITH(topology::fat_tree_sparse(6, 1, 1, 4), Contains("6 leaves do not split into pods of 4"));
+  CHECK_THROWS_WITH(topology::dragonfly(6, 1, 1, 4), Contains("6 routers do not split into 4 groups"));
+}
+
+TEST_CASE("plan files and metrics name empty or mismatched input") {
+  std::ostringstream os;
+  CHECK_THROWS_WITH(placement::write_plan(os, {}, 2), Contains("write_plan: no layers"));
+  CHECK_THROWS_WITH(placement::Shares::from_tables({}, 2), Contains("shares: no layers"));
+  std::vector<replication::Table> two{replication::Table(std::vector<std::vector<int>>{{0}, {1}}),
+                                      replication::Table(std::vector<std::vector<int>>{{0}, {1}, {1}})};
+  CHECK_THROWS_WITH(placement::Shares::from_tables(two, 2), Contains("layers have different expert counts"));
+  auto p = small_problem();
+  auto a = placement::greedy(p);
+  profile::LoadProfile wrong(1, 3, 4);
+  CHECK_THROWS_WITH(placement::hops_per_batch(p, a, wrong, 2), Contains("hops: profile shape 3x4"));
+  profile::LoadProfile right(1, 2, 4);
+  CHECK_THROWS_WITH(placement::hops_per_batch(p, a, right, 0), Contains("top_k must be positive"));
+  auto s = placement::Shares::from_assignment(a, 4);
+  CHECK_THROWS_WITH(placement::balancedness(s, wrong), Contains("balancedness: profile shape 3x4"));
 }
