@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <queue>
@@ -88,8 +89,15 @@ inline SimResult simulate(TaskGraph& g) {
   std::vector<char> listed(n, 0);
   for (std::size_t i = 0; i < n; ++i) {
     g.tasks[i].start = g.tasks[i].end = -1;
+    // Tasks may be filled in directly (the fields are public), so add()'s checks are repeated here.
+    double du = g.tasks[i].duration;
+    check(du >= 0 && std::isfinite(du), "simulator: task ", i, " has duration ", du,
+          "; it must be finite and non-negative");
     waiting[i] = static_cast<int>(g.tasks[i].deps.size());
-    for (int d : g.tasks[i].deps) dependents[static_cast<std::size_t>(d)].push_back(static_cast<int>(i));
+    for (int d : g.tasks[i].deps) {
+      check(d >= 0 && static_cast<std::size_t>(d) < n, "simulator: task ", i, " depends on unknown task ", d);
+      dependents[static_cast<std::size_t>(d)].push_back(static_cast<int>(i));
+    }
   }
   for (auto const& o : g.order)
     for (int id : o) {

@@ -1,0 +1,50 @@
+// Bad-input paths of the schedule headers that had no test of their own: each asserts a moe::Error
+// whose message names the problem.
+#include <catch2/catch.hpp>
+
+#include <limits>
+#include <sstream>
+
+#include "moe/models/models.hpp"
+#include "moe/schedule/solver.hpp"
+
+using namespace moe::schedule;
+using Catch::Contains;
+
+namespace {
+Problem small(int samples) {
+  Problem p;
+  p.shape = moe::models::DeepSeekV2::spec;
+  p.ag = 2;
+  p.eg = 2;
+  p.seq = 1024;
+  p.layers = 2;
+  p.bytes_per_token = default_bytes_per_token(p.shape);
+  p.memory_bytes = (samples + 0.5) * p.seq * p.bytes_per_token;  // room for exactly `samples` samples
+  return p;
+}
+}  // namespace
+
+TEST_CASE("simulator checks tasks filled in directly, not only through add()", "[schedule][bad-input]") {
+  TaskGraph g;
+  Task t;
+  t.duration = 1;
+  t.deps = {5};  // no task 5: read past the dependents array before the fix
+  g.tasks.push_back(t);
+  g.order[0] = {0};
+  CHECK_THROWS_WITH(simulate(g), Contains("task 0 depends on unknown task 5"));
+  g.tasks[0].deps = {};
+  g.tasks[0].duration = std::numeric_limits<double>::quiet_NaN();  // gave a makespan of 0 before
+  CHECK_THROWS_WITH(simulate(g), Contains("task 0 has duration nan"));
+  g.tasks[0].duration = 1;
+  g.order[0] = {};
+  CHECK_THROWS_WITH(simulate(g), Contains("task 0 is on no resource"));
+  g.order[0] = {0, 0};
+  CHECK_THROWS_WITH(simulate(g), Contains("missing or listed twice"));
+  StageTimes st{};
+  CHECK_THROWS_WITH(build_tasks(st, Config{}, 0), Contains("layers must be at least 1, got 0"));
+  CHECK_THROWS_WITH(build_tasks(st, Config{Pipeline::findep, Order::asas, 1, 1, 0}, 1),
+                    Contains("r1 and r2 must be at least 1, got 1 and 0"));
+  CHECK_THROWS_WITH(build_tasks(st, Config{Pipeline::pppipe, Order::asas, 1, 1, 2}, 1),
+                    Contains("PPPipe has no token chunks"));
+}
