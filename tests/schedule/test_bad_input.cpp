@@ -48,3 +48,25 @@ TEST_CASE("simulator checks tasks filled in directly, not only through add()", "
   CHECK_THROWS_WITH(build_tasks(st, Config{Pipeline::pppipe, Order::asas, 1, 1, 2}, 1),
                     Contains("PPPipe has no token chunks"));
 }
+
+TEST_CASE("solvers refuse a search space too large to finish instead of hanging", "[schedule][bad-input]") {
+  PerfModels m = h100_cluster_reference();
+  // Room for 100000 samples per AG rank: solve_pppipe / search_all ran for minutes before.
+  Problem p = small(100000);
+  CHECK_THROWS_WITH(solve_findep(p, m), Contains("100000 samples per AG rank (what the memory limit holds) exceed the 4096"));
+  CHECK_THROWS_WITH(solve_pppipe(p, m), Contains("exceed the 4096"));
+  CHECK_THROWS_WITH(search_all(p, m, Pipeline::findep, Scorer::closed_form), Contains("exceed the 4096"));
+  CHECK_THROWS_WITH(frontier(p), Contains("exceed the 4096"));
+  // A memory limit far beyond a long long of samples (converting it was undefined behaviour).
+  p.memory_bytes = 1e300;
+  CHECK(max_samples(p) == std::numeric_limits<long long>::max());
+  CHECK_THROWS_WITH(solve_findep(p, m), Contains("exceed the 4096"));
+  // With a batch the memory limit does not bound the search; the batch does.
+  p.batch = 5000;
+  CHECK_THROWS_WITH(solve_pppipe(p, m), Contains("5000 samples per AG rank (the batch) exceed the 4096"));
+  // An ordinary problem still solves (and agrees with the exhaustive closed-form search).
+  Problem q = small(8);
+  q.batch = 0;
+  Solution f = solve_findep(q, m), ex = search_all(q, m, Pipeline::findep, Scorer::closed_form);
+  CHECK(f.throughput >= 0.98 * ex.throughput);
+}

@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string_view>
 
 #include "moe/config.hpp"
@@ -72,7 +73,10 @@ struct Problem {
 /// Largest number of samples an AG rank can hold (the paper's M: r1 * m_a <= M).
 [[nodiscard]] inline long long max_samples(Problem const& p) {
   double per_sample = static_cast<double>(p.seq) * bytes_per_token(p);
-  return static_cast<long long>(std::floor(p.memory_bytes / per_sample));
+  double n = std::floor(p.memory_bytes / per_sample);
+  // Saturate instead of converting a NaN or out-of-range double (undefined behaviour).
+  if (!(n >= 0)) return 0;
+  return n >= 9.0e18 ? std::numeric_limits<long long>::max() : static_cast<long long>(n);
 }
 
 /// Throws moe::Error naming the first problem with the input.

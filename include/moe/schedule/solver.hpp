@@ -45,15 +45,31 @@ struct Solution {
   return out;
 }
 
+/// Largest number of samples per AG rank (the batch, or what the memory holds when batch = 0) the
+/// solvers search. The exhaustive passes (solve_pppipe, search_all) grow faster than M^2: M = 4096
+/// takes under a second here, M = 100000 more than a minute, so a larger M is refused with an error
+/// rather than left to hang (and r1, m_a must fit an int).
+inline constexpr long long max_search_samples = 4096;
+
+/// Samples per AG rank to search; throws moe::Error when above max_search_samples.
+[[nodiscard]] inline long long search_samples(Problem const& p) {
+  long long M = p.batch > 0 ? p.batch : max_samples(p);
+  check(M <= max_search_samples, "findep solver: ", M, " samples per AG rank (",
+        p.batch > 0 ? "the batch" : "what the memory limit holds", ") exceed the ", max_search_samples,
+        " samples the solver searches; set Problem::batch to the samples to run or lower memory_bytes");
+  return M;
+}
+
 /// (r1, m_a) pairs on the Pareto frontier, r1 descending.
 [[nodiscard]] inline std::vector<std::pair<int, int>> frontier(Problem const& p) {
+  (void)search_samples(p);
   std::vector<std::pair<int, int>> out;
   if (p.batch > 0) {
     for (int r1 = p.batch; r1 >= 1; --r1)
       if (p.batch % r1 == 0) out.emplace_back(r1, p.batch / r1);
     return out;
   }
-  long long M = max_samples(p);
+  long long M = search_samples(p);
   long long prev = -1;
   for (long long r1 = M; r1 >= 1; --r1) {
     long long m_a = M / r1;
@@ -131,7 +147,7 @@ inline void consider(Solution& best, Problem const& p, Config const& c, double s
   int L = layers_of(p);
   Solution best;
   FastEvaluator eval;
-  long long M = p.batch > 0 ? p.batch : max_samples(p);
+  long long M = search_samples(p);
   for (long long r1 = 1; r1 <= M; ++r1)
     for (long long m_a = M / r1; m_a >= 1; --m_a) {
       if (p.batch > 0 && r1 * m_a != p.batch) continue;
@@ -157,7 +173,7 @@ enum class Scorer { closed_form, simulator };
   int L = layers > 0 ? layers : layers_of(p);
   Solution best;
   FastEvaluator eval;
-  long long M = p.batch > 0 ? p.batch : max_samples(p);
+  long long M = search_samples(p);
   std::vector<Order> orders{Order::asas};
   if (kind == Pipeline::findep && p.shape.shared_experts > 0) orders.push_back(Order::aass);
   for (long long r1 = 1; r1 <= M; ++r1)
