@@ -33,6 +33,7 @@ namespace moe::speculative {
 using Q15 = std::int16_t;
 inline constexpr double q15_scale = 32767.0;
 [[nodiscard]] inline Q15 to_q15(double p) {
+  check(!std::isnan(p), "confidence is NaN (expected a share in [0, 1])");
   p = std::clamp(p, 0.0, 1.0);
   return static_cast<Q15>(std::lround(p * q15_scale));
 }
@@ -67,11 +68,13 @@ struct Lookup {
 class TokenDeviceTable {
 public:
   TokenDeviceTable() = default;
-  TokenDeviceTable(int vocab, int devices)
-      : devices_(devices), device_(static_cast<std::size_t>(vocab), -1), conf_(static_cast<std::size_t>(vocab), 0) {
+  TokenDeviceTable(int vocab, int devices) : devices_(devices) {
+    // Checked before the arrays are sized: a negative vocab would otherwise throw std::length_error.
     check(vocab > 0, "token table: vocabulary size must be positive, got ", vocab);
     check(devices > 0 && devices <= std::numeric_limits<std::int16_t>::max(),
           "token table: devices must be in [1, 32767], got ", devices);
+    device_.assign(static_cast<std::size_t>(vocab), -1);
+    conf_.assign(static_cast<std::size_t>(vocab), 0);
   }
 
   /// From a co-clustering: row i's token gets result.token_device[i], confidence = the share of
@@ -147,12 +150,18 @@ private:
 /// (device at layer l-L, ..., device at layer l-1) -> device at layer l, with confidence.
 class DeviceSequenceTable {
 public:
+  /// Largest table (devices^(lookback + 1) counts of 8 bytes): 2^27 cells = 1 GiB.
+  static constexpr std::size_t max_cells = std::size_t{1} << 27;
   DeviceSequenceTable() = default;
   DeviceSequenceTable(int devices, int lookback) : devices_(devices), lookback_(lookback) {
     check(devices > 0 && devices <= 256, "device-sequence table: devices must be in [1, 256], got ", devices);
     check(lookback >= 1 && lookback <= 4, "device-sequence table: lookback must be in [1, 4], got ", lookback);
     std::size_t rows = 1;
     for (int i = 0; i < lookback; ++i) rows *= static_cast<std::size_t>(devices);
+    // devices^(lookback + 1) count cells: 64 devices with lookback 4 would be 8.6 GB.
+    check(rows * static_cast<std::size_t>(devices) <= max_cells, "device-sequence table: ", devices,
+          " devices with lookback ", lookback, " need ", rows * static_cast<std::size_t>(devices),
+          " cells, above the limit of ", max_cells, "; use a shorter lookback");
     counts_.assign(rows * static_cast<std::size_t>(devices), 0.0);
     device_.assign(rows, -1);
     conf_.assign(rows, 0);
