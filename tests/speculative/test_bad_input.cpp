@@ -6,6 +6,7 @@
 #include <limits>
 #include <vector>
 
+#include "moe/placement/cocluster.hpp"
 #include "moe/speculative/comm_volume.hpp"
 #include "moe/speculative/predictor.hpp"
 #include "moe/speculative/shuffle_plan.hpp"
@@ -13,6 +14,21 @@
 namespace sp = moe::speculative;
 namespace pl = moe::placement;
 using Catch::Contains;
+
+namespace {
+/// Two tokens over four experts on two devices (a valid problem to break one field at a time).
+pl::CoclusterProblem tiny_problem() {
+  pl::CoclusterProblem p;
+  p.experts = 4;
+  p.devices = 2;
+  p.tokens = {0, 1};
+  p.frequency = {1, 2};
+  p.offsets = {0, 2, 4};
+  p.expert = {0, 1, 2, 3};
+  p.weight = {1, 1, 2, 2};
+  return p;
+}
+}  // namespace
 
 TEST_CASE("predictor tables check sizes before allocating and reject NaN confidences",
           "[speculative][bad-input]") {
@@ -44,4 +60,29 @@ TEST_CASE("predictor tables check sizes before allocating and reject NaN confide
   std::vector<std::int16_t> experts{0, 5};
   CHECK_THROWS_WITH(sp::main_device(experts, rr, 2), Contains("expert 5 outside the placement [0, 4)"));
   CHECK_THROWS_WITH(sp::main_device(std::vector<std::int16_t>{0}, rr, 0), Contains("devices must be in [1, 256], got 0"));
+}
+
+TEST_CASE("co-clustering problems with malformed arrays are rejected", "[speculative][bad-input]") {
+  REQUIRE_NOTHROW(tiny_problem().validate());
+  auto p = tiny_problem();
+  p.offsets = {0, 5, 4};  // decreasing: rows were read past the expert array before the check
+  CHECK_THROWS_WITH(p.validate(), Contains("offsets decrease at row 1 (5 > 4)"));
+  CHECK_THROWS_WITH(pl::solve_cross_entropy(p), Contains("offsets decrease"));
+  p = tiny_problem();
+  p.offsets = {1, 2, 4};
+  CHECK_THROWS_WITH(p.validate(), Contains("offsets must start at 0, got 1"));
+  p = tiny_problem();
+  p.weight[1] = -1;  // a negative count with a positive total was silently used
+  CHECK_THROWS_WITH(p.validate(), Contains("activation count -1 is negative or not finite"));
+  p.weight[1] = std::numeric_limits<double>::quiet_NaN();
+  CHECK_THROWS_WITH(pl::balanced_kmeans(p), Contains("is negative or not finite"));
+  p = tiny_problem();
+  p.frequency[0] = std::numeric_limits<double>::infinity();
+  CHECK_THROWS_WITH(p.validate(), Contains("has frequency inf (must be positive and finite)"));
+  p = tiny_problem();
+  p.weight.pop_back();
+  CHECK_THROWS_WITH(p.validate(), Contains("inconsistent problem arrays"));
+  p = tiny_problem();
+  p.expert[3] = 4;
+  CHECK_THROWS_WITH(p.validate(), Contains("expert 4 outside [0, 4)"));
 }

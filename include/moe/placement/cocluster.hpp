@@ -59,11 +59,17 @@ struct CoclusterProblem {
     check(offsets.size() == tokens.size() + 1 && frequency.size() == tokens.size() &&
               expert.size() == weight.size() && static_cast<std::size_t>(offsets.back()) == expert.size(),
           "co-clustering: inconsistent problem arrays");
+    check(offsets.front() == 0, "co-clustering: offsets must start at 0, got ", offsets.front());
+    for (std::size_t i = 0; i < rows(); ++i)
+      check(offsets[i] <= offsets[i + 1], "co-clustering: offsets decrease at row ", i, " (", offsets[i], " > ",
+            offsets[i + 1], ")");
+    for (double w : weight)
+      check(std::isfinite(w) && w >= 0, "co-clustering: activation count ", w, " is negative or not finite");
     for (auto e : expert)
       check(e >= 0 && e < experts, "co-clustering: expert ", e, " outside [0, ", experts, ")");
     for (std::size_t i = 0; i < rows(); ++i)
-      check(frequency[i] > 0, "co-clustering: token ", tokens[i], " has frequency ", frequency[i],
-            " (must be positive)");
+      check(frequency[i] > 0 && std::isfinite(frequency[i]), "co-clustering: token ", tokens[i], " has frequency ",
+            frequency[i], " (must be positive and finite)");
     check(total_weight() > 0, "co-clustering: the profile has no activations (empty profile)");
   }
 
