@@ -86,3 +86,54 @@ TEST_CASE("co-clustering problems with malformed arrays are rejected", "[specula
   p.expert[3] = 4;
   CHECK_THROWS_WITH(p.validate(), Contains("expert 4 outside [0, 4)"));
 }
+
+TEST_CASE("co-clustering options out of range are named", "[speculative][bad-input]") {
+  auto p = tiny_problem();
+  pl::CrossEntropyOptions ce;
+  ce.iterations = 0;
+  CHECK_THROWS_WITH(pl::solve_cross_entropy(p, ce), Contains("iterations and samples must be positive"));
+  ce = {};
+  ce.elite_fraction = 1.5;
+  CHECK_THROWS_WITH(pl::solve_cross_entropy(p, ce), Contains("elite_fraction must be in (0, 1]"));
+  ce = {};
+  ce.smoothing = 0;
+  CHECK_THROWS_WITH(pl::solve_cross_entropy(p, ce), Contains("smoothing must be in (0, 1]"));
+  ce = {};
+  ce.balance_factor = 0.5;
+  CHECK_THROWS_WITH(pl::solve_cross_entropy(p, ce), Contains("balance_factor must be >= 1"));
+  ce = {};
+  ce.balance_factor = std::numeric_limits<double>::quiet_NaN();
+  CHECK_THROWS_WITH(pl::solve_cross_entropy(p, ce), Contains("balance_factor must be >= 1"));
+  pl::KMeansOptions km;
+  km.balance_factor = 0.9;
+  CHECK_THROWS_WITH(pl::balanced_kmeans(p, km), Contains("balanced k-means: balance_factor must be >= 1"));
+  km = {};
+  km.iterations = 0;
+  CHECK_THROWS_WITH(pl::balanced_kmeans(p, km), Contains("balanced k-means: iterations must be positive"));
+}
+
+TEST_CASE("shuffle plan and volume model name their bad input", "[speculative][bad-input]") {
+  std::vector<int> pred{0, 1, 1};
+  CHECK_THROWS_WITH(sp::make_shuffle_plan(pred, 0), Contains("devices must be positive, got 0"));
+  CHECK_THROWS_WITH(sp::make_shuffle_plan(pred, 2, 0), Contains("alignment must be positive, got 0"));
+  CHECK_THROWS_WITH(sp::make_shuffle_plan(std::vector<int>{0, -1}, 2), Contains("token 1 is predicted for device -1"));
+  CHECK_THROWS_WITH(sp::cap_predictions(pred, {}, 2, -1), Contains("capacity must be >= 0, got -1"));
+  CHECK_THROWS_WITH(sp::cap_predictions(pred, std::vector<std::int16_t>(2), 2, 2), Contains("2 confidences for 3 tokens"));
+  CHECK_THROWS_WITH(sp::cap_predictions(pred, {}, 2, 1), Contains("3 tokens do not fit in 2 devices x 1"));
+  CHECK_THROWS_WITH(sp::cap_predictions(pred, {}, 0, 1), Contains("devices must be positive"));
+  auto plan = sp::make_shuffle_plan(pred, 2);
+  std::vector<float> rows(6), packed(4);
+  CHECK_THROWS_WITH(sp::pack_rows<float>(plan, rows, packed, 2), Contains("pack_rows needs 3 rows of 2 elements"));
+  CHECK_THROWS_WITH(sp::unpack_rows<float>(plan, packed, rows, 2), Contains("unpack_rows needs 3 rows of 2 elements"));
+  sp::VolumeModel m;
+  m.devices = 4;
+  m.tokens = 16;
+  m.hidden = 8;
+  m.all_to_all_passes = -1;
+  CHECK_THROWS_WITH(m.validate(), Contains("all_to_all_passes must be >= 0"));
+  m.all_to_all_passes = 2;
+  m.hidden = 0;
+  CHECK_THROWS_WITH(m.validate(), Contains("must be positive"));
+  m.hidden = 8;
+  CHECK_THROWS_WITH(m.all_to_all(-0.1), Contains("local activation rate -0.1 outside [0, 1]"));
+}
