@@ -243,3 +243,45 @@ TEST_CASE("CRAFT replicate rejects non-finite and negative loads") {
   // Too many replicas for max_copies (existing path, now with its message asserted).
   CHECK_THROWS_WITH(craft::replicate(ok.data(), 4, 13, 4), Catch::Contains("do not fit"));
 }
+
+TEST_CASE("CRAFT benefit estimation replays the batches: by hand and against the balancedness metric") {
+  // By hand: 2 GPUs, one layer, one batch with loads 3 and 1. No replica: GPUs carry 3 and 1,
+  // balancedness 2/3. One replica goes to expert 0 (3 per copy > 1): 1.5 + 1 and 1.5, so 2/2.5 = 0.8.
+  // Two replicas: both experts on both GPUs, 2 and 2, balancedness 1.
+  profile::LoadProfile one(1, 1, 2);
+  one.at(0, 0, 0) = 3;
+  one.at(0, 0, 1) = 1;
+  auto T = craft::estimate_benefit(one, 2);
+  REQUIRE(T.counts == std::vector<int>{1, 2});
+  CHECK(T.base[0] == Approx(2.0 / 3.0));
+  CHECK(T.gain[0][0] == Approx(0.8 - 2.0 / 3.0));
+  CHECK(T.gain[1][0] == Approx(1.0 - 2.0 / 3.0));
+  // Random profiles: each gain equals the balancedness metric (metrics.hpp, a separate replay) of
+  // the same layer plan minus that of the plan without replicas.
+  auto m = profile::zipf_marginals(3, 8, 0.5, 1.2, 11);
+  profile::SampleOptions o;
+  o.batches = 15;
+  o.tokens_per_batch = 64;
+  o.top_k = 2;
+  auto prof = profile::sample_profile(m, o);
+  int D = 4, E = 8;
+  auto B = craft::estimate_benefit(prof, D);
+  auto totals = prof.totals();
+  auto bal = [&](int r) {
+    std::vector<Table> tables;
+    for (int l = 0; l < prof.layers(); ++l) {
+      double const* tot = totals.data() + static_cast<std::size_t>(l) * E;
+      auto cnt = craft::replicate(tot, E, r, D);
+      tables.emplace_back(craft::place_layer(tot, cnt, craft::assign_capacity(E, {r}, D)[0]));
+    }
+    return placement::balancedness_per_layer(placement::Shares::from_tables(tables, D), prof);
+  };
+  auto base = bal(0);
+  for (int l = 0; l < prof.layers(); ++l) CHECK(B.base[static_cast<std::size_t>(l)] == Approx(base[static_cast<std::size_t>(l)]).epsilon(1e-12));
+  for (std::size_t k = 0; k < B.counts.size(); ++k) {
+    auto with = bal(B.counts[k]);
+    for (int l = 0; l < prof.layers(); ++l)
+      CHECK(B.gain[k][static_cast<std::size_t>(l)] ==
+            Approx(with[static_cast<std::size_t>(l)] - base[static_cast<std::size_t>(l)]).margin(1e-12));
+  }
+}
