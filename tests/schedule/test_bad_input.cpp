@@ -70,3 +70,41 @@ TEST_CASE("solvers refuse a search space too large to finish instead of hanging"
   Solution f = solve_findep(q, m), ex = search_all(q, m, Pipeline::findep, Scorer::closed_form);
   CHECK(f.throughput >= 0.98 * ex.throughput);
 }
+
+TEST_CASE("problem, configuration and perf-model checks name the bad field", "[schedule][bad-input]") {
+  PerfModels m = h100_cluster_reference();
+  Problem p = small(8);
+  REQUIRE_NOTHROW(validate(p));
+  Problem q = p;
+  q.layers = -1;
+  CHECK_THROWS_WITH(validate(q), Contains("layers must not be negative, got -1"));
+  q = p;
+  q.r2_max = 0;
+  CHECK_THROWS_WITH(validate(q), Contains("r2_max must be at least 1, got 0"));
+  q = p;
+  q.bytes_per_token = std::numeric_limits<double>::quiet_NaN();
+  CHECK_THROWS_WITH(validate(q), Contains("bytes per token must be finite and non-negative"));
+  q = p;
+  q.memory_bytes = std::numeric_limits<double>::quiet_NaN();
+  CHECK_THROWS_WITH(validate(q), Contains("memory limit must be positive"));
+  q = p;
+  q.batch = -2;
+  CHECK_THROWS_WITH(validate(q), Contains("batch must not be negative, got -2"));
+  q = p;
+  q.layers = 0;
+  q.shape.moe_layers = 0;
+  CHECK_THROWS_WITH(validate(q), Contains("no MoE layers to schedule"));
+  CHECK_THROWS_WITH(split_batch(p, 0, 1, 1, Order::asas), Contains("batch must be at least 1 sample, got 0"));
+  CHECK_THROWS_WITH(validate(p, Config{Pipeline::findep, Order::asas, 1, 0, 1}), Contains("micro-batch size m_a must be at least 1 sample, got 0"));
+  CHECK_THROWS_WITH(validate(p, Config{Pipeline::findep, Order::asas, 1, 1, 0}), Contains("r2 (token chunks) must be at least 1, got 0"));
+  q = p;
+  q.batch = 4;
+  CHECK_THROWS_WITH(validate(q, Config{Pipeline::findep, Order::asas, 1, 2, 1}), Contains("does not match the batch of 4"));
+  CHECK_THROWS_WITH(r_squared(Linear{}, {}), Contains("no samples to compute R^2 on"));
+  CHECK_THROWS_WITH(fit_linear({{1, 2}, {std::numeric_limits<double>::quiet_NaN(), 3}}, "gemm"),
+                    Contains("perf model 'gemm': sample (work nan"));
+  PerfModels bad = m;
+  bad[Op::gemm].alpha = std::numeric_limits<double>::infinity();
+  CHECK_THROWS_WITH(solve_findep(p, bad), Contains("perf model 'gemm': alpha inf us must be finite"));
+  CHECK_THROWS_WITH(write_models(std::string("/nonexistent/dir/models.tsv"), m), Contains("cannot open '/nonexistent/dir/models.tsv' for writing"));
+}

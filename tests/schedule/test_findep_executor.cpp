@@ -109,6 +109,18 @@ TEST_CASE("FinDEP executor rejects bad input", "[schedule][executor][bad-input]"
     CHECK_THROWS_WITH(run(2, two, Config{Pipeline::findep, Order::asas, 24, 1, 2}),
                       Catch::Contains("r1 * r2 = 24 * 2 chunks exceed max_tokens = 24"));
   }
+  SECTION("r2 below one") {
+    CHECK_THROWS_WITH(run(2, two, Config{Pipeline::findep, Order::asas, 2, 1, 0}),
+                      Catch::Contains("r2 (token chunks) must be at least 1, got 0"));
+  }
+  SECTION("AG rank without router weights") {
+    CHECK_THROWS_WITH(collective::run_in_process<world>([&](collective::InProcess<world>& comm) {
+                        auto w = weights.view();
+                        w.router = nullptr;
+                        Ex ex(comm, s, 2, two, w, tokens_per_ag);
+                      }),
+                      Catch::Contains("has no router weights"));
+  }
   SECTION("workspace smaller than workspace_size()") {
     CHECK_THROWS_WITH(collective::run_in_process<world>([&](collective::InProcess<world>& comm) {
                         Ex ex(comm, s, 2, two, weights.view(), tokens_per_ag);
