@@ -35,6 +35,7 @@ TEST_CASE("predictor tables check sizes before allocating and reject NaN confide
   // A negative vocabulary threw std::length_error from the vector constructor before the check.
   CHECK_THROWS_WITH(sp::TokenDeviceTable(-1, 2), Contains("vocabulary size must be positive, got -1"));
   CHECK_THROWS_WITH(sp::TokenDeviceTable(4, 0), Contains("devices must be in [1, 32767], got 0"));
+  CHECK_THROWS_WITH(sp::TokenDeviceTable(sp::TokenDeviceTable::max_vocab + 1, 2), Contains("is above the limit of"));
   sp::TokenDeviceTable t(4, 2);
   // NaN went through std::clamp and lround and was stored as confidence 0.
   CHECK_THROWS_WITH(t.set(1, 1, std::numeric_limits<double>::quiet_NaN()), Contains("confidence is NaN"));

@@ -71,4 +71,9 @@ TEST_CASE("malformed table files give file:line errors", "[speculative][io][erro
   REQUIRE_THROWS_WITH(read_seq("moe-sequence-table\t1\t2\t2\n0\t1\t1\n"), Catch::Contains("expected 4 fields"));
   REQUIRE_THROWS_WITH(read_seq("moe-sequence-table\t1\t2\t2\n0\t1\t1\t5\n0\t1\t0\t5\n"), Catch::Contains("twice"));
   REQUIRE_THROWS_AS(sp::read_token_table("/nonexistent/table.tsv"), moe::Error);
+  // Sizes in the header that would allocate gigabytes (a corrupt file) are errors with file:line.
+  REQUIRE_THROWS_WITH(read_tokens("moe-token-table\t1\t2000000000\t2\n"),
+                      Catch::Contains("t.tsv:1") && Catch::Contains("vocabulary size 2000000000 is above the limit"));
+  REQUIRE_THROWS_WITH(read_seq("moe-sequence-table\t1\t64\t4\n"),
+                      Catch::Contains("s.tsv:1") && Catch::Contains("need 1073741824 cells"));
 }

@@ -67,10 +67,14 @@ struct Lookup {
 /// Token id -> device with confidence for one layer. Ids in [0, vocab); unseen ids have device -1.
 class TokenDeviceTable {
 public:
+  /// Largest vocabulary (4 bytes per id): 2^26 ids, far above real tokenizers (about 10^5), so a
+  /// corrupt size in a table file is an error rather than a multi-gigabyte allocation.
+  static constexpr int max_vocab = 1 << 26;
   TokenDeviceTable() = default;
   TokenDeviceTable(int vocab, int devices) : devices_(devices) {
     // Checked before the arrays are sized: a negative vocab would otherwise throw std::length_error.
     check(vocab > 0, "token table: vocabulary size must be positive, got ", vocab);
+    check(vocab <= max_vocab, "token table: vocabulary size ", vocab, " is above the limit of ", max_vocab);
     check(devices > 0 && devices <= std::numeric_limits<std::int16_t>::max(),
           "token table: devices must be in [1, 32767], got ", devices);
     device_.assign(static_cast<std::size_t>(vocab), -1);

@@ -58,7 +58,11 @@ inline TokenDeviceTable read_token_table(core::TsvReader& in) {
   auto devices = in.get_int<int>(3, "devices");
   if (vocab <= 0 || devices <= 0 || devices > 32767)
     fail(in.where(), ": vocab (", vocab, ") and devices (", devices, ") must be positive, devices <= 32767");
-  TokenDeviceTable t(vocab, devices);
+  TokenDeviceTable t = [&] {
+    try {
+      return TokenDeviceTable(vocab, devices);
+    } catch (Error const& e) { fail(in.where(), ": ", e.what()); }
+  }();
   while (in.next()) {
     in.expect_fields(3);
     auto token = in.get_int<int>(0, "token_id");
@@ -110,7 +114,11 @@ inline DeviceSequenceTable read_sequence_table(core::TsvReader& in) {
   auto lookback = in.get_int<int>(3, "lookback");
   if (devices <= 0 || devices > 256 || lookback < 1 || lookback > 4)
     fail(in.where(), ": devices (", devices, ") must be in [1, 256] and lookback (", lookback, ") in [1, 4]");
-  DeviceSequenceTable t(devices, lookback);
+  DeviceSequenceTable t = [&] {
+    try {
+      return DeviceSequenceTable(devices, lookback);
+    } catch (Error const& e) { fail(in.where(), ": ", e.what()); }
+  }();
   auto L = static_cast<std::size_t>(lookback);
   std::vector<int> prev(L);
   std::vector<char> seen(t.rows(), 0);
