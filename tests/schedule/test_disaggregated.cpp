@@ -94,6 +94,13 @@ TEST_CASE("DisaggregatedLayer rejects bad input", "[schedule][disaggregated][bad
     CHECK_THROWS_WITH(run(FinDep{.ag = 2}, {.max_tokens = 24, .deduplicate = false}),
                       Catch::Contains("deduplicate = false is not supported"));
   }
+  SECTION("r1 or r2 below one") {
+    CHECK_THROWS_WITH(run(FinDep{.ag = 2, .r1 = 0}, ok), Catch::Contains("r1 and r2 must be at least 1, got r1 = 0, r2 = 1"));
+    CHECK_THROWS_WITH(run(FinDep{.ag = 2, .r2 = -1}, ok), Catch::Contains("got r1 = 1, r2 = -1"));
+  }
+  SECTION("max_tokens below one") {
+    CHECK_THROWS_WITH(run(FinDep{.ag = 2}, {.max_tokens = 0}), Catch::Contains("max_tokens must be positive, got 0"));
+  }
   SECTION("tokens on an expert-group rank") {
     CHECK_THROWS_WITH(run(FinDep{.ag = 2}, ok, tokens_per_ag, 3),
                       Catch::Contains("is an expert-group rank and was given 3 tokens"));
