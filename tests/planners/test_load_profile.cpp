@@ -43,6 +43,10 @@ TEST_CASE("load profile rejects malformed, truncated and invalid files") {
   CHECK_THROWS_WITH(read_string(head + "1\t0\t1\t2\t3\n0\t0\t1\t2\t3\n"), Catch::Contains("expected batch 0"));
   CHECK_THROWS_WITH(read_string(head + "0\t0\t1\t2\t3\n1\t0\t1\t2\t3\n1\t1\t1\t2\t3\n"), Catch::Contains("extra"));
   CHECK_NOTHROW(read_string(head + "0\t0\t1\t2\t3\n1\t0\t1\t2\t3\n"));
+  // A header with huge counts and no data is a truncated file, not a 10^27-double allocation (nor a
+  // B * L int overflow in the message).
+  CHECK_THROWS_WITH(read_string("moe-load-profile\t1\t2000000000\t2000000000\t2000000000\n"),
+                    Catch::Contains("truncated") && Catch::Contains("4000000000000000000 data lines"));
   LoadProfile p(1, 1, 2);
   p.at(0, 0, 1) = -1;
   CHECK_THROWS_AS(p.validate(), moe::Error);

@@ -144,23 +144,32 @@ inline LoadProfile read_profile(core::TsvReader& in) {
   check(version == 1, in.where(), ": unsupported load profile version ", version);
   int B = in.get_int<int>(2, "batches"), L = in.get_int<int>(3, "layers"), E = in.get_int<int>(4, "experts");
   check(B > 0 && L > 0 && E > 0, in.where(), ": batches, layers and experts must be positive");
-  LoadProfile p(B, L, E);
+  // The loads are collected as the lines arrive and the profile is sized only once they are all
+  // there: a corrupt or truncated file with huge counts in its header is reported as truncated
+  // instead of first allocating B * L * E doubles.
+  long long lines = static_cast<long long>(B) * L;
+  std::vector<double> loads;
+  double values = static_cast<double>(lines) * E;  // may exceed any integer type for a corrupt header
+  loads.reserve(values < double(1 << 20) ? static_cast<std::size_t>(values) : std::size_t{1} << 20);
   for (int b = 0; b < B; ++b)
     for (int l = 0; l < L; ++l) {
       check(in.next(), in.name(), ": truncated load profile: expected line for batch ", b, " layer ", l,
-            " after line ", in.line_number(), " (", B * L, " data lines in all)");
+            " after line ", in.line_number(), " (", lines, " data lines in all)");
       in.expect_fields(static_cast<std::size_t>(E) + 2);
       int fb = in.get_int<int>(0, "batch"), fl = in.get_int<int>(1, "layer");
       check(fb == b && fl == l, in.where(), ": expected batch ", b, " layer ", l, ", found batch ", fb,
             " layer ", fl);
-      double* r = p.row(b, l);
       for (int e = 0; e < E; ++e) {
         double v = in.get_double(static_cast<std::size_t>(e) + 2, "load");
         check(v >= 0, in.where(), ": load of expert ", e, " is negative (", v, ")");
-        r[e] = v;
+        loads.push_back(v);
       }
     }
-  check(!in.next(), in.where(), ": unexpected extra line after ", B * L, " data lines");
+  check(!in.next(), in.where(), ": unexpected extra line after ", lines, " data lines");
+  LoadProfile p(B, L, E);
+  for (int b = 0; b < B; ++b)
+    for (int l = 0; l < L; ++l)
+      std::copy_n(loads.begin() + static_cast<long>((static_cast<long long>(b) * L + l) * E), E, p.row(b, l));
   return p;
 }
 
