@@ -58,6 +58,11 @@ TEST_CASE("bad plan files are reported") {
   CHECK_THROWS_WITH(parse(""), Catch::Contains("empty"));
   CHECK_THROWS_WITH(parse("plan\t1\t1\t2\t2\n"), Catch::Contains("header"));
   CHECK_THROWS_WITH(parse(head + "0\t0\t1\n"), Catch::Contains("truncated"));
+  // A corrupt header with a huge expert count is a truncated file, not a multi-gigabyte allocation.
+  CHECK_THROWS_WITH(parse("moe-plan\t1\t1\t2000000000\t2\n0\t0\t1\n"),
+                    Catch::Contains("truncated plan: expected layer 0 expert 1"));
+  CHECK_THROWS_WITH(parse(""), Catch::Contains("empty plan file"));
+  CHECK_THROWS_WITH(parse("moe-plan\t2\t1\t2\t2\n"), Catch::Contains("unsupported plan version 2"));
   CHECK_THROWS_WITH(parse(head + "0\t0\t1\n0\t1\t2\n"), Catch::Contains("outside"));
   CHECK_THROWS_WITH(parse(head + "0\t0\t1\t1\n0\t1\t0\n"), Catch::Contains("twice"));
   CHECK_THROWS_WITH(parse(head + "0\t1\t1\n0\t0\t0\n"), Catch::Contains("expected layer 0 expert 0"));

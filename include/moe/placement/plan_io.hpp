@@ -85,9 +85,13 @@ inline LoadedPlan read_plan(core::TsvReader& in) {
   LoadedPlan out;
   out.gpus = G;
   for (int l = 0; l < L; ++l) {
-    std::vector<int> primary(static_cast<std::size_t>(E));
-    std::vector<std::vector<int>> copies(static_cast<std::size_t>(E));
+    // Grown line by line (not sized from the header), so a corrupt header with a huge expert count
+    // is reported as a truncated file rather than allocated.
+    std::vector<int> primary;
+    std::vector<std::vector<int>> copies;
     for (int e = 0; e < E; ++e) {
+      primary.push_back(-1);
+      copies.emplace_back();
       check(in.next(), in.name(), ": truncated plan: expected layer ", l, " expert ", e, " after line ", in.line_number());
       check(in.size() >= 3, in.where(), ": expected at least 3 fields (layer expert gpu), found ", in.size());
       int fl = in.get_int<int>(0, "layer"), fe = in.get_int<int>(1, "expert");
@@ -106,7 +110,7 @@ inline LoadedPlan read_plan(core::TsvReader& in) {
     lp.replicas.validate(E, G, lp.placement.ranks());
     out.layers.push_back(std::move(lp));
   }
-  check(!in.next(), in.where(), ": unexpected extra line after ", L * E, " plan lines");
+  check(!in.next(), in.where(), ": unexpected extra line after ", static_cast<long long>(L) * E, " plan lines");
   return out;
 }
 
