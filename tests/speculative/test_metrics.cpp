@@ -99,6 +99,21 @@ TEST_CASE("device top-1 accuracy and LAR on recorded paths", "[speculative][metr
   auto dev = [&](int t) { return pred[static_cast<std::size_t>(t)]; };
   REQUIRE(sp::device_top1_accuracy(p.layer(0), rr, 2, dev) == Approx(0.75));
   REQUIRE_THROWS_AS(sp::device_top1_accuracy(p.paths(0), 2, rr, 2, std::vector<int>{0}), moe::Error);
+  // A placement over more devices than given, or the wrong top_k, once indexed past the per-device
+  // counts or the recorded expert ids.
+  auto four = Table::round_robin(4, 4);
+  REQUIRE_THROWS_WITH(sp::device_top1_accuracy(p.paths(0), 2, four, 2, pred),
+                      Catch::Contains("puts expert 2 on rank 2, outside [0, 2)"));
+  REQUIRE_THROWS_WITH(sp::device_top1_accuracy(p.paths(0), 3, rr, 2, pred),
+                      Catch::Contains("paths hold 8 expert ids for 4 occurrences of top_k = 3"));
+  REQUIRE_THROWS_WITH(sp::local_activation_rate(p.paths(0), 3, rr, pred), Catch::Contains("top_k = 3"));
+  REQUIRE_THROWS_WITH(sp::local_activation_rate(p.paths(0), 2, Table::round_robin(2, 2), pred),
+                      Catch::Contains("LAR: expert 2 outside the placement [0, 2)"));
+  REQUIRE_THROWS_WITH(sp::device_top1_accuracy(p.paths(0), 2, rr, 0, pred), Catch::Contains("devices must be positive"));
+  moe::profile::LayerPaths none;
+  REQUIRE_THROWS_WITH(sp::local_activation_rate(none, 2, rr, std::vector<int>{}), Catch::Contains("LAR: no recorded occurrences"));
+  REQUIRE_THROWS_WITH(sp::local_activation_rate(p.paths(0), 2, rr, std::vector<int>{0}),
+                      Catch::Contains("LAR: 1 devices for 4 occurrences"));
 }
 
 TEST_CASE("remote traffic counts remote pairs and de-duplicated sends", "[speculative][metrics]") {

@@ -108,6 +108,19 @@ template <class DeviceOf>
   return total > 0 ? hit / total : 0.0;
 }
 
+namespace detail {
+/// Recorded routes must hold top_k experts per occurrence, each inside the placement.
+inline void check_paths(char const* what, profile::LayerPaths const& paths, int top_k,
+                        placement::Table const& placement) {
+  check(top_k > 0, what, ": top_k must be positive, got ", top_k);
+  check(paths.experts.size() == paths.tokens.size() * static_cast<std::size_t>(top_k), what, ": paths hold ",
+        paths.experts.size(), " expert ids for ", paths.tokens.size(), " occurrences of top_k = ", top_k);
+  for (auto e : paths.experts)
+    check(e >= 0 && e < placement.experts(), what, ": expert ", e, " outside the placement [0, ", placement.experts(),
+          ")");
+}
+}  // namespace detail
+
 /// Exact device top-1 accuracy on recorded routes: predicted[n] against the device holding most of
 /// occurrence n's experts (any device tied for the most counts as correct).
 [[nodiscard]] inline double device_top1_accuracy(profile::LayerPaths const& paths, int top_k,
@@ -116,6 +129,9 @@ template <class DeviceOf>
   auto n = paths.tokens.size();
   check(n > 0, "device accuracy: no recorded occurrences");
   check(predicted.size() == n, "device accuracy: ", predicted.size(), " predictions for ", n, " occurrences");
+  detail::check_paths("device accuracy", paths, top_k, placement);
+  check(devices > 0, "device accuracy: devices must be positive, got ", devices);
+  placement.validate(placement.experts(), devices);  // ranks index the per-device counts below
   std::vector<int> counts(static_cast<std::size_t>(devices));
   std::size_t hit = 0;
   for (std::size_t o = 0; o < n; ++o) {
@@ -135,6 +151,7 @@ template <class DeviceOf>
   auto n = paths.tokens.size();
   check(n > 0, "LAR: no recorded occurrences");
   check(device.size() == n, "LAR: ", device.size(), " devices for ", n, " occurrences");
+  detail::check_paths("LAR", paths, top_k, placement);
   std::size_t local = 0;
   for (std::size_t o = 0; o < n; ++o)
     for (int k = 0; k < top_k; ++k)
