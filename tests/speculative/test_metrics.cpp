@@ -110,6 +110,13 @@ TEST_CASE("device top-1 accuracy and LAR on recorded paths", "[speculative][metr
   REQUIRE_THROWS_WITH(sp::local_activation_rate(p.paths(0), 2, Table::round_robin(2, 2), pred),
                       Catch::Contains("LAR: expert 2 outside the placement [0, 2)"));
   REQUIRE_THROWS_WITH(sp::device_top1_accuracy(p.paths(0), 2, rr, 0, pred), Catch::Contains("devices must be positive"));
+  // The same on aggregated counts, and a placement of the wrong size for the unshuffled LAR.
+  REQUIRE_THROWS_WITH(sp::device_top1_accuracy(p.layer(0), four, 2, dev), Catch::Contains("outside [0, 2)"));
+  REQUIRE_THROWS_WITH(sp::device_top1_accuracy(p.layer(0), Table::round_robin(3, 2), 2, dev),
+                      Catch::Contains("placement table has 3 entries but the layer has 4 experts"));
+  std::vector<double> halves{0.5, 0.5};
+  REQUIRE_THROWS_WITH(sp::local_activation_rate_unshuffled(p.layer(0), Table::round_robin(3, 2), halves),
+                      Catch::Contains("LAR: placement has 3 experts, counts 4"));
   moe::profile::LayerPaths none;
   REQUIRE_THROWS_WITH(sp::local_activation_rate(none, 2, rr, std::vector<int>{}), Catch::Contains("LAR: no recorded occurrences"));
   REQUIRE_THROWS_WITH(sp::local_activation_rate(p.paths(0), 2, rr, std::vector<int>{0}),

@@ -50,6 +50,8 @@ template <class DeviceOf>
                                                              placement::Table const& placement,
                                                              std::span<double const> shares) {
   check(!lc.empty(), "LAR: layer ", lc.layer, " has no counts (empty profile)");
+  check(placement.experts() == lc.experts, "LAR: placement has ", placement.experts(), " experts, counts ",
+        lc.experts);
   auto load = lc.expert_load();
   double total = 0, local = 0;
   for (std::size_t e = 0; e < load.size(); ++e) {
@@ -90,6 +92,8 @@ template <class DeviceOf>
 [[nodiscard]] double device_top1_accuracy(profile::LayerCounts const& lc, placement::Table const& placement,
                                           int devices, DeviceOf&& device_of) {
   check(!lc.empty(), "device accuracy: layer ", lc.layer, " has no counts (empty profile)");
+  check(devices > 0, "device accuracy: devices must be positive, got ", devices);
+  placement.validate(lc.experts, devices);  // ranks index the per-device mass below
   std::vector<double> mass(static_cast<std::size_t>(devices));
   double hit = 0, total = 0;
   for (std::size_t i = 0; i < lc.rows(); ++i) {
