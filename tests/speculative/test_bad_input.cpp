@@ -86,6 +86,16 @@ TEST_CASE("co-clustering problems with malformed arrays are rejected", "[specula
   p = tiny_problem();
   p.expert[3] = 4;
   CHECK_THROWS_WITH(p.validate(), Contains("expert 4 outside [0, 4)"));
+  // Evaluation helpers index by the given devices: wrong sizes or devices were read/written out of
+  // bounds before they were checked.
+  p = tiny_problem();
+  std::vector<int> experts{0, 0, 1, 1}, tokens{0, 1};
+  // By hand: token 0 (weights 1, 1 on experts 0, 1) local on device 0; token 1 (2, 2 on experts 2, 3)
+  // on device 0 too, remote: 2 of 6.
+  CHECK(pl::local_rate(p, experts, std::vector<int>{0, 0}) == Approx(2.0 / 6.0));
+  CHECK_THROWS_WITH(pl::local_rate(p, std::vector<int>{0, 1}, tokens), Contains("needs 4 expert devices and 2 token devices, got 2 and 2"));
+  CHECK_THROWS_WITH(pl::device_token_load(p, std::vector<int>{0, 2}), Contains("token 1 on device 2, outside [0, 2)"));
+  CHECK_THROWS_WITH(pl::objective(p, experts, std::vector<int>{0}, 1.0), Contains("1 token devices for 2 tokens"));
 }
 
 TEST_CASE("co-clustering options out of range are named", "[speculative][bad-input]") {

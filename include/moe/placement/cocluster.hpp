@@ -109,6 +109,9 @@ struct CoclusterResult {
 /// Share of activations whose expert sits on the token's device.
 inline double local_rate(CoclusterProblem const& p, std::span<int const> expert_device,
                          std::span<int const> token_device) {
+  check(expert_device.size() == static_cast<std::size_t>(p.experts) && token_device.size() == p.rows(),
+        "co-clustering: local_rate needs ", p.experts, " expert devices and ", p.rows(), " token devices, got ",
+        expert_device.size(), " and ", token_device.size());
   double local = 0, total = 0;
   for (std::size_t i = 0; i < p.rows(); ++i)
     for (auto j = p.offsets[i]; j < p.offsets[i + 1]; ++j) {
@@ -121,8 +124,15 @@ inline double local_rate(CoclusterProblem const& p, std::span<int const> expert_
 
 /// Token frequency per device.
 inline std::vector<double> device_token_load(CoclusterProblem const& p, std::span<int const> token_device) {
+  check(token_device.size() == p.rows(), "co-clustering: ", token_device.size(), " token devices for ", p.rows(),
+        " tokens");
   std::vector<double> load(static_cast<std::size_t>(p.devices), 0.0);
-  for (std::size_t i = 0; i < p.rows(); ++i) load[static_cast<std::size_t>(token_device[i])] += p.frequency[i];
+  for (std::size_t i = 0; i < p.rows(); ++i) {
+    int d = token_device[i];
+    check(d >= 0 && d < p.devices, "co-clustering: token ", p.tokens[i], " on device ", d, ", outside [0, ",
+          p.devices, ")");
+    load[static_cast<std::size_t>(d)] += p.frequency[i];
+  }
   return load;
 }
 
