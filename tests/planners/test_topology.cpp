@@ -95,6 +95,10 @@ TEST_CASE("topology files: bad input is reported") {
   CHECK_THROWS_WITH(parse("server\ta\t1\nlink\ta\tb\n"), Catch::Contains("unknown vertex 'b'"));
   CHECK_THROWS_WITH(parse("server\ta\t1\nserver\ta\t2\n"), Catch::Contains("duplicate"));
   CHECK_THROWS_WITH(parse("server\ta\t0\n"), Catch::Contains("at least one GPU"));
+  // Absurd GPU counts (a corrupt file) are errors, not gigabytes of per-GPU tables or an int overflow.
+  CHECK_THROWS_WITH(parse("server\ta\t2000000000\n"), Catch::Contains("topo.tsv:1") && Catch::Contains("above the limit"));
+  CHECK_THROWS_WITH(parse("server\ta\t600000\nserver\tb\t600000\n"),
+                    Catch::Contains("topo.tsv:2") && Catch::Contains("brings the cluster to 1200000 GPUs"));
   CHECK_THROWS_WITH(parse("router\ta\n"), Catch::Contains("unknown line kind"));
   CHECK_THROWS_WITH(parse("server\ta\n"), Catch::Contains("expected 3 fields"));
   CHECK_THROWS_WITH(parse("switch\ts\n"), Catch::Contains("no servers"));

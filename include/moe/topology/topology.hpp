@@ -37,8 +37,14 @@ namespace moe::topology {
 class Topology {
 public:
   /// Adds a server with `gpus` GPUs; returns its vertex id.
+  /// Most GPUs in one topology (the G x G hop matrix of 2^20 GPUs would already be 4 TiB).
+  static constexpr long long max_gpus = 1 << 20;
+
   int add_server(std::string name, int gpus) {
     check(gpus > 0, "topology: server '", name, "' needs at least one GPU, has ", gpus);
+    check(total_gpus_ + gpus <= max_gpus, "topology: server '", name, "' with ", gpus, " GPUs brings the cluster to ",
+          total_gpus_ + gpus, " GPUs, above the limit of ", max_gpus);
+    total_gpus_ += gpus;
     int v = add_vertex(std::move(name));
     server_vertex_.push_back(v);
     server_gpus_.push_back(gpus);
@@ -153,6 +159,7 @@ private:
   std::vector<std::vector<int>> adj_;
   std::vector<int> server_vertex_, server_gpus_, gpu_server_, server_dist_;
   bool finalized_ = false;
+  long long total_gpus_ = 0;
 };
 
 namespace detail {
