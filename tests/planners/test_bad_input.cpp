@@ -153,4 +153,11 @@ TEST_CASE("plan files and metrics name empty or mismatched input") {
   CHECK_THROWS_WITH(placement::hops_per_batch(p, a, right, 0), Contains("top_k must be positive"));
   auto s = placement::Shares::from_assignment(a, 4);
   CHECK_THROWS_WITH(placement::balancedness(s, wrong), Contains("balancedness: profile shape 3x4"));
+  // Assignments and shares that do not fit the problem were indexed out of bounds before.
+  placement::Assignment short_a{2, 4, std::vector<int>(5, 0)};
+  CHECK_THROWS_WITH(placement::hops_per_batch(p, short_a, right, 2), Contains("hops: assignment is 2x4 with 5 entries"));
+  placement::Assignment far{2, 4, std::vector<int>(8, 7)};
+  CHECK_THROWS_WITH(placement::hops_per_batch(p, far, right, 2), Contains("hops: assignment uses GPU 7 outside [0, 4)"));
+  CHECK_THROWS_WITH(placement::balancedness(placement::Shares::from_assignment(far, 4), right),
+                    Contains("layer 0 expert 0 has a copy on GPU 7, outside [0, 4)"));
 }

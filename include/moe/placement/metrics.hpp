@@ -40,6 +40,12 @@ inline std::vector<double> hops_per_batch(Problem const& p, Assignment const& a,
   check(prof.layers() == p.layers && prof.experts() == p.experts, "hops: profile shape ", prof.layers(), "x",
         prof.experts(), " does not match the problem's ", p.layers, "x", p.experts);
   check(top_k > 0, "hops: top_k must be positive");
+  p.validate();
+  check(a.layers == p.layers && a.experts == p.experts &&
+            a.gpu.size() == static_cast<std::size_t>(p.layers) * static_cast<std::size_t>(p.experts),
+        "hops: assignment is ", a.layers, "x", a.experts, " with ", a.gpu.size(), " entries, the problem is ",
+        p.layers, "x", p.experts);
+  for (int g : a.gpu) check(g >= 0 && g < p.gpus, "hops: assignment uses GPU ", g, " outside [0, ", p.gpus, ")");
   std::vector<double> out;
   for (int b = 0; b < prof.batches(); ++b) {
     double h = 0;
@@ -120,7 +126,11 @@ inline std::vector<double> balancedness_per_layer(Shares const& s, profile::Load
       std::fill(load.begin(), load.end(), 0.0);
       double const* r = prof.row(b, l);
       for (int e = 0; e < s.experts; ++e)
-        for (auto [g, w] : s.of[static_cast<std::size_t>(l)][static_cast<std::size_t>(e)]) load[static_cast<std::size_t>(g)] += r[e] * w;
+        for (auto [g, w] : s.of[static_cast<std::size_t>(l)][static_cast<std::size_t>(e)]) {
+          check(g >= 0 && g < s.gpus, "balancedness: layer ", l, " expert ", e, " has a copy on GPU ", g,
+                ", outside [0, ", s.gpus, ")");
+          load[static_cast<std::size_t>(g)] += r[e] * w;
+        }
       double mx = *std::max_element(load.begin(), load.end()), sum = 0;
       for (double x : load) sum += x;
       acc += mx > 0 ? (sum / s.gpus) / mx : 1.0;
