@@ -102,6 +102,11 @@ TEST_CASE("EPLB and CRAFT name their bad inputs") {
   std::vector<double> neg = {1, -2, 3, 4};
   CHECK_THROWS_WITH(replication::eplb::rebalance_experts(neg, 1, 4, 4, 1, 1, 2), Contains("is negative or not finite"));
   CHECK_THROWS_WITH(replication::eplb::rebalance_experts(w, 1, 4, 4, 0, 1, 2), Contains("must be positive"));
+  auto r = replication::eplb::rebalance_experts(w, 1, 4, 4, 1, 1, 2);
+  CHECK_THROWS_WITH(replication::eplb::layer_tables(r, 1), Contains("eplb: layer 1 outside [0, 1)"));
+  std::vector<replication::Table> tables{replication::Table(std::vector<std::vector<int>>{{0}, {3}})};
+  CHECK_THROWS_WITH(placement::replica_stats(tables, 2, 1.0), Contains("a copy on GPU 3, outside [0, 2)"));
+  CHECK_THROWS_WITH(placement::replica_stats(tables, 0, 1.0), Contains("gpus must be positive, got 0"));
   std::vector<double> load = {4, 3, 2, 1};
   // 5 copies for 4 slots, and an expert with more copies than GPUs.
   CHECK_THROWS_WITH(replication::craft::place_layer(load.data(), {2, 1, 1, 1}, {2, 2}), Contains("5 copies for 4 slots"));

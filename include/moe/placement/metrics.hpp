@@ -156,12 +156,16 @@ struct ReplicaStats {
 
 /// Counts replicas of per-layer replica tables; expert_bytes = memory of one expert's weights.
 inline ReplicaStats replica_stats(std::vector<replication::Table> const& tables, int gpus, double expert_bytes) {
+  check(gpus > 0, "replica stats: gpus must be positive, got ", gpus);
   ReplicaStats r;
   std::vector<long long> slots(static_cast<std::size_t>(gpus), 0);
   for (auto const& t : tables)
     for (auto const& copies : t.replicas()) {
       r.replicas += static_cast<long long>(copies.size()) - 1;
-      for (int g : copies) ++slots[static_cast<std::size_t>(g)];
+      for (int g : copies) {
+        check(g >= 0 && g < gpus, "replica stats: a copy on GPU ", g, ", outside [0, ", gpus, ")");
+        ++slots[static_cast<std::size_t>(g)];
+      }
     }
   r.max_gpu_slots = *std::max_element(slots.begin(), slots.end());
   r.min_gpu_slots = *std::min_element(slots.begin(), slots.end());

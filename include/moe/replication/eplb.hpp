@@ -248,6 +248,8 @@ struct LayerTables {
 };
 
 inline LayerTables layer_tables(Result const& r, int layer) {
+  check(layer >= 0 && static_cast<std::size_t>(layer) < r.log2phy.size(), "eplb: layer ", layer, " outside [0, ",
+        r.log2phy.size(), ")");
   int E = r.logcnt.cols, per_gpu = r.slots_per_gpu();
   std::vector<int> primary(static_cast<std::size_t>(E));
   std::vector<std::vector<int>> copies(static_cast<std::size_t>(E));
