@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "moe/placement/cocluster.hpp"
+#include "moe/profile/route_split.hpp"
+#include "moe/profile/route_synthetic.hpp"
 #include "moe/speculative/comm_volume.hpp"
 #include "moe/speculative/predictor.hpp"
 #include "moe/speculative/shuffle_plan.hpp"
@@ -147,4 +149,45 @@ TEST_CASE("shuffle plan and volume model name their bad input", "[speculative][b
   CHECK_THROWS_WITH(m.validate(), Contains("must be positive"));
   m.hidden = 8;
   CHECK_THROWS_WITH(m.all_to_all(-0.1), Contains("local activation rate -0.1 outside [0, 1]"));
+}
+
+TEST_CASE("route recording, splitting and table building name their bad input", "[speculative][bad-input]") {
+  moe::profile::RouteRecorder unknown_k(4, 0);
+  std::vector<int> two{0, 1};
+  CHECK_THROWS_WITH(unknown_k.record(0, 0, two), Contains("record() needs top_k > 0"));
+  CHECK_THROWS_WITH(unknown_k.record_batch(0, two, two), Contains("record_batch() needs top_k > 0"));
+  unknown_k.add(0, 1, 2, 3);
+  auto prof = unknown_k.profile();
+  CHECK_THROWS_WITH(moe::profile::split_profile(prof, 0.5, 1), Contains("split: the profile's top_k is unknown"));
+  moe::profile::RouteRecorder rec(4, 2);
+  rec.record(0, 0, two);
+  CHECK_THROWS_WITH(moe::profile::split_profile(rec.profile(), 1.0, 1), Contains("fraction must be in (0, 1), got 1"));
+  CHECK_THROWS_WITH(moe::profile::split_profile(moe::profile::RouteProfile{}, 0.5, 1), Contains("the route profile is empty"));
+  moe::profile::synthetic::Spec spec;
+  spec.top_k = 0;
+  CHECK_THROWS_WITH(moe::profile::synthetic::generate(spec), Contains("synthetic profile: invalid spec"));
+  spec = {};
+  spec.affinity = 1;
+  spec.topics = 16;  // one expert per topic, top_k 2
+  CHECK_THROWS_WITH(moe::profile::synthetic::generate(spec), Contains("every topic needs at least top_k experts"));
+  // A co-clustering result whose arrays do not match the problem (confidences were read past the end).
+  auto p = tiny_problem();
+  auto r = pl::assign_tokens_to(p, moe::placement::Table::contiguous(4, 2));
+  REQUIRE_NOTHROW(sp::TokenDeviceTable::from_cocluster(p, r, 4));
+  r.token_confidence.pop_back();
+  CHECK_THROWS_WITH(sp::TokenDeviceTable::from_cocluster(p, r, 4), Contains("2 token devices and 1 confidences, the problem 2 tokens"));
+  // Device-sequence paths of different lengths.
+  moe::profile::LayerPaths a, b;
+  a.layer = 0;
+  a.tokens = {0, 1};
+  a.experts = {0, 1, 2, 3};
+  b.layer = 1;
+  b.tokens = {0};
+  b.experts = {0, 1};
+  auto rr = moe::placement::Table::round_robin(4, 2);
+  std::vector<moe::profile::LayerPaths const*> paths{&a, &b};
+  std::vector<moe::placement::Table const*> placements{&rr, &rr};
+  CHECK_THROWS_WITH(sp::DeviceSequenceTable::from_paths(paths, placements, 2, 2), Contains("layer 1 has a different number of occurrences"));
+  std::vector<moe::placement::Table const*> one_placement{&rr};
+  CHECK_THROWS_WITH(sp::DeviceSequenceTable::from_paths(paths, one_placement, 2, 2), Contains("one placement per layer"));
 }

@@ -85,8 +85,9 @@ public:
   /// its profiled activations on that device.
   static TokenDeviceTable from_cocluster(placement::CoclusterProblem const& p,
                                          placement::CoclusterResult const& r, int vocab) {
-    check(r.token_device.size() == p.rows(), "token table: co-clustering result has ", r.token_device.size(),
-          " tokens, the problem ", p.rows());
+    check(r.token_device.size() == p.rows() && r.token_confidence.size() == p.rows(),
+          "token table: co-clustering result has ", r.token_device.size(), " token devices and ",
+          r.token_confidence.size(), " confidences, the problem ", p.rows(), " tokens");
     TokenDeviceTable t(vocab, p.devices);
     for (std::size_t i = 0; i < p.rows(); ++i) t.set(p.tokens[i], r.token_device[i], r.token_confidence[i]);
     return t;
