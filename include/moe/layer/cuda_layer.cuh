@@ -207,12 +207,9 @@ public:
   }
 
   [[nodiscard]] Status can_implement(Arguments const& a) const {
-    if (a.tokens < 0) return {false, moe::detail::concat("moe::CudaLayer: negative token count ", a.tokens)};
-    if (a.tokens > options_.max_tokens)
-      return {false, moe::detail::concat("moe::CudaLayer: ", a.tokens, " tokens exceed the ", options_.max_tokens,
-                                         " the workspace was sized for (CudaLayerOptions::max_tokens)")};
-    if (a.tokens > 0 && (a.x == nullptr || a.y == nullptr))
-      return {false, "moe::CudaLayer: input or output pointer is null"};
+    Status st = moe::detail::check_run_arguments("moe::CudaLayer", "CudaLayerOptions", a.tokens, options_.max_tokens,
+                                                  a.x, a.y);
+    if (!st.ok) return st;
     if (reinterpret_cast<std::uintptr_t>(a.x) % 16 != 0 || reinterpret_cast<std::uintptr_t>(a.y) % 16 != 0)
       return {false, "moe::CudaLayer: x and y must be 16-byte aligned"};
     return {};

@@ -106,6 +106,17 @@ std::vector<int> check_layer_setup(char const* who, ShapeSpec const& s, int rank
   return primary;
 }
 
+/// The per-call checks every execution path makes on run()'s token count and pointers.
+inline Status check_run_arguments(char const* who, char const* options_name, int tokens, int max_tokens,
+                                  void const* x, void const* y) {
+  if (tokens < 0) return {false, concat(who, ": negative token count ", tokens)};
+  if (tokens > max_tokens)
+    return {false, concat(who, ": ", tokens, " tokens exceed the ", max_tokens, " the workspace was sized for (",
+                          options_name, "::max_tokens)")};
+  if (tokens > 0 && (x == nullptr || y == nullptr)) return {false, concat(who, ": input or output pointer is null")};
+  return {};
+}
+
 }  // namespace detail
 
 template <ModelShape Model, router::Policy Router, placement::Policy Placement, replication::Policy Replicas,
@@ -150,13 +161,7 @@ public:
   }
 
   [[nodiscard]] Status can_implement(Arguments const& a) const {
-    if (a.tokens < 0) return {false, detail::concat("moe::Layer: negative token count ", a.tokens)};
-    if (a.tokens > options_.max_tokens)
-      return {false, detail::concat("moe::Layer: ", a.tokens, " tokens exceed the ", options_.max_tokens,
-                                    " the workspace was sized for (LayerOptions::max_tokens)")};
-    if (a.tokens > 0 && (a.x == nullptr || a.y == nullptr))
-      return {false, "moe::Layer: input or output pointer is null"};
-    return {};
+    return detail::check_run_arguments("moe::Layer", "LayerOptions", a.tokens, options_.max_tokens, a.x, a.y);
   }
 
   /// One forward pass of this rank's tokens. Every rank of the collective must call it.
