@@ -33,48 +33,31 @@ inline int skip_without_gpu() {
 // Runs during static initialisation, before Catch2's main.
 inline int const gpu_gate = skip_without_gpu();
 
-/// Owning device buffer of n elements of T (test-only convenience).
+/// Owning device buffer of n elements of T: the library's DeviceArray plus test conveniences
+/// (construct from host data, download, poison, byte view).
 template <class T>
-class Device {
+class Device : public kernels::cuda::DeviceArray<T> {
+  using Base = kernels::cuda::DeviceArray<T>;
+
 public:
   Device() = default;
-  explicit Device(std::size_t n) : n_(n) {
-    if (n) kernels::cuda::check_cuda(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)), "cudaMalloc");
-  }
-  explicit Device(std::vector<T> const& host) : Device(host.size()) { upload(host); }
-  Device(Device const&) = delete;
-  Device& operator=(Device const&) = delete;
-  Device(Device&& o) noexcept : p_(o.p_), n_(o.n_) {
-    o.p_ = nullptr;
-    o.n_ = 0;
-  }
-  Device& operator=(Device&& o) noexcept {
-    std::swap(p_, o.p_);
-    std::swap(n_, o.n_);
-    return *this;
-  }
-  ~Device() {
-    if (p_) cudaFree(p_);
-  }
-  void upload(std::vector<T> const& host) {
-    kernels::cuda::check_cuda(cudaMemcpy(p_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice), "upload");
-  }
+  explicit Device(std::size_t n) : Base(n) {}
+  explicit Device(std::vector<T> const& host) : Base(host.size()) { upload(host); }
+  void upload(std::vector<T> const& host) { Base::upload(host.data(), host.size()); }
   [[nodiscard]] std::vector<T> download(std::size_t n) const {
     std::vector<T> out(n);
     kernels::cuda::check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-    kernels::cuda::check_cuda(cudaMemcpy(out.data(), p_, n * sizeof(T), cudaMemcpyDeviceToHost), "download");
+    kernels::cuda::check_cuda(cudaMemcpy(out.data(), this->get(), n * sizeof(T), cudaMemcpyDeviceToHost), "download");
     return out;
   }
-  [[nodiscard]] std::vector<T> download() const { return download(n_); }
+  [[nodiscard]] std::vector<T> download() const { return download(this->size()); }
   /// Fills every byte with 0xff: NaN for float and bf16, -1 for integers (poisoned outputs).
-  void poison() { kernels::cuda::check_cuda(cudaMemset(p_, 0xff, n_ * sizeof(T)), "cudaMemset (poison)"); }
-  [[nodiscard]] T* get() const { return p_; }
-  [[nodiscard]] std::size_t size() const { return n_; }
-  [[nodiscard]] std::span<std::byte> bytes() const { return {reinterpret_cast<std::byte*>(p_), n_ * sizeof(T)}; }
-
-private:
-  T* p_ = nullptr;
-  std::size_t n_ = 0;
+  void poison() {
+    kernels::cuda::check_cuda(cudaMemset(this->get(), 0xff, this->size() * sizeof(T)), "cudaMemset (poison)");
+  }
+  [[nodiscard]] std::span<std::byte> bytes() const {
+    return {reinterpret_cast<std::byte*>(this->get()), this->size() * sizeof(T)};
+  }
 };
 
 }  // namespace moe::test
