@@ -1,0 +1,316 @@
+// FinDepCudaExecutor (CUDA streams and events, co-located AG/EG on one GPU) against the sequential
+// moe::CudaLayer<..., cuda::SingleGpu> on the same device inputs and against the host
+// moe::reference_forward, for both orders, both pipelines and several r1, r2; bad input.
+// Exits 77 (skipped) without a GPU.
+//
+// Tolerances and near-tie tokens as in test_cuda_layer.cu: the gate GEMM runs per micro-batch here
+// and over the whole batch in the layer (and in another order on the host), so a token whose top-k
+// choice is within rounding of a tie may legitimately pick another expert. Such tokens are found on
+// the host (a tiny perturbation of its logits changes its route) and are exempt from the
+// per-token bound; there must be few of them.
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "cuda_test_support.cuh"
+#include "moe/layer/cuda_layer.cuh"
+#include "moe/moe.hpp"
+#include "moe/schedule/findep_cuda.cuh"
+
+using moe::test::Device;
+namespace ms = moe::schedule;
+namespace kc = moe::kernels::cuda;
+
+namespace {
+
+using MixtralSmallF32 = moe::models::Reduced<moe::models::Mixtral8x7B, 64, 96, moe::DType::f32>;
+using DeepSeekSmallF32 = moe::models::Reduced<moe::models::DeepSeekV3, 64, 32, moe::DType::f32>;
+using DeepSeekV2SmallBf16 = moe::models::Reduced<moe::models::DeepSeekV2, 136, 72, moe::DType::bf16>;
+
+constexpr double fp32_tol = 1e-4;
+constexpr double bf16_tol = 3e-2;
+
+template <class T>
+std::vector<T> random_tokens(int tokens, int hidden, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<T> x(static_cast<std::size_t>(tokens) * static_cast<std::size_t>(hidden));
+  for (auto& v : x) v = moe::from_float<T>(d(rng));
+  return x;
+}
+
+/// Tokens whose route changes under a relative perturbation of `delta` of their logits.
+template <class Router, class T>
+std::vector<char> fragile_tokens(moe::ShapeSpec const& s, moe::LayerWeights<T> const& w, std::vector<T> const& x,
+                                 int tokens, float delta) {
+  auto e = static_cast<std::size_t>(s.experts), k = static_cast<std::size_t>(s.top_k);
+  std::vector<float> logits(static_cast<std::size_t>(tokens) * e);
+  moe::kernels::host::gate_logits(x.data(), tokens, s.hidden, w.router, s.experts, logits.data());
+  std::span<float const> bias;
+  if (w.router_bias) bias = {w.router_bias, e};
+  std::vector<int> ids(static_cast<std::size_t>(tokens) * k), alt(ids.size());
+  std::vector<float> gw(ids.size());
+  moe::router::route_all<Router>(s, logits, bias, tokens, ids, gw);
+  std::vector<char> fragile(static_cast<std::size_t>(tokens), 0);
+  std::mt19937_64 rng(99);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (int trial = 0; trial < 8; ++trial) {
+    std::vector<float> p(logits);
+    for (auto& v : p) v += delta * (std::abs(v) + 1e-3f) * u(rng);
+    moe::router::route_all<Router>(s, p, bias, tokens, alt, gw);
+    for (std::size_t t = 0; t < static_cast<std::size_t>(tokens); ++t)
+      for (std::size_t j = 0; j < k; ++j) fragile[t] |= alt[t * k + j] != ids[t * k + j];
+  }
+  return fragile;
+}
+
+/// Device copies of a layer's weights (every expert present).
+template <class T>
+struct DeviceWeights {
+  std::vector<Device<T>> store;
+  Device<float> bias;
+  std::vector<moe::ExpertWeights<T>> experts, shared;
+  T const* router = nullptr;
+
+  DeviceWeights(moe::ShapeSpec const& s, moe::LayerWeights<T> const& w) {
+    auto h = static_cast<std::size_t>(s.hidden);
+    store.reserve(static_cast<std::size_t>(1 + 3 * (s.experts + s.shared_experts)));
+    store.emplace_back(std::vector<T>(w.router, w.router + static_cast<std::size_t>(s.experts) * h));
+    router = store.back().get();
+    if (w.router_bias) bias = Device<float>(std::vector<float>(w.router_bias, w.router_bias + s.experts));
+    auto copy = [&](moe::ExpertWeights<T> const& ew, std::size_t f) {
+      moe::ExpertWeights<T> d;
+      store.emplace_back(std::vector<T>(ew.gate, ew.gate + f * h));
+      d.gate = store.back().get();
+      store.emplace_back(std::vector<T>(ew.up, ew.up + f * h));
+      d.up = store.back().get();
+      store.emplace_back(std::vector<T>(ew.down, ew.down + h * f));
+      d.down = store.back().get();
+      return d;
+    };
+    for (auto const& ew : w.experts) experts.push_back(copy(ew, static_cast<std::size_t>(s.expert_ffn)));
+    for (auto const& ew : w.shared) shared.push_back(copy(ew, static_cast<std::size_t>(s.shared_ffn)));
+  }
+  moe::LayerWeights<T> view() const { return {router, bias.get(), experts, shared}; }
+};
+
+struct Errors {
+  double normwise = 0;      // over all tokens
+  double worst_stable = 0;  // worst per-token relative error among tokens with a stable route
+  int fragile = 0;
+};
+
+template <class T>
+Errors compare(std::vector<T> const& got, std::vector<T> const& ref, std::vector<char> const& fragile, int tokens,
+               int hidden) {
+  auto h = static_cast<std::size_t>(hidden);
+  Errors c;
+  double diff = 0, scale = 0;
+  for (std::size_t t = 0; t < static_cast<std::size_t>(tokens); ++t) {
+    double td = 0, ts = 1e-6;
+    for (std::size_t q = 0; q < h; ++q) {
+      double g = moe::to_float(got[t * h + q]), r = moe::to_float(ref[t * h + q]);
+      if (!std::isfinite(g)) return {1e300, 1e300, 0};  // an output never written (poison) or a NaN
+      td = std::max(td, std::abs(g - r));
+      ts = std::max(ts, std::abs(r));
+    }
+    diff = std::max(diff, td);
+    scale = std::max(scale, ts);
+    if (fragile[t]) {
+      ++c.fragile;
+    } else {
+      c.worst_stable = std::max(c.worst_stable, td / ts);
+    }
+  }
+  c.normwise = scale > 0 ? diff / scale : diff;
+  return c;
+}
+
+void check_errors(Errors const& c, double tolerance, int tokens) {
+  INFO("normwise " << c.normwise << ", worst stable token " << c.worst_stable << ", fragile tokens " << c.fragile);
+  CHECK(c.worst_stable <= tolerance);
+  CHECK(c.fragile * 20 <= std::max(tokens, 20));  // at most 5% near-tie tokens
+  if (c.fragile == 0) CHECK(c.normwise <= tolerance);
+}
+
+/// Copies y to the host through the caller's stream only (no device-wide synchronisation), so a
+/// run() that returned before its last kernel joined the caller's stream would be caught.
+template <class T>
+std::vector<T> download_on(cudaStream_t st, T const* y, std::size_t n) {
+  std::vector<T> out(n);
+  kc::check_cuda(cudaMemcpyAsync(out.data(), y, n * sizeof(T), cudaMemcpyDeviceToHost, st), "cudaMemcpyAsync (y)");
+  kc::check_cuda(cudaStreamSynchronize(st), "cudaStreamSynchronize");
+  return out;
+}
+
+std::vector<ms::Config> configs() {
+  std::vector<ms::Config> out;
+  for (ms::Order order : {ms::Order::aass, ms::Order::asas}) {
+    for (auto [r1, r2] : {std::pair{1, 1}, {1, 4}, {2, 3}, {3, 2}, {4, 3}, {2, 8}, {6, 4}, {8, 6}, {48, 1}})
+      out.push_back({ms::Pipeline::findep, order, r1, 1, r2});
+    for (int r1 : {1, 2, 3, 8}) out.push_back({ms::Pipeline::pppipe, order, r1, 1, 1});
+  }
+  return out;
+}
+
+/// Every configuration through ONE executor (plan cache, event pool and workspace reused), on a
+/// non-default stream, against the sequential single-GPU layer and the host reference.
+template <class Model, class Router>
+void against_layer_and_reference(int tokens, std::uint64_t seed, double tolerance) {
+  using L = moe::CudaLayer<Model, Router, moe::placement::Table, moe::replication::None, moe::cuda::SingleGpu>;
+  using Ex = ms::FinDepCudaExecutor<Model, Router>;
+  using T = typename Ex::element_type;
+  constexpr moe::ShapeSpec s = Model::spec;
+  moe::RandomLayerWeights<T> weights(s, seed);
+  auto x = random_tokens<T>(tokens, s.hidden, seed + 1);
+  std::vector<T> ref(x.size());
+  moe::reference_forward<Router>(s, weights.view(), tokens, x.data(), ref.data());
+  auto fragile = fragile_tokens<Router>(s, weights.view(), x, tokens, 1e-5f);
+  DeviceWeights<T> dw(s, weights.view());
+  Device<T> dx(x), dy(x.size());
+
+  cudaStream_t st;
+  kc::check_cuda(cudaStreamCreate(&st), "cudaStreamCreate");
+  moe::cuda::SingleGpu gpu;
+  L layer(gpu, moe::placement::Table::contiguous(s.experts, 1), {}, dw.view(), {.max_tokens = tokens});
+  Device<std::byte> lws(layer.workspace_size());
+  layer.run({.tokens = tokens, .x = dx.get(), .y = dy.get(), .stream = st}, lws.bytes());
+  auto seq = download_on(st, dy.get(), x.size());
+  REQUIRE(layer.errors() == 0u);
+  check_errors(compare(seq, ref, fragile, tokens, s.hidden), tolerance, tokens);
+
+  Ex ex(dw.view(), {.max_tokens = tokens});
+  Device<std::byte> ws(ex.workspace_size());
+  ws.poison();
+  for (ms::Config const& c : configs()) {
+    INFO(ms::pipeline_name(c.pipeline) << " " << ms::order_name(c.order) << " r1 " << c.r1 << " r2 " << c.r2
+                                       << ", shared experts " << s.shared_experts);
+    dy.poison();
+    kc::check_cuda(cudaDeviceSynchronize(), "poison");
+    ex.run({.tokens = tokens, .x = dx.get(), .y = dy.get(), .stream = st}, c, ws.bytes());
+    auto y = download_on(st, dy.get(), x.size());
+    REQUIRE(ex.errors() == 0u);
+    CHECK(ex.plan().config == c);
+    check_errors(compare(y, seq, fragile, tokens, s.hidden), tolerance, tokens);
+    check_errors(compare(y, ref, fragile, tokens, s.hidden), tolerance, tokens);
+  }
+  cudaStreamDestroy(st);
+}
+
+}  // namespace
+
+TEST_CASE("FinDEP CUDA executor equals the single-GPU layer and the host reference (fp32)", "[cuda][findep]") {
+  // Mixtral routing: no shared experts (no S operations). DeepSeek-V3 routing: shared experts.
+  against_layer_and_reference<MixtralSmallF32, moe::router::SoftmaxTopK>(48, 21, fp32_tol);
+  against_layer_and_reference<DeepSeekSmallF32, moe::router::SigmoidGroupTopK>(48, 22, fp32_tol);
+}
+
+TEST_CASE("FinDEP CUDA executor equals the single-GPU layer and the host reference (bf16)", "[cuda][findep]") {
+  against_layer_and_reference<DeepSeekV2SmallBf16, moe::router::GroupLimitedTopK>(96, 23, bf16_tol);
+}
+
+TEST_CASE("FinDEP CUDA executor: fewer tokens than max_tokens, and no tokens", "[cuda][findep]") {
+  using Model = DeepSeekSmallF32;
+  using Router = moe::router::SigmoidGroupTopK;
+  constexpr moe::ShapeSpec s = Model::spec;
+  moe::RandomLayerWeights<float> weights(s, 31);
+  DeviceWeights<float> dw(s, weights.view());
+  ms::FinDepCudaExecutor<Model, Router> ex(dw.view(), {.max_tokens = 64});
+  Device<std::byte> ws(ex.workspace_size());
+  int tokens = 12;
+  auto x = random_tokens<float>(tokens, s.hidden, 32);
+  std::vector<float> ref(x.size());
+  moe::reference_forward<Router>(s, weights.view(), tokens, x.data(), ref.data());
+  auto fragile = fragile_tokens<Router>(s, weights.view(), x, tokens, 1e-5f);
+  Device<float> dx(x), dy(x.size());
+  dy.poison();
+  ex.run({.tokens = tokens, .x = dx.get(), .y = dy.get()}, {ms::Pipeline::findep, ms::Order::aass, 2, 1, 3}, ws.bytes());
+  check_errors(compare(dy.download(), ref, fragile, tokens, s.hidden), fp32_tol, tokens);
+  // No tokens: nothing is enqueued, nothing is written.
+  dy.poison();
+  ex.run({.tokens = 0, .x = nullptr, .y = nullptr}, {ms::Pipeline::findep, ms::Order::asas, 4, 1, 2}, ws.bytes());
+  for (float v : dy.download()) CHECK(std::isnan(v));
+}
+
+TEST_CASE("FinDEP CUDA executor run can be captured in a CUDA graph and replayed", "[cuda][findep][graph]") {
+  using Model = DeepSeekSmallF32;
+  using Router = moe::router::SigmoidGroupTopK;
+  constexpr moe::ShapeSpec s = Model::spec;
+  moe::RandomLayerWeights<float> weights(s, 41);
+  DeviceWeights<float> dw(s, weights.view());
+  ms::FinDepCudaExecutor<Model, Router> ex(dw.view(), {.max_tokens = 32});
+  Device<std::byte> ws(ex.workspace_size());
+  auto x = random_tokens<float>(32, s.hidden, 42);
+  Device<float> dx(x), direct(x.size()), replay(x.size());
+  ms::Config c{ms::Pipeline::findep, ms::Order::asas, 2, 1, 4};
+  cudaStream_t st;
+  kc::check_cuda(cudaStreamCreate(&st), "cudaStreamCreate");
+  ex.run({.tokens = 32, .x = dx.get(), .y = direct.get(), .stream = st}, c, ws.bytes());
+  kc::check_cuda(cudaStreamSynchronize(st), "direct run");
+  replay.poison();
+  ws.poison();
+  cudaGraph_t graph;
+  kc::check_cuda(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+  ex.run({.tokens = 32, .x = dx.get(), .y = replay.get(), .stream = st}, c, ws.bytes());
+  kc::check_cuda(cudaStreamEndCapture(st, &graph), "cudaStreamEndCapture");
+  cudaGraphExec_t exec;
+  kc::check_cuda(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+  for (int i = 0; i < 2; ++i) kc::check_cuda(cudaGraphLaunch(exec, st), "cudaGraphLaunch");
+  kc::check_cuda(cudaStreamSynchronize(st), "graph replay");
+  auto a = direct.download(), b = replay.download();
+  REQUIRE(a.size() == b.size());
+  CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(st);
+}
+
+TEST_CASE("FinDEP CUDA executor rejects bad input", "[cuda][findep][bad-input]") {
+  using Model = MixtralSmallF32;
+  using Ex = ms::FinDepCudaExecutor<Model, moe::router::SoftmaxTopK>;
+  constexpr moe::ShapeSpec s = Model::spec;
+  moe::RandomLayerWeights<float> weights(s, 51);
+  DeviceWeights<float> dw(s, weights.view());
+  CHECK_THROWS_WITH(Ex(dw.view(), {.max_tokens = 0}), Catch::Contains("max_tokens must be positive"));
+  CHECK_THROWS_WITH(Ex(dw.view(), {.max_tokens = 8, .max_chunks = 0}), Catch::Contains("max_chunks must be at least 1"));
+  auto missing = dw.view();
+  std::vector<moe::ExpertWeights<float>> holes(dw.experts);
+  holes[3] = {};
+  missing.experts = holes;
+  CHECK_THROWS_WITH(Ex(missing, {.max_tokens = 8}), Catch::Contains("expert 3"));
+
+  Ex ex(dw.view(), {.max_tokens = 24, .max_chunks = 8});
+  Device<std::byte> ws(ex.workspace_size());
+  Device<float> x(24 * 64), y(24 * 64);
+  auto run = [&](int tokens, ms::Config c) {
+    ex.run({.tokens = tokens, .x = x.get(), .y = y.get()}, c, ws.bytes());
+  };
+  using P = ms::Pipeline;
+  using O = ms::Order;
+  CHECK_THROWS_WITH(run(12, {P::findep, O::aass, 0, 1, 1}), Catch::Contains("r1 (micro-batches) must be at least 1"));
+  CHECK_THROWS_WITH(run(12, {P::findep, O::aass, 2, 1, 0}), Catch::Contains("r2 (token chunks) must be at least 1"));
+  CHECK_THROWS_WITH(run(12, {P::findep, O::aass, 5, 1, 1}), Catch::Contains("r1 = 5 does not divide the 12 tokens"));
+  CHECK_THROWS_WITH(run(12, {P::findep, O::asas, 2, 1, 4}),
+                    Catch::Contains("r2 = 4 does not divide the 6 tokens of a micro-batch"));
+  CHECK_THROWS_WITH(run(12, {P::pppipe, O::asas, 2, 1, 2}), Catch::Contains("PPPipe has no token chunks"));
+  CHECK_THROWS_WITH(run(24, {P::findep, O::asas, 4, 1, 3}), Catch::Contains("exceed max_chunks = 8"));
+  CHECK_THROWS_WITH(run(25, {P::findep, O::asas, 1, 1, 1}), Catch::Contains("max_tokens"));
+  CHECK_THROWS_WITH(run(-1, {P::findep, O::asas, 1, 1, 1}), Catch::Contains("negative token count"));
+  CHECK_THROWS_WITH(ex.run({.tokens = 4, .x = nullptr, .y = y.get()}, {P::findep, O::asas, 1, 1, 1}, ws.bytes()),
+                    Catch::Contains("null"));
+  CHECK_THROWS_WITH(ex.run({.tokens = 4, .x = x.get() + 1, .y = y.get()}, {P::findep, O::asas, 1, 1, 1}, ws.bytes()),
+                    Catch::Contains("16-byte aligned"));
+  CHECK_THROWS_WITH(
+      ex.run({.tokens = 4, .x = x.get(), .y = y.get()}, {P::findep, O::asas, 1, 1, 1}, ws.bytes().first(ws.size() / 2)),
+      Catch::Contains("workspace"));
+  // can_implement says the same without throwing.
+  auto st = ex.can_implement({.tokens = 12, .x = x.get(), .y = y.get()}, {P::findep, O::aass, 5, 1, 1});
+  CHECK_FALSE(st.ok);
+  CHECK(st.message.find("does not divide") != std::string::npos);
+  CHECK(ex.can_implement({.tokens = 12, .x = x.get(), .y = y.get()}, {P::findep, O::aass, 2, 1, 3}).ok);
+}
