@@ -268,9 +268,11 @@ public:
     }
   }
 
-  /// Error bits (kernels::cuda::DeviceError) raised by the last run(). Synchronises the device:
-  /// a diagnostic for tests and debugging, not for the hot path.
+  /// Error bits (kernels::cuda::DeviceError) raised by the last run(). Synchronises the device
+  /// (the resource streams are non-blocking, so a plain cudaMemcpy would not wait for them): a
+  /// diagnostic for tests and debugging, not for the hot path.
   [[nodiscard]] unsigned errors() const {
+    kernels::cuda::check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize (errors)");
     unsigned v = 0;
     kernels::cuda::check_cuda(cudaMemcpy(&v, errors_.get(), sizeof(v), cudaMemcpyDeviceToHost), "cudaMemcpy (errors)");
     return v;
