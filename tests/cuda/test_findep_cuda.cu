@@ -1,7 +1,9 @@
 // FinDepCudaExecutor (CUDA streams and events, co-located AG/EG on one GPU) against the sequential
 // moe::CudaLayer<..., cuda::SingleGpu> on the same device inputs and against the host
 // moe::reference_forward, for both orders, both pipelines and several r1, r2; bad input.
-// Exits 77 (skipped) without a GPU.
+// FinDepCudaP2PExecutor (AG and EG on different ranks, point-to-point links) with several ranks on
+// one GPU: in-process threads and a staged device communicator (messages through host memory),
+// against moe::reference_forward. Exits 77 (skipped) without a GPU.
 //
 // Tolerances and near-tie tokens as in test_cuda_layer.cu: the gate GEMM runs per micro-batch here
 // and over the whole batch in the layer (and in another order on the host), so a token whose top-k
@@ -15,12 +17,19 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "cuda_test_support.cuh"
 #include "moe/layer/cuda_layer.cuh"
 #include "moe/moe.hpp"
 #include "moe/schedule/findep_cuda.cuh"
+#if defined(MOE_TEST_NCCL)
+#include "moe/collective/nccl.hpp"
+// The NCCL mode needs several GPUs to run; here it must at least compile with the real collective.
+template class moe::schedule::FinDepCudaP2PExecutor<moe::models::Reduced<moe::models::DeepSeekV3, 64, 32, moe::DType::f32>,
+                                                    moe::router::SigmoidGroupTopK, moe::collective::Nccl>;
+#endif
 
 using moe::test::Device;
 namespace ms = moe::schedule;
@@ -313,4 +322,158 @@ TEST_CASE("FinDEP CUDA executor rejects bad input", "[cuda][findep][bad-input]")
   CHECK_FALSE(st.ok);
   CHECK(st.message.find("does not divide") != std::string::npos);
   CHECK(ex.can_implement({.tokens = 12, .x = x.get(), .y = y.get()}, {P::findep, O::aass, 2, 1, 3}).ok);
+}
+
+// -----------------------------------------------------------------------------------------------
+// AG and EG on different ranks: FinDepCudaP2PExecutor over a staged point-to-point communicator.
+// -----------------------------------------------------------------------------------------------
+namespace moe::test {  // named: nvcc warns about the unreferenced `memory` inside an unnamed namespace
+
+/// Device-memory point-to-point messages staged through host memory and collective::InProcess<N>
+/// (one thread per rank, all on one GPU). send() waits for the stream it was given (so the message
+/// holds what the stream's earlier work wrote); recv() copies on that stream and waits for it.
+template <int N>
+class StagedP2P {
+public:
+  static constexpr moe::collective::Memory memory = moe::collective::Memory::device;
+  explicit StagedP2P(moe::collective::InProcess<N>& host) : host_(&host) {}
+  [[nodiscard]] int rank() const { return host_->rank(); }
+  [[nodiscard]] int size() const { return host_->size(); }
+  void set_stream(cudaStream_t s) { stream_ = s; }
+  void send(std::span<std::byte const> in, int peer, int tag) {
+    std::vector<std::byte> h(in.size());
+    if (!h.empty())
+      kc::check_cuda(cudaMemcpyAsync(h.data(), in.data(), in.size(), cudaMemcpyDeviceToHost, stream_), "staging D2H");
+    kc::check_cuda(cudaStreamSynchronize(stream_), "staging sync (send)");
+    host_->send(h, peer, tag);
+  }
+  void recv(std::span<std::byte> out, int peer, int tag) {
+    std::vector<std::byte> h(out.size());
+    host_->recv(h, peer, tag);
+    if (!h.empty())
+      kc::check_cuda(cudaMemcpyAsync(out.data(), h.data(), h.size(), cudaMemcpyHostToDevice, stream_), "staging H2D");
+    kc::check_cuda(cudaStreamSynchronize(stream_), "staging sync (recv)");
+  }
+
+private:
+  moe::collective::InProcess<N>* host_;
+  cudaStream_t stream_ = nullptr;
+};
+
+}  // namespace moe::test
+
+namespace {
+
+/// `N` ranks, `ag` of them AG ranks with `tokens` tokens each; every configuration through one
+/// executor per rank; every AG rank's output against the host reference on its tokens.
+template <int N, class Model, class Router>
+void p2p_world(int ag, int tokens, std::uint64_t seed, double tolerance) {
+  using Ex = ms::FinDepCudaP2PExecutor<Model, Router, moe::test::StagedP2P<N>>;
+  using T = typename Ex::element_type;
+  constexpr moe::ShapeSpec s = Model::spec;
+  auto h = static_cast<std::size_t>(s.hidden);
+  int total = ag * tokens;
+  moe::RandomLayerWeights<T> weights(s, seed);
+  auto x = random_tokens<T>(total, s.hidden, seed + 1);
+  std::vector<T> ref(x.size());
+  moe::reference_forward<Router>(s, weights.view(), total, x.data(), ref.data());
+  auto fragile = fragile_tokens<Router>(s, weights.view(), x, total, 1e-5f);
+  DeviceWeights<T> dw(s, weights.view());
+  Device<T> dx(x), dy(x.size());
+  dy.poison();
+  auto on_eg = moe::placement::Table::round_robin(s.experts, N - ag);
+  std::vector<ms::Config> cfgs{{ms::Pipeline::findep, ms::Order::aass, 1, 1, 1}, {ms::Pipeline::findep, ms::Order::aass, 2, 1, 3},
+                               {ms::Pipeline::findep, ms::Order::asas, 3, 1, 2}, {ms::Pipeline::findep, ms::Order::asas, 4, 1, 3},
+                               {ms::Pipeline::findep, ms::Order::aass, 2, 1, 4}, {ms::Pipeline::pppipe, ms::Order::aass, 3, 1, 1},
+                               {ms::Pipeline::pppipe, ms::Order::asas, 2, 1, 1}};
+  std::vector<Errors> result(cfgs.size());
+  std::vector<unsigned> device_errors(N, 0);
+  moe::collective::run_in_process<N>([&](moe::collective::InProcess<N>& host) {
+    moe::test::StagedP2P<N> a2e(host), e2a(host);
+    int rank = host.rank();
+    Ex ex(a2e, e2a, ag, on_eg, dw.view(), {.max_tokens = tokens});
+    Device<std::byte> ws(ex.workspace_size());
+    ws.poison();
+    cudaStream_t st;
+    kc::check_cuda(cudaStreamCreate(&st), "cudaStreamCreate");
+    for (std::size_t q = 0; q < cfgs.size(); ++q) {
+      bool is_ag = rank < ag;
+      std::size_t first = is_ag ? static_cast<std::size_t>(rank) * static_cast<std::size_t>(tokens) * h : 0;
+      ex.run({.tokens = tokens, .x = is_ag ? dx.get() + first : nullptr, .y = is_ag ? dy.get() + first : nullptr,
+              .stream = st},
+             cfgs[q], ws.bytes());
+      kc::check_cuda(cudaStreamSynchronize(st), "rank run");
+      device_errors[static_cast<std::size_t>(rank)] |= ex.errors();
+      host.barrier();
+      if (rank == 0) {
+        result[q] = compare(dy.download(), ref, fragile, total, s.hidden);
+        dy.poison();
+        kc::check_cuda(cudaDeviceSynchronize(), "poison");
+      }
+      host.barrier();
+    }
+    cudaStreamDestroy(st);
+  });
+  for (std::size_t q = 0; q < cfgs.size(); ++q) {
+    INFO(N << " ranks, " << ag << " AG, " << ms::pipeline_name(cfgs[q].pipeline) << " " << ms::order_name(cfgs[q].order)
+           << " r1 " << cfgs[q].r1 << " r2 " << cfgs[q].r2 << ", shared experts " << s.shared_experts);
+    check_errors(result[q], tolerance, total);
+  }
+  for (unsigned e : device_errors) CHECK(e == 0u);
+}
+
+}  // namespace
+
+TEST_CASE("FinDEP CUDA executor with AG and EG on different ranks (staged point-to-point, one GPU)",
+          "[cuda][findep][p2p]") {
+  using moe::router::SigmoidGroupTopK;
+  using moe::router::SoftmaxTopK;
+  p2p_world<2, DeepSeekSmallF32, SigmoidGroupTopK>(1, 24, 61, fp32_tol);
+  p2p_world<3, DeepSeekSmallF32, SigmoidGroupTopK>(1, 24, 62, fp32_tol);
+  p2p_world<3, DeepSeekSmallF32, SigmoidGroupTopK>(2, 24, 63, fp32_tol);
+  p2p_world<4, MixtralSmallF32, SoftmaxTopK>(2, 24, 64, fp32_tol);
+  p2p_world<3, DeepSeekV2SmallBf16, moe::router::GroupLimitedTopK>(2, 48, 65, bf16_tol);
+}
+
+TEST_CASE("FinDEP point-to-point executor rejects bad input", "[cuda][findep][p2p][bad-input]") {
+  using Model = MixtralSmallF32;
+  using Ex = ms::FinDepCudaP2PExecutor<Model, moe::router::SoftmaxTopK, moe::test::StagedP2P<3>>;
+  constexpr moe::ShapeSpec s = Model::spec;
+  moe::RandomLayerWeights<float> weights(s, 71);
+  DeviceWeights<float> dw(s, weights.view());
+  std::vector<std::string> messages(3);
+  moe::collective::run_in_process<3>([&](moe::collective::InProcess<3>& host) {
+    moe::test::StagedP2P<3> a2e(host), e2a(host);
+    auto table = moe::placement::Table::round_robin(s.experts, 2);
+    auto& m = messages[static_cast<std::size_t>(host.rank())];
+    auto expect = [&](auto&& make, char const* part) {
+      try {
+        make();
+        m += std::string("no error for '") + part + "'; ";
+      } catch (moe::Error const& e) {
+        if (std::string(e.what()).find(part) == std::string::npos) m += std::string("'") + e.what() + "' lacks '" + part + "'; ";
+      }
+    };
+    expect([&] { Ex(a2e, a2e, 1, table, dw.view(), {.max_tokens = 8}); }, "two communicators");
+    expect([&] { Ex(a2e, e2a, 0, table, dw.view(), {.max_tokens = 8}); }, "attention group (AG) is empty");
+    expect([&] { Ex(a2e, e2a, 3, table, dw.view(), {.max_tokens = 8}); }, "expert group (EG) is empty");
+    expect([&] { Ex(a2e, e2a, 1, moe::placement::Table::round_robin(s.experts, 3), dw.view(), {.max_tokens = 8}); },
+           "rank");
+    expect([&] { Ex(a2e, e2a, 1, table, dw.view(), {.max_tokens = 0}); }, "max_tokens must be positive");
+    Ex ex(a2e, e2a, 1, table, dw.view(), {.max_tokens = 12, .max_chunks = 8});
+    Device<std::byte> ws(ex.workspace_size());
+    Device<float> x(12 * 64), y(12 * 64);
+    auto run = [&](int tokens, ms::Config c) { ex.run({.tokens = tokens, .x = x.get(), .y = y.get()}, c, ws.bytes()); };
+    expect([&] { run(12, {ms::Pipeline::findep, ms::Order::aass, 5, 1, 1}); }, "r1 = 5 does not divide the 12 tokens");
+    expect([&] { run(12, {ms::Pipeline::findep, ms::Order::aass, 2, 1, 4}); }, "r2 = 4 does not divide");
+    expect([&] { run(12, {ms::Pipeline::pppipe, ms::Order::aass, 2, 1, 2}); }, "PPPipe has no token chunks");
+    expect([&] { run(12, {ms::Pipeline::findep, ms::Order::aass, 3, 1, 4}); }, "exceed max_chunks = 8");
+    expect([&] { run(13, {ms::Pipeline::findep, ms::Order::aass, 1, 1, 1}); }, "max_tokens");
+    expect([&] { ex.run({.tokens = 4}, {ms::Pipeline::findep, ms::Order::aass, 1, 1, 1}, ws.bytes().first(16)); },
+           "workspace");
+  });
+  for (auto const& m : messages) {
+    INFO(m);
+    CHECK(m.empty());
+  }
 }

@@ -38,18 +38,21 @@
 // host; the plan (host vectors) is rebuilt only when the configuration changes. Events come from a
 // pool created at construction for up to `max_chunks` chunks (r1 * r2) per run.
 //
-// Not implemented: AG and EG on different ranks (the link streams would call ncclSend / ncclRecv
-// of collective::Nccl instead of cudaMemcpyAsync); see docs/findep.md.
+// FinDepCudaP2PExecutor (below) runs the same plan with the AG and the EG on different ranks, the
+// link streams calling the communicators' send / recv (ncclSend / ncclRecv with collective::Nccl).
+// It has only been compiled, never run.
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <array>
+#include <concepts>
 #include <cstdint>
 #include <span>
 #include <type_traits>
 #include <vector>
 
+#include "moe/collective/concept.hpp"
 #include "moe/config.hpp"
 #include "moe/core/shape.hpp"
 #include "moe/core/workspace.hpp"
@@ -67,6 +70,120 @@
 #include "moe/schedule/stream_plan.hpp"
 
 namespace moe::schedule {
+
+namespace detail_cuda {
+
+/// A(i): gate logits (cuBLAS) and top-k routing of `tokens` rows of x into ids / weights.
+template <ShapeSpec S, class Router, class T>
+void findep_attention(cublasHandle_t cublas, cudaStream_t s, std::span<std::byte> cublas_ws, LayerWeights<T> const& w,
+                      T const* x, int tokens, float* logits, int* ids, float* gate_w) {
+  kernels::cuda::gate_logits<T>(cublas, s, cublas_ws.data(), cublas_ws.size(), x, tokens, S.hidden, w.router,
+                                S.experts, logits);
+  kernels::cuda::route<S, Router>(s, logits, w.router_bias, tokens, ids, gate_w);
+}
+
+/// S(i): acc (tokens x hidden, fp32) = sum of the shared experts on `tokens` rows of x.
+template <ShapeSpec S, class T>
+void findep_shared(cudaStream_t s, LayerWeights<T> const& w, T const* x, int tokens, T* inter, float* acc) {
+  namespace kc = kernels::cuda;
+  auto h = static_cast<std::size_t>(S.hidden);
+  kc::check_cuda(cudaMemsetAsync(acc, 0, static_cast<std::size_t>(tokens) * h * sizeof(float), s),
+                 "cudaMemsetAsync (shared experts)");
+  for (auto const& e : w.shared) {
+    kc::GroupedGemmArgs<T> s1;
+    s1.uniform_rows = tokens;
+    s1.a = reinterpret_cast<std::byte const*>(x);
+    s1.a_stride = h * sizeof(T);
+    s1.b0 = e.gate;
+    s1.b1 = e.up;
+    s1.n = S.shared_ffn;
+    s1.k = S.hidden;
+    s1.out = inter;
+    s1.out_ld = static_cast<std::size_t>(S.shared_ffn);
+    kc::grouped_gemm<T, kc::Epilogue::swiglu>(s, s1);
+    kc::GroupedGemmArgs<T> s2;
+    s2.uniform_rows = tokens;
+    s2.a = reinterpret_cast<std::byte const*>(inter);
+    s2.a_stride = static_cast<std::size_t>(S.shared_ffn) * sizeof(T);
+    s2.b0 = e.down;
+    s2.n = S.hidden;
+    s2.k = S.shared_ffn;
+    s2.out_f32 = acc;
+    s2.out_ld = h;
+    kc::grouped_gemm<T, kc::Epilogue::accumulate>(s, s2);
+  }
+}
+
+/// The routed experts of `slots` received records (metadata at rec, the token row at `a` +
+/// record * a_stride), grouped by expert, SwiGLU and down GEMMs, weighted combine into `back`
+/// (one row per record slot). The scratch spans hold slots * top_k items.
+template <ShapeSpec S, class T>
+struct ExpertPass {
+  std::byte const* records = nullptr;
+  std::size_t record_bytes = 0;
+  long long slots = 0;
+  long long const* recv_base = nullptr;
+  int const* recv_n = nullptr;
+  int sources = 1;
+  std::byte const* a = nullptr;
+  std::size_t a_stride = 0;
+  unsigned char const* served = nullptr;
+  T const* const* gate = nullptr;
+  T const* const* up = nullptr;
+  T const* const* down = nullptr;
+  kernels::cuda::ExpertGrouping grouping{};
+  T* inter = nullptr;
+  T* expert_out = nullptr;
+  T* back = nullptr;
+  unsigned* errors = nullptr;
+
+  void enqueue(cudaStream_t s) const {
+    namespace kc = kernels::cuda;
+    constexpr int k = S.top_k;
+    kc::group_by_expert<k>(s, records, record_bytes, slots, recv_base, recv_n, sources, S.experts, served,
+                           kc::grouped_gemm_tile_m, grouping, errors);
+    if (slots == 0) return;
+    kc::GroupedGemmArgs<T> g1;
+    g1.groups = S.experts;
+    g1.rows = grouping.offsets;
+    g1.tile_starts = grouping.tile_starts;
+    g1.max_row_tiles = kc::grouped_gemm_row_tiles(slots * k, S.experts);
+    g1.index = grouping.sorted_values;  // record * k + slot
+    g1.a = a;
+    g1.a_stride = a_stride;
+    g1.index_div = k;
+    g1.b0_table = gate;
+    g1.b1_table = up;
+    g1.n = S.expert_ffn;
+    g1.k = S.hidden;
+    g1.out = inter;
+    g1.out_ld = static_cast<std::size_t>(S.expert_ffn);
+    kc::grouped_gemm<T, kc::Epilogue::swiglu>(s, g1);
+    kc::GroupedGemmArgs<T> g2 = g1;
+    g2.a = reinterpret_cast<std::byte const*>(inter);
+    g2.a_stride = static_cast<std::size_t>(S.expert_ffn) * sizeof(T);
+    g2.index = nullptr;
+    g2.index_div = 1;
+    g2.b0_table = down;
+    g2.b1_table = nullptr;
+    g2.n = S.hidden;
+    g2.k = S.expert_ffn;
+    g2.out = expert_out;
+    g2.out_ld = static_cast<std::size_t>(S.hidden);
+    kc::grouped_gemm<T, kc::Epilogue::store>(s, g2);
+    kc::combine_records<T, k>(s, records, record_bytes, slots, recv_base, recv_n, sources, S.experts, served,
+                              expert_out, grouping.position, S.hidden, back);
+  }
+};
+
+/// Bytes of a dispatch record's metadata: [int32 token, int32 count, int32 expert[k], float
+/// weight[k]], padded to 16 bytes (the CUDA kernels' record format).
+constexpr std::size_t findep_meta_bytes(int top_k) {
+  return (2 * sizeof(std::int32_t) + static_cast<std::size_t>(top_k) * (sizeof(std::int32_t) + sizeof(float)) + 15) /
+         16 * 16;
+}
+
+}  // namespace detail_cuda
 
 struct FinDepCudaOptions {
   int max_tokens = 0;  ///< most tokens one run() takes; sizes the workspace
@@ -290,8 +407,7 @@ private:
   static constexpr auto uk = static_cast<std::size_t>(shape.top_k);
   static constexpr auto E = static_cast<std::size_t>(shape.experts);
   static constexpr std::size_t run_events = 2 + resource_count;  // fork, E2A done, one join per stream
-  static constexpr std::size_t meta_bytes =
-      (2 * sizeof(std::int32_t) + uk * (sizeof(std::int32_t) + sizeof(float)) + 15) / 16 * 16;
+  static constexpr std::size_t meta_bytes = detail_cuda::findep_meta_bytes(shape.top_k);
 
   static void check_aligned(T const* p, char const* what, int e) {
     check(reinterpret_cast<std::uintptr_t>(p) % 16 == 0, "moe::schedule::FinDepCudaExecutor: ", what,
@@ -372,46 +488,17 @@ private:
 
   // A(i): gate logits and routing of micro-batch i (AG stream).
   void attention(Run const& r, int i) const {
-    namespace kc = kernels::cuda;
-    cudaStream_t s = stream(Resource::ag);
     auto first = static_cast<std::size_t>(i) * static_cast<std::size_t>(r.mb);
-    kc::gate_logits<T>(cublas_, s, r.b.cublas.data(), r.b.cublas.size(), r.a.x + first * h, r.mb, shape.hidden,
-                       weights_.router, shape.experts, r.b.logits.data());
-    kc::route<shape, Router>(s, r.b.logits.data(), weights_.router_bias, r.mb, r.b.ids.data() + first * uk,
-                             r.b.gate_w.data() + first * uk);
+    detail_cuda::findep_attention<shape, Router>(cublas_, stream(Resource::ag), r.b.cublas, weights_, r.a.x + first * h,
+                                            r.mb, r.b.logits.data(), r.b.ids.data() + first * uk,
+                                            r.b.gate_w.data() + first * uk);
   }
 
   // S(i): fp32 sum of the shared experts of micro-batch i (AG stream).
   void shared_experts(Run const& r, int i) const {
-    namespace kc = kernels::cuda;
-    cudaStream_t s = stream(Resource::ag);
     auto first = static_cast<std::size_t>(i) * static_cast<std::size_t>(r.mb);
-    float* acc = r.b.shared_acc.data() + first * h;
-    kc::check_cuda(cudaMemsetAsync(acc, 0, static_cast<std::size_t>(r.mb) * h * sizeof(float), s),
-                   "cudaMemsetAsync (shared experts)");
-    for (auto const& w : weights_.shared) {
-      kc::GroupedGemmArgs<T> s1;
-      s1.uniform_rows = r.mb;
-      s1.a = reinterpret_cast<std::byte const*>(r.a.x + first * h);
-      s1.a_stride = h * sizeof(T);
-      s1.b0 = w.gate;
-      s1.b1 = w.up;
-      s1.n = shape.shared_ffn;
-      s1.k = shape.hidden;
-      s1.out = r.b.shared_inter.data();
-      s1.out_ld = static_cast<std::size_t>(shape.shared_ffn);
-      kc::grouped_gemm<T, kc::Epilogue::swiglu>(s, s1);
-      kc::GroupedGemmArgs<T> s2;
-      s2.uniform_rows = r.mb;
-      s2.a = reinterpret_cast<std::byte const*>(r.b.shared_inter.data());
-      s2.a_stride = static_cast<std::size_t>(shape.shared_ffn) * sizeof(T);
-      s2.b0 = w.down;
-      s2.n = shape.hidden;
-      s2.k = shape.shared_ffn;
-      s2.out_f32 = acc;
-      s2.out_ld = h;
-      kc::grouped_gemm<T, kc::Epilogue::accumulate>(s, s2);
-    }
+    detail_cuda::findep_shared<shape>(stream(Resource::ag), weights_, r.a.x + first * h, r.mb, r.b.shared_inter.data(),
+                                 r.b.shared_acc.data() + first * h);
   }
 
   [[nodiscard]] static std::size_t chunk_first(Run const& r, int i, int j) {
@@ -453,42 +540,27 @@ private:
     kc::pack_records<T, k>(s, x, n, shape.hidden, ids, w, b.dest.data(), b.rec_pos.data(), b.send_base.data(), true,
                            b.records.data(), meta_bytes, meta_bytes, false);
     kc::recv_layout(s, b.count.data(), 1, 0, b.recv_base.data(), b.recv_n.data());
-    kc::ExpertGrouping grouping{b.keys.data(),     b.values.data(),  b.sorted_keys.data(), b.sorted_values.data(),
-                                b.position.data(), b.offsets.data(), b.tile_starts.data(), b.sort_temp.data(),
-                                b.sort_temp.size()};
-    kc::group_by_expert<k>(s, b.records.data(), meta_bytes, n, b.recv_base.data(), b.recv_n.data(), 1, shape.experts,
-                           served_.get(), kc::grouped_gemm_tile_m, grouping, errors_.get());
-    kc::GroupedGemmArgs<T> g1;
-    g1.groups = shape.experts;
-    g1.rows = b.offsets.data();
-    g1.tile_starts = b.tile_starts.data();
-    g1.max_row_tiles = kc::grouped_gemm_row_tiles(static_cast<long long>(n) * k, shape.experts);
-    g1.index = b.sorted_values.data();  // record * k + slot; record = the chunk's token
-    g1.a = reinterpret_cast<std::byte const*>(x);
-    g1.a_stride = h * sizeof(T);
-    g1.index_div = k;
-    g1.b0_table = gate_.get();
-    g1.b1_table = up_.get();
-    g1.n = shape.expert_ffn;
-    g1.k = shape.hidden;
-    g1.out = b.inter.data();
-    g1.out_ld = static_cast<std::size_t>(shape.expert_ffn);
-    kc::grouped_gemm<T, kc::Epilogue::swiglu>(s, g1);
-    kc::GroupedGemmArgs<T> g2 = g1;
-    g2.a = reinterpret_cast<std::byte const*>(b.inter.data());
-    g2.a_stride = static_cast<std::size_t>(shape.expert_ffn) * sizeof(T);
-    g2.index = nullptr;
-    g2.index_div = 1;
-    g2.b0_table = down_.get();
-    g2.b1_table = nullptr;
-    g2.n = shape.hidden;
-    g2.k = shape.expert_ffn;
-    g2.out = b.expert_out.data();
-    g2.out_ld = h;
-    kc::grouped_gemm<T, kc::Epilogue::store>(s, g2);
-    kc::combine_records<T, k>(s, b.records.data(), meta_bytes, n, b.recv_base.data(), b.recv_n.data(), 1,
-                              shape.experts, served_.get(), b.expert_out.data(), b.position.data(), shape.hidden,
-                              b.back.data() + t0 * h);
+    detail_cuda::ExpertPass<shape, T> pass;
+    pass.records = b.records.data();
+    pass.record_bytes = meta_bytes;
+    pass.slots = n;
+    pass.recv_base = b.recv_base.data();
+    pass.recv_n = b.recv_n.data();
+    pass.sources = 1;
+    pass.a = reinterpret_cast<std::byte const*>(x);  // record = the chunk's token
+    pass.a_stride = h * sizeof(T);
+    pass.served = served_.get();
+    pass.gate = gate_.get();
+    pass.up = up_.get();
+    pass.down = down_.get();
+    pass.grouping = {b.keys.data(),     b.values.data(),  b.sorted_keys.data(), b.sorted_values.data(),
+                     b.position.data(), b.offsets.data(), b.tile_starts.data(), b.sort_temp.data(),
+                     b.sort_temp.size()};
+    pass.inter = b.inter.data();
+    pass.expert_out = b.expert_out.data();
+    pass.back = b.back.data() + t0 * h;
+    pass.errors = errors_.get();
+    pass.enqueue(s);
   }
 
   // C(i,j): chunk j's partial rows back to the AG (E2A stream).
@@ -511,6 +583,513 @@ private:
   cublasHandle_t cublas_ = nullptr;
   std::array<cudaStream_t, resource_count> streams_{};  // indexed by Resource
   std::vector<cudaEvent_t> events_;                     // plan events, then fork, E2A done, joins
+  StreamPlan plan_;
+  bool has_plan_ = false;
+};
+
+namespace detail_cuda {
+/// A device-memory communicator with point-to-point messages on a settable stream
+/// (collective::Nccl; tests use a staged stand-in).
+template <class C>
+concept PointToPointDevice = C::memory == collective::Memory::device &&
+                             requires(C& c, std::span<std::byte const> in, std::span<std::byte> out, cudaStream_t s) {
+                               { c.rank() } -> std::same_as<int>;
+                               { c.size() } -> std::same_as<int>;
+                               c.set_stream(s);
+                               c.send(in, 0, 0);
+                               c.recv(out, 0, 0);
+                             };
+}  // namespace detail_cuda
+
+/// The same schedule with the attention group and the expert group on different ranks (one GPU
+/// each): ranks [0, ag) are AG ranks (tokens, router, shared experts), ranks [ag, size) EG ranks
+/// (the routed experts, expert -> EG index by `on_eg`). The A2E and E2A link streams call the
+/// communicators' send / recv (ncclSend / ncclRecv with collective::Nccl); everything else is the
+/// co-located executor's. Per chunk and (AG, EG) pair, the A2E carries an 8-byte record count and
+/// a fixed region of `chunk` records (worst case: every token of the chunk has an expert on that EG
+/// rank), so no host synchronisation is needed; the EG reads only the counted records. The E2A
+/// carries `chunk` partial rows back.
+///
+///   FinDepCudaP2PExecutor<Model, Router, collective::Nccl> ex(a2e_comm, e2a_comm, ag, on_eg, weights, options);
+///   ex.run({.tokens = n, .x = x, .y = y, .stream = s}, config, workspace);   // AG ranks
+///   ex.run({.tokens = n, .stream = s}, config, workspace);                    // EG ranks: same n, no x / y
+///
+/// Requirements: two communicators over the same ranks, one per link stream (NCCL runs the
+/// operations of one communicator in the order they were issued, so sends of chunk c + 1 on the
+/// A2E stream and receives of chunk c on the E2A stream would wait on each other); every rank calls
+/// run() with the same tokens (per AG rank) and configuration; the GPU must be able to run the A2E
+/// and E2A communication kernels concurrently (NCCL's usual caveat for several communicators).
+/// On an AG rank the plan's waits on EG operations (and on an EG rank those on AG operations) are
+/// satisfied by the messages themselves and dropped.
+///
+/// NOT RUN: this mode was only compiled (no GPU in the session that wrote it).
+template <ModelShape Model, router::Policy Router, class Comm>
+class FinDepCudaP2PExecutor {
+public:
+  static constexpr ShapeSpec shape = Model::spec;
+  using element_type = storage_t<shape>;
+  using T = element_type;
+
+  static_assert(detail_cuda::PointToPointDevice<Comm>,
+                "FinDepCudaP2PExecutor: Comm must be a device-memory communicator with send, recv and "
+                "set_stream(cudaStream_t) (e.g. collective::Nccl)");
+  static_assert(shape.hidden > 0 && shape.experts > 0 && shape.top_k > 0 && shape.top_k <= shape.experts,
+                "FinDepCudaP2PExecutor: the model shape needs positive sizes and top_k <= experts");
+  static_assert(Router::fits(shape), "FinDepCudaP2PExecutor: this Router policy does not fit the model");
+  static_assert(shape.hidden % kernels::cuda::vec_elems<T> == 0 && shape.expert_ffn % kernels::cuda::vec_elems<T> == 0 &&
+                    shape.shared_ffn % kernels::cuda::vec_elems<T> == 0,
+                "FinDepCudaP2PExecutor: hidden and FFN widths must be multiples of 16 bytes of the storage type");
+
+  struct Arguments {
+    int tokens = 0;        ///< tokens per AG rank (EG ranks pass the same number)
+    T const* x = nullptr;  ///< AG ranks: device, tokens x hidden, 16-byte aligned; EG ranks: unused
+    T* y = nullptr;        ///< AG ranks: device, tokens x hidden, written; EG ranks: unused
+    cudaStream_t stream = nullptr;
+  };
+
+  static constexpr int a2e_tag = 0;
+  static constexpr int e2a_tag = 1;
+
+  FinDepCudaP2PExecutor(Comm& a2e, Comm& e2a, int ag, placement::Table on_eg, LayerWeights<T> weights,
+                        FinDepCudaOptions options)
+      : a2e_(&a2e), e2a_(&e2a), ag_(ag), eg_(a2e.size() - ag), placement_(std::move(on_eg)), weights_(weights),
+        options_(options) {
+    namespace kc = kernels::cuda;
+    char const* who = "moe::schedule::FinDepCudaP2PExecutor";
+    validate(shape);
+    check(&a2e != &e2a, who, ": the A2E and E2A streams need two communicators (one each); NCCL runs one "
+                        "communicator's operations in issue order, so one shared by both links would deadlock");
+    check(a2e.size() == e2a.size() && a2e.rank() == e2a.rank(), who, ": the two communicators differ (sizes ",
+          a2e.size(), " and ", e2a.size(), ", ranks ", a2e.rank(), " and ", e2a.rank(), ")");
+    check(ag_ >= 1, who, ": the attention group (AG) is empty; it needs at least one rank, got ag = ", ag_);
+    check(eg_ >= 1, who, ": the expert group (EG) is empty: the communicator has ", a2e.size(), " ranks and ", ag_,
+          " of them are AG ranks");
+    check(options_.max_tokens >= 1, who, ": max_tokens must be positive, got ", options_.max_tokens);
+    check(options_.max_chunks >= 1, who, ": max_chunks must be at least 1, got ", options_.max_chunks);
+    check(options_.max_chunks <= max_plan_chunks, who, ": max_chunks = ", options_.max_chunks,
+          " is above the plan limit of ", max_plan_chunks);
+    placement_.validate(shape.experts, eg_);
+    check(static_cast<int>(weights_.experts.size()) == shape.experts, who, ": weights list ", weights_.experts.size(),
+          " experts, the shape has ", shape.experts);
+    check(static_cast<int>(weights_.shared.size()) == shape.shared_experts, who, ": weights list ",
+          weights_.shared.size(), " shared experts, the shape has ", shape.shared_experts);
+    std::vector<int> offsets(E + 1), eg_of(E);
+    for (std::size_t e = 0; e <= E; ++e) offsets[e] = static_cast<int>(e);
+    for (std::size_t e = 0; e < E; ++e) eg_of[e] = placement_.rank_of(static_cast<int>(e));
+    if (is_ag()) {
+      check(weights_.router != nullptr, who, ": AG rank ", rank(), " has no router weights");
+      for (int e = 0; e < shape.shared_experts; ++e) {
+        auto const& w = weights_.shared[static_cast<std::size_t>(e)];
+        check(w.present(), who, ": AG rank ", rank(), " misses the weights of shared expert ", e);
+        check_aligned(w.gate, "shared gate", e);
+        check_aligned(w.up, "shared up", e);
+        check_aligned(w.down, "shared down", e);
+      }
+      replica_offsets_ = kc::DeviceArray<int>(E + 1);
+      replica_offsets_.upload(offsets.data(), E + 1);
+      primary_ = kc::DeviceArray<int>(E);
+      primary_.upload(eg_of.data(), E);
+      scan_bytes_ = kc::exclusive_sum_bytes(static_cast<long long>(eg_) * options_.max_tokens);
+      kc::check_cublas(cublasCreate(&cublas_), "cublasCreate");
+    } else {
+      std::vector<unsigned char> served(E, 0);
+      std::vector<T const*> gate(E, nullptr), up(E, nullptr), down(E, nullptr);
+      for (int e = 0; e < shape.experts; ++e) {
+        auto ue = static_cast<std::size_t>(e);
+        if (eg_of[ue] != rank() - ag_) continue;
+        auto const& w = weights_.experts[ue];
+        check(w.present(), who, ": EG rank ", rank(), " serves expert ", e, " but its weights are missing");
+        check_aligned(w.gate, "gate", e);
+        check_aligned(w.up, "up", e);
+        check_aligned(w.down, "down", e);
+        served[ue] = 1;
+        gate[ue] = w.gate;
+        up[ue] = w.up;
+        down[ue] = w.down;
+      }
+      served_ = kc::DeviceArray<unsigned char>(E);
+      served_.upload(served.data(), E);
+      gate_ = kc::DeviceArray<T const*>(E);
+      gate_.upload(gate.data(), E);
+      up_ = kc::DeviceArray<T const*>(E);
+      up_.upload(up.data(), E);
+      down_ = kc::DeviceArray<T const*>(E);
+      down_.upload(down.data(), E);
+      sort_bytes_ = kc::sort_items_bytes(static_cast<long long>(ag_) * options_.max_tokens * k, shape.experts);
+    }
+    errors_ = kc::DeviceArray<unsigned>(1);
+    kc::check_cuda(cudaMemset(errors_.get(), 0, sizeof(unsigned)), "cudaMemset");
+    for (auto& s : streams_)
+      kc::check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    events_.resize(static_cast<std::size_t>(max_plan_events(options_.max_chunks, 1, true)) + run_events);
+    for (auto& e : events_) kc::check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+  }
+
+  FinDepCudaP2PExecutor(FinDepCudaP2PExecutor const&) = delete;
+  FinDepCudaP2PExecutor& operator=(FinDepCudaP2PExecutor const&) = delete;
+  ~FinDepCudaP2PExecutor() {
+    for (auto e : events_)
+      if (e) cudaEventDestroy(e);
+    for (auto s : streams_)
+      if (s) cudaStreamDestroy(s);
+    if (cublas_) cublasDestroy(cublas_);
+  }
+
+  [[nodiscard]] int rank() const { return a2e_->rank(); }
+  [[nodiscard]] bool is_ag() const { return rank() < ag_; }
+  [[nodiscard]] int attention_ranks() const { return ag_; }
+  [[nodiscard]] int expert_ranks() const { return eg_; }
+
+  /// Bytes of caller-owned device workspace run() needs on this rank (an AG and an EG rank differ).
+  [[nodiscard]] std::size_t workspace_size() const {
+    core::Carver c;
+    Buffers b;
+    carve(c, b);
+    return c.used();
+  }
+
+  [[nodiscard]] Status can_implement(Arguments const& a, Config const& c) const {
+    char const* who = "moe::schedule::FinDepCudaP2PExecutor";
+    using moe::detail::concat;
+    if (is_ag()) {
+      Status st = moe::detail::check_run_arguments(who, "FinDepCudaOptions", a.tokens, options_.max_tokens, a.x, a.y);
+      if (!st.ok) return st;
+      if (reinterpret_cast<std::uintptr_t>(a.x) % 16 != 0 || reinterpret_cast<std::uintptr_t>(a.y) % 16 != 0)
+        return {false, concat(who, ": x and y must be 16-byte aligned")};
+    } else {
+      if (a.tokens < 0) return {false, concat(who, ": negative token count ", a.tokens)};
+      if (a.tokens > options_.max_tokens)
+        return {false, concat(who, ": ", a.tokens, " tokens per AG rank exceed the ", options_.max_tokens,
+                              " the workspace was sized for (FinDepCudaOptions::max_tokens)")};
+    }
+    if (c.r1 < 1) return {false, concat(who, ": r1 (micro-batches) must be at least 1, got ", c.r1)};
+    if (c.r2 < 1) return {false, concat(who, ": r2 (token chunks) must be at least 1, got ", c.r2)};
+    if (c.pipeline == Pipeline::pppipe && c.r2 != 1)
+      return {false, concat(who, ": PPPipe has no token chunks; r2 must be 1, got ", c.r2)};
+    if (c.pipeline != Pipeline::findep && c.pipeline != Pipeline::pppipe)
+      return {false, concat(who, ": unknown pipeline ", static_cast<int>(c.pipeline))};
+    if (c.order != Order::aass && c.order != Order::asas)
+      return {false, concat(who, ": unknown order ", static_cast<int>(c.order))};
+    if (static_cast<long long>(c.r1) * c.r2 > options_.max_chunks)
+      return {false, concat(who, ": r1 * r2 = ", c.r1, " * ", c.r2, " chunks exceed max_chunks = ",
+                            options_.max_chunks, " (FinDepCudaOptions::max_chunks)")};
+    if (a.tokens % c.r1 != 0) return {false, concat(who, ": r1 = ", c.r1, " does not divide the ", a.tokens, " tokens")};
+    if ((a.tokens / c.r1) % c.r2 != 0)
+      return {false, concat(who, ": r2 = ", c.r2, " does not divide the ", a.tokens / c.r1,
+                            " tokens of a micro-batch (", a.tokens, " tokens, r1 = ", c.r1, ")")};
+    return {};
+  }
+
+  /// One forward pass; every rank calls it with the same tokens (per AG rank) and configuration.
+  void run(Arguments const& a, Config const& c, std::span<std::byte> workspace) {
+    namespace kc = kernels::cuda;
+    Status st = can_implement(a, c);
+    check(st.ok, st.message);
+    check(workspace.size() >= workspace_size(), "moe::schedule::FinDepCudaP2PExecutor: workspace holds ",
+          workspace.size(), " bytes, run() needs ", workspace_size(), " (call workspace_size())");
+    if (a.tokens == 0) return;  // every rank sees the same count, so no rank waits for a message
+    if (!has_plan_ || plan_.config.pipeline != c.pipeline || plan_.config.order != c.order ||
+        plan_.config.r1 != c.r1 || plan_.config.r2 != c.r2) {
+      plan_ = build_stream_plan(c, shape.shared_experts > 0, 1);
+      has_plan_ = true;
+    }
+    check(plan_.events.size() + run_events <= events_.size(),
+          "moe::schedule::FinDepCudaP2PExecutor: internal error: the plan needs more events than the pool holds");
+    core::Carver carver(workspace);
+    Buffers b;
+    carve(carver, b);
+    Run r{a, b, a.tokens / c.r1 / c.r2};
+
+    std::size_t own = events_.size() - run_events;  // fork, A2E done, E2A done, joins
+    cudaEvent_t fork = events_[own];
+    kc::check_cuda(cudaEventRecord(fork, a.stream), "cudaEventRecord (fork)");
+    for (auto s : streams_) kc::check_cuda(cudaStreamWaitEvent(s, fork, 0), "cudaStreamWaitEvent (fork)");
+    if (!is_ag())
+      kc::check_cuda(cudaMemsetAsync(errors_.get(), 0, sizeof(unsigned), stream(Resource::eg)), "cudaMemsetAsync");
+
+    for (LaunchStep step : plan_.launch) {
+      PlanOp const& o = plan_.op(step);
+      if (!here(o.kind)) continue;
+      cudaStream_t s = stream(o.stream);
+      for (int w : o.waits) {
+        PlanEvent ev = plan_.events[static_cast<std::size_t>(w)];
+        if (!here(plan_.op({ev.stream, ev.index}).kind)) continue;  // the message itself orders it
+        kc::check_cuda(cudaStreamWaitEvent(s, events_[static_cast<std::size_t>(w)], 0), "cudaStreamWaitEvent");
+      }
+      int chunk = o.mb * c.r2 + o.chunk;
+      switch (o.kind) {
+        case TaskKind::attention: attention(r, o.mb, c.r2); break;
+        case TaskKind::shared: shared_experts(r, o.mb, c.r2); break;
+        case TaskKind::a2e: is_ag() ? send_chunk(r, chunk) : receive_chunk(r, chunk); break;
+        case TaskKind::experts: experts(r, chunk); break;
+        case TaskKind::e2a: is_ag() ? receive_partials(r, chunk) : send_partials(r, chunk); break;
+      }
+      if (o.record >= 0)
+        kc::check_cuda(cudaEventRecord(events_[static_cast<std::size_t>(o.record)], s), "cudaEventRecord");
+    }
+
+    if (is_ag()) {
+      // After every send (the record layout the sum reads) and every receive: y per chunk.
+      cudaStream_t ag = stream(Resource::ag);
+      for (Resource link : {Resource::a2e, Resource::e2a}) {
+        cudaEvent_t done = events_[own + (link == Resource::a2e ? 1 : 2)];
+        kc::check_cuda(cudaEventRecord(done, stream(link)), "cudaEventRecord (link done)");
+        kc::check_cuda(cudaStreamWaitEvent(ag, done, 0), "cudaStreamWaitEvent (link done)");
+      }
+      auto n = static_cast<std::size_t>(r.chunk);
+      for (int q = 0; q < c.r1 * c.r2; ++q) {
+        auto uq = static_cast<std::size_t>(q);
+        std::size_t t0 = uq * n;
+        kc::finish_tokens<T>(ag, r.chunk, shape.hidden, eg_, b.rec_count.data() + uq * count_stride(r),
+                             b.rec_pos.data() + uq * count_stride(r), b.send_base.data() + uq * ueg(),
+                             b.returned.data() + ueg() * t0 * h,
+                             shape.shared_experts > 0 ? b.shared_acc.data() + t0 * h : nullptr, a.y + t0 * h);
+      }
+    }
+    for (std::size_t q = 0; q < resource_count; ++q) {
+      cudaEvent_t join = events_[own + 3 + q];
+      kc::check_cuda(cudaEventRecord(join, streams_[q]), "cudaEventRecord (join)");
+      kc::check_cuda(cudaStreamWaitEvent(a.stream, join, 0), "cudaStreamWaitEvent (join)");
+    }
+  }
+
+  /// Error bits of the last run() on an EG rank (kernels::cuda::DeviceError). Synchronises the device.
+  [[nodiscard]] unsigned errors() const {
+    kernels::cuda::check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize (errors)");
+    unsigned v = 0;
+    kernels::cuda::check_cuda(cudaMemcpy(&v, errors_.get(), sizeof(v), cudaMemcpyDeviceToHost), "cudaMemcpy (errors)");
+    return v;
+  }
+  [[nodiscard]] StreamPlan const& plan() const { return plan_; }
+  [[nodiscard]] cudaStream_t stream(Resource r) const { return streams_[static_cast<std::size_t>(r)]; }
+
+private:
+  static constexpr auto h = static_cast<std::size_t>(shape.hidden);
+  static constexpr int k = shape.top_k;
+  static constexpr auto uk = static_cast<std::size_t>(shape.top_k);
+  static constexpr auto E = static_cast<std::size_t>(shape.experts);
+  static constexpr std::size_t run_events = 3 + resource_count;  // fork, A2E done, E2A done, joins
+  static constexpr std::size_t meta_bytes = detail_cuda::findep_meta_bytes(shape.top_k);
+  static constexpr std::size_t record_bytes = meta_bytes + h * sizeof(T);  // h * sizeof(T): a multiple of 16
+
+  static void check_aligned(T const* p, char const* what, int e) {
+    check(reinterpret_cast<std::uintptr_t>(p) % 16 == 0, "moe::schedule::FinDepCudaP2PExecutor: ", what,
+          " weights of expert ", e, " are not 16-byte aligned");
+  }
+
+  /// Whether this rank runs (its half of) an operation of the plan.
+  [[nodiscard]] bool here(TaskKind kind) const {
+    switch (kind) {
+      case TaskKind::attention:
+      case TaskKind::shared: return is_ag();
+      case TaskKind::experts: return !is_ag();
+      default: return true;  // links: the sending or the receiving half
+    }
+  }
+
+  [[nodiscard]] std::size_t ueg() const { return static_cast<std::size_t>(eg_); }
+  [[nodiscard]] std::size_t uag() const { return static_cast<std::size_t>(ag_); }
+  [[nodiscard]] std::size_t um() const { return static_cast<std::size_t>(options_.max_tokens); }
+  [[nodiscard]] std::size_t uchunks() const { return static_cast<std::size_t>(options_.max_chunks); }
+
+  struct Buffers {
+    // AG rank. Per token: ids, gate_w, dest, shared_acc; per chunk: rec_count / rec_pos (a region
+    // of count_stride ints, 256-byte aligned for the CUB scan), send_count / send_base (eg each),
+    // send (eg x chunk records), returned (eg x chunk rows).
+    std::span<float> logits;
+    std::span<int> ids, dest;
+    std::span<float> gate_w;
+    std::span<T> shared_inter;
+    std::span<float> shared_acc;
+    std::span<std::byte> cublas;
+    std::span<int> rec_count, rec_pos;
+    std::span<std::byte> scan_temp;
+    std::span<std::uint64_t> send_count;
+    std::span<long long> send_base;
+    std::span<std::byte> send;
+    std::span<T> returned;
+    // EG rank. Per chunk: counts (ag), recv (ag x chunk records), back (ag x chunk rows); the rest
+    // is EG-stream scratch for the largest chunk.
+    std::span<std::uint64_t> counts;
+    std::span<std::byte> recv;
+    std::span<T> back;
+    std::span<long long> recv_base;
+    std::span<int> recv_n;
+    std::span<int> keys, values, sorted_keys, sorted_values, position;
+    std::span<std::byte> sort_temp;
+    std::span<int> offsets, tile_starts;
+    std::span<T> inter, expert_out;
+  };
+
+  struct Run {
+    Arguments const& a;
+    Buffers const& b;
+    int chunk;  // tokens per chunk
+  };
+
+  /// Ints between two chunks' record-count regions: eg x chunk rounded up to 64 (256 bytes).
+  [[nodiscard]] std::size_t count_stride(Run const& r) const {
+    return (ueg() * static_cast<std::size_t>(r.chunk) + 63) / 64 * 64;
+  }
+
+  void carve(core::Carver& c, Buffers& b) const {
+    std::size_t m = um();
+    if (is_ag()) {
+      bool shared = shape.shared_experts > 0;
+      b.logits = c.take<float>(m * E);
+      b.ids = c.take<int>(m * uk);
+      b.dest = c.take<int>(m * uk);
+      b.gate_w = c.take<float>(m * uk);
+      b.shared_inter = c.take<T>(shared ? m * static_cast<std::size_t>(shape.shared_ffn) : 0);
+      b.shared_acc = c.take<float>(shared ? m * h : 0);
+      b.cublas = c.take<std::byte>(options_.cublas_workspace);
+      b.rec_count = c.take<int>(ueg() * m + 64 * uchunks());
+      b.rec_pos = c.take<int>(ueg() * m + 64 * uchunks());
+      b.scan_temp = c.take<std::byte>(scan_bytes_);
+      b.send_count = c.take<std::uint64_t>(uchunks() * ueg());
+      b.send_base = c.take<long long>(uchunks() * ueg());
+      b.send = c.take<std::byte>(ueg() * m * record_bytes);
+      b.returned = c.take<T>(ueg() * m * h);
+    } else {
+      std::size_t slots = uag() * m, items = slots * uk;
+      b.counts = c.take<std::uint64_t>(uchunks() * uag());
+      b.recv = c.take<std::byte>(slots * record_bytes);
+      b.back = c.take<T>(slots * h);
+      b.recv_base = c.take<long long>(uag());
+      b.recv_n = c.take<int>(uag());
+      b.keys = c.take<int>(items);
+      b.values = c.take<int>(items);
+      b.sorted_keys = c.take<int>(items);
+      b.sorted_values = c.take<int>(items);
+      b.position = c.take<int>(items);
+      b.sort_temp = c.take<std::byte>(sort_bytes_);
+      b.offsets = c.take<int>(E + 1);
+      b.tile_starts = c.take<int>(E + 1);
+      b.inter = c.take<T>(items * static_cast<std::size_t>(shape.expert_ffn));
+      b.expert_out = c.take<T>(items * h);
+    }
+  }
+
+  void attention(Run const& r, int i, int r2) const {
+    auto mb = r.chunk * r2;
+    auto first = static_cast<std::size_t>(i) * static_cast<std::size_t>(mb);
+    detail_cuda::findep_attention<shape, Router>(cublas_, stream(Resource::ag), r.b.cublas, weights_, r.a.x + first * h,
+                                                 mb, r.b.logits.data(), r.b.ids.data() + first * uk,
+                                                 r.b.gate_w.data() + first * uk);
+  }
+
+  void shared_experts(Run const& r, int i, int r2) const {
+    auto mb = r.chunk * r2;
+    auto first = static_cast<std::size_t>(i) * static_cast<std::size_t>(mb);
+    detail_cuda::findep_shared<shape>(stream(Resource::ag), weights_, r.a.x + first * h, mb, r.b.shared_inter.data(),
+                                      r.b.shared_acc.data() + first * h);
+  }
+
+  // AG, A2E stream: records of chunk q (one region of `chunk` records per EG rank), then per EG
+  // rank its record count and its region.
+  void send_chunk(Run const& r, int q) const {
+    namespace kc = kernels::cuda;
+    cudaStream_t s = stream(Resource::a2e);
+    Buffers const& b = r.b;
+    auto uq = static_cast<std::size_t>(q), n = static_cast<std::size_t>(r.chunk);
+    std::size_t t0 = uq * n;
+    int* count = b.rec_count.data() + uq * count_stride(r);
+    int* pos = b.rec_pos.data() + uq * count_stride(r);
+    std::uint64_t* send_count = b.send_count.data() + uq * ueg();
+    long long* send_base = b.send_base.data() + uq * ueg();
+    std::byte* records = b.send.data() + ueg() * t0 * record_bytes;
+    kc::ReplicaView view{replica_offsets_.get(), primary_.get(), primary_.get()};  // one copy: primary = EG index
+    kc::plan_records<k>(s, b.ids.data() + t0 * uk, r.chunk, eg_, view, 0, static_cast<long long>(t0), true,
+                        b.dest.data() + t0 * uk, count);
+    kc::exclusive_sum(s, b.scan_temp.data(), b.scan_temp.size(), count, pos, static_cast<long long>(ueg() * n));
+    kc::send_layout(s, count, pos, r.chunk, eg_, static_cast<long long>(n), send_count, send_base);
+    kc::pack_records<T, k>(s, r.a.x + t0 * h, r.chunk, shape.hidden, b.ids.data() + t0 * uk, b.gate_w.data() + t0 * uk,
+                           b.dest.data() + t0 * uk, pos, send_base, true, records, record_bytes, meta_bytes, true);
+    a2e_->set_stream(s);
+    for (int g = 0; g < eg_; ++g) {
+      auto ug = static_cast<std::size_t>(g);
+      a2e_->send(std::as_bytes(std::span(send_count + ug, 1)), ag_ + g, a2e_tag);
+      a2e_->send(std::span<std::byte const>(records + ug * n * record_bytes, n * record_bytes), ag_ + g, a2e_tag);
+    }
+  }
+
+  // EG, A2E stream: chunk q's record count and region from every AG rank.
+  void receive_chunk(Run const& r, int q) const {
+    auto uq = static_cast<std::size_t>(q), n = static_cast<std::size_t>(r.chunk);
+    std::byte* records = r.b.recv.data() + uag() * uq * n * record_bytes;
+    a2e_->set_stream(stream(Resource::a2e));
+    for (int p = 0; p < ag_; ++p) {
+      auto up = static_cast<std::size_t>(p);
+      a2e_->recv(std::as_writable_bytes(std::span(r.b.counts.data() + uq * uag() + up, 1)), p, a2e_tag);
+      a2e_->recv(std::span<std::byte>(records + up * n * record_bytes, n * record_bytes), p, a2e_tag);
+    }
+  }
+
+  // EG, EG stream: this rank's experts on the records of chunk q from every AG rank.
+  void experts(Run const& r, int q) const {
+    namespace kc = kernels::cuda;
+    cudaStream_t s = stream(Resource::eg);
+    Buffers const& b = r.b;
+    auto uq = static_cast<std::size_t>(q), n = static_cast<std::size_t>(r.chunk);
+    std::byte const* records = b.recv.data() + uag() * uq * n * record_bytes;
+    kc::recv_layout(s, b.counts.data() + uq * uag(), ag_, static_cast<long long>(n), b.recv_base.data(),
+                    b.recv_n.data());
+    detail_cuda::ExpertPass<shape, T> pass;
+    pass.records = records;
+    pass.record_bytes = record_bytes;
+    pass.slots = static_cast<long long>(uag() * n);
+    pass.recv_base = b.recv_base.data();
+    pass.recv_n = b.recv_n.data();
+    pass.sources = ag_;
+    pass.a = records + meta_bytes;  // the token rows travel in the records
+    pass.a_stride = record_bytes;
+    pass.served = served_.get();
+    pass.gate = gate_.get();
+    pass.up = up_.get();
+    pass.down = down_.get();
+    pass.grouping = {b.keys.data(),     b.values.data(),  b.sorted_keys.data(), b.sorted_values.data(),
+                     b.position.data(), b.offsets.data(), b.tile_starts.data(), b.sort_temp.data(),
+                     b.sort_temp.size()};
+    pass.inter = b.inter.data();
+    pass.expert_out = b.expert_out.data();
+    pass.back = b.back.data() + uag() * uq * n * h;
+    pass.errors = errors_.get();
+    pass.enqueue(s);
+  }
+
+  // EG, E2A stream: chunk q's partial rows back to every AG rank (its region of `chunk` rows).
+  void send_partials(Run const& r, int q) const {
+    auto uq = static_cast<std::size_t>(q), n = static_cast<std::size_t>(r.chunk);
+    T const* back = r.b.back.data() + uag() * uq * n * h;
+    e2a_->set_stream(stream(Resource::e2a));
+    for (int p = 0; p < ag_; ++p)
+      e2a_->send(std::as_bytes(std::span(back + static_cast<std::size_t>(p) * n * h, n * h)), p, e2a_tag);
+  }
+
+  // AG, E2A stream: chunk q's partial rows from every EG rank.
+  void receive_partials(Run const& r, int q) const {
+    auto uq = static_cast<std::size_t>(q), n = static_cast<std::size_t>(r.chunk);
+    T* returned = r.b.returned.data() + ueg() * uq * n * h;
+    e2a_->set_stream(stream(Resource::e2a));
+    for (int g = 0; g < eg_; ++g)
+      e2a_->recv(std::as_writable_bytes(std::span(returned + static_cast<std::size_t>(g) * n * h, n * h)), ag_ + g,
+                 e2a_tag);
+  }
+
+  Comm* a2e_;
+  Comm* e2a_;
+  int ag_, eg_;
+  placement::Table placement_;
+  LayerWeights<T> weights_;
+  FinDepCudaOptions options_;
+  kernels::cuda::DeviceArray<int> replica_offsets_, primary_;
+  kernels::cuda::DeviceArray<unsigned char> served_;
+  kernels::cuda::DeviceArray<T const*> gate_, up_, down_;
+  kernels::cuda::DeviceArray<unsigned> errors_;
+  std::size_t scan_bytes_ = 0, sort_bytes_ = 0;
+  cublasHandle_t cublas_ = nullptr;
+  std::array<cudaStream_t, resource_count> streams_{};
+  std::vector<cudaEvent_t> events_;
   StreamPlan plan_;
   bool has_plan_ = false;
 };

@@ -191,9 +191,9 @@ inline void validate_plan_input(Config const& c, int layers) {
 
 /// "A(l0,mb1)" etc.
 [[nodiscard]] inline std::string describe(PlanOp const& o) {
-  std::string s = detail::concat(task_kind_name(o.kind), "(l", o.layer, ",mb", o.mb);
+  std::string s = moe::detail::concat(task_kind_name(o.kind), "(l", o.layer, ",mb", o.mb);
   if (o.kind == TaskKind::a2e || o.kind == TaskKind::experts || o.kind == TaskKind::e2a)
-    s += detail::concat(",c", o.chunk);
+    s += moe::detail::concat(",c", o.chunk);
   return s + ")";
 }
 
@@ -202,12 +202,12 @@ inline void validate_plan_input(Config const& c, int layers) {
   std::string out;
   constexpr std::array<Resource, resource_count> shown{Resource::ag, Resource::a2e, Resource::eg, Resource::e2a};
   for (Resource r : shown) {
-    out += detail::concat(resource_name(r), ":");
+    out += moe::detail::concat(resource_name(r), ":");
     for (PlanOp const& o : p.stream(r)) {
       out += " ";
-      for (int w : o.waits) out += detail::concat("[wait e", w, "] ");
+      for (int w : o.waits) out += moe::detail::concat("[wait e", w, "] ");
       out += describe(o);
-      if (o.record >= 0) out += detail::concat("->e", o.record);
+      if (o.record >= 0) out += moe::detail::concat("->e", o.record);
     }
     out += "\n";
   }
