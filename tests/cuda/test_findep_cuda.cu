@@ -469,7 +469,10 @@ TEST_CASE("FinDEP point-to-point executor rejects bad input", "[cuda][findep][p2
     expect([&] { run(12, {ms::Pipeline::pppipe, ms::Order::aass, 2, 1, 2}); }, "PPPipe has no token chunks");
     expect([&] { run(12, {ms::Pipeline::findep, ms::Order::aass, 3, 1, 4}); }, "exceed max_chunks = 8");
     expect([&] { run(13, {ms::Pipeline::findep, ms::Order::aass, 1, 1, 1}); }, "max_tokens");
-    expect([&] { ex.run({.tokens = 4}, {ms::Pipeline::findep, ms::Order::aass, 1, 1, 1}, ws.bytes().first(16)); },
+    expect([&] {
+             ex.run({.tokens = 4, .x = x.get(), .y = y.get()}, {ms::Pipeline::findep, ms::Order::aass, 1, 1, 1},
+                    ws.bytes().first(16));
+           },
            "workspace");
   });
   for (auto const& m : messages) {
