@@ -161,4 +161,30 @@ std::vector<Result> run_executor_cases(Comm& comm, int ag, std::uint64_t seed) {
   return out;
 }
 
+/// Bad input on ONE rank: every rank runs the executor with r1 = 2 and 24 tokens per AG rank,
+/// except `bad_rank`, which is given 23 tokens (an AG rank: r1 does not divide them) or one token
+/// (an EG rank: tokens live on the AG ranks). Returns the message of the moe::Error this rank
+/// caught ("" when run() returned). Every rank must throw: if the others did not learn of the
+/// bad rank, they would wait for its messages forever (the test would then time out).
+template <class Model, class Comm>
+std::string reject_on_one_rank(Comm& comm, int ag, int bad_rank) {
+  using Router = router::ForModel<Model>;
+  constexpr ShapeSpec s = Model::spec;
+  RandomLayerWeights<float> weights(s, 77);
+  FinDepExecutor<Router, float, Comm> ex(comm, s, ag, blocks(s.experts, comm.size() - ag), weights.view(),
+                                         tokens_per_ag);
+  auto x = random_tokens(tokens_per_ag, s.hidden, 78);
+  std::vector<float> y(x.size());
+  typename FinDepExecutor<Router, float, Comm>::Arguments a;
+  bool is_ag = comm.rank() < ag;
+  if (is_ag) a = {comm.rank() == bad_rank ? tokens_per_ag - 1 : tokens_per_ag, x.data(), y.data()};
+  else if (comm.rank() == bad_rank) a.tokens = 1;
+  try {
+    ex.run(a, Config{Pipeline::findep, Order::aass, 2, 1, 2});
+  } catch (Error const& e) {
+    return e.what();
+  }
+  return "";
+}
+
 }  // namespace moe::test::findep

@@ -135,7 +135,27 @@ TEST_CASE("FinDEP executor rejects bad input", "[schedule][executor][bad-input]"
                       Catch::Contains("every rank must call run() with the same configuration"));
     CHECK_THROWS_WITH(run(2, two, Config{Pipeline::findep, Order::asas, 4, 1, 1}, 0,
                           Config{Pipeline::findep, Order::asas, 2, 1, 1}),
-                      Catch::Contains("r1 = 2, r2 = 1 but AG rank 0 sent a chunk of a schedule with r1 = 4"));
+                      Catch::Contains("rank 0 runs FinDEP ASAS, r1 = 4, r2 = 1, rank 2 runs FinDEP ASAS, r1 = 2, r2 = 1"));
+  }
+}
+
+TEST_CASE("FinDEP executor: bad input on one rank stops every rank with its reason", "[schedule][executor][bad-input]") {
+  // The other ranks must not wait for the rejecting rank (on MPI they would hang): each rank catches
+  // its own moe::Error, and the rejecting rank's reason reaches all of them.
+  for (int bad : {0, 1, 3}) {
+    std::vector<std::string> msg(world);
+    collective::run_in_process<world>([&](collective::InProcess<world>& comm) {
+      msg[static_cast<std::size_t>(comm.rank())] = reject_on_one_rank<MixtralSmall>(comm, 2, bad);
+    });
+    std::string reason = bad < 2 ? "r1 = 2 does not divide the 23 tokens of AG rank " + std::to_string(bad)
+                                 : "EG rank 3 was given 1 tokens; tokens live on the AG ranks";
+    for (int r = 0; r < world; ++r) {
+      INFO("bad rank " << bad << ", rank " << r << ": " << msg[static_cast<std::size_t>(r)]);
+      CHECK_THAT(msg[static_cast<std::size_t>(r)], Catch::Contains(reason));
+      if (r != bad)
+        CHECK_THAT(msg[static_cast<std::size_t>(r)],
+                   Catch::Contains("rank " + std::to_string(bad) + " rejected this run(), so every rank stops"));
+    }
   }
 }
 

@@ -77,3 +77,22 @@ TEMPLATE_TEST_CASE("DisaggregatedLayer on MPI equals the sequential layer for ev
     check(run_disaggregated_cases<MixtralSmall, TestType>(comm, ag, 950 + static_cast<std::uint64_t>(ag)));
   }
 }
+
+TEST_CASE("FinDEP executor on MPI: bad input on one rank stops every process instead of hanging",
+          "[schedule][executor][mpi][bad-input]") {
+  int level = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&level);
+  REQUIRE(level >= MPI_THREAD_MULTIPLE);
+  collective::Mpi comm;
+  int ag = comm.size() / 2;
+  for (int bad : {0, comm.size() - 1}) {
+    // Without the executor's agreement step the good ranks would block in recv forever here.
+    std::string msg = reject_on_one_rank<MixtralSmall>(comm, ag, bad);
+    INFO("bad rank " << bad << ", this rank " << comm.rank() << ": " << msg);
+    std::string reason = bad < ag ? "r1 = 2 does not divide the 23 tokens of AG rank " + std::to_string(bad)
+                                  : "tokens live on the AG ranks";
+    CHECK_THAT(msg, Catch::Contains(reason));
+    if (comm.rank() != bad)
+      CHECK_THAT(msg, Catch::Contains("rank " + std::to_string(bad) + " rejected this run(), so every rank stops"));
+  }
+}

@@ -38,9 +38,13 @@
 // and recv are therefore called from two threads of a rank at once: InProcess allows it; with
 // collective::Mpi the library must grant MPI_THREAD_MULTIPLE (collective::MpiSession asks for it;
 // the constructor cannot check it, the MPI test does). An EG rank uses its calling thread only.
-// All ranks must call run() with the same r1 and r2 (the EG checks this with the A2E header). If
-// a rank fails midway (e.g. an AG rank whose tokens r1 does not divide), the others may wait
-// forever on MPI; InProcess aborts them.
+// Before any data moves, run() checks its arguments on every rank and the ranks exchange their
+// verdicts and schedules (one all-gather of 256 bytes per rank): if any rank rejects its input (an
+// AG rank whose tokens r1 does not divide, a short workspace, ...) or the ranks disagree on the
+// pipeline, order, r1 or r2, EVERY rank throws moe::Error with the reason, instead of the others
+// waiting forever for messages that never come (MPI has no timeout). The EG ranks still check each
+// A2E header. A failure after that step (a broken connection) can still stall MPI peers; InProcess
+// aborts them.
 
 #include <algorithm>
 #include <condition_variable>
@@ -49,6 +53,7 @@
 #include <exception>
 #include <mutex>
 #include <span>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -84,7 +89,8 @@ public:
   FinDepExecutor(Comm& comm, ShapeSpec shape, int ag, placement::Table placement, LayerWeights<T> weights,
                  int max_tokens)
       : comm_(&comm), s_(shape), ag_(ag), eg_(comm.size() - ag), placement_(std::move(placement)), w_(weights),
-        max_tokens_(max_tokens) {
+        max_tokens_(max_tokens), votes_(static_cast<std::size_t>(comm.size())),
+        vote_bytes_(static_cast<std::size_t>(comm.size()), sizeof(Vote)) {
     validate(s_);
     check(Router::fits(s_), "FinDepExecutor: router ", Router::name, " does not fit the shape");
     check(ag_ >= 1, "FinDepExecutor: the attention group (AG) is empty; it needs at least one rank, got ag = ", ag_);
@@ -129,14 +135,7 @@ public:
   /// Runs the layer under schedule `c` (pipeline, order, r1, r2; m_a is not used: the micro-batch
   /// size is tokens / r1). Every rank must call it with the same r1 and r2.
   void run(Arguments const& a, Config const& c, std::span<std::byte> workspace) {
-    check(c.r1 >= 1, "FinDepExecutor: r1 (micro-batches) must be at least 1, got ", c.r1);
-    check(c.r2 >= 1, "FinDepExecutor: r2 (token chunks) must be at least 1, got ", c.r2);
-    check(c.pipeline == Pipeline::findep || c.r2 == 1, "FinDepExecutor: PPPipe has no token chunks; r2 must be 1, got ",
-          c.r2);
-    check(static_cast<long long>(c.r1) * c.r2 <= max_tokens_, "FinDepExecutor: r1 * r2 = ", c.r1, " * ", c.r2,
-          " chunks exceed max_tokens = ", max_tokens_, " (a chunk holds at least one token of a full batch)");
-    check(workspace.size() >= workspace_size(), "FinDepExecutor: workspace holds ", workspace.size(),
-          " bytes, run() needs ", workspace_size(), " (call workspace_size())");
+    agree(a, c, workspace.size());
     core::Carver carver(workspace);
     if (is_ag()) {
       AgBuffers b;
@@ -156,6 +155,76 @@ public:
   }
 
 private:
+  /// One rank's verdict on a run(), exchanged before any data moves (256 bytes).
+  struct Vote {
+    std::int32_t ok = 0, r1 = 0, r2 = 0, pipeline = 0, order = 0, tokens = 0, pad[2] = {};
+    char message[224] = {};
+  };
+  static_assert(sizeof(Vote) == 256);
+
+  /// Everything a rank can check alone; throws moe::Error naming the problem.
+  void check_local(Arguments const& a, Config const& c, std::size_t workspace_bytes) const {
+    check(c.r1 >= 1, "FinDepExecutor: r1 (micro-batches) must be at least 1, got ", c.r1);
+    check(c.r2 >= 1, "FinDepExecutor: r2 (token chunks) must be at least 1, got ", c.r2);
+    check(c.pipeline == Pipeline::findep || c.r2 == 1, "FinDepExecutor: PPPipe has no token chunks; r2 must be 1, got ",
+          c.r2);
+    check(static_cast<long long>(c.r1) * c.r2 <= max_tokens_, "FinDepExecutor: r1 * r2 = ", c.r1, " * ", c.r2,
+          " chunks exceed max_tokens = ", max_tokens_, " (a chunk holds at least one token of a full batch)");
+    check(workspace_bytes >= workspace_size(), "FinDepExecutor: workspace holds ", workspace_bytes,
+          " bytes, run() needs ", workspace_size(), " (call workspace_size())");
+    if (!is_ag()) {
+      check(a.tokens == 0, "FinDepExecutor: EG rank ", comm_->rank(), " was given ", a.tokens,
+            " tokens; tokens live on the AG ranks");
+      return;
+    }
+    check(a.tokens >= 0, "FinDepExecutor: negative token count ", a.tokens);
+    check(a.tokens <= max_tokens_, "FinDepExecutor: AG rank ", comm_->rank(), " passes ", a.tokens,
+          " tokens, above the max_tokens of ", max_tokens_, " the executor was built for");
+    check(a.tokens == 0 || (a.x && a.y), "FinDepExecutor: input or output pointer is null");
+    check(a.tokens % c.r1 == 0, "FinDepExecutor: r1 = ", c.r1, " does not divide the ", a.tokens,
+          " tokens of AG rank ", comm_->rank());
+    check((a.tokens / c.r1) % c.r2 == 0, "FinDepExecutor: r2 = ", c.r2, " does not divide the ", a.tokens / c.r1,
+          " tokens of a micro-batch on AG rank ", comm_->rank());
+  }
+
+  /// Every rank checks its own arguments, then all ranks exchange their verdicts and schedules (one
+  /// all-gather of 256 bytes per rank) and either all go on or all throw. Without this step a rank
+  /// that rejects its input would leave its peers waiting forever for its messages (MPI has no
+  /// timeout); now every rank reports the first rejecting rank's reason, or the ranks that disagree
+  /// on the schedule.
+  void agree(Arguments const& a, Config const& c, std::size_t workspace_bytes) {
+    Vote mine;
+    std::string reason;
+    try {
+      check_local(a, c, workspace_bytes);
+      mine.ok = 1;
+    } catch (Error const& e) {
+      reason = e.what();
+      std::size_t n = std::min(reason.size(), sizeof(mine.message) - 1);
+      std::memcpy(mine.message, reason.data(), n);
+    }
+    mine.r1 = c.r1;
+    mine.r2 = c.r2;
+    mine.pipeline = static_cast<std::int32_t>(c.pipeline);
+    mine.order = static_cast<std::int32_t>(c.order);
+    mine.tokens = a.tokens;
+    comm_->all_gather_v(std::as_bytes(std::span(&mine, 1)), std::as_writable_bytes(std::span(votes_)), vote_bytes_);
+    if (!mine.ok) throw Error(reason);
+    for (std::size_t r = 0; r < votes_.size(); ++r)
+      if (!votes_[r].ok)
+        fail("FinDepExecutor: rank ", r, " rejected this run(), so every rank stops: ", votes_[r].message);
+    auto describe = [](Vote const& v) {
+      return moe::detail::concat(pipeline_name(static_cast<Pipeline>(v.pipeline)), " ",
+                                 order_name(static_cast<Order>(v.order)), ", r1 = ", v.r1, ", r2 = ", v.r2);
+    };
+    for (std::size_t r = 1; r < votes_.size(); ++r) {
+      Vote const &v0 = votes_[0], &v = votes_[r];
+      check(v.r1 == v0.r1 && v.r2 == v0.r2 && v.pipeline == v0.pipeline && v.order == v0.order,
+            "FinDepExecutor: every rank must call run() with the same configuration: rank 0 runs ", describe(v0),
+            ", rank ", r, " runs ", describe(v));
+    }
+  }
+
   static constexpr int tag(int i, int j, int r2, int part) { return 3 * ((i * r2 + j) % tag_window) + part; }
 
   [[nodiscard]] std::size_t meta_bytes() const {
@@ -220,15 +289,7 @@ private:
   // AG rank: compute, A2E and E2A threads.
   // ---------------------------------------------------------------------------------------------
   void run_ag(Arguments const& a, Config const& c, AgBuffers const& b) {
-    check(a.tokens >= 0, "FinDepExecutor: negative token count ", a.tokens);
-    check(a.tokens <= max_tokens_, "FinDepExecutor: AG rank ", comm_->rank(), " passes ", a.tokens,
-          " tokens, above the max_tokens of ", max_tokens_, " the executor was built for");
-    check(a.tokens == 0 || (a.x && a.y), "FinDepExecutor: input or output pointer is null");
-    check(a.tokens % c.r1 == 0, "FinDepExecutor: r1 = ", c.r1, " does not divide the ", a.tokens,
-          " tokens of AG rank ", comm_->rank());
-    int mb = a.tokens / c.r1;
-    check(mb % c.r2 == 0, "FinDepExecutor: r2 = ", c.r2, " does not divide the ", mb,
-          " tokens of a micro-batch on AG rank ", comm_->rank());
+    int mb = a.tokens / c.r1;  // check_local: r1 divides the tokens, r2 the micro-batch
     int chunk = mb / c.r2;
     auto h = static_cast<std::size_t>(s_.hidden), k = static_cast<std::size_t>(s_.top_k);
     auto n = static_cast<std::size_t>(a.tokens);
@@ -381,8 +442,7 @@ private:
   // EG rank: chunks in (micro-batch, chunk) order; receive from every AG rank, compute, send back.
   // ---------------------------------------------------------------------------------------------
   void run_eg(Arguments const& a, Config const& c, EgBuffers const& b) {
-    check(a.tokens == 0, "FinDepExecutor: EG rank ", comm_->rank(), " was given ", a.tokens,
-          " tokens; tokens live on the AG ranks");
+    (void)a;  // check_local: EG ranks hold no tokens
     auto h = static_cast<std::size_t>(s_.hidden), k = static_cast<std::size_t>(s_.top_k);
     std::size_t rec = record_bytes(), meta = meta_bytes();
     int me = eg_index();
@@ -464,6 +524,8 @@ private:
   LayerWeights<T> w_;
   int max_tokens_;
   std::vector<std::byte> own_;
+  std::vector<Vote> votes_;
+  std::vector<std::size_t> vote_bytes_;
 };
 
 }  // namespace moe::schedule
