@@ -35,7 +35,7 @@ cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTUR
 # targets then do not exist) still gets the other half and a results table that says what is missing.
 tests_ok=1
 rm -f "$build/cuda-tests.log"
-if cmake --build "$build" -j "$jobs" --target test_cuda_instantiate test_cuda_kernels test_cuda_layer; then
+if cmake --build "$build" -j "$jobs" --target test_cuda_instantiate test_cuda_kernels test_cuda_layer test_findep_cuda; then
   (cd "$build" && ctest -L cuda --output-on-failure 2>&1) | tee "$build/cuda-tests.log" || tests_ok=0
   grep -q "tests passed, 0 tests failed" "$build/cuda-tests.log" || tests_ok=0
   # A skipped test (exit 77: the CUDA runtime saw no usable device, e.g. a driver older than the
