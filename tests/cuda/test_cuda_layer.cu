@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cuda_test_support.cuh"
+#include "layer_test_support.cuh"
 #include "moe/layer/cuda_layer.cuh"
 #include "moe/moe.hpp"
 #if defined(MOE_TEST_NCCL)
@@ -25,6 +26,9 @@
 #endif
 
 using moe::test::Device;
+using moe::test::DeviceWeights;
+using moe::test::fragile_tokens;
+using moe::test::random_tokens;
 
 namespace {
 
@@ -32,70 +36,6 @@ using MixtralSmallF32 = moe::models::Reduced<moe::models::Mixtral8x7B, 64, 96, m
 using DeepSeekSmallF32 = moe::models::Reduced<moe::models::DeepSeekV3, 64, 32, moe::DType::f32>;
 using DeepSeekSmallBf16 = moe::models::Reduced<moe::models::DeepSeekV3, 64, 32, moe::DType::bf16>;
 using DeepSeekV2SmallBf16 = moe::models::Reduced<moe::models::DeepSeekV2, 136, 72, moe::DType::bf16>;
-
-template <class T>
-std::vector<T> random_tokens(int tokens, int hidden, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<T> x(static_cast<std::size_t>(tokens) * static_cast<std::size_t>(hidden));
-  for (auto& v : x) v = moe::from_float<T>(d(rng));
-  return x;
-}
-
-/// Tokens whose route changes under a relative perturbation of `delta` of their logits.
-template <class Router, class T>
-std::vector<char> fragile_tokens(moe::ShapeSpec const& s, moe::LayerWeights<T> const& w, std::vector<T> const& x,
-                                 int tokens, float delta) {
-  auto e = static_cast<std::size_t>(s.experts), k = static_cast<std::size_t>(s.top_k);
-  std::vector<float> logits(static_cast<std::size_t>(tokens) * e);
-  moe::kernels::host::gate_logits(x.data(), tokens, s.hidden, w.router, s.experts, logits.data());
-  std::span<float const> bias;
-  if (w.router_bias) bias = {w.router_bias, e};
-  std::vector<int> ids(static_cast<std::size_t>(tokens) * k), alt(ids.size());
-  std::vector<float> gw(ids.size());
-  moe::router::route_all<Router>(s, logits, bias, tokens, ids, gw);
-  std::vector<char> fragile(static_cast<std::size_t>(tokens), 0);
-  std::mt19937_64 rng(99);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  for (int trial = 0; trial < 8; ++trial) {
-    std::vector<float> p(logits);
-    for (auto& v : p) v += delta * (std::abs(v) + 1e-3f) * u(rng);
-    moe::router::route_all<Router>(s, p, bias, tokens, alt, gw);
-    for (std::size_t t = 0; t < static_cast<std::size_t>(tokens); ++t)
-      for (std::size_t j = 0; j < k; ++j) fragile[t] |= alt[t * k + j] != ids[t * k + j];
-  }
-  return fragile;
-}
-
-/// Device copies of a layer's weights (all experts present: world size 1).
-template <class T>
-struct DeviceWeights {
-  std::vector<Device<T>> store;
-  Device<float> bias;
-  std::vector<moe::ExpertWeights<T>> experts, shared;
-  T const* router = nullptr;
-
-  DeviceWeights(moe::ShapeSpec const& s, moe::LayerWeights<T> const& w) {
-    auto h = static_cast<std::size_t>(s.hidden);
-    store.reserve(static_cast<std::size_t>(1 + 3 * (s.experts + s.shared_experts)));
-    store.emplace_back(std::vector<T>(w.router, w.router + static_cast<std::size_t>(s.experts) * h));
-    router = store.back().get();
-    if (w.router_bias) bias = Device<float>(std::vector<float>(w.router_bias, w.router_bias + s.experts));
-    auto copy = [&](moe::ExpertWeights<T> const& ew, std::size_t f) {
-      moe::ExpertWeights<T> d;
-      store.emplace_back(std::vector<T>(ew.gate, ew.gate + f * h));
-      d.gate = store.back().get();
-      store.emplace_back(std::vector<T>(ew.up, ew.up + f * h));
-      d.up = store.back().get();
-      store.emplace_back(std::vector<T>(ew.down, ew.down + h * f));
-      d.down = store.back().get();
-      return d;
-    };
-    for (auto const& ew : w.experts) experts.push_back(copy(ew, static_cast<std::size_t>(s.expert_ffn)));
-    for (auto const& ew : w.shared) shared.push_back(copy(ew, static_cast<std::size_t>(s.shared_ffn)));
-  }
-  moe::LayerWeights<T> view() const { return {router, bias.get(), experts, shared}; }
-};
 
 struct Checked {
   double normwise = 0;      // over all tokens
