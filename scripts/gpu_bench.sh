@@ -190,3 +190,37 @@ lines += ["", "Targets (issue 6): permute/combine of_copy >= 0.8; grouped GEMM >
 open(out, "w").write("\n".join(lines))
 print("wrote", out)
 PY
+
+# FinDEP performance models on this GPU (examples/schedule/findep_fit_gpu, docs/findep.md "GPU
+# microbenchmarks"): measures, fits, writes the model file, and its table goes into the results file.
+# A failed run or an R^2 below 0.99 is reported in the table and does not stop the script.
+fit_status="did not build"
+rm -f "$build/findep_gpu_models.tsv" "$build/findep_gpu_samples.tsv" "$build/findep_fit_gpu.txt"
+if cmake --build "$build" -j "$jobs" --target findep_fit_gpu; then
+  if "$build/examples/schedule/findep_fit_gpu" --out "$build/findep_gpu_models.tsv" \
+      --samples "$build/findep_gpu_samples.tsv" 2>&1 | tee "$build/findep_fit_gpu.txt"; then
+    fit_status="all six models reach R^2 >= 0.99"
+  else
+    fit_status="FAILED: an error, or a model with R^2 < 0.99 (see the output below)"
+  fi
+fi
+{
+  echo ""
+  echo "## FinDEP performance models (findep_fit_gpu)"
+  echo ""
+  echo "- status: $fit_status"
+  echo "- command: $build/examples/schedule/findep_fit_gpu --out $build/findep_gpu_models.tsv --samples $build/findep_gpu_samples.tsv"
+  echo ""
+  echo '```'
+  cat "$build/findep_fit_gpu.txt" 2>/dev/null || echo "(no output)"
+  echo '```'
+  if [[ -f "$build/findep_gpu_models.tsv" ]]; then
+    echo ""
+    echo "Model file:"
+    echo ""
+    echo '```'
+    cat "$build/findep_gpu_models.tsv"
+    echo '```'
+  fi
+} >> "$out"
+echo "appended the findep_fit_gpu table to $out"
