@@ -3,6 +3,7 @@
 //
 //   findep_fit_gpu [--out findep_gpu_models.tsv] [--samples samples.tsv] [--reps N] [--spin-us U]
 //                  [--link memcpy|nccl] [--device D]
+//   findep_fit_gpu --list      the sweep (calls, work, memory) without touching the GPU
 //
 // Exit status: 0 when all six models reach R^2 >= 0.99, 1 when one does not or on any error (no
 // GPU, not enough memory, a CUDA / cuBLAS / NCCL failure), 2 on a bad command line.
@@ -205,15 +206,31 @@ struct Options {
   double spin_us = 500;
   std::string link = "memcpy";
   int device = 0;
+  bool list = false;
 };
 
 int usage() {
   std::cerr << "usage: findep_fit_gpu [--out findep_gpu_models.tsv] [--samples samples.tsv] [--reps N] [--spin-us U]\n"
-               "                      [--link memcpy|nccl] [--device D]\n";
+               "                      [--link memcpy|nccl] [--device D]\n"
+               "       findep_fit_gpu --list\n";
   return 2;
 }
 
+/// --list: the sweep as the program would run it; needs no GPU.
+int list_sweep() {
+  std::vector<fg::Point> points = fg::sweep();
+  std::printf("op\tshape\ttokens\tsamples\tseq\twork\n");
+  for (fg::Point const& p : points)
+    std::printf("%s\t%s\t%lld\t%d\t%d\t%.6g\n", std::string(op_name(p.op)).c_str(),
+                std::string(fg::shapes[static_cast<std::size_t>(p.shape)].name).c_str(), p.tokens, p.samples, p.seq,
+                p.work);
+  std::printf("# %zu calls (plus a2e[nccl] / e2a[nccl] with NCCL); device buffers %.2f GiB\n", points.size(),
+              static_cast<double>(fg::buffer_sizes(points).total_bytes()) / (1 << 30));
+  return 0;
+}
+
 int run(Options const& opt) {
+  if (opt.list) return list_sweep();
   int devices = 0;
   cudaError_t e = cudaGetDeviceCount(&devices);
   if (e != cudaSuccess || devices == 0) {
@@ -615,6 +632,7 @@ int main(int argc, char** argv) {
       else if (a == "--spin-us" && more) opt.spin_us = std::stod(argv[++i]);
       else if (a == "--link" && more) opt.link = argv[++i];
       else if (a == "--device" && more) opt.device = std::stoi(argv[++i]);
+      else if (a == "--list") opt.list = true;
       else return usage();
     }
   } catch (std::exception const&) {
