@@ -13,6 +13,7 @@
 #include <cstring>
 #include <random>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "cuda_test_support.cuh"
@@ -33,6 +34,17 @@ std::vector<T> download(T const* p, std::size_t n) {
   sync();
   if (n) kc::check_cuda(cudaMemcpy(out.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), "download");
   return out;
+}
+
+/// "" when the vectors are equal, else where they first differ (keeps Catch2's failure output short).
+template <class A, class B>
+std::string mismatch(std::vector<A> const& got, std::vector<B> const& want) {
+  if (got.size() != want.size())
+    return "sizes differ: got " + std::to_string(got.size()) + ", want " + std::to_string(want.size());
+  for (std::size_t i = 0; i < got.size(); ++i)
+    if (got[i] != want[i])
+      return "at " + std::to_string(i) + ": got " + std::to_string(got[i]) + ", want " + std::to_string(want[i]);
+  return "";
 }
 
 unsigned read_errors(Device<unsigned> const& e) { return e.download()[0]; }
@@ -96,16 +108,14 @@ void require_plan(sp::ShufflePlan const& want, kc::DeviceShufflePlan const& p, s
   auto n = want.tokens();
   auto D = static_cast<std::size_t>(want.devices);
   REQUIRE(p.devices == want.devices);
-  CHECK(download(p.counts, D) == want.counts);
-  CHECK(download(p.offsets, D + 1) == want.offsets);
-  CHECK(download(p.aligned_offsets, D + 1) == want.aligned_offsets);
-  CHECK(download(p.permutation, n) == want.permutation);
-  CHECK(download(p.inverse, n) == want.inverse);
-  auto group = download(p.group, n);
-  for (std::size_t j = 0; j < n; ++j) {
-    INFO("packed row " << j);
-    REQUIRE(group[j] == predicted[static_cast<std::size_t>(want.permutation[j])]);
-  }
+  CHECK(mismatch(download(p.counts, D), want.counts) == "");
+  CHECK(mismatch(download(p.offsets, D + 1), want.offsets) == "");
+  CHECK(mismatch(download(p.aligned_offsets, D + 1), want.aligned_offsets) == "");
+  CHECK(mismatch(download(p.permutation, n), want.permutation) == "");
+  CHECK(mismatch(download(p.inverse, n), want.inverse) == "");
+  std::vector<int> group(n);  // device of each packed row
+  for (std::size_t j = 0; j < n; ++j) group[j] = predicted[static_cast<std::size_t>(want.permutation[j])];
+  CHECK(mismatch(download(p.group, n), group) == "");
 }
 
 struct HostPrediction {
@@ -143,12 +153,12 @@ void check_predict(int vocab, int devices, double known, int n, std::uint64_t se
   kc::predict_devices(nullptr, dt.view(), dtok.get(), n, ddev.get(), dconf.get(), err.get());
   INFO("vocab " << vocab << " devices " << devices << " known " << known << " tokens " << n);
   CHECK(read_errors(err) == 0u);
-  CHECK(ddev.download(tokens.size()) == want.device);
-  CHECK(dconf.download(tokens.size()) == want.confidence);
+  CHECK(mismatch(ddev.download(tokens.size()), want.device) == "");
+  CHECK(mismatch(dconf.download(tokens.size()), want.confidence) == "");
   // Without a confidence output.
   ddev.poison();
   kc::predict_devices(nullptr, dt.view(), dtok.get(), n, ddev.get(), nullptr, err.get());
-  CHECK(ddev.download(tokens.size()) == want.device);
+  CHECK(mismatch(ddev.download(tokens.size()), want.device) == "");
   CHECK(read_errors(err) == 0u);
 }
 
@@ -284,8 +294,8 @@ TEST_CASE("predict_and_plan on the OLMoE token table matches the host predictor 
         ddev.poison();
         dconf.poison();
         kc::predict_and_plan(nullptr, dt.view(), dtok.get(), n, alignment, b.p, ddev.get(), dconf.get(), err.get());
-        CHECK(ddev.download(tokens.size()) == want.device);
-        CHECK(dconf.download(tokens.size()) == want.confidence);
+        CHECK(mismatch(ddev.download(tokens.size()), want.device) == "");
+        CHECK(mismatch(dconf.download(tokens.size()), want.confidence) == "");
         require_plan(want_plan, b.p, want.device);
         // Plan only (predictions kept in the workspace).
         b.ws.poison();
@@ -332,7 +342,7 @@ TEST_CASE("edge cases: no tokens, one device, all tokens on one device, no known
     require_plan(plan, b.p, want.device);
     auto perm = download(b.p.permutation, 1000);
     for (int j = 0; j < 1000; ++j) REQUIRE(perm[static_cast<std::size_t>(j)] == j);
-    CHECK(download(b.p.aligned_offsets, 2) == std::vector<int>{0, 1024});
+    CHECK(mismatch(download(b.p.aligned_offsets, 2), std::vector<int>{0, 1024}) == "");
   }
   SECTION("every token known on the same device") {
     sp::TokenDeviceTable table(64, 8);
@@ -345,10 +355,10 @@ TEST_CASE("edge cases: no tokens, one device, all tokens on one device, no known
     b.ws.poison();
     kc::predict_and_plan(nullptr, dt.view(), dtok.get(), 3000, 16, b.p, ddev.get(), dconf.get(), err.get());
     auto want = host_predict(sp::Predictor(table), tokens);
-    CHECK(ddev.download() == want.device);
-    CHECK(dconf.download() == want.confidence);
+    CHECK(mismatch(ddev.download(), want.device) == "");
+    CHECK(mismatch(dconf.download(), want.confidence) == "");
     require_plan(sp::make_shuffle_plan(want.device, 8, 16), b.p, want.device);
-    CHECK(download(b.p.counts, 8) == std::vector<int>{0, 0, 0, 0, 0, 3000, 0, 0});
+    CHECK(mismatch(download(b.p.counts, 8), std::vector<int>{0, 0, 0, 0, 0, 3000, 0, 0}) == "");
   }
   SECTION("no known token: device = id mod D, confidence 0") {
     sp::TokenDeviceTable table(1000, 6);
@@ -546,7 +556,7 @@ TEST_CASE("lookup, plan, pack and unpack replay from a CUDA graph", "[cuda][shuf
     auto want = host_predict(pred, tokens);
     auto plan = sp::make_shuffle_plan(want.device, devices, 16);
     INFO("replay " << round);
-    CHECK(dconf.download() == want.confidence);
+    CHECK(mismatch(dconf.download(), want.confidence) == "");
     require_plan(plan, b.p, want.device);
     std::vector<moe::bf16> packed(x.size());
     sp::pack_rows<moe::bf16>(plan, x, packed, width);
