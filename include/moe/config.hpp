@@ -34,6 +34,13 @@ template <class... Parts>
 }
 }  // namespace detail
 
+/// The outcome of a can_implement() query: ok, or why not.
+struct Status {
+  bool ok = true;
+  std::string message;
+  explicit operator bool() const { return ok; }
+};
+
 /// Throws moe::Error with the pieces of the message streamed together.
 template <class... Parts>
 [[noreturn]] void fail(Parts const&... parts) {

@@ -3,6 +3,8 @@
 // equal moe::reference_forward (fp32, 1e-5 normwise relative). Bad input gives clear errors.
 #include <catch2/catch.hpp>
 
+#include <string>
+
 #include "disaggregated_cases.hpp"
 #include "moe/collective/in_process.hpp"
 
@@ -104,5 +106,29 @@ TEST_CASE("DisaggregatedLayer rejects bad input", "[schedule][disaggregated][bad
   SECTION("tokens on an expert-group rank") {
     CHECK_THROWS_WITH(run(FinDep{.ag = 2}, ok, tokens_per_ag, 3),
                       Catch::Contains("is an expert-group rank and was given 3 tokens"));
+  }
+  SECTION("bad input on one rank stops every rank with that rank's reason") {
+    // AG rank 1 alone passes 23 tokens (r1 = 2 does not divide them); every rank must throw, none
+    // may wait for rank 1's messages (on MPI it would wait forever).
+    std::vector<std::string> msg(world);
+    collective::run_in_process<world>([&](Comm& comm) {
+      FinDep sched{.ag = 2, .r1 = 2};
+      Lyr layer(comm, blocks(s.experts, world - sched.ag), replication::None{}, weights.view(), sched, ok);
+      std::vector<std::byte> ws(layer.workspace_size());
+      std::vector<float> y(x.size());
+      typename Lyr::Arguments a;
+      if (comm.rank() < sched.ag) a = {comm.rank() == 1 ? tokens_per_ag - 1 : tokens_per_ag, x.data(), y.data()};
+      try {
+        layer.run(a, ws);
+      } catch (Error const& e) {
+        msg[static_cast<std::size_t>(comm.rank())] = e.what();
+      }
+    });
+    for (int r = 0; r < world; ++r) {
+      INFO("rank " << r << ": " << msg[static_cast<std::size_t>(r)]);
+      CHECK_THAT(msg[static_cast<std::size_t>(r)],
+                 Catch::Contains("moe::DisaggregatedLayer: r1 = 2 does not divide the 23 tokens"));
+      if (r != 1) CHECK_THAT(msg[static_cast<std::size_t>(r)], Catch::Contains("rank 1 rejected this run()"));
+    }
   }
 }

@@ -93,10 +93,11 @@ public:
   }
 
   /// One forward pass. Every rank of the collective must call it (EG ranks with no tokens).
+  /// A rank whose arguments can_implement() rejects does not throw alone: the executor first
+  /// agrees with the other ranks, and then every rank throws with that rank's reason (a rank
+  /// throwing alone would leave its MPI peers waiting for its messages).
   void run(Arguments const& a, std::span<std::byte> workspace) {
-    Status st = can_implement(a);
-    check(st.ok, st.message);
-    executor_.run({a.tokens, a.x, a.y}, schedule_.config(), workspace);
+    executor_.run({a.tokens, a.x, a.y}, schedule_.config(), workspace, can_implement(a));
   }
 
   [[nodiscard]] bool is_attention_rank() const { return executor_.is_ag(); }

@@ -68,13 +68,6 @@ struct LayerStats {
   }
 };
 
-/// The outcome of can_implement(): ok, or why not.
-struct Status {
-  bool ok = true;
-  std::string message;
-  explicit operator bool() const { return ok; }
-};
-
 /// The host execution path. For a device communicator (collective::Nccl, cuda::SingleGpu) the
 /// specialisation in moe/layer/cuda_layer.cuh runs the CUDA kernels instead.
 namespace detail {

@@ -134,8 +134,11 @@ public:
 
   /// Runs the layer under schedule `c` (pipeline, order, r1, r2; m_a is not used: the micro-batch
   /// size is tokens / r1). Every rank must call it with the same r1 and r2.
-  void run(Arguments const& a, Config const& c, std::span<std::byte> workspace) {
-    agree(a, c, workspace.size());
+  /// `verdict`: the caller's own check of its arguments (e.g. moe::DisaggregatedLayer's
+  /// can_implement); a rejection there takes part in the ranks' agreement like the executor's own
+  /// checks, so every rank stops with its message.
+  void run(Arguments const& a, Config const& c, std::span<std::byte> workspace, Status const& verdict = {}) {
+    agree(a, c, workspace.size(), verdict);
     core::Carver carver(workspace);
     if (is_ag()) {
       AgBuffers b;
@@ -192,17 +195,18 @@ private:
   /// that rejects its input would leave its peers waiting forever for its messages (MPI has no
   /// timeout); now every rank reports the first rejecting rank's reason, or the ranks that disagree
   /// on the schedule.
-  void agree(Arguments const& a, Config const& c, std::size_t workspace_bytes) {
+  void agree(Arguments const& a, Config const& c, std::size_t workspace_bytes, Status const& verdict) {
     Vote mine;
-    std::string reason;
-    try {
-      check_local(a, c, workspace_bytes);
-      mine.ok = 1;
-    } catch (Error const& e) {
-      reason = e.what();
-      std::size_t n = std::min(reason.size(), sizeof(mine.message) - 1);
-      std::memcpy(mine.message, reason.data(), n);
+    std::string reason = verdict.message;
+    if (verdict.ok) {
+      try {
+        check_local(a, c, workspace_bytes);
+        mine.ok = 1;
+      } catch (Error const& e) {
+        reason = e.what();
+      }
     }
+    if (!mine.ok) std::memcpy(mine.message, reason.data(), std::min(reason.size(), sizeof(mine.message) - 1));
     mine.r1 = c.r1;
     mine.r2 = c.r2;
     mine.pipeline = static_cast<std::int32_t>(c.pipeline);
