@@ -35,7 +35,7 @@ cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTUR
 # targets then do not exist) still gets the other half and a results table that says what is missing.
 tests_ok=1
 rm -f "$build/cuda-tests.log"
-if cmake --build "$build" -j "$jobs" --target test_cuda_instantiate test_cuda_kernels test_cuda_layer test_findep_cuda; then
+if cmake --build "$build" -j "$jobs" --target test_cuda_instantiate test_cuda_kernels test_cuda_layer test_findep_cuda test_cuda_shuffle; then
   (cd "$build" && ctest -L cuda --output-on-failure 2>&1) | tee "$build/cuda-tests.log" || tests_ok=0
   grep -q "tests passed, 0 tests failed" "$build/cuda-tests.log" || tests_ok=0
   # A skipped test (exit 77: the CUDA runtime saw no usable device, e.g. a driver older than the
@@ -224,3 +224,39 @@ fi
   fi
 } >> "$out"
 echo "appended the findep_fit_gpu table to $out"
+
+# s-TS on the GPU (include/moe/kernels/shuffle.cuh, docs/speculative.md "GPU predictor and shuffle
+# plan"): predictor lookup + shuffle planning tokens/s against the host predictor of the same run,
+# and pack / unpack GB/s against a device copy.
+rm -f "$build/bench_cuda_shuffle.json"
+if cmake --build "$build" -j "$jobs" --target bench_cuda_shuffle; then
+  "$build/benchmarks/cuda/bench_cuda_shuffle" --benchmark_filter="$filter" --benchmark_min_time="$min_time" \
+    --benchmark_out="$build/bench_cuda_shuffle.json" --benchmark_out_format=json | tee "$build/bench_cuda_shuffle.txt" ||
+    echo "gpu_bench.sh: bench_cuda_shuffle failed; the table keeps what it wrote" >&2
+else
+  echo "gpu_bench.sh: bench_cuda_shuffle did not build (Google Benchmark missing?)" >&2
+fi
+python3 - "$build/bench_cuda_shuffle.json" "$out" <<'PY'
+import json, sys
+path, out = sys.argv[1:3]
+try:
+    data = json.load(open(path))
+except (OSError, ValueError) as exc:
+    data = {"benchmarks": []}
+    print("no shuffle benchmark results:", exc)
+cols = ["tokens/s", "of_host", "GB/s", "of_copy"]
+def fmt(v):
+    if v is None: return ""
+    if isinstance(v, float):
+        if v >= 1e6: return f"{v:.3g}"
+        return f"{v:.3f}" if v < 10 else f"{v:.1f}"
+    return str(v)
+lines = ["", "## s-TS predictor lookup, shuffle plan, pack / unpack (bench_cuda_shuffle)", "",
+         "| benchmark | time (us) | " + " | ".join(cols) + " |", "|---|---:|" + "---:|" * len(cols)]
+for b in data.get("benchmarks", []):
+    if b.get("run_type") == "aggregate": continue
+    lines.append(f"| {b['name'].replace('/manual_time', '')} | {fmt(b.get('real_time'))} | "
+                 + " | ".join(fmt(b.get(c)) for c in cols) + " |")
+open(out, "a").write("\n".join(lines) + "\n")
+print("appended the shuffle table to", out)
+PY
