@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_support.cuh"
 #include "moe/kernels/combine.cuh"
 #include "moe/kernels/dispatch.cuh"
 #include "moe/kernels/gate.cuh"
@@ -32,6 +33,7 @@
 
 namespace kc = moe::kernels::cuda;
 using moe::bf16;
+using moe::bench::time_gpu;
 
 namespace {
 
@@ -39,21 +41,9 @@ namespace {
 // Small device helpers
 // ---------------------------------------------------------------------------------------------
 
+/// Owning device buffer (the library's DeviceArray).
 template <class T>
-struct Buf {
-  T* p = nullptr;
-  std::size_t n = 0;
-  Buf() = default;
-  explicit Buf(std::size_t count) : n(count) {
-    if (n) kc::check_cuda(cudaMalloc(reinterpret_cast<void**>(&p), n * sizeof(T)), "cudaMalloc");
-  }
-  Buf(Buf const&) = delete;
-  Buf& operator=(Buf const&) = delete;
-  ~Buf() {
-    if (p) cudaFree(p);
-  }
-  [[nodiscard]] std::size_t bytes() const { return n * sizeof(T); }
-};
+using Buf = kc::DeviceArray<T>;
 
 __global__ void fill_kernel(bf16* p, std::size_t n, std::uint64_t seed, float scale) {
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
@@ -72,25 +62,6 @@ void fill(bf16* p, std::size_t n, std::uint64_t seed, float scale) {
 }
 
 /// Times `body` (enqueued on `s`) with events; one benchmark iteration per call.
-template <class F>
-void time_gpu(benchmark::State& state, cudaStream_t s, F&& body) {
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  body();  // warm-up
-  kc::check_cuda(cudaStreamSynchronize(s), "warm-up");
-  for (auto _ : state) {
-    cudaEventRecord(a, s);
-    body();
-    cudaEventRecord(b, s);
-    cudaEventSynchronize(b);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    state.SetIterationTime(static_cast<double>(ms) / 1e3);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-}
 
 benchmark::Counter rate(double per_iteration) {
   return benchmark::Counter(per_iteration, benchmark::Counter::kIsIterationInvariantRate);
@@ -115,17 +86,17 @@ struct ModelWeights {
       : router(static_cast<std::size_t>(s.experts) * s.hidden),
         experts(3ull * s.experts * s.hidden * s.expert_ffn),
         shared(3ull * s.shared_experts * s.hidden * s.shared_ffn) {
-    fill(router.p, router.n, 1, 1.0f / std::sqrt(float(s.hidden)));
-    fill(experts.p, experts.n, 2, 1.0f / std::sqrt(float(s.hidden)));
-    if (shared.n) fill(shared.p, shared.n, 3, 1.0f / std::sqrt(float(s.hidden)));
+    fill(router.get(), router.size(), 1, 1.0f / std::sqrt(float(s.hidden)));
+    fill(experts.get(), experts.size(), 2, 1.0f / std::sqrt(float(s.hidden)));
+    if (shared.size()) fill(shared.get(), shared.size(), 3, 1.0f / std::sqrt(float(s.hidden)));
     std::size_t m = static_cast<std::size_t>(s.hidden) * s.expert_ffn;
     for (int e = 0; e < s.experts; ++e) {
-      bf16* base = experts.p + 3 * m * static_cast<std::size_t>(e);
+      bf16* base = experts.get() + 3 * m * static_cast<std::size_t>(e);
       ew.push_back({base, base + m, base + 2 * m});
     }
     std::size_t sm = static_cast<std::size_t>(s.hidden) * s.shared_ffn;
     for (int e = 0; e < s.shared_experts; ++e) {
-      bf16* base = shared.p + 3 * sm * static_cast<std::size_t>(e);
+      bf16* base = shared.get() + 3 * sm * static_cast<std::size_t>(e);
       sw.push_back({base, base + sm, base + 2 * sm});
     }
     kc::check_cuda(cudaDeviceSynchronize(), "weights");
@@ -134,7 +105,7 @@ struct ModelWeights {
     static ModelWeights* w = new ModelWeights();  // kept for the whole run
     return *w;
   }
-  moe::LayerWeights<bf16> view() const { return {router.p, nullptr, ew, sw}; }
+  moe::LayerWeights<bf16> view() const { return {router.get(), nullptr, ew, sw}; }
 };
 
 /// Host routes of `tokens` random tokens (Gaussian logits stand in for router outputs).
@@ -183,98 +154,98 @@ struct Prepared {
   Prepared(int tokens_, int ranks_)
       : tokens(tokens_), ranks(ranks_), slots(static_cast<std::size_t>(tokens_) * std::min(k, ranks_)),
         items(slots * k), x(static_cast<std::size_t>(tokens_) * s.hidden), ids(static_cast<std::size_t>(tokens_) * k),
-        dest(ids.n), rec_count(static_cast<std::size_t>(ranks_) * tokens_), rec_pos(rec_count.n),
-        off(static_cast<std::size_t>(s.experts) + 1), rk(static_cast<std::size_t>(s.experts)), prim(rk.n), w(ids.n),
-        scan_temp(kc::exclusive_sum_bytes(static_cast<long long>(rec_count.n))), send(slots * rec),
-        send_count(static_cast<std::size_t>(ranks_)), send_base(send_count.n), recv_base(send_count.n),
-        recv_n(send_count.n), keys(items), values(items), skeys(items), svalues(items), position(items),
-        offsets(off.n), tiles(off.n), sort_temp(kc::sort_items_bytes(static_cast<long long>(items), s.experts)),
-        served(rk.n), errors(1), inter(items * s.expert_ffn), out(items * s.hidden), back(slots * s.hidden),
-        y(x.n), gate(rk.n), up(rk.n), down(rk.n) {
+        dest(ids.size()), rec_count(static_cast<std::size_t>(ranks_) * tokens_), rec_pos(rec_count.size()),
+        off(static_cast<std::size_t>(s.experts) + 1), rk(static_cast<std::size_t>(s.experts)), prim(rk.size()), w(ids.size()),
+        scan_temp(kc::exclusive_sum_bytes(static_cast<long long>(rec_count.size()))), send(slots * rec),
+        send_count(static_cast<std::size_t>(ranks_)), send_base(send_count.size()), recv_base(send_count.size()),
+        recv_n(send_count.size()), keys(items), values(items), skeys(items), svalues(items), position(items),
+        offsets(off.size()), tiles(off.size()), sort_temp(kc::sort_items_bytes(static_cast<long long>(items), s.experts)),
+        served(rk.size()), errors(1), inter(items * s.expert_ffn), out(items * s.hidden), back(slots * s.hidden),
+        y(x.size()), gate(rk.size()), up(rk.size()), down(rk.size()) {
     Routes<Model> r(tokens);
-    fill(x.p, x.n, 5, 1.0f);
-    cudaMemcpy(ids.p, r.ids.data(), ids.bytes(), cudaMemcpyHostToDevice);
-    cudaMemcpy(w.p, r.w.data(), w.bytes(), cudaMemcpyHostToDevice);
+    fill(x.get(), x.size(), 5, 1.0f);
+    ids.upload(r.ids.data(), ids.size());
+    w.upload(r.w.data(), w.size());
     // Experts spread contiguously over `ranks` ranks, one copy each; this rank serves them all
     // (the benchmark measures one GPU's share of the work as if it received every record).
-    std::vector<int> o(off.n), ranks_of(rk.n);
+    std::vector<int> o(off.size()), ranks_of(rk.size());
     for (int e = 0; e < s.experts; ++e) {
       o[static_cast<std::size_t>(e)] = e;
       ranks_of[static_cast<std::size_t>(e)] = e * ranks / s.experts;
     }
     o[static_cast<std::size_t>(s.experts)] = s.experts;
-    cudaMemcpy(off.p, o.data(), off.bytes(), cudaMemcpyHostToDevice);
-    cudaMemcpy(rk.p, ranks_of.data(), rk.bytes(), cudaMemcpyHostToDevice);
-    cudaMemcpy(prim.p, ranks_of.data(), prim.bytes(), cudaMemcpyHostToDevice);
-    std::vector<unsigned char> all(rk.n, 1);
-    cudaMemcpy(served.p, all.data(), served.bytes(), cudaMemcpyHostToDevice);
+    off.upload(o.data(), off.size());
+    rk.upload(ranks_of.data(), rk.size());
+    prim.upload(ranks_of.data(), prim.size());
+    std::vector<unsigned char> all(rk.size(), 1);
+    served.upload(all.data(), served.size());
     auto& mw = ModelWeights<Model>::get();
-    std::vector<bf16 const*> g(rk.n), u(rk.n), d(rk.n);
-    for (std::size_t e = 0; e < rk.n; ++e) {
+    std::vector<bf16 const*> g(rk.size()), u(rk.size()), d(rk.size());
+    for (std::size_t e = 0; e < rk.size(); ++e) {
       g[e] = mw.ew[e].gate;
       u[e] = mw.ew[e].up;
       d[e] = mw.ew[e].down;
     }
-    cudaMemcpy(gate.p, g.data(), gate.bytes(), cudaMemcpyHostToDevice);
-    cudaMemcpy(up.p, u.data(), up.bytes(), cudaMemcpyHostToDevice);
-    cudaMemcpy(down.p, d.data(), down.bytes(), cudaMemcpyHostToDevice);
+    gate.upload(g.data(), gate.size());
+    up.upload(u.data(), up.size());
+    down.upload(d.data(), down.size());
     pack(nullptr);
     group(nullptr);
     kc::check_cuda(cudaDeviceSynchronize(), "prepare");
   }
 
   void pack(cudaStream_t st) {
-    kc::ReplicaView view{off.p, rk.p, prim.p};
-    kc::plan_records<k>(st, ids.p, tokens, ranks, view, 0, 0, true, dest.p, rec_count.p);
-    kc::exclusive_sum(st, scan_temp.p, scan_temp.n, rec_count.p, rec_pos.p, static_cast<long long>(rec_count.n));
-    kc::send_layout(st, rec_count.p, rec_pos.p, tokens, ranks, 0, send_count.p, send_base.p);
-    kc::pack_records<bf16, k>(st, x.p, tokens, s.hidden, ids.p, w.p, dest.p, rec_pos.p, send_base.p, true, send.p, rec,
+    kc::ReplicaView view{off.get(), rk.get(), prim.get()};
+    kc::plan_records<k>(st, ids.get(), tokens, ranks, view, 0, 0, true, dest.get(), rec_count.get());
+    kc::exclusive_sum(st, scan_temp.get(), scan_temp.size(), rec_count.get(), rec_pos.get(), static_cast<long long>(rec_count.size()));
+    kc::send_layout(st, rec_count.get(), rec_pos.get(), tokens, ranks, 0, send_count.get(), send_base.get());
+    kc::pack_records<bf16, k>(st, x.get(), tokens, s.hidden, ids.get(), w.get(), dest.get(), rec_pos.get(), send_base.get(), true, send.get(), rec,
                               meta);
   }
   /// The received side sees every record this rank packed, as if all came back to it.
   void group(cudaStream_t st) {
-    kc::send_layout(st, rec_count.p, rec_pos.p, tokens, ranks, 0, send_count.p, send_base.p);
+    kc::send_layout(st, rec_count.get(), rec_pos.get(), tokens, ranks, 0, send_count.get(), send_base.get());
     // One region holding every packed record: total count on the device, summed by recv_layout
     // over the per-destination counts.
-    kc::recv_layout(st, send_count.p, ranks, 0, recv_base.p, recv_n.p);
-    kc::ExpertGrouping g{keys.p, values.p, skeys.p, svalues.p, position.p, offsets.p, tiles.p, sort_temp.p, sort_temp.n};
-    kc::group_by_expert<k>(st, send.p, rec, static_cast<long long>(slots), recv_base.p, recv_n.p, ranks, s.experts,
-                           served.p, kc::grouped_gemm_tile_m, g, errors.p);
+    kc::recv_layout(st, send_count.get(), ranks, 0, recv_base.get(), recv_n.get());
+    kc::ExpertGrouping g{keys.get(), values.get(), skeys.get(), svalues.get(), position.get(), offsets.get(), tiles.get(), sort_temp.get(), sort_temp.size()};
+    kc::group_by_expert<k>(st, send.get(), rec, static_cast<long long>(slots), recv_base.get(), recv_n.get(), ranks, s.experts,
+                           served.get(), kc::grouped_gemm_tile_m, g, errors.get());
   }
   void experts(cudaStream_t st) {
     kc::GroupedGemmArgs<bf16> g1;
     g1.groups = s.experts;
-    g1.rows = offsets.p;
-    g1.tile_starts = tiles.p;
+    g1.rows = offsets.get();
+    g1.tile_starts = tiles.get();
     g1.max_row_tiles = kc::grouped_gemm_row_tiles(static_cast<long long>(items), s.experts);
-    g1.a = send.p + meta;
+    g1.a = send.get() + meta;
     g1.a_stride = rec;
-    g1.index = svalues.p;
+    g1.index = svalues.get();
     g1.index_div = k;
-    g1.b0_table = gate.p;
-    g1.b1_table = up.p;
+    g1.b0_table = gate.get();
+    g1.b1_table = up.get();
     g1.n = s.expert_ffn;
     g1.k = s.hidden;
-    g1.out = inter.p;
+    g1.out = inter.get();
     g1.out_ld = static_cast<std::size_t>(s.expert_ffn);
     kc::grouped_gemm<bf16, kc::Epilogue::swiglu>(st, g1);
     auto g2 = g1;
-    g2.a = reinterpret_cast<std::byte const*>(inter.p);
+    g2.a = reinterpret_cast<std::byte const*>(inter.get());
     g2.a_stride = static_cast<std::size_t>(s.expert_ffn) * 2;
     g2.index = nullptr;
     g2.index_div = 1;
-    g2.b0_table = down.p;
+    g2.b0_table = down.get();
     g2.b1_table = nullptr;
     g2.n = s.hidden;
     g2.k = s.expert_ffn;
-    g2.out = out.p;
+    g2.out = out.get();
     g2.out_ld = static_cast<std::size_t>(s.hidden);
     kc::grouped_gemm<bf16, kc::Epilogue::store>(st, g2);
   }
   void combine(cudaStream_t st) {
-    kc::combine_records<bf16, k>(st, send.p, rec, static_cast<long long>(slots), recv_base.p, recv_n.p, ranks,
-                                 s.experts, served.p, out.p, position.p, s.hidden, back.p);
-    kc::finish_tokens<bf16>(st, tokens, s.hidden, ranks, rec_count.p, rec_pos.p, send_base.p, back.p, nullptr, y.p);
+    kc::combine_records<bf16, k>(st, send.get(), rec, static_cast<long long>(slots), recv_base.get(), recv_n.get(), ranks,
+                                 s.experts, served.get(), out.get(), position.get(), s.hidden, back.get());
+    kc::finish_tokens<bf16>(st, tokens, s.hidden, ranks, rec_count.get(), rec_pos.get(), send_base.get(), back.get(), nullptr, y.get());
   }
 };
 
@@ -291,15 +262,15 @@ double routed_flops(long tokens) {
 void BM_Copy(benchmark::State& state) {
   std::size_t bytes = std::size_t{1} << 30;
   Buf<std::byte> a(bytes), b(bytes);
-  cudaMemset(a.p, 1, bytes);
-  time_gpu(state, nullptr, [&] { cudaMemcpyAsync(b.p, a.p, bytes, cudaMemcpyDeviceToDevice, nullptr); });
+  cudaMemset(a.get(), 1, bytes);
+  time_gpu(state, nullptr, [&] { cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice, nullptr); });
   state.counters["GB/s"] = rate(2.0 * static_cast<double>(bytes) / 1e9);
   // Derive the rate for later ratios from a separate timed pass (the counter is finalised later).
   cudaEvent_t e0, e1;
   cudaEventCreate(&e0);
   cudaEventCreate(&e1);
   cudaEventRecord(e0);
-  for (int i = 0; i < 10; ++i) cudaMemcpyAsync(b.p, a.p, bytes, cudaMemcpyDeviceToDevice, nullptr);
+  for (int i = 0; i < 10; ++i) cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice, nullptr);
   cudaEventRecord(e1);
   cudaEventSynchronize(e1);
   float ms = 0;
@@ -351,12 +322,12 @@ void BM_DenseGemm(benchmark::State& state) {
   auto& mw = ModelWeights<Model>::get();
   Buf<bf16> a(static_cast<std::size_t>(m) * s.hidden), mid(static_cast<std::size_t>(m) * s.expert_ffn),
       c(static_cast<std::size_t>(m) * s.hidden);
-  fill(a.p, a.n, 9, 1.0f);
+  fill(a.get(), a.size(), 9, 1.0f);
   Cublas cb;
   auto body = [&] {
-    cb.gemm_nt(a.p, mw.ew[0].gate, mid.p, m, s.expert_ffn, s.hidden);
-    cb.gemm_nt(a.p, mw.ew[0].up, mid.p, m, s.expert_ffn, s.hidden);
-    cb.gemm_nt(mid.p, mw.ew[0].down, c.p, m, s.hidden, s.expert_ffn);
+    cb.gemm_nt(a.get(), mw.ew[0].gate, mid.get(), m, s.expert_ffn, s.hidden);
+    cb.gemm_nt(a.get(), mw.ew[0].up, mid.get(), m, s.expert_ffn, s.hidden);
+    cb.gemm_nt(mid.get(), mw.ew[0].down, c.get(), m, s.hidden, s.expert_ffn);
   };
   time_gpu(state, nullptr, body);
   double flops = routed_flops<Model>(tokens);
@@ -373,18 +344,18 @@ void BM_CublasExpertLoop(benchmark::State& state) {
   auto& mw = ModelWeights<Model>::get();
   std::size_t rows = static_cast<std::size_t>(tokens) * s.top_k;
   Buf<bf16> a(rows * s.hidden), g(rows * s.expert_ffn), c(rows * s.hidden);
-  fill(a.p, a.n, 10, 1.0f);
+  fill(a.get(), a.size(), 10, 1.0f);
   Cublas cb;
   auto body = [&] {
     std::size_t at = 0;
     for (int e = 0; e < s.experts; ++e) {
       int n = r.per_expert[static_cast<std::size_t>(e)];
       if (n == 0) continue;
-      cb.gemm_nt(a.p + at * s.hidden, mw.ew[static_cast<std::size_t>(e)].gate, g.p + at * s.expert_ffn, n, s.expert_ffn,
+      cb.gemm_nt(a.get() + at * s.hidden, mw.ew[static_cast<std::size_t>(e)].gate, g.get() + at * s.expert_ffn, n, s.expert_ffn,
                  s.hidden);
-      cb.gemm_nt(a.p + at * s.hidden, mw.ew[static_cast<std::size_t>(e)].up, g.p + at * s.expert_ffn, n, s.expert_ffn,
+      cb.gemm_nt(a.get() + at * s.hidden, mw.ew[static_cast<std::size_t>(e)].up, g.get() + at * s.expert_ffn, n, s.expert_ffn,
                  s.hidden);
-      cb.gemm_nt(g.p + at * s.expert_ffn, mw.ew[static_cast<std::size_t>(e)].down, c.p + at * s.hidden, n, s.hidden,
+      cb.gemm_nt(g.get() + at * s.expert_ffn, mw.ew[static_cast<std::size_t>(e)].down, c.get() + at * s.hidden, n, s.hidden,
                  s.expert_ffn);
       at += static_cast<std::size_t>(n);
     }
@@ -420,7 +391,7 @@ void BM_Permute(benchmark::State& state) {
     p.group(nullptr);
   });
   std::vector<std::uint64_t> counts(static_cast<std::size_t>(ranks));
-  cudaMemcpy(counts.data(), p.send_count.p, counts.size() * 8, cudaMemcpyDeviceToHost);
+  cudaMemcpy(counts.data(), p.send_count.get(), counts.size() * 8, cudaMemcpyDeviceToHost);
   double records = 0;
   for (auto c : counts) records += static_cast<double>(c);
   double bytes = static_cast<double>(tokens) * Model::spec.hidden * 2 + records * static_cast<double>(p.rec);
@@ -463,17 +434,17 @@ void BM_Layer(benchmark::State& state) {
   L layer(gpu, moe::placement::Table::contiguous(s.experts, 1), {}, mw.view(),
           {.max_tokens = static_cast<int>(tokens)});
   Buf<std::byte> ws(layer.workspace_size());
-  Buf<bf16> x(static_cast<std::size_t>(tokens) * s.hidden), y(x.n);
-  fill(x.p, x.n, 11, 1.0f);
+  Buf<bf16> x(static_cast<std::size_t>(tokens) * s.hidden), y(x.size());
+  fill(x.get(), x.size(), 11, 1.0f);
   cudaStream_t st;
   cudaStreamCreate(&st);
-  auto body = [&] { layer.run({.tokens = static_cast<int>(tokens), .x = x.p, .y = y.p, .stream = st}, {ws.p, ws.n}); };
+  auto body = [&] { layer.run({.tokens = static_cast<int>(tokens), .x = x.get(), .y = y.get(), .stream = st}, {ws.get(), ws.size()}); };
   time_gpu(state, st, body);
   double flops = routed_flops<Model>(tokens) + 6.0 * tokens * s.shared_experts * s.hidden * s.shared_ffn +
                  2.0 * tokens * s.hidden * s.experts;
   state.counters["TFLOP/s"] = rate(flops / 1e12);
   state.counters["tokens/s"] = rate(static_cast<double>(tokens));
-  state.counters["workspace_GB"] = static_cast<double>(ws.n) / 1e9;
+  state.counters["workspace_GB"] = static_cast<double>(ws.size()) / 1e9;
   cudaStreamDestroy(st);
 }
 
@@ -489,11 +460,11 @@ void BM_LayerGraph(benchmark::State& state) {
   L layer(gpu, moe::placement::Table::contiguous(s.experts, 1), {}, mw.view(),
           {.max_tokens = static_cast<int>(tokens)});
   Buf<std::byte> ws(layer.workspace_size());
-  Buf<bf16> x(static_cast<std::size_t>(tokens) * s.hidden), y(x.n);
-  fill(x.p, x.n, 11, 1.0f);
+  Buf<bf16> x(static_cast<std::size_t>(tokens) * s.hidden), y(x.size());
+  fill(x.get(), x.size(), 11, 1.0f);
   cudaStream_t st;
   cudaStreamCreate(&st);
-  auto run = [&] { layer.run({.tokens = static_cast<int>(tokens), .x = x.p, .y = y.p, .stream = st}, {ws.p, ws.n}); };
+  auto run = [&] { layer.run({.tokens = static_cast<int>(tokens), .x = x.get(), .y = y.get(), .stream = st}, {ws.get(), ws.size()}); };
   run();  // first run outside the capture (lazy library initialisation)
   cudaStreamSynchronize(st);
   cudaGraph_t graph;

@@ -35,40 +35,20 @@
 #include <string>
 #include <vector>
 
+#include "bench_support.cuh"
 #include "moe/kernels/shuffle.cuh"
 #include "moe/moe.hpp"
 
 namespace kc = moe::kernels::cuda;
 namespace sp = moe::speculative;
 using moe::bf16;
+using moe::bench::time_gpu;
 
 namespace {
 
 // ---------------------------------------------------------------------------------------------
-// Timing helpers (as in bench_cuda_moe)
+// Timing helpers (time_gpu is in bench_support.cuh)
 // ---------------------------------------------------------------------------------------------
-
-/// Times `body` (enqueued on `s`) with events; one benchmark iteration per call.
-template <class F>
-void time_gpu(benchmark::State& state, cudaStream_t s, F&& body) {
-  cudaEvent_t a, b;
-  kc::check_cuda(cudaEventCreate(&a), "cudaEventCreate");
-  kc::check_cuda(cudaEventCreate(&b), "cudaEventCreate");
-  body();  // warm-up
-  kc::check_cuda(cudaStreamSynchronize(s), "warm-up");
-  for (auto _ : state) {
-    cudaEventRecord(a, s);
-    body();
-    cudaEventRecord(b, s);
-    cudaEventSynchronize(b);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    state.SetIterationTime(static_cast<double>(ms) / 1e3);
-  }
-  kc::check_cuda(cudaGetLastError(), "benchmark body");
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-}
 
 /// Mean milliseconds of `body` (enqueued on `s`) over `reps` runs, after one warm-up.
 template <class F>

@@ -3,6 +3,7 @@
 // near-tie ("fragile") tokens whose route may legitimately differ between GPU and host, and
 // device copies of a layer's weights.
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -80,5 +81,42 @@ struct DeviceWeights {
   }
   moe::LayerWeights<T> view() const { return {router, bias.get(), experts, shared}; }
 };
+
+/// Errors of a layer output against a reference, token by token.
+struct TokenErrors {
+  double normwise = 0;      ///< max |y - ref| / max |ref| over all tokens
+  double worst_stable = 0;  ///< worst per-token relative error among tokens with a stable route
+  int fragile = 0;          ///< near-tie tokens (exempt from worst_stable)
+  bool finite = true;       ///< false: an output was NaN or infinite (e.g. never written: poisoned)
+};
+
+template <class T>
+TokenErrors token_errors(std::vector<T> const& got, std::vector<T> const& ref, std::vector<char> const& fragile,
+                         int tokens, int hidden) {
+  auto h = static_cast<std::size_t>(hidden);
+  TokenErrors c;
+  double diff = 0, scale = 0;
+  for (std::size_t t = 0; t < static_cast<std::size_t>(tokens); ++t) {
+    double td = 0, ts = 1e-6;
+    for (std::size_t q = 0; q < h; ++q) {
+      double g = moe::to_float(got[t * h + q]), r = moe::to_float(ref[t * h + q]);
+      if (!std::isfinite(g)) {
+        c.finite = false;
+        return c;
+      }
+      td = std::max(td, std::abs(g - r));
+      ts = std::max(ts, std::abs(r));
+    }
+    diff = std::max(diff, td);
+    scale = std::max(scale, ts);
+    if (fragile[t]) {
+      ++c.fragile;
+    } else {
+      c.worst_stable = std::max(c.worst_stable, td / ts);
+    }
+  }
+  c.normwise = scale > 0 ? diff / scale : diff;
+  return c;
+}
 
 }  // namespace moe::test

@@ -49,7 +49,6 @@ template <class L, class Router, class Make>
 Checked run_layer(int tokens, int max_tokens, std::uint64_t seed, Make make_layer, int repeats = 1) {
   using T = typename L::element_type;
   constexpr moe::ShapeSpec s = L::shape;
-  auto h = static_cast<std::size_t>(s.hidden);
   moe::RandomLayerWeights<T> weights(s, seed);
   auto x = random_tokens<T>(tokens, s.hidden, seed + 1);
   std::vector<T> ref(x.size());
@@ -69,27 +68,9 @@ Checked run_layer(int tokens, int max_tokens, std::uint64_t seed, Make make_laye
     REQUIRE(layer->errors() == 0u);
   }
 
-  Checked c;
-  c.stats = layer->stats();
-  double diff = 0, scale = 0;
-  for (std::size_t t = 0; t < static_cast<std::size_t>(tokens); ++t) {
-    double td = 0, ts = 1e-6;
-    for (std::size_t q = 0; q < h; ++q) {
-      double g = moe::to_float(y[t * h + q]), r = moe::to_float(ref[t * h + q]);
-      REQUIRE(std::isfinite(g));
-      td = std::max(td, std::abs(g - r));
-      ts = std::max(ts, std::abs(r));
-    }
-    diff = std::max(diff, td);
-    scale = std::max(scale, ts);
-    if (fragile[t]) {
-      ++c.fragile;
-    } else {
-      c.worst_stable = std::max(c.worst_stable, td / ts);
-    }
-  }
-  c.normwise = scale > 0 ? diff / scale : diff;
-  return c;
+  auto e = moe::test::token_errors(y, ref, fragile, tokens, s.hidden);
+  REQUIRE(e.finite);
+  return {e.normwise, e.worst_stable, e.fragile, layer->stats()};
 }
 
 template <class Model, class Router, class Replicas = moe::replication::None>

@@ -48,35 +48,14 @@ using DeepSeekV2SmallBf16 = moe::models::Reduced<moe::models::DeepSeekV2, 136, 7
 constexpr double fp32_tol = 1e-4;
 constexpr double bf16_tol = 3e-2;
 
-struct Errors {
-  double normwise = 0;      // over all tokens
-  double worst_stable = 0;  // worst per-token relative error among tokens with a stable route
-  int fragile = 0;
-};
+using Errors = moe::test::TokenErrors;
 
+/// Errors of `got` against `ref`; an output never written (poison) or a NaN fails every bound.
 template <class T>
 Errors compare(std::vector<T> const& got, std::vector<T> const& ref, std::vector<char> const& fragile, int tokens,
                int hidden) {
-  auto h = static_cast<std::size_t>(hidden);
-  Errors c;
-  double diff = 0, scale = 0;
-  for (std::size_t t = 0; t < static_cast<std::size_t>(tokens); ++t) {
-    double td = 0, ts = 1e-6;
-    for (std::size_t q = 0; q < h; ++q) {
-      double g = moe::to_float(got[t * h + q]), r = moe::to_float(ref[t * h + q]);
-      if (!std::isfinite(g)) return {1e300, 1e300, 0};  // an output never written (poison) or a NaN
-      td = std::max(td, std::abs(g - r));
-      ts = std::max(ts, std::abs(r));
-    }
-    diff = std::max(diff, td);
-    scale = std::max(scale, ts);
-    if (fragile[t]) {
-      ++c.fragile;
-    } else {
-      c.worst_stable = std::max(c.worst_stable, td / ts);
-    }
-  }
-  c.normwise = scale > 0 ? diff / scale : diff;
+  Errors c = moe::test::token_errors(got, ref, fragile, tokens, hidden);
+  if (!c.finite) c.normwise = c.worst_stable = 1e300;
   return c;
 }
 
