@@ -160,7 +160,7 @@ public:
 private:
   /// One rank's verdict on a run(), exchanged before any data moves (256 bytes).
   struct Vote {
-    std::int32_t ok = 0, r1 = 0, r2 = 0, pipeline = 0, order = 0, tokens = 0, pad[2] = {};
+    std::int32_t ok = 0, r1 = 0, r2 = 0, pipeline = 0, order = 0, pad[3] = {};
     char message[224] = {};
   };
   static_assert(sizeof(Vote) == 256);
@@ -211,7 +211,6 @@ private:
     mine.r2 = c.r2;
     mine.pipeline = static_cast<std::int32_t>(c.pipeline);
     mine.order = static_cast<std::int32_t>(c.order);
-    mine.tokens = a.tokens;
     comm_->all_gather_v(std::as_bytes(std::span(&mine, 1)), std::as_writable_bytes(std::span(votes_)), vote_bytes_);
     if (!mine.ok) throw Error(reason);
     for (std::size_t r = 0; r < votes_.size(); ++r)
