@@ -183,6 +183,57 @@ constexpr std::size_t findep_meta_bytes(int top_k) {
          16 * 16;
 }
 
+/// The resource streams of an executor (one per Resource, non-blocking) and its event pool,
+/// destroyed with it.
+struct StreamPool {
+  std::array<cudaStream_t, resource_count> streams{};  ///< indexed by Resource
+  std::vector<cudaEvent_t> events;
+
+  StreamPool() = default;
+  StreamPool(StreamPool const&) = delete;
+  StreamPool& operator=(StreamPool const&) = delete;
+  ~StreamPool() {
+    for (auto e : events)
+      if (e) cudaEventDestroy(e);
+    for (auto s : streams)
+      if (s) cudaStreamDestroy(s);
+  }
+
+  void create(std::size_t event_count) {
+    namespace kc = kernels::cuda;
+    for (auto& s : streams)
+      kc::check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    events.resize(event_count);
+    for (auto& e : events) kc::check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+  }
+
+  /// Every resource stream starts after the work already on `caller` (through pool event `event`).
+  void fork(cudaStream_t caller, std::size_t event) const {
+    namespace kc = kernels::cuda;
+    kc::check_cuda(cudaEventRecord(events[event], caller), "cudaEventRecord (fork)");
+    for (auto s : streams) kc::check_cuda(cudaStreamWaitEvent(s, events[event], 0), "cudaStreamWaitEvent (fork)");
+  }
+
+  /// `caller` continues after the last operation of every resource stream, each joined directly
+  /// (as stream capture into a CUDA graph requires), through events [first, first + resource_count).
+  void join(cudaStream_t caller, std::size_t first) const {
+    namespace kc = kernels::cuda;
+    for (std::size_t q = 0; q < resource_count; ++q) {
+      kc::check_cuda(cudaEventRecord(events[first + q], streams[q]), "cudaEventRecord (join)");
+      kc::check_cuda(cudaStreamWaitEvent(caller, events[first + q], 0), "cudaStreamWaitEvent (join)");
+    }
+  }
+};
+
+/// Reads an executor's device error word after synchronising the device (the resource streams are
+/// non-blocking, so a plain cudaMemcpy would not wait for them): a diagnostic, not for the hot path.
+inline unsigned read_error_word(kernels::cuda::DeviceArray<unsigned> const& word) {
+  kernels::cuda::check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize (errors)");
+  unsigned v = 0;
+  kernels::cuda::check_cuda(cudaMemcpy(&v, word.get(), sizeof(v), cudaMemcpyDeviceToHost), "cudaMemcpy (errors)");
+  return v;
+}
+
 }  // namespace detail_cuda
 
 struct FinDepCudaOptions {
@@ -274,21 +325,14 @@ public:
     sort_bytes_ = kc::sort_items_bytes(static_cast<long long>(m * k), shape.experts);
 
     kc::check_cublas(cublasCreate(&cublas_), "cublasCreate");
-    for (auto& s : streams_)
-      kc::check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
     // A plan with r1 * r2 <= max_chunks has at most 2 r1 + 3 r1 r2 <= 5 max_chunks events; then
     // those of the run itself: fork, E2A done, and one join per resource stream.
-    events_.resize(static_cast<std::size_t>(max_plan_events(options_.max_chunks, 1, true)) + run_events);
-    for (auto& e : events_) kc::check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+    pool_.create(static_cast<std::size_t>(max_plan_events(options_.max_chunks, 1, true)) + run_events);
   }
 
   FinDepCudaExecutor(FinDepCudaExecutor const&) = delete;
   FinDepCudaExecutor& operator=(FinDepCudaExecutor const&) = delete;
   ~FinDepCudaExecutor() {
-    for (auto e : events_)
-      if (e) cudaEventDestroy(e);
-    for (auto s : streams_)
-      if (s) cudaStreamDestroy(s);
     if (cublas_) cublasDestroy(cublas_);
   }
 
@@ -340,7 +384,7 @@ public:
       plan_ = build_stream_plan(c, shape.shared_experts > 0, 1);
       has_plan_ = true;
     }
-    check(plan_.events.size() + run_events <= events_.size(), "moe::schedule::FinDepCudaExecutor: internal error: the plan "
+    check(plan_.events.size() + run_events <= pool_.events.size(), "moe::schedule::FinDepCudaExecutor: internal error: the plan "
                                                      "needs more events than the pool holds");
     core::Carver carver(workspace);
     Buffers b;
@@ -348,17 +392,16 @@ public:
     Run r{a, b, a.tokens / c.r1, a.tokens / c.r1 / c.r2};
 
     // Fork: every resource stream starts after the work already on the caller's stream.
-    std::size_t own = events_.size() - run_events;  // fork, E2A done, joins
-    cudaEvent_t fork = events_[own], e2a_done = events_[own + 1];
-    kc::check_cuda(cudaEventRecord(fork, a.stream), "cudaEventRecord (fork)");
-    for (auto s : streams_) kc::check_cuda(cudaStreamWaitEvent(s, fork, 0), "cudaStreamWaitEvent (fork)");
+    std::size_t own = pool_.events.size() - run_events;  // fork, E2A done, joins
+    cudaEvent_t e2a_done = pool_.events[own + 1];
+    pool_.fork(a.stream, own);
     kc::check_cuda(cudaMemsetAsync(errors_.get(), 0, sizeof(unsigned), stream(Resource::eg)), "cudaMemsetAsync");
 
     for (LaunchStep step : plan_.launch) {
       PlanOp const& o = plan_.op(step);
       cudaStream_t s = stream(o.stream);
       for (int w : o.waits)
-        kc::check_cuda(cudaStreamWaitEvent(s, events_[static_cast<std::size_t>(w)], 0), "cudaStreamWaitEvent");
+        kc::check_cuda(cudaStreamWaitEvent(s, pool_.events[static_cast<std::size_t>(w)], 0), "cudaStreamWaitEvent");
       switch (o.kind) {
         case TaskKind::attention: attention(r, o.mb); break;
         case TaskKind::shared: shared_experts(r, o.mb); break;
@@ -367,7 +410,7 @@ public:
         case TaskKind::e2a: to_attention(r, o.mb, o.chunk); break;
       }
       if (o.record >= 0)
-        kc::check_cuda(cudaEventRecord(events_[static_cast<std::size_t>(o.record)], s), "cudaEventRecord");
+        kc::check_cuda(cudaEventRecord(pool_.events[static_cast<std::size_t>(o.record)], s), "cudaEventRecord");
     }
 
     // Final sum on the AG stream after the last E2A (which follows every A2E and EG operation),
@@ -378,28 +421,19 @@ public:
     kc::check_cuda(cudaStreamWaitEvent(ag, e2a_done, 0), "cudaStreamWaitEvent (E2A done)");
     kc::finish_tokens<T>(ag, a.tokens, shape.hidden, 1, one_record_.get(), token_pos_.get(), zero_base_.get(),
                          b.returned.data(), shape.shared_experts > 0 ? b.shared_acc.data() : nullptr, a.y);
-    for (std::size_t q = 0; q < resource_count; ++q) {
-      cudaEvent_t join = events_[own + 2 + q];
-      kc::check_cuda(cudaEventRecord(join, streams_[q]), "cudaEventRecord (join)");
-      kc::check_cuda(cudaStreamWaitEvent(a.stream, join, 0), "cudaStreamWaitEvent (join)");
-    }
+    pool_.join(a.stream, own + 2);
   }
 
   /// Error bits (kernels::cuda::DeviceError) raised by the last run(). Synchronises the device
   /// (the resource streams are non-blocking, so a plain cudaMemcpy would not wait for them): a
   /// diagnostic for tests and debugging, not for the hot path.
-  [[nodiscard]] unsigned errors() const {
-    kernels::cuda::check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize (errors)");
-    unsigned v = 0;
-    kernels::cuda::check_cuda(cudaMemcpy(&v, errors_.get(), sizeof(v), cudaMemcpyDeviceToHost), "cudaMemcpy (errors)");
-    return v;
-  }
+  [[nodiscard]] unsigned errors() const { return detail_cuda::read_error_word(errors_); }
 
   /// The plan of the last run() (empty before the first).
   [[nodiscard]] StreamPlan const& plan() const { return plan_; }
   [[nodiscard]] FinDepCudaOptions const& options() const { return options_; }
   /// The stream of one resource (e.g. to time it or to inspect a capture).
-  [[nodiscard]] cudaStream_t stream(Resource r) const { return streams_[static_cast<std::size_t>(r)]; }
+  [[nodiscard]] cudaStream_t stream(Resource r) const { return pool_.streams[static_cast<std::size_t>(r)]; }
 
 private:
   static constexpr auto h = static_cast<std::size_t>(shape.hidden);
@@ -581,8 +615,7 @@ private:
   kernels::cuda::DeviceArray<unsigned> errors_;
   std::size_t scan_bytes_ = 0, sort_bytes_ = 0;
   cublasHandle_t cublas_ = nullptr;
-  std::array<cudaStream_t, resource_count> streams_{};  // indexed by Resource
-  std::vector<cudaEvent_t> events_;                     // plan events, then fork, E2A done, joins
+  detail_cuda::StreamPool pool_;  // plan events, then fork, E2A done, joins
   StreamPlan plan_;
   bool has_plan_ = false;
 };
@@ -719,19 +752,12 @@ public:
     }
     errors_ = kc::DeviceArray<unsigned>(1);
     kc::check_cuda(cudaMemset(errors_.get(), 0, sizeof(unsigned)), "cudaMemset");
-    for (auto& s : streams_)
-      kc::check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
-    events_.resize(static_cast<std::size_t>(max_plan_events(options_.max_chunks, 1, true)) + run_events);
-    for (auto& e : events_) kc::check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+    pool_.create(static_cast<std::size_t>(max_plan_events(options_.max_chunks, 1, true)) + run_events);
   }
 
   FinDepCudaP2PExecutor(FinDepCudaP2PExecutor const&) = delete;
   FinDepCudaP2PExecutor& operator=(FinDepCudaP2PExecutor const&) = delete;
   ~FinDepCudaP2PExecutor() {
-    for (auto e : events_)
-      if (e) cudaEventDestroy(e);
-    for (auto s : streams_)
-      if (s) cudaStreamDestroy(s);
     if (cublas_) cublasDestroy(cublas_);
   }
 
@@ -793,17 +819,15 @@ public:
       plan_ = build_stream_plan(c, shape.shared_experts > 0, 1);
       has_plan_ = true;
     }
-    check(plan_.events.size() + run_events <= events_.size(),
+    check(plan_.events.size() + run_events <= pool_.events.size(),
           "moe::schedule::FinDepCudaP2PExecutor: internal error: the plan needs more events than the pool holds");
     core::Carver carver(workspace);
     Buffers b;
     carve(carver, b);
     Run r{a, b, a.tokens / c.r1 / c.r2};
 
-    std::size_t own = events_.size() - run_events;  // fork, A2E done, E2A done, joins
-    cudaEvent_t fork = events_[own];
-    kc::check_cuda(cudaEventRecord(fork, a.stream), "cudaEventRecord (fork)");
-    for (auto s : streams_) kc::check_cuda(cudaStreamWaitEvent(s, fork, 0), "cudaStreamWaitEvent (fork)");
+    std::size_t own = pool_.events.size() - run_events;  // fork, A2E done, E2A done, joins
+    pool_.fork(a.stream, own);
     if (!is_ag())
       kc::check_cuda(cudaMemsetAsync(errors_.get(), 0, sizeof(unsigned), stream(Resource::eg)), "cudaMemsetAsync");
 
@@ -814,7 +838,7 @@ public:
       for (int w : o.waits) {
         PlanEvent ev = plan_.events[static_cast<std::size_t>(w)];
         if (!here(plan_.op({ev.stream, ev.index}).kind)) continue;  // the message itself orders it
-        kc::check_cuda(cudaStreamWaitEvent(s, events_[static_cast<std::size_t>(w)], 0), "cudaStreamWaitEvent");
+        kc::check_cuda(cudaStreamWaitEvent(s, pool_.events[static_cast<std::size_t>(w)], 0), "cudaStreamWaitEvent");
       }
       int chunk = o.mb * c.r2 + o.chunk;
       switch (o.kind) {
@@ -825,14 +849,14 @@ public:
         case TaskKind::e2a: is_ag() ? receive_partials(r, chunk) : send_partials(r, chunk); break;
       }
       if (o.record >= 0)
-        kc::check_cuda(cudaEventRecord(events_[static_cast<std::size_t>(o.record)], s), "cudaEventRecord");
+        kc::check_cuda(cudaEventRecord(pool_.events[static_cast<std::size_t>(o.record)], s), "cudaEventRecord");
     }
 
     if (is_ag()) {
       // After every send (the record layout the sum reads) and every receive: y per chunk.
       cudaStream_t ag = stream(Resource::ag);
       for (Resource link : {Resource::a2e, Resource::e2a}) {
-        cudaEvent_t done = events_[own + (link == Resource::a2e ? 1 : 2)];
+        cudaEvent_t done = pool_.events[own + (link == Resource::a2e ? 1 : 2)];
         kc::check_cuda(cudaEventRecord(done, stream(link)), "cudaEventRecord (link done)");
         kc::check_cuda(cudaStreamWaitEvent(ag, done, 0), "cudaStreamWaitEvent (link done)");
       }
@@ -846,22 +870,13 @@ public:
                              shape.shared_experts > 0 ? b.shared_acc.data() + t0 * h : nullptr, a.y + t0 * h);
       }
     }
-    for (std::size_t q = 0; q < resource_count; ++q) {
-      cudaEvent_t join = events_[own + 3 + q];
-      kc::check_cuda(cudaEventRecord(join, streams_[q]), "cudaEventRecord (join)");
-      kc::check_cuda(cudaStreamWaitEvent(a.stream, join, 0), "cudaStreamWaitEvent (join)");
-    }
+    pool_.join(a.stream, own + 3);
   }
 
   /// Error bits of the last run() on an EG rank (kernels::cuda::DeviceError). Synchronises the device.
-  [[nodiscard]] unsigned errors() const {
-    kernels::cuda::check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize (errors)");
-    unsigned v = 0;
-    kernels::cuda::check_cuda(cudaMemcpy(&v, errors_.get(), sizeof(v), cudaMemcpyDeviceToHost), "cudaMemcpy (errors)");
-    return v;
-  }
+  [[nodiscard]] unsigned errors() const { return detail_cuda::read_error_word(errors_); }
   [[nodiscard]] StreamPlan const& plan() const { return plan_; }
-  [[nodiscard]] cudaStream_t stream(Resource r) const { return streams_[static_cast<std::size_t>(r)]; }
+  [[nodiscard]] cudaStream_t stream(Resource r) const { return pool_.streams[static_cast<std::size_t>(r)]; }
 
 private:
   static constexpr auto h = static_cast<std::size_t>(shape.hidden);
@@ -1088,8 +1103,7 @@ private:
   kernels::cuda::DeviceArray<unsigned> errors_;
   std::size_t scan_bytes_ = 0, sort_bytes_ = 0;
   cublasHandle_t cublas_ = nullptr;
-  std::array<cudaStream_t, resource_count> streams_{};
-  std::vector<cudaEvent_t> events_;
+  detail_cuda::StreamPool pool_;  // plan events, then fork, A2E done, E2A done, joins
   StreamPlan plan_;
   bool has_plan_ = false;
 };
