@@ -10,6 +10,8 @@
 //   of_copy   GB/s / device-to-device cudaMemcpy GB/s (BM_Copy runs first)
 //   of_dense  TFLOP/s / a dense cuBLAS bf16 GEMM with the same flops (BM_DenseGemm runs first)
 //   of_loop   speed-up over a loop of per-expert cuBLAS GEMMs with host-known counts (eager style)
+//   of_portable  speed-up of the grouped GEMM the layer uses (Hopper wgmma where available) over
+//             the portable WMMA kernel on the same data
 //
 // Without a GPU the program prints a note and exits with 0.
 
@@ -70,6 +72,7 @@ benchmark::Counter rate(double per_iteration) {
 double g_copy_gbs = 0;                     // measured D2D copy bandwidth
 std::map<std::string, double> g_dense;     // dense cuBLAS TFLOP/s per (model, tokens)
 std::map<std::string, double> g_loop_ms;   // per-expert cuBLAS loop time per (model, tokens)
+std::map<std::string, double> g_portable_ms;  // portable grouped GEMM time per (model, tokens)
 
 std::string key(std::string_view model, long tokens) { return std::string(model) + "/" + std::to_string(tokens); }
 
@@ -212,8 +215,9 @@ struct Prepared {
     kc::group_by_expert<k>(st, send.get(), rec, static_cast<long long>(slots), recv_base.get(), recv_n.get(), ranks, s.experts,
                            served.get(), kc::grouped_gemm_tile_m, g, errors.get());
   }
-  void experts(cudaStream_t st) {
+  void experts(cudaStream_t st, kc::GemmPath path = kc::GemmPath::automatic) {
     kc::GroupedGemmArgs<bf16> g1;
+    g1.path = path;
     g1.groups = s.experts;
     g1.rows = offsets.get();
     g1.tile_starts = tiles.get();
@@ -365,18 +369,27 @@ void BM_CublasExpertLoop(benchmark::State& state) {
   g_loop_ms[key(Model::name, tokens)] = mean_ms(body, 5);
 }
 
-template <class Model>
+/// Both grouped expert GEMMs (gate/up with SwiGLU, then down) with the kernel the layer uses
+/// (GemmPath::automatic: the Hopper kernel where it can run), or with the portable kernel
+/// (`GroupedGemmPortable/...`, registered first). of_portable = portable time / this time.
+template <class Model, kc::GemmPath Path>
 void BM_GroupedGemm(benchmark::State& state) {
   long tokens = state.range(0);
   Prepared<Model> p(static_cast<int>(tokens), 1);
-  time_gpu(state, nullptr, [&] { p.experts(nullptr); });
+  time_gpu(state, nullptr, [&] { p.experts(nullptr, Path); });
   double flops = routed_flops<Model>(tokens);
   state.counters["TFLOP/s"] = rate(flops / 1e12);
-  double ms = mean_ms([&] { p.experts(nullptr); }, 5);
+  double ms = mean_ms([&] { p.experts(nullptr, Path); }, 5);
   double tf = flops / (ms / 1e3) / 1e12;
   auto k = key(Model::name, tokens);
   if (g_dense.count(k)) state.counters["of_dense"] = tf / g_dense[k];
   if (g_loop_ms.count(k)) state.counters["of_loop"] = g_loop_ms[k] / ms;
+  if constexpr (Path == kc::GemmPath::portable) {
+    g_portable_ms[k] = ms;
+  } else {
+    if (g_portable_ms.count(k)) state.counters["of_portable"] = g_portable_ms[k] / ms;
+    state.SetLabel(kc::hopper_gemm_available() ? "hopper wgmma" : "portable");
+  }
 }
 
 /// Permutation: plan, scan, layout and packing of the send buffer (with `ranks` destinations),
@@ -486,7 +499,8 @@ void register_model() {
   for (long t : {128L, 4096L, 16384L}) {
     benchmark::RegisterBenchmark(("DenseGemm/" + n).c_str(), BM_DenseGemm<Model>)->Arg(t)->UseManualTime()->Unit(benchmark::kMicrosecond);
     benchmark::RegisterBenchmark(("CublasExpertLoop/" + n).c_str(), BM_CublasExpertLoop<Model>)->Arg(t)->UseManualTime()->Unit(benchmark::kMicrosecond);
-    benchmark::RegisterBenchmark(("GroupedGemm/" + n).c_str(), BM_GroupedGemm<Model>)->Arg(t)->UseManualTime()->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark(("GroupedGemmPortable/" + n).c_str(), BM_GroupedGemm<Model, kc::GemmPath::portable>)->Arg(t)->UseManualTime()->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark(("GroupedGemm/" + n).c_str(), BM_GroupedGemm<Model, kc::GemmPath::automatic>)->Arg(t)->UseManualTime()->Unit(benchmark::kMicrosecond);
     benchmark::RegisterBenchmark(("Permute/" + n).c_str(), BM_Permute<Model>)->Args({t, 1})->Args({t, 8})->UseManualTime()->Unit(benchmark::kMicrosecond);
     benchmark::RegisterBenchmark(("Combine/" + n).c_str(), BM_Combine<Model>)->Arg(t)->UseManualTime()->Unit(benchmark::kMicrosecond);
     benchmark::RegisterBenchmark(("Layer/" + n).c_str(), BM_Layer<Model>)->Arg(t)->UseManualTime()->Unit(benchmark::kMicrosecond);

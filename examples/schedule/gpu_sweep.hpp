@@ -30,7 +30,7 @@ using moe::schedule::Op;
 
 inline constexpr int elem_bytes = 2;    ///< bf16 storage everywhere
 inline constexpr int head_dim = 128;    ///< attention heads of 128 (MHA-equivalent: heads = hidden / 128)
-inline constexpr int tile_m = 64;       ///< row tile of kernels::cuda::grouped_gemm (static_assert in the .cu)
+inline constexpr int tile_m = 128;      ///< row tile of kernels::cuda::grouped_gemm (static_assert in the .cu)
 inline constexpr int max_softmax_row = 8192;  ///< longest row the softmax kernel takes (32 values per thread)
 /// Score buffer of the attention calls: (sample, head) pairs are processed in chunks whose bf16
 /// score matrices fit this many bytes (only the seq 8192 points need more than one chunk).

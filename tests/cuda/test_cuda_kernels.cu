@@ -451,7 +451,8 @@ void check_experts(PackCase<Model> const& pc, Served served_fn, bool expect_erro
 
 /// The shared-expert form: one group of `rows` rows, accumulate into fp32.
 template <class T>
-void check_dense_swiglu(int rows, int hidden, int ffn, double tolerance, std::uint64_t seed) {
+void check_dense_swiglu(int rows, int hidden, int ffn, double tolerance, std::uint64_t seed,
+                        kc::GemmPath path = kc::GemmPath::automatic) {
   auto h = static_cast<std::size_t>(hidden), f = static_cast<std::size_t>(ffn);
   auto x = random_values<T>(static_cast<std::size_t>(rows) * h, 1.0f, seed);
   auto wg = random_values<T>(f * h, 1.0f / std::sqrt(float(hidden)), seed + 1);
@@ -477,6 +478,7 @@ void check_dense_swiglu(int rows, int hidden, int ffn, double tolerance, std::ui
   s1.k = hidden;
   s1.out = inter.get();
   s1.out_ld = f;
+  s1.path = path;
   kc::grouped_gemm<T, kc::Epilogue::swiglu>(nullptr, s1);
   kc::GroupedGemmArgs<T> s2;
   s2.uniform_rows = rows;
@@ -487,6 +489,7 @@ void check_dense_swiglu(int rows, int hidden, int ffn, double tolerance, std::ui
   s2.k = ffn;
   s2.out_f32 = acc.get();
   s2.out_ld = h;
+  s2.path = path;
   kc::grouped_gemm<T, kc::Epilogue::accumulate>(nullptr, s2);
   auto got = acc.download();
   double diff = 0, scale = 0;
@@ -501,6 +504,124 @@ void check_dense_swiglu(int rows, int hidden, int ffn, double tolerance, std::ui
 
 constexpr double fp32_tol = 1e-4;
 constexpr double bf16_tol = 2e-2;
+
+/// One grouped GEMM launched directly, against an fp64 host product of the same stored inputs:
+/// groups of the given sizes (0 and sizes around the 64- and 128-row tiles included), A rows
+/// gathered through a shuffled index with index_div, a padded A stride and output stride, N and K
+/// with tails. The output is poisoned, including its padding columns and a guard row, which must
+/// stay poisoned (nothing written outside the N x rows region).
+template <class T, kc::Epilogue Ep>
+void check_grouped_gemm(kc::GemmPath path, int n, int k, std::vector<int> const& sizes, std::uint64_t seed) {
+  constexpr bool two = Ep == kc::Epilogue::swiglu;
+  constexpr bool acc = Ep == kc::Epilogue::accumulate;
+  int const groups = static_cast<int>(sizes.size()), div = 3;
+  std::vector<int> rows(static_cast<std::size_t>(groups) + 1, 0), tiles(rows.size(), 0);
+  for (int g = 0; g < groups; ++g) {
+    rows[static_cast<std::size_t>(g) + 1] = rows[static_cast<std::size_t>(g)] + sizes[static_cast<std::size_t>(g)];
+    tiles[static_cast<std::size_t>(g) + 1] = tiles[static_cast<std::size_t>(g)] +
+                                             static_cast<int>(kc::blocks_for(sizes[static_cast<std::size_t>(g)], kc::grouped_gemm_tile_m));
+  }
+  int const total = rows.back();
+  int const sources = total / 2 + 1;
+  std::size_t const a_ld = static_cast<std::size_t>(k) + 16 / sizeof(T);  // one spare vector per row
+  auto a = random_values<T>(static_cast<std::size_t>(sources) * a_ld, 1.0f, seed);
+  std::mt19937_64 rng(seed + 1);
+  std::vector<int> index(static_cast<std::size_t>(total));
+  for (auto& v : index) v = static_cast<int>(rng() % static_cast<unsigned>(sources)) * div + static_cast<int>(rng() % div);
+  float const wscale = 1.0f / std::sqrt(float(k));
+  std::vector<std::vector<T>> w0, w1;
+  for (int g = 0; g < groups; ++g) {
+    w0.push_back(random_values<T>(static_cast<std::size_t>(n) * k, wscale, seed + 10 + 2 * static_cast<std::uint64_t>(g)));
+    if (two) w1.push_back(random_values<T>(static_cast<std::size_t>(n) * k, wscale, seed + 11 + 2 * static_cast<std::uint64_t>(g)));
+  }
+  std::size_t const out_ld = static_cast<std::size_t>(n) + 16 / sizeof(T);
+  std::size_t const out_size = (static_cast<std::size_t>(total) + 1) * out_ld;  // + a guard row
+
+  // Reference in fp64 from the stored values.
+  std::vector<double> ref(static_cast<std::size_t>(total) * static_cast<std::size_t>(n));
+  auto start = random_values<float>(acc ? out_size : 0, 1.0f, seed + 2);
+  for (int g = 0; g < groups; ++g)
+    for (int i = rows[static_cast<std::size_t>(g)]; i < rows[static_cast<std::size_t>(g) + 1]; ++i) {
+      T const* ar = a.data() + static_cast<std::size_t>(index[static_cast<std::size_t>(i)] / div) * a_ld;
+      for (int c = 0; c < n; ++c) {
+        double d0 = 0, d1 = 0;
+        for (int q = 0; q < k; ++q) {
+          double x = moe::to_float(ar[q]);
+          d0 += x * moe::to_float(w0[static_cast<std::size_t>(g)][static_cast<std::size_t>(c) * k + q]);
+          if (two) d1 += x * moe::to_float(w1[static_cast<std::size_t>(g)][static_cast<std::size_t>(c) * k + q]);
+        }
+        double v = two ? d0 / (1.0 + std::exp(-d0)) * d1 : d0;
+        if (acc) v += start[static_cast<std::size_t>(i) * out_ld + static_cast<std::size_t>(c)];
+        ref[static_cast<std::size_t>(i) * n + c] = v;
+      }
+    }
+
+  Device<T> da(a);
+  Device<int> drows(rows), dtiles(tiles), dindex(index);
+  std::vector<Device<T>> dw;
+  std::vector<T const*> t0, t1;
+  for (int g = 0; g < groups; ++g) {
+    dw.emplace_back(w0[static_cast<std::size_t>(g)]);
+    t0.push_back(dw.back().get());
+    if (two) {
+      dw.emplace_back(w1[static_cast<std::size_t>(g)]);
+      t1.push_back(dw.back().get());
+    }
+  }
+  Device<T const*> dt0(t0), dt1(two ? t1 : t0);
+  Device<T> out(acc ? 0 : out_size);
+  Device<float> out_f32(acc ? start : std::vector<float>{});
+  if (!acc) out.poison();
+  std::vector<float> guard_before;
+  if (acc) guard_before = start;
+
+  kc::GroupedGemmArgs<T> p;
+  p.groups = groups;
+  p.rows = drows.get();
+  p.tile_starts = dtiles.get();
+  p.max_row_tiles = kc::grouped_gemm_row_tiles(total, groups);
+  p.a = reinterpret_cast<std::byte const*>(da.get());
+  p.a_stride = a_ld * sizeof(T);
+  p.index = dindex.get();
+  p.index_div = div;
+  p.b0_table = dt0.get();
+  p.b1_table = two ? dt1.get() : nullptr;
+  p.n = n;
+  p.k = k;
+  p.out = acc ? nullptr : out.get();
+  p.out_f32 = acc ? out_f32.get() : nullptr;
+  p.out_ld = out_ld;
+  p.path = path;
+  kc::grouped_gemm<T, Ep>(nullptr, p);
+  kc::check_cuda(cudaDeviceSynchronize(), "grouped_gemm");
+
+  double diff = 0, scale = 1e-30;
+  std::size_t untouched = 0;
+  auto compare = [&](auto const& got) {
+    for (std::size_t i = 0; i < out_size; ++i) {
+      std::size_t r = i / out_ld, c = i % out_ld;
+      double gv = moe::to_float(got[i]);
+      if (r >= static_cast<std::size_t>(total) || c >= static_cast<std::size_t>(n)) {
+        // Outside the product: poison (bf16 / float NaN) or, for accumulate, the start value.
+        bool same = acc ? std::memcmp(&got[i], &guard_before[i], sizeof(got[i])) == 0 : std::isnan(gv);
+        untouched += same ? 1 : 0;
+        continue;
+      }
+      REQUIRE(std::isfinite(gv));
+      double rv = ref[r * static_cast<std::size_t>(n) + c];
+      diff = std::max(diff, std::abs(gv - rv));
+      scale = std::max(scale, std::abs(rv));
+    }
+  };
+  if (acc) compare(out_f32.download()); else compare(out.download());
+  INFO("path " << int(path) << " epilogue " << int(Ep) << " n " << n << " k " << k << " groups " << groups << " rows "
+               << total << ": normwise error " << diff / scale);
+  CHECK(untouched == out_size - static_cast<std::size_t>(total) * static_cast<std::size_t>(n));
+  // bf16 outputs round to 8 bits; fp32 outputs (float, or bf16 inputs accumulated into fp32) do not.
+  double tol = std::is_same_v<T, float> || acc ? 1e-5 : 8e-3;
+  CHECK(diff / scale <= tol);
+}
+
 
 }  // namespace
 
@@ -573,8 +694,60 @@ TEST_CASE("a record naming an expert this rank does not serve raises the error b
   check_experts(pc, [](int e) { return e < 64 || e >= 128; }, true, fp32_tol, 42);
 }
 
+TEST_CASE("grouped GEMM kernels match an fp64 product for every epilogue, path and tail", "[cuda][gemm]") {
+  // Sizes around the 64-row halves and 128-row tiles, empty groups first, inside and last.
+  std::vector<int> const sizes{0, 1, 63, 64, 65, 127, 128, 129, 0, 300, 7, 0};
+  std::vector<kc::GemmPath> bf16_paths{kc::GemmPath::portable};
+  if (kc::hopper_gemm_available()) bf16_paths.push_back(kc::GemmPath::hopper);
+  else WARN("no sm_90a code for this device: the Hopper grouped GEMM is not checked here");
+  for (auto path : bf16_paths) {
+    check_grouped_gemm<moe::bf16, kc::Epilogue::swiglu>(path, 136, 200, sizes, 61);   // N, K tails
+    check_grouped_gemm<moe::bf16, kc::Epilogue::store>(path, 264, 72, sizes, 62);
+    check_grouped_gemm<moe::bf16, kc::Epilogue::accumulate>(path, 520, 136, sizes, 63);
+    check_grouped_gemm<moe::bf16, kc::Epilogue::swiglu>(path, 384, 1024, {40, 0, 257, 129, 3}, 64);  // many K slices
+    check_grouped_gemm<moe::bf16, kc::Epilogue::store>(path, 512, 768, {200, 0, 131}, 65);
+    check_grouped_gemm<moe::bf16, kc::Epilogue::swiglu>(path, 8, 8, {5, 130}, 66);  // smaller than one slice
+  }
+  check_grouped_gemm<float, kc::Epilogue::swiglu>(kc::GemmPath::portable, 72, 100, sizes, 67);
+  check_grouped_gemm<float, kc::Epilogue::store>(kc::GemmPath::automatic, 68, 36, sizes, 68);
+}
+
+TEST_CASE("grouped GEMM: a path that cannot run is an error, not a silent fallback", "[cuda][gemm][bad-input]") {
+  kc::GroupedGemmArgs<float> p;
+  p.uniform_rows = 1;
+  p.n = 4;
+  p.k = 4;
+  p.out_ld = 4;
+  Device<float> a(std::vector<float>(4, 1.0f)), b(std::vector<float>(16, 1.0f)), out(4);
+  p.a = reinterpret_cast<std::byte const*>(a.get());
+  p.a_stride = 16;
+  p.b0 = b.get();
+  p.out = out.get();
+  p.path = kc::GemmPath::hopper;
+  CHECK_THROWS_WITH((kc::grouped_gemm<float, kc::Epilogue::store>(nullptr, p)), Catch::Contains("bf16 only"));
+  if (!kc::hopper_gemm_available()) {
+    kc::GroupedGemmArgs<moe::bf16> q;
+    q.uniform_rows = 1;
+    q.n = 8;
+    q.k = 8;
+    q.out_ld = 8;
+    Device<moe::bf16> qa(std::vector<moe::bf16>(8)), qb(std::vector<moe::bf16>(64)), qo(8);
+    q.a = reinterpret_cast<std::byte const*>(qa.get());
+    q.a_stride = 16;
+    q.b0 = qb.get();
+    q.out = qo.get();
+    q.path = kc::GemmPath::hopper;
+    CHECK_THROWS_WITH((kc::grouped_gemm<moe::bf16, kc::Epilogue::store>(nullptr, q)), Catch::Contains("sm_90"));
+  }
+}
+
 TEST_CASE("shared-expert form: dense SwiGLU accumulated in fp32", "[cuda][experts]") {
   check_dense_swiglu<float>(77, 64, 96, fp32_tol, 51);
   check_dense_swiglu<moe::bf16>(77, 136, 72, bf16_tol, 52);
   check_dense_swiglu<moe::bf16>(1, 64, 32, bf16_tol, 53);
+  check_dense_swiglu<moe::bf16>(300, 136, 264, bf16_tol, 54, kc::GemmPath::portable);
+  if (kc::hopper_gemm_available()) {
+    check_dense_swiglu<moe::bf16>(300, 136, 264, bf16_tol, 54, kc::GemmPath::hopper);
+    check_dense_swiglu<moe::bf16>(1, 64, 32, bf16_tol, 53, kc::GemmPath::hopper);
+  }
 }

@@ -11,55 +11,27 @@
 //   Epilogue::accumulate  out_f32 += A B^T (fp32; used for the shared experts, one launch each)
 //
 // Group sizes live on the device (they come from routing), so the grid is sized for the worst
-// case: sum_g ceil(rows_g / BM) <= ceil(total / BM) + groups row tiles times the column tiles. A
-// block finds its group by a binary search of `tile_starts`; surplus blocks exit at once. No host
-// synchronisation, graph-capturable.
+// case: sum_g ceil(rows_g / 128) <= ceil(total / 128) + groups row tiles (`tile_starts` counts
+// tiles of grouped_gemm_tile_m = 128 rows) times the column tiles. A block finds its group by a
+// binary search of `tile_starts`; surplus blocks exit at once. No host synchronisation,
+// graph-capturable.
 //
-// bf16: tensor cores through WMMA (16x16x16, fp32 accumulate); fp32: a SIMT FMA path with the
-// same tiling (for exact checks against the host; not a performance path). Tiles are BM x BN x BK
-// = 64 x 64 x 32 with 4 warps; two shared-memory stages, the next K slice prefetched through
-// registers while the current one is consumed (one barrier per slice). This is a first,
-// portable kernel; docs/cuda.md lists the Hopper (TMA + wgmma) work that the GPU session should
-// measure against it.
+// Two kernels compute the same function (GroupedGemmArgs::path chooses; automatic by default):
+// - Hopper (grouped_gemm_sm90.cuh): bf16 only, wgmma on 128 x 128 (x2) / 128 x 256 tiles; chosen
+//   on an sm_90 device when the program carries sm_90a code.
+// - portable (below): bf16 tensor cores through WMMA (16x16x16, fp32 accumulate); fp32 through a
+//   SIMT FMA path with the same tiling (for exact checks against the host; not a performance
+//   path). Tiles are BM x BN x BK = 64 x 64 x 32 with 4 warps, two per 128-row unit of
+//   `tile_starts`; two shared-memory stages, the next K slice prefetched through registers while
+//   the current one is consumed (one barrier per slice).
 
 #include <mma.h>
 
 #include "moe/kernels/cuda_common.cuh"
+#include "moe/kernels/grouped_gemm_args.cuh"
+#include "moe/kernels/grouped_gemm_sm90.cuh"
 
 namespace moe::kernels::cuda {
-
-enum class Epilogue { swiglu, store, accumulate };
-
-template <class T>
-struct GroupedGemmArgs {
-  // Groups: either `groups` with device row offsets (groups + 1) and tile starts (groups + 1), or
-  // rows == nullptr and one group of `uniform_rows` rows.
-  int groups = 1;
-  int const* rows = nullptr;
-  int const* tile_starts = nullptr;
-  int uniform_rows = 0;
-  long long max_row_tiles = 0;  ///< grid bound: row tiles over all groups in the worst case
-
-  // A: output row i (in grouped order) reads source row src(i) = index ? index[i] / index_div : i,
-  // at a + src(i) * a_stride bytes; K elements of T, 16-byte aligned.
-  std::byte const* a = nullptr;
-  std::size_t a_stride = 0;
-  int const* index = nullptr;
-  int index_div = 1;
-
-  // B per group: tables of device pointers (indexed by group), or single pointers when tables are null.
-  T const* const* b0_table = nullptr;
-  T const* const* b1_table = nullptr;
-  T const* b0 = nullptr;
-  T const* b1 = nullptr;
-
-  int n = 0;  ///< output columns (rows of B)
-  int k = 0;  ///< reduction length, a multiple of 16 / sizeof(T)
-
-  T* out = nullptr;           ///< swiglu / store: row i at out + i * out_ld
-  float* out_f32 = nullptr;   ///< accumulate
-  std::size_t out_ld = 0;     ///< elements
-};
 
 namespace detail {
 
@@ -143,8 +115,9 @@ __global__ void __launch_bounds__(gemm_threads) grouped_gemm_kernel(GroupedGemmA
 
   int const tid = static_cast<int>(threadIdx.x);
   int const n_tiles = (p.n + BN - 1) / BN;
-  long long const tile = static_cast<long long>(blockIdx.x) / n_tiles;
+  long long const tile = static_cast<long long>(blockIdx.x) / n_tiles;  // in BM-row halves of a unit
   int const n0 = static_cast<int>(blockIdx.x % static_cast<unsigned>(n_tiles)) * BN;
+  static_assert(2 * BM == grouped_gemm_tile_m, "two portable blocks per tile_starts unit");
 
   // Which group, and which of its rows.
   int g = 0, row_begin, rows_here;
@@ -153,14 +126,16 @@ __global__ void __launch_bounds__(gemm_threads) grouped_gemm_kernel(GroupedGemmA
     if (row_begin >= p.uniform_rows) return;
     rows_here = min(BM, p.uniform_rows - row_begin);
   } else {
-    if (tile >= p.tile_starts[p.groups]) return;
-    int lo = 0, hi = p.groups;  // last g with tile_starts[g] <= tile
+    long long const unit = tile / 2;
+    if (unit >= p.tile_starts[p.groups]) return;
+    int lo = 0, hi = p.groups;  // last g with tile_starts[g] <= unit
     while (hi - lo > 1) {
       int mid = (lo + hi) / 2;
-      if (p.tile_starts[mid] <= tile) lo = mid; else hi = mid;
+      if (p.tile_starts[mid] <= unit) lo = mid; else hi = mid;
     }
     g = lo;
-    row_begin = p.rows[g] + static_cast<int>(tile - p.tile_starts[g]) * BM;
+    row_begin = p.rows[g] + static_cast<int>(unit - p.tile_starts[g]) * grouped_gemm_tile_m + static_cast<int>(tile % 2) * BM;
+    if (row_begin >= p.rows[g + 1]) return;  // the second half of a group's last unit may be empty
     rows_here = min(BM, p.rows[g + 1] - row_begin);
   }
   T const* b0 = p.b0_table ? p.b0_table[g] : p.b0;
@@ -327,16 +302,9 @@ __global__ void __launch_bounds__(gemm_threads) grouped_gemm_kernel(GroupedGemmA
 
 }  // namespace detail
 
-/// Row tile height of the grouped GEMM (the unit of `tile_starts`).
-inline constexpr int grouped_gemm_tile_m = detail::gemm_bm;
-
-/// Worst-case row tiles for `total` rows split into `groups` groups.
-constexpr long long grouped_gemm_row_tiles(long long total, int groups) {
-  return blocks_for(total, detail::gemm_bm) + groups;
-}
-
 /// Enqueues one grouped GEMM. Requirements (checked): k and n multiples of 16 / sizeof(T) (the
-/// outputs and every row start are then 16-byte aligned given aligned bases).
+/// outputs and every row start are then 16-byte aligned given aligned bases). `p.path` chooses
+/// the kernel (GemmPath); both compute the same function.
 template <class T, Epilogue Ep>
 void grouped_gemm(cudaStream_t s, GroupedGemmArgs<T> const& p) {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, moe::bf16>, "grouped_gemm: float or moe::bf16");
@@ -350,8 +318,30 @@ void grouped_gemm(cudaStream_t s, GroupedGemmArgs<T> const& p) {
   // The swiglu / store epilogue writes 16-byte vectors at out + row * out_ld + column.
   check(Ep == Epilogue::accumulate || (p.out_ld % V == 0 && reinterpret_cast<std::uintptr_t>(p.out) % 16 == 0),
         "grouped_gemm: output rows must start 16-byte aligned (out_ld ", p.out_ld, " elements)");
-  long long row_tiles = p.rows ? p.max_row_tiles : blocks_for(p.uniform_rows, detail::gemm_bm);
-  long long blocks = row_tiles * blocks_for(p.n, detail::gemm_bn);
+  check(p.rows == nullptr || (p.tile_starts != nullptr && p.groups > 0 && p.max_row_tiles >= 0),
+        "grouped_gemm: grouped rows need tile_starts, groups > 0 and max_row_tiles >= 0");
+
+  bool hopper = false;
+  if constexpr (std::is_same_v<T, moe::bf16>) {
+    if (p.path == GemmPath::hopper) {
+      check(hopper_gemm_available(), "grouped_gemm: GemmPath::hopper needs an sm_90 device and a program built with "
+                                     "-gencode=arch=compute_90a,code=sm_90a");
+      hopper = true;
+    } else if (p.path == GemmPath::automatic) {
+      hopper = hopper_gemm_selected(s);
+    }
+  } else {
+    check(p.path != GemmPath::hopper, "grouped_gemm: GemmPath::hopper computes bf16 only");
+  }
+  if constexpr (std::is_same_v<T, moe::bf16>) {
+    if (hopper) {
+      long long units = p.rows ? p.max_row_tiles : blocks_for(p.uniform_rows, grouped_gemm_tile_m);
+      sm90::launch_grouped_gemm<Ep>(s, p, units);
+      return;
+    }
+  }
+  long long halves = p.rows ? 2 * p.max_row_tiles : blocks_for(p.uniform_rows, detail::gemm_bm);
+  long long blocks = halves * blocks_for(p.n, detail::gemm_bn);
   if (blocks == 0) return;
   check(blocks < (1LL << 31), "grouped_gemm: ", blocks, " blocks exceed the grid limit");
   detail::grouped_gemm_kernel<T, Ep><<<static_cast<unsigned>(blocks), detail::gemm_threads, 0, s>>>(p);

@@ -126,6 +126,9 @@ public:
     int ranks = comm.size(), rank = comm.rank();
     std::vector<int> primary = detail::check_layer_setup("moe::CudaLayer", shape, ranks, rank, placement_, replicas_,
                                                          weights_, options_.max_tokens);
+    // Decide the grouped-GEMM kernel now (a one-time probe that synchronises), so that forward
+    // passes, captured ones included, find the answer cached.
+    if constexpr (std::is_same_v<T, moe::bf16>) kernels::cuda::hopper_gemm_available();
 
     // Replica lists (CSR), the served mask and the weight pointer tables.
     std::vector<int> offsets{0}, copy_ranks;

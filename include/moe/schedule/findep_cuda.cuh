@@ -267,6 +267,7 @@ public:
   /// `weights`: device pointers, every routed and shared expert present (co-located mode).
   FinDepCudaExecutor(LayerWeights<T> weights, FinDepCudaOptions options) : weights_(weights), options_(options) {
     namespace kc = kernels::cuda;
+    if constexpr (std::is_same_v<T, moe::bf16>) kc::hopper_gemm_available();  // probe before any capture
     (void)moe::detail::check_layer_setup("moe::schedule::FinDepCudaExecutor", shape, 1, 0,
                                          placement::Table::contiguous(shape.experts, 1), replication::None{}, weights_,
                                          options_.max_tokens);
@@ -689,6 +690,7 @@ public:
         options_(options) {
     namespace kc = kernels::cuda;
     char const* who = "moe::schedule::FinDepCudaP2PExecutor";
+    if constexpr (std::is_same_v<T, moe::bf16>) kc::hopper_gemm_available();  // probe before any capture
     validate(shape);
     check(&a2e != &e2a, who, ": the A2E and E2A streams need two communicators (one each); NCCL runs one "
                         "communicator's operations in issue order, so one shared by both links would deadlock");
