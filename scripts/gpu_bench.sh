@@ -1,64 +1,425 @@
 #!/usr/bin/env bash
 # Builds the CUDA tests and benchmarks for Hopper (sm_90a), runs the `cuda` tests and the GPU
-# benchmarks, and writes a dated results table to docs/cuda-results-<UTC date>.md.
+# benchmarks, and writes a dated results table to docs/cuda-results-<UTC date>.md. The work is split
+# into stages so that each fits one call of the device tool (10 minutes); docs/gpu-session.md gives
+# the exact sequence of calls.
 #
-#   scripts/gpu_bench.sh                    # everything
-#   BENCH_FILTER='Layer|GroupedGemm' scripts/gpu_bench.sh
-#   SKIP_TORCH=1 scripts/gpu_bench.sh       # no PyTorch baselines
+#   scripts/gpu_bench.sh [STAGE...]     stages run in the order given; no stage = all
 #
-# Environment: BUILD_DIR (default build-gpu), JOBS (default nproc), BENCH_FILTER (Google Benchmark
-# regex, default all), BENCH_MIN_TIME (seconds per benchmark, default 0.2), SKIP_TORCH.
-# Needs a GPU (nvidia-smi), CMake >= 3.24, nvcc, Catch2 v2 and Google Benchmark; PyTorch is optional
-# (eager loop-over-experts and torch._grouped_mm baselines on the same shapes).
+#   configure  unpack .gpu-deps/*.deb into <build>/deps, cmake configure (NCCL from the torch wheel
+#              when CMake finds none), build CHECK_TARGETS (default test_cuda_instantiate) and run
+#              them; needs no GPU (exit 77 / "no CUDA device" notes are expected without one)
+#   build      configure + build every CUDA test, benchmark and example target (-j JOBS)
+#   test       ctest -L cuda                                                      (GPU)
+#   bench      bench-moe + bench-torch + bench-shuffle                            (GPU)
+#   bench-moe / bench-torch / bench-shuffle: one of the three alone             (GPU)
+#   fit        examples/schedule/findep_fit_gpu (FinDEP performance models)       (GPU)
+#   report     docs/cuda-results-<date>.md from whatever <results> holds; no GPU needed
+#   all        build test bench fit report (the old one-go behaviour, for machines without limits)
+#
+# A GPU stage that finds its programs missing (a fresh machine) builds them first. Every stage ends
+# with `report`, and when $OUT is set copies the results markdown, gpu-results.tar.gz (the whole
+# results folder: logs, JSON, TSV, status) and this call's log (gpu_bench.log) into $OUT.
+#
+# Environment:
+#   BUILD_DIR       build folder (default <repo>/build-gpu, git-ignored)
+#   RESULTS_DIR     results folder (default <build>/results): JSON, logs and status of every stage
+#   GPU_DEPS_DIR    folder of .deb files to unpack (default <repo>/.gpu-deps, see scripts/gpu_deps.sh)
+#   JOBS            build jobs (default nproc)
+#   BENCH_FILTER    Google Benchmark regex (default all); BENCH_MIN_TIME seconds each (default 0.2)
+#   SKIP_TORCH      set: no PyTorch baselines
+#   STAGE_BUDGET    seconds this call may take before its steps are cut off (default 540, the device
+#                   tool kills a call at 600); each step runs under `timeout` with what is left
+#   NCCL_ROOT       NCCL prefix to use; NCCL_FROM_PYTHON=1 uses the nvidia-nccl wheel of python3
+#                   even when CMake finds a system NCCL
+#   CHECK_TARGETS   targets the configure stage builds and runs (default test_cuda_instantiate)
+#   CMAKE_EXTRA_ARGS  extra configure arguments, split at spaces (e.g. -DCMAKE_IGNORE_PREFIX_PATH=/usr)
+#   GIT_COMMIT      commit recorded in the results when the tree has no .git (the device's copy)
+# Needs CMake >= 3.24, nvcc, g++; Catch2 v2 and Google Benchmark from the system or from .gpu-deps;
+# PyTorch is optional (eager loop-over-experts and torch._grouped_mm baselines on the same shapes).
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${BUILD_DIR:-$root/build-gpu}
+results=${RESULTS_DIR:-$build/results}
+deps_src=${GPU_DEPS_DIR:-$root/.gpu-deps}
 jobs=${JOBS:-$(nproc)}
 filter=${BENCH_FILTER:-.}
 min_time=${BENCH_MIN_TIME:-0.2}
-day=$(date -u +%Y-%m-%d)
-out=$root/docs/cuda-results-$day.md
+budget=${STAGE_BUDGET:-540}
+python=${PYTHON:-python3}
 
-if ! nvidia-smi -L >/dev/null 2>&1; then
-  echo "gpu_bench.sh: no GPU (nvidia-smi failed); nothing to measure" >&2
-  exit 1
+cuda_tests=(test_cuda_instantiate test_cuda_kernels test_cuda_layer test_findep_cuda test_cuda_shuffle)
+cuda_benches=(bench_cuda_moe bench_cuda_shuffle)
+cuda_examples=(findep_fit_gpu)
+
+# ---------------------------------------------------------------------------------------------
+# Arguments, log
+# ---------------------------------------------------------------------------------------------
+stages=("$@")
+((${#stages[@]})) || stages=(all)
+expanded=()
+for s in "${stages[@]}"; do
+  case $s in
+    all) expanded+=(build test bench-moe bench-torch bench-shuffle fit report) ;;
+    bench) expanded+=(bench-moe bench-torch bench-shuffle) ;;
+    configure | build | test | bench-moe | bench-torch | bench-shuffle | fit | report) expanded+=("$s") ;;
+    -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "gpu_bench.sh: unknown stage '$s' (configure build test bench bench-moe bench-torch bench-shuffle fit report all)" >&2; exit 2 ;;
+  esac
+done
+
+mkdir -p "$results/status"
+call_log="$results/log-$(date -u +%Y%m%dT%H%M%SZ)-$(IFS=-; echo "${stages[*]}").log"
+if [[ -n "${OUT:-}" ]]; then
+  mkdir -p "$OUT"
+  exec > >(tee -a "$call_log" "$OUT/gpu_bench.log") 2>&1
+else
+  exec > >(tee -a "$call_log") 2>&1
 fi
-device=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1)
+
+# cmake / ninja from pip live next to python3 (the torch venv) and may not be on PATH; nvcc may sit
+# only in /usr/local/cuda/bin.
+venv_bin=$(dirname "$(command -v "$python" 2>/dev/null || echo /nonexistent/python3)")
+for tool in cmake ninja; do
+  if ! command -v "$tool" >/dev/null && [[ -x $venv_bin/$tool ]]; then PATH=$PATH:$venv_bin; fi
+done
+if [[ -z ${CUDACXX:-} ]] && ! command -v nvcc >/dev/null; then
+  for c in /usr/local/cuda/bin/nvcc /usr/local/cuda-*/bin/nvcc; do
+    if [[ -x $c ]]; then export CUDACXX=$c; break; fi
+  done
+fi
+
+log() { echo "[gpu_bench $(date -u +%H:%M:%S) +${SECONDS}s] $*"; }
+status() { echo "$2" >"$results/status/$1.txt"; log "$1: $2"; }
+
+# bounded SECONDS CMD...: runs CMD under `timeout` with at most SECONDS, and never past the call's
+# budget minus a reserve for the report and the copy to $OUT. Returns CMD's status (124: cut off).
+bounded() {
+  local want=$1 left
+  shift
+  left=$((budget - SECONDS - 25))
+  ((left < want)) && want=$left
+  if ((want < 5)); then
+    log "no time left in this call's budget ($budget s) for: $*"
+    return 124
+  fi
+  timeout --kill-after=10 "$want" "$@"
+}
+
+# ---------------------------------------------------------------------------------------------
+# $OUT: the results markdown, the results folder as one tarball, this call's log (3 files)
+# ---------------------------------------------------------------------------------------------
+# The date in the name is the day of the measurement (day.txt, written by every GPU stage).
+results_md_name() { echo "cuda-results-$(cat "$results/day.txt" 2>/dev/null || date -u +%Y-%m-%d).md"; }
+# do_report [DEST]: the markdown into the results folder, and also to DEST (the `report` stage: docs/).
+do_report() {
+  local md
+  md=$results/$(results_md_name)
+  "$python" "$root/scripts/gpu_report.py" "$results" "$md" || { log "report: gpu_report.py failed"; return 1; }
+  if [[ -n "${1:-}" ]]; then cp "$md" "$1/" && log "wrote $1/$(basename "$md")"; fi
+}
+export_out() {
+  [[ -n "${OUT:-}" ]] || return 0
+  local md
+  md=$results/$(results_md_name)
+  [[ -f "$md" ]] && cp "$md" "$OUT/"
+  tar -czf "$OUT/gpu-results.tar.gz" -C "$(dirname "$results")" "$(basename "$results")" ||
+    log "could not write $OUT/gpu-results.tar.gz"
+}
+finish() {
+  local rc=$?
+  trap - EXIT
+  do_report >/dev/null || true
+  export_out || true
+  log "done (exit $rc); results in $results${OUT:+, copied to $OUT}"
+  exit "$rc"
+}
+trap finish EXIT
+
+# ---------------------------------------------------------------------------------------------
+# GPU, dependencies, configure
+# ---------------------------------------------------------------------------------------------
+need_gpu() {
+  if ! nvidia-smi -L >/dev/null 2>&1; then
+    echo "gpu_bench.sh: no GPU (nvidia-smi failed); stage $1 needs one" >&2
+    exit 1
+  fi
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1 >"$results/device.txt"
+  date -u +%Y-%m-%d >"$results/day.txt"
+  if [[ -n "${GIT_COMMIT:-}" ]]; then
+    echo "$GIT_COMMIT" >"$results/commit.txt"
+  else
+    git -C "$root" describe --always --dirty >"$results/commit.txt" 2>/dev/null || echo unknown >"$results/commit.txt"
+  fi
+}
+
+cache_get() { sed -n "s/^$1:[A-Z_]*=//p" "$build/CMakeCache.txt" 2>/dev/null | head -1; }
+
+# The Debian packages of .gpu-deps (scripts/gpu_deps.sh) unpacked into <build>/deps, never into /.
+# Their CMake config files locate themselves (_IMPORT_PREFIX / PACKAGE_PREFIX_DIR are computed from
+# the file's own folder), so CMAKE_PREFIX_PATH=<build>/deps/usr is all CMake needs.
+unpack_deps() {
+  local deps=$build/deps debs f member flag want
+  shopt -s nullglob
+  debs=("$deps_src"/*.deb)
+  shopt -u nullglob
+  if ((${#debs[@]} == 0)); then
+    log "no .deb files in $deps_src: Catch2 and Google Benchmark must come from the system"
+    return 0
+  fi
+  want=$(cd "$deps_src" && cksum -- *.deb)
+  if [[ -f $deps/.moe-gpu-deps && "$(cat "$deps/.moe-gpu-deps")" == "$want" ]]; then
+    log "deps: ${#debs[@]} packages already unpacked in $deps"
+    return 0
+  fi
+  if [[ -e $deps ]]; then
+    if [[ ! -f $deps/.moe-gpu-deps ]]; then
+      echo "gpu_bench.sh: $deps exists and was not made by this script; move it away" >&2
+      exit 1
+    fi
+    rm -rf -- "$deps"
+  fi
+  mkdir -p "$deps"
+  for f in "${debs[@]}"; do
+    if command -v dpkg-deb >/dev/null; then
+      dpkg-deb -x "$f" "$deps"
+    else  # a .deb is an ar archive holding data.tar.{xz,zst,gz}
+      member=$(ar t "$f" | grep '^data\.tar')
+      case $member in *.xz) flag=-J ;; *.zst) flag=--zstd ;; *.gz) flag=-z ;; *) flag= ;; esac
+      ar p "$f" "$member" | tar -x $flag -C "$deps"
+    fi
+    log "deps: unpacked $(basename "$f") into $deps"
+  done
+  echo "$want" >"$deps/.moe-gpu-deps"
+}
+
+# NCCL of the python3 that holds PyTorch: the wheel nvidia-nccl-cu13 installs
+# site-packages/nvidia/nccl/{include/nccl.h,lib/libnccl.so.2}. Prints that nvidia/nccl folder.
+nccl_from_python() {
+  "$python" - 2>/dev/null <<'PY'
+import glob, os, sys
+try:
+    import nvidia
+except ImportError:
+    sys.exit(1)
+for base in list(getattr(nvidia, "__path__", [])):
+    for lib in sorted(glob.glob(os.path.join(base, "*", "lib", "libnccl.so*"))):
+        print(os.path.dirname(os.path.dirname(lib)))
+        sys.exit(0)
+sys.exit(1)
+PY
+}
+# Sets nccl_args for the wheel's NCCL; a wheel without nccl.h gets the header gpu_deps.sh copied.
+wheel_nccl_args() {
+  local dir
+  if ! dir=$(nccl_from_python); then
+    log "NCCL: python3 ($python) has no nvidia NCCL wheel either; NCCL code is not built"
+    return 1
+  fi
+  log "NCCL: using the python wheel's NCCL in $dir"
+  nccl_args=(-UNCCL_LIBRARY "-DNCCL_ROOT=$dir")
+  if [[ -f $dir/include/nccl.h ]]; then
+    nccl_args+=(-UNCCL_INCLUDE_DIR)
+  elif [[ -f $deps_src/nccl-include/nccl.h ]]; then
+    log "NCCL: the wheel has no nccl.h; using $deps_src/nccl-include/nccl.h (from the dev machine's toolkit)"
+    nccl_args+=("-DNCCL_INCLUDE_DIR=$deps_src/nccl-include")
+  fi
+}
+
+run_cmake() {
+  local args=(-S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=OFF
+    "-DCMAKE_CUDA_FLAGS=-gencode=arch=compute_90a,code=sm_90a"
+    -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20)
+  local extra=()
+  if [[ ! -f $build/CMakeCache.txt ]] && command -v ninja >/dev/null; then args+=(-G Ninja); fi
+  if [[ -d $build/deps/usr ]]; then args+=("-DCMAKE_PREFIX_PATH=$build/deps/usr"); fi
+  if [[ -n ${CMAKE_EXTRA_ARGS:-} ]]; then read -ra extra <<<"$CMAKE_EXTRA_ARGS"; fi
+  args+=("${extra[@]}" "$@")
+  log "cmake ${args[*]}"
+  bounded 300 cmake "${args[@]}" 2>&1 | tee -a "$results/configure.log"
+}
 
 # Hopper only: sm_90a (wgmma/TMA capable). CMAKE_CUDA_ARCHITECTURES=OFF so that CMake adds no
 # architecture flags of its own. The CUDA20 options teach CMake < 3.26 nvcc's -std=c++20.
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=OFF \
-  "-DCMAKE_CUDA_FLAGS=-gencode=arch=compute_90a,code=sm_90a" \
-  -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20
-# Tests and benchmark are built separately: a machine without Catch2 or Google Benchmark (the
-# targets then do not exist) still gets the other half and a results table that says what is missing.
-tests_ok=1
-rm -f "$build/cuda-tests.log"
-if cmake --build "$build" -j "$jobs" --target test_cuda_instantiate test_cuda_kernels test_cuda_layer test_findep_cuda test_cuda_shuffle; then
-  (cd "$build" && ctest -L cuda --output-on-failure 2>&1) | tee "$build/cuda-tests.log" || tests_ok=0
-  grep -q "tests passed, 0 tests failed" "$build/cuda-tests.log" || tests_ok=0
-  # A skipped test (exit 77: the CUDA runtime saw no usable device, e.g. a driver older than the
-  # toolkit) counts as passed for CTest; here it is a failure to report, not a success.
-  if grep -q "(Skipped)" "$build/cuda-tests.log"; then tests_ok=0; fi
-else
-  echo "gpu_bench.sh: the cuda tests did not build (Catch2 missing?)" >&2
-  tests_ok=0
-fi
+do_configure() {
+  local nccl_args=() tests=ON
+  unpack_deps
+  log "tools: cmake=$(command -v cmake || echo MISSING) ninja=$(command -v ninja || echo none) nvcc=${CUDACXX:-$(command -v nvcc || echo MISSING)} c++=$(command -v c++ || command -v g++ || echo MISSING) python=$(command -v "$python" || echo MISSING)"
+  : >"$results/configure.log"
+  if [[ -n ${NCCL_ROOT:-} ]]; then
+    nccl_args=(-UNCCL_LIBRARY -UNCCL_INCLUDE_DIR "-DNCCL_ROOT=$NCCL_ROOT")
+  elif [[ ${NCCL_FROM_PYTHON:-} == 1 ]]; then
+    wheel_nccl_args || true
+  fi
+  if ! run_cmake -DMOE_BUILD_TESTS=ON "${nccl_args[@]}"; then
+    # Catch2 is REQUIRED by the test suite: without it the benchmarks and examples still build.
+    log "configure failed; once more without the test suite (Catch2 missing?)"
+    tests=OFF
+    if ! run_cmake -DMOE_BUILD_TESTS=OFF "${nccl_args[@]}"; then
+      status configure "FAILED (see configure.log)"
+      return 1
+    fi
+  fi
+  local cuda
+  cuda=$(sed -n 's/.*moe: CUDA=\([A-Z]*\).*/\1/p' "$results/configure.log" | tail -1)
+  if ((${#nccl_args[@]} == 0)) && [[ $cuda == ON && ( -z "$(cache_get NCCL_LIBRARY)" || "$(cache_get NCCL_LIBRARY)" == *NOTFOUND* ) ]]; then
+    if wheel_nccl_args; then
+      run_cmake "-DMOE_BUILD_TESTS=$tests" "${nccl_args[@]}" || { status configure "FAILED (see configure.log)"; return 1; }
+    fi
+  fi
+  local line
+  line=$(grep 'moe: CUDA=' "$results/configure.log" | tail -1 | sed 's/^-- //')
+  status configure "ok: $line; tests=$tests; Catch2_DIR=$(cache_get Catch2_DIR); benchmark_DIR=$(cache_get benchmark_DIR); NCCL_LIBRARY=$(cache_get NCCL_LIBRARY)"
+  cmake --build "$build" --target help >"$build/.moe-targets" 2>/dev/null || true
+}
 
-rm -f "$build/bench_cuda_moe.json"
-if cmake --build "$build" -j "$jobs" --target bench_cuda_moe; then
-  "$build/benchmarks/cuda/bench_cuda_moe" --benchmark_filter="$filter" --benchmark_min_time="$min_time" \
-    --benchmark_out="$build/bench_cuda_moe.json" --benchmark_out_format=json | tee "$build/bench_cuda_moe.txt" ||
-    echo "gpu_bench.sh: bench_cuda_moe failed; the table keeps what it wrote" >&2
-else
-  echo "gpu_bench.sh: bench_cuda_moe did not build (Google Benchmark missing?)" >&2
-fi
+have_target() { grep -Eq "(^|[ .])$1(:| |\$)" "$build/.moe-targets" 2>/dev/null; }
+target_path() {
+  case $1 in
+    test_*) echo "$build/tests/cuda/$1" ;;
+    bench_*) echo "$build/benchmarks/cuda/$1" ;;
+    *) echo "$build/examples/schedule/$1" ;;
+  esac
+}
 
-torch_json=$build/torch_baselines.json
-rm -f "$torch_json"
-if [[ -z "${SKIP_TORCH:-}" ]] && python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
-  python3 - "$torch_json" <<'PY' || echo "torch baselines failed (see above)"
+# build_targets T...: configures a fresh build folder first; builds the targets that exist (a
+# missing Catch2 / Google Benchmark removes some), keeps going past a failing one, and records each.
+# REBUILD=0: programs that exist are used as they are (no cmake --build).
+build_targets() {
+  local want=() t keep=(-- -k) all_there=1
+  if [[ ! -f $build/CMakeCache.txt || ! -f $build/.moe-targets ]]; then do_configure || return 1; fi
+  for t in "$@"; do
+    if have_target "$t"; then
+      want+=("$t")
+      [[ -x $(target_path "$t") ]] || all_there=0
+    else
+      status "build-$t" "not configured (Catch2, Google Benchmark or nvcc missing: see configure.log)"
+    fi
+  done
+  ((${#want[@]})) || return 1
+  if [[ ${REBUILD:-1} == 0 && $all_there == 1 ]]; then
+    log "REBUILD=0: using the programs already built: ${want[*]}"
+    return 0
+  fi
+  [[ $(cache_get CMAKE_GENERATOR) == Ninja* ]] && keep=(-- -k 0)
+  # Remove the programs (a relink, not a recompile) so that a failed build cannot leave an old one.
+  for t in "${want[@]}"; do rm -f -- "$(target_path "$t")"; done
+  log "building ${want[*]} with -j $jobs"
+  bounded 560 cmake --build "$build" -j "$jobs" --target "${want[@]}" "${keep[@]}" 2>&1 |
+    tee -a "$results/build.log" || log "build: not every target built (see build.log)"
+  local rc=0
+  for t in "${want[@]}"; do
+    if [[ -x $(target_path "$t") ]]; then
+      status "build-$t" "ok"
+    else
+      status "build-$t" "FAILED or cut off (see build.log)"
+      rc=1
+    fi
+  done
+  return $rc
+}
+
+# Shared libraries outside the system folders at run time: libbenchmark.so.1debian from
+# <build>/deps and NCCL's folder (the wheel's lib/ holds only libnccl.so.2). CMake's build RPATH
+# names them too; LD_LIBRARY_PATH also covers ctest and programs run from elsewhere.
+runtime_env() {
+  [[ -z ${_moe_runtime_env:-} ]] || return 0
+  _moe_runtime_env=1
+  local dirs=() d lib
+  for d in "$build/deps/usr/lib/x86_64-linux-gnu" "$build/deps/usr/lib"; do
+    if compgen -G "$d/*.so*" >/dev/null; then dirs+=("$d"); fi
+  done
+  lib=$(cache_get NCCL_LIBRARY)
+  if [[ -f $lib ]]; then dirs+=("$(dirname "$lib")"); fi
+  if ((${#dirs[@]})); then
+    LD_LIBRARY_PATH=$(IFS=:; echo "${dirs[*]}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    export LD_LIBRARY_PATH
+    log "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+  fi
+}
+
+# step_status NAME RC [what ok means]
+step_status() {
+  case $2 in
+    0) status "$1" "${3:-ok}" ;;
+    124 | 137) status "$1" "TIMED OUT (cut off by this call's budget or the step's limit)" ;;
+    *) status "$1" "FAILED (exit $2)" ;;
+  esac
+}
+
+# ---------------------------------------------------------------------------------------------
+# Stages
+# ---------------------------------------------------------------------------------------------
+stage_configure() {
+  do_configure || return 1
+  local t path rc
+  runtime_env
+  for t in ${CHECK_TARGETS-test_cuda_instantiate}; do
+    build_targets "$t" || continue
+    path=$(target_path "$t")
+    log "check $t: shared libraries:"
+    ldd "$path" | grep -E 'benchmark|nccl|cudart|not found' || true
+    rc=0
+    bounded 120 "$path" || rc=$?
+    # Without a GPU: a test exits 77 (skipped), a benchmark prints a note and exits 0.
+    status "check-$t" "built and ran, exit $rc"
+  done
+}
+
+stage_build() {
+  do_configure || return 1
+  build_targets "${cuda_tests[@]}" "${cuda_benches[@]}" "${cuda_examples[@]}" || true
+}
+
+stage_test() {
+  need_gpu test
+  build_targets "${cuda_tests[@]}" || true
+  runtime_env
+  rm -f "$results/cuda-tests.log"
+  local rc=0
+  bounded 560 ctest --test-dir "$build" -L cuda --output-on-failure --timeout "${TEST_TIMEOUT:-300}" 2>&1 |
+    tee "$results/cuda-tests.log" || rc=$?
+  if [[ $rc == 0 ]] && grep -q '(Skipped)' "$results/cuda-tests.log"; then
+    status test "SKIPPED: $(grep -c '(Skipped)' "$results/cuda-tests.log") test(s) exited 77 (no usable GPU seen: driver, device)"
+  else
+    step_status test "$rc" "ok: $(grep 'tests passed' "$results/cuda-tests.log" | tail -1)"
+  fi
+}
+
+run_bench() {  # NAME LIMIT
+  local name=$1 rc=0
+  need_gpu "$name"
+  rm -f "$results/$name.json" "$results/$name.txt"
+  if ! build_targets "$name"; then
+    status "$name" "not run: not built"
+    return 0
+  fi
+  runtime_env
+  bounded "$2" "$(target_path "$name")" --benchmark_filter="$filter" --benchmark_min_time="$min_time" \
+    --benchmark_out="$results/$name.json" --benchmark_out_format=json 2>&1 | tee "$results/$name.txt" || rc=$?
+  if [[ $rc == 0 && ! -s $results/$name.json ]]; then
+    status "$name" "exit 0 but no JSON written (no CUDA device seen?)"
+  else
+    step_status "$name" "$rc"
+  fi
+}
+
+# PyTorch baselines on the benchmark's shapes: eager loop over experts, and torch._grouped_mm.
+stage_bench_torch() {
+  need_gpu bench-torch
+  local json=$results/torch_baselines.json rc=0
+  rm -f "$json"
+  if [[ -n "${SKIP_TORCH:-}" ]]; then
+    status bench-torch "skipped (SKIP_TORCH)"
+    return 0
+  fi
+  if ! "$python" -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
+    status bench-torch "skipped: no PyTorch with CUDA in $python"
+    return 0
+  fi
+  runtime_env
+  PYTHONUNBUFFERED=1 bounded 300 "$python" - "$json" 2>&1 <<'PY' | tee "$results/torch_baselines.txt" || rc=$?
 # PyTorch baselines on the benchmark's shapes: eager loop over experts, and torch._grouped_mm.
 import json, math, sys, torch
 import torch.nn.functional as F
@@ -139,124 +500,45 @@ for name, (h, f, E, k) in shapes.items():
     torch.cuda.empty_cache()
 json.dump({"torch": torch.__version__, "rows": rows}, open(sys.argv[1], "w"), indent=1)
 PY
-fi
-
-python3 - "$build/bench_cuda_moe.json" "$torch_json" "$out" "$device" "$day" "$tests_ok" \
-  "$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)" <<'PY'
-import json, os, sys
-bench_path, torch_path, out, device, day, tests_ok, commit = sys.argv[1:8]
-try:
-    data = json.load(open(bench_path))
-except (OSError, ValueError) as exc:  # crashed or filtered run: still write what we know
-    print("no benchmark results:", exc)
-    data = {"benchmarks": []}
-cols = ["GB/s", "TFLOP/s", "tokens/s", "of_copy", "of_dense", "of_loop"]
-def fmt(v):
-    if v is None: return ""
-    if isinstance(v, float):
-        if v >= 1e6: return f"{v:.3g}"
-        return f"{v:.3f}" if v < 10 else f"{v:.1f}"
-    return str(v)
-lines = [f"# CUDA results, {day}", "",
-         f"- device: {device}", f"- commit: {commit}",
-         f"- `ctest -L cuda`: {'all passed' if tests_ok == '1' else 'FAILED, SKIPPED OR NOT BUILT (see cuda-tests.log in the build folder)'}",
-         f"- command: scripts/gpu_bench.sh (bench_cuda_moe, Google Benchmark, manual GPU time via CUDA events)", "",
-         "| benchmark | time (us) | " + " | ".join(cols) + " |",
-         "|---|---:|" + "---:|" * len(cols)]
-ours = {}
-for b in data.get("benchmarks", []):
-    if b.get("run_type") == "aggregate": continue
-    name = b["name"].replace("/manual_time", "")
-    t = b.get("real_time")
-    lines.append(f"| {name} | {fmt(t)} | " + " | ".join(fmt(b.get(c)) for c in cols) + " |")
-    parts = name.split("/")
-    if len(parts) >= 3 and parts[0] in ("Layer", "GroupedGemm"):
-        ours[(parts[0], parts[1], int(parts[2]))] = t / 1e3  # ms
-if os.path.exists(torch_path):
-    tj = json.load(open(torch_path))
-    lines += ["", f"## PyTorch baselines (torch {tj['torch']}), same shapes, same run", "",
-              "| model | tokens | eager layer (ms) | grouped_mm layer (ms) | our layer (ms) | vs eager | vs grouped_mm | "
-              "grouped_mm GEMMs (ms) | our grouped GEMM (ms) | ours / grouped_mm speed |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in tj["rows"]:
-        m, T = r["model"], r["tokens"]
-        lay = ours.get(("Layer", m, T)); gg = ours.get(("GroupedGemm", m, T))
-        e, g, gm = r.get("eager_ms"), r.get("grouped_mm_layer_ms"), r.get("grouped_mm_gemms_ms")
-        ratio = lambda a, b: fmt(a / b) if a and b else ""
-        lines.append(f"| {m} | {T} | {fmt(e)} | {fmt(g)} | {fmt(lay)} | {ratio(e, lay)} | {ratio(g, lay)} | "
-                     f"{fmt(gm)} | {fmt(gg)} | {ratio(gm, gg)} |")
-lines += ["", "Targets (issue 6): permute/combine of_copy >= 0.8; grouped GEMM >= 0.9 of torch._grouped_mm and "
-          "of_dense >= 0.6 at prefill; layer >= 2x eager and >= 1x grouped_mm.", ""]
-open(out, "w").write("\n".join(lines))
-print("wrote", out)
-PY
+  step_status bench-torch "$rc"
+}
 
 # FinDEP performance models on this GPU (examples/schedule/findep_fit_gpu, docs/findep.md "GPU
-# microbenchmarks"): measures, fits, writes the model file, and its table goes into the results file.
+# microbenchmarks"): measures, fits, writes the model file; its table goes into the results file.
 # A failed run or an R^2 below 0.99 is reported in the table and does not stop the script.
-fit_status="did not build"
-rm -f "$build/findep_gpu_models.tsv" "$build/findep_gpu_samples.tsv" "$build/findep_fit_gpu.txt"
-if cmake --build "$build" -j "$jobs" --target findep_fit_gpu; then
-  if "$build/examples/schedule/findep_fit_gpu" --out "$build/findep_gpu_models.tsv" \
-      --samples "$build/findep_gpu_samples.tsv" 2>&1 | tee "$build/findep_fit_gpu.txt"; then
-    fit_status="all six models reach R^2 >= 0.99"
-  else
-    fit_status="FAILED: an error, or a model with R^2 < 0.99 (see the output below)"
+stage_fit() {
+  need_gpu fit
+  rm -f "$results/findep_gpu_models.tsv" "$results/findep_gpu_samples.tsv" "$results/findep_fit_gpu.txt"
+  if ! build_targets findep_fit_gpu; then
+    echo "did not build" >"$results/findep_fit_status.txt"
+    status fit "not run: not built"
+    return 0
   fi
-fi
-{
-  echo ""
-  echo "## FinDEP performance models (findep_fit_gpu)"
-  echo ""
-  echo "- status: $fit_status"
-  echo "- command: $build/examples/schedule/findep_fit_gpu --out $build/findep_gpu_models.tsv --samples $build/findep_gpu_samples.tsv"
-  echo ""
-  echo '```'
-  cat "$build/findep_fit_gpu.txt" 2>/dev/null || echo "(no output)"
-  echo '```'
-  if [[ -f "$build/findep_gpu_models.tsv" ]]; then
-    echo ""
-    echo "Model file:"
-    echo ""
-    echo '```'
-    cat "$build/findep_gpu_models.tsv"
-    echo '```'
-  fi
-} >> "$out"
-echo "appended the findep_fit_gpu table to $out"
+  runtime_env
+  local rc=0 msg
+  bounded 480 "$(target_path findep_fit_gpu)" --out "$results/findep_gpu_models.tsv" \
+    --samples "$results/findep_gpu_samples.tsv" 2>&1 | tee "$results/findep_fit_gpu.txt" || rc=$?
+  case $rc in
+    0) msg="all six models reach R^2 >= 0.99" ;;
+    124 | 137) msg="TIMED OUT: cut off by this call's budget (STAGE_BUDGET=$budget s)" ;;
+    *) msg="FAILED: an error, or a model with R^2 < 0.99 (see the output below)" ;;
+  esac
+  echo "$msg" >"$results/findep_fit_status.txt"
+  status fit "$msg"
+}
 
-# s-TS on the GPU (include/moe/kernels/shuffle.cuh, docs/speculative.md "GPU predictor and shuffle
-# plan"): predictor lookup + shuffle planning tokens/s against the host predictor of the same run,
-# and pack / unpack GB/s against a device copy.
-rm -f "$build/bench_cuda_shuffle.json"
-if cmake --build "$build" -j "$jobs" --target bench_cuda_shuffle; then
-  "$build/benchmarks/cuda/bench_cuda_shuffle" --benchmark_filter="$filter" --benchmark_min_time="$min_time" \
-    --benchmark_out="$build/bench_cuda_shuffle.json" --benchmark_out_format=json | tee "$build/bench_cuda_shuffle.txt" ||
-    echo "gpu_bench.sh: bench_cuda_shuffle failed; the table keeps what it wrote" >&2
-else
-  echo "gpu_bench.sh: bench_cuda_shuffle did not build (Google Benchmark missing?)" >&2
-fi
-python3 - "$build/bench_cuda_shuffle.json" "$out" <<'PY'
-import json, sys
-path, out = sys.argv[1:3]
-try:
-    data = json.load(open(path))
-except (OSError, ValueError) as exc:
-    data = {"benchmarks": []}
-    print("no shuffle benchmark results:", exc)
-cols = ["tokens/s", "of_host", "GB/s", "of_copy"]
-def fmt(v):
-    if v is None: return ""
-    if isinstance(v, float):
-        if v >= 1e6: return f"{v:.3g}"
-        return f"{v:.3f}" if v < 10 else f"{v:.1f}"
-    return str(v)
-lines = ["", "## s-TS predictor lookup, shuffle plan, pack / unpack (bench_cuda_shuffle)", "",
-         "| benchmark | time (us) | " + " | ".join(cols) + " |", "|---|---:|" + "---:|" * len(cols)]
-for b in data.get("benchmarks", []):
-    if b.get("run_type") == "aggregate": continue
-    lines.append(f"| {b['name'].replace('/manual_time', '')} | {fmt(b.get('real_time'))} | "
-                 + " | ".join(fmt(b.get(c)) for c in cols) + " |")
-open(out, "a").write("\n".join(lines) + "\n")
-print("appended the shuffle table to", out)
-PY
+# ---------------------------------------------------------------------------------------------
+log "stages: ${expanded[*]}; build folder $build; results $results; budget $budget s"
+for s in "${expanded[@]}"; do
+  log "=== stage $s"
+  case $s in
+    configure) stage_configure || exit 1 ;;
+    build) stage_build || exit 1 ;;
+    test) stage_test ;;
+    bench-moe) run_bench bench_cuda_moe 360 ;;
+    bench-torch) stage_bench_torch ;;
+    bench-shuffle) run_bench bench_cuda_shuffle 240 ;;
+    fit) stage_fit ;;
+    report) do_report "$root/docs" ;;
+  esac
+done

@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""Writes docs/cuda-results-<date>.md from the results folder of scripts/gpu_bench.sh.
+
+    python3 scripts/gpu_report.py RESULTS_DIR OUT.md
+
+RESULTS_DIR is <build>/results on the GPU machine, or the folder gpu-results.tar.gz (copied back
+from $OUT) was unpacked into. Every input is optional: a missing or truncated file gives an empty
+table or a note, so a partial session still yields a results file that says what is missing.
+
+Inputs (all in RESULTS_DIR):
+  day.txt, device.txt, commit.txt    UTC date, `nvidia-smi` name/memory/driver, commit of the run
+  status/<step>.txt                  one line per step: ok / FAILED ... / timed out ... / not built
+  cuda-tests.log                     `ctest -L cuda --output-on-failure`
+  bench_cuda_moe.json                Google Benchmark JSON (a run cut off by a timeout is repaired)
+  torch_baselines.json               PyTorch eager and torch._grouped_mm layer times, same shapes
+  findep_fit_gpu.txt, findep_gpu_models.tsv, findep_fit_status.txt
+  bench_cuda_shuffle.json
+"""
+import datetime
+import json
+import os
+import sys
+
+
+def read_text(path, default=""):
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return default
+
+
+def load_bench(path):
+    """Google Benchmark JSON; a file cut off mid-run (timeout) is closed after its last whole entry."""
+    try:
+        text = open(path).read()
+    except OSError as exc:
+        print("no benchmark results:", exc)
+        return {"benchmarks": []}, "missing"
+    try:
+        return json.loads(text), "complete"
+    except ValueError:
+        pass
+    cut = text.rfind("\n    }")
+    if cut >= 0:
+        try:
+            data = json.loads(text[:cut + 6] + "\n  ]\n}\n")
+            return data, "cut off (timeout or crash); the entries before the cut are kept"
+        except ValueError:
+            pass
+    return {"benchmarks": []}, "unreadable"
+
+
+def fmt(v):
+    if v is None: return ""
+    if isinstance(v, float):
+        if v >= 1e6: return f"{v:.3g}"
+        return f"{v:.3f}" if v < 10 else f"{v:.1f}"
+    return str(v)
+
+
+def tests_state(results):
+    log = read_text(os.path.join(results, "cuda-tests.log"), None)
+    if log is None:
+        return "NOT RUN (no cuda-tests.log)"
+    # A skipped test (exit 77: the CUDA runtime saw no usable device, e.g. a driver older than the
+    # toolkit) counts as passed for CTest; here it is a failure to report, not a success.
+    if "tests passed, 0 tests failed" in log and "(Skipped)" not in log and "Not Run" not in log:
+        summary = [l for l in log.splitlines() if "tests passed" in l]
+        return "all passed" + (f" ({summary[-1].strip()})" if summary else "")
+    return "FAILED, SKIPPED, TIMED OUT OR NOT BUILT (see cuda-tests.log)"
+
+
+def main():
+    results, out = sys.argv[1:3]
+    day = read_text(os.path.join(results, "day.txt")) or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    device = read_text(os.path.join(results, "device.txt")) or "unknown (no GPU stage recorded one)"
+    commit = read_text(os.path.join(results, "commit.txt")) or "unknown"
+    status_dir = os.path.join(results, "status")
+    steps = sorted(os.listdir(status_dir)) if os.path.isdir(status_dir) else []
+
+    data, bench_state = load_bench(os.path.join(results, "bench_cuda_moe.json"))
+    cols = ["GB/s", "TFLOP/s", "tokens/s", "of_copy", "of_dense", "of_loop"]
+    lines = [f"# CUDA results, {day}", "",
+             f"- device: {device}", f"- commit: {commit}",
+             f"- `ctest -L cuda`: {tests_state(results)}",
+             f"- bench_cuda_moe JSON: {bench_state}",
+             "- command: scripts/gpu_bench.sh (stages build, test, bench, fit, report; bench_cuda_moe uses "
+             "Google Benchmark with manual GPU time via CUDA events)"]
+    if steps:
+        lines += ["- steps:"]
+        for s in steps:
+            lines.append(f"  - {s[:-4] if s.endswith('.txt') else s}: {read_text(os.path.join(status_dir, s))}")
+    lines += ["", "| benchmark | time (us) | " + " | ".join(cols) + " |",
+              "|---|---:|" + "---:|" * len(cols)]
+    ours = {}
+    for b in data.get("benchmarks", []):
+        if b.get("run_type") == "aggregate": continue
+        name = b["name"].replace("/manual_time", "")
+        t = b.get("real_time")
+        lines.append(f"| {name} | {fmt(t)} | " + " | ".join(fmt(b.get(c)) for c in cols) + " |")
+        parts = name.split("/")
+        if len(parts) >= 3 and parts[0] in ("Layer", "GroupedGemm") and t is not None:
+            ours[(parts[0], parts[1], int(parts[2]))] = t / 1e3  # ms
+    torch_path = os.path.join(results, "torch_baselines.json")
+    if os.path.exists(torch_path):
+        try:
+            tj = json.load(open(torch_path))
+        except ValueError as exc:
+            tj = None
+            lines += ["", f"PyTorch baselines: torch_baselines.json unreadable ({exc})"]
+        if tj:
+            lines += ["", f"## PyTorch baselines (torch {tj['torch']}), same shapes, same run", "",
+                      "| model | tokens | eager layer (ms) | grouped_mm layer (ms) | our layer (ms) | vs eager | "
+                      "vs grouped_mm | grouped_mm GEMMs (ms) | our grouped GEMM (ms) | ours / grouped_mm speed |",
+                      "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            for r in tj["rows"]:
+                m, T = r["model"], r["tokens"]
+                lay = ours.get(("Layer", m, T)); gg = ours.get(("GroupedGemm", m, T))
+                e, g, gm = r.get("eager_ms"), r.get("grouped_mm_layer_ms"), r.get("grouped_mm_gemms_ms")
+                ratio = lambda a, b: fmt(a / b) if a and b else ""
+                lines.append(f"| {m} | {T} | {fmt(e)} | {fmt(g)} | {fmt(lay)} | {ratio(e, lay)} | {ratio(g, lay)} | "
+                             f"{fmt(gm)} | {fmt(gg)} | {ratio(gm, gg)} |")
+    lines += ["", "Targets (issue 6): permute/combine of_copy >= 0.8; grouped GEMM >= 0.9 of torch._grouped_mm and "
+              "of_dense >= 0.6 at prefill; layer >= 2x eager and >= 1x grouped_mm.", ""]
+
+    # FinDEP performance models on this GPU (examples/schedule/findep_fit_gpu, docs/findep.md "GPU
+    # microbenchmarks").
+    fit_status = read_text(os.path.join(results, "findep_fit_status.txt")) or "not run"
+    lines += ["", "## FinDEP performance models (findep_fit_gpu)", "",
+              f"- status: {fit_status}",
+              "- command: examples/schedule/findep_fit_gpu --out findep_gpu_models.tsv --samples findep_gpu_samples.tsv",
+              "", "```", read_text(os.path.join(results, "findep_fit_gpu.txt")) or "(no output)", "```"]
+    models = read_text(os.path.join(results, "findep_gpu_models.tsv"), None)
+    if models is not None:
+        lines += ["", "Model file:", "", "```", models, "```"]
+
+    # s-TS on the GPU (include/moe/kernels/shuffle.cuh, docs/speculative.md "GPU predictor and
+    # shuffle plan"): predictor lookup + shuffle planning tokens/s against the host predictor of the
+    # same run, and pack / unpack GB/s against a device copy.
+    sdata, sstate = load_bench(os.path.join(results, "bench_cuda_shuffle.json"))
+    scols = ["tokens/s", "of_host", "GB/s", "of_copy"]
+    lines += ["", "## s-TS predictor lookup, shuffle plan, pack / unpack (bench_cuda_shuffle)", "",
+              f"- bench_cuda_shuffle JSON: {sstate}", "",
+              "| benchmark | time (us) | " + " | ".join(scols) + " |", "|---|---:|" + "---:|" * len(scols)]
+    for b in sdata.get("benchmarks", []):
+        if b.get("run_type") == "aggregate": continue
+        lines.append(f"| {b['name'].replace('/manual_time', '')} | {fmt(b.get('real_time'))} | "
+                     + " | ".join(fmt(b.get(c)) for c in scols) + " |")
+    with open(out, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("wrote", out)
+
+
+if __name__ == "__main__":
+    main()
