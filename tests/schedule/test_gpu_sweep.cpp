@@ -242,7 +242,7 @@ TEST_CASE("the balanced token -> expert assignment partitions the copies evenly"
         CHECK(g.index[static_cast<std::size_t>(r)] % experts == e);  // copy c belongs to expert c % experts
     }
     CHECK(hi - lo <= 1);
-    // the grouped GEMM's grid bound: ceil(rows / 64) + groups row tiles
+    // the grouped GEMM's grid bound: ceil(rows / tile_m) + groups row tiles
     CHECK(tiles <= (rows + fg::tile_m - 1) / fg::tile_m + experts);
     // a token's top_k copies land on distinct experts (read back from the grouping)
     std::vector<int> expert_of(static_cast<std::size_t>(rows), -1);
