@@ -77,6 +77,7 @@ if [[ -n "${OUT:-}" ]]; then
 else
   exec > >(tee -a "$call_log") 2>&1
 fi
+tee_pid=$!
 
 # cmake / ninja from pip live next to python3 (the torch venv) and may not be on PATH; nvcc may sit
 # only in /usr/local/cuda/bin.
@@ -133,6 +134,9 @@ finish() {
   do_report >/dev/null || true
   export_out || true
   log "done (exit $rc); results in $results${OUT:+, copied to $OUT}"
+  # Let tee write the last lines into the logs before the device tool collects $OUT.
+  exec >&- 2>&-
+  wait "$tee_pid" 2>/dev/null || true
   exit "$rc"
 }
 trap finish EXIT
@@ -378,7 +382,9 @@ stage_test() {
   runtime_env
   rm -f "$results/cuda-tests.log"
   local rc=0
-  bounded 560 ctest --test-dir "$build" -L cuda --output-on-failure --timeout "${TEST_TIMEOUT:-300}" 2>&1 |
+  # Each cuda test has TIMEOUT 900 (MoeHelpers.cmake), which `ctest --timeout` does not override;
+  # the call's budget cuts the whole run instead.
+  bounded 560 ctest --test-dir "$build" -L cuda --output-on-failure 2>&1 |
     tee "$results/cuda-tests.log" || rc=$?
   if [[ $rc == 0 ]] && grep -q '(Skipped)' "$results/cuda-tests.log"; then
     status test "SKIPPED: $(grep -c '(Skipped)' "$results/cuda-tests.log") test(s) exited 77 (no usable GPU seen: driver, device)"
