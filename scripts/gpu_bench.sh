@@ -547,4 +547,6 @@ for s in "${expanded[@]}"; do
     fit) stage_fit ;;
     report) do_report "$root/docs" ;;
   esac
+  # After each stage too, so that a call killed from outside still returns the stages before.
+  if [[ -n "${OUT:-}" ]]; then do_report >/dev/null || true; export_out || true; fi
 done
