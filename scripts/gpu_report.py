@@ -80,7 +80,7 @@ def main():
     steps = sorted(os.listdir(status_dir)) if os.path.isdir(status_dir) else []
 
     data, bench_state = load_bench(os.path.join(results, "bench_cuda_moe.json"))
-    cols = ["GB/s", "TFLOP/s", "tokens/s", "of_copy", "of_dense", "of_loop"]
+    cols = ["GB/s", "TFLOP/s", "tokens/s", "of_copy", "of_dense", "of_loop", "of_portable"]
     lines = [f"# CUDA results, {day}", "",
              f"- device: {device}", f"- commit: {commit}",
              f"- `ctest -L cuda`: {tests_state(results)}",

@@ -30,6 +30,7 @@
 #include "moe/kernels/cuda_common.cuh"
 #include "moe/kernels/grouped_gemm_args.cuh"
 #include "moe/kernels/grouped_gemm_sm90.cuh"
+#include "moe/kernels/tile_map.hpp"
 
 namespace moe::kernels::cuda {
 
@@ -114,30 +115,11 @@ __global__ void __launch_bounds__(gemm_threads) grouped_gemm_kernel(GroupedGemmA
   float* C1s = reinterpret_cast<float*>(smem + Smem::c_bytes);
 
   int const tid = static_cast<int>(threadIdx.x);
-  int const n_tiles = (p.n + BN - 1) / BN;
-  long long const tile = static_cast<long long>(blockIdx.x) / n_tiles;  // in BM-row halves of a unit
-  int const n0 = static_cast<int>(blockIdx.x % static_cast<unsigned>(n_tiles)) * BN;
   static_assert(2 * BM == grouped_gemm_tile_m, "two portable blocks per tile_starts unit");
-
-  // Which group, and which of its rows.
-  int g = 0, row_begin, rows_here;
-  if (p.rows == nullptr) {
-    row_begin = static_cast<int>(tile) * BM;
-    if (row_begin >= p.uniform_rows) return;
-    rows_here = min(BM, p.uniform_rows - row_begin);
-  } else {
-    long long const unit = tile / 2;
-    if (unit >= p.tile_starts[p.groups]) return;
-    int lo = 0, hi = p.groups;  // last g with tile_starts[g] <= unit
-    while (hi - lo > 1) {
-      int mid = (lo + hi) / 2;
-      if (p.tile_starts[mid] <= unit) lo = mid; else hi = mid;
-    }
-    g = lo;
-    row_begin = p.rows[g] + static_cast<int>(unit - p.tile_starts[g]) * grouped_gemm_tile_m + static_cast<int>(tile % 2) * BM;
-    if (row_begin >= p.rows[g + 1]) return;  // the second half of a group's last unit may be empty
-    rows_here = min(BM, p.rows[g + 1] - row_begin);
-  }
+  tiles::Tile const t =
+      tiles::half_tile(blockIdx.x, p.n, BN, grouped_gemm_tile_m, p.groups, p.rows, p.tile_starts, p.uniform_rows);
+  if (!t.valid) return;
+  int const g = t.group, row_begin = t.row_begin, rows_here = t.rows, n0 = t.col_begin;
   T const* b0 = p.b0_table ? p.b0_table[g] : p.b0;
   T const* b1 = two ? (p.b1_table ? p.b1_table[g] : p.b1) : nullptr;
 
@@ -335,13 +317,12 @@ void grouped_gemm(cudaStream_t s, GroupedGemmArgs<T> const& p) {
   }
   if constexpr (std::is_same_v<T, moe::bf16>) {
     if (hopper) {
-      long long units = p.rows ? p.max_row_tiles : blocks_for(p.uniform_rows, grouped_gemm_tile_m);
-      sm90::launch_grouped_gemm<Ep>(s, p, units);
+      sm90::launch_grouped_gemm<Ep>(s, p);
       return;
     }
   }
-  long long halves = p.rows ? 2 * p.max_row_tiles : blocks_for(p.uniform_rows, detail::gemm_bm);
-  long long blocks = halves * blocks_for(p.n, detail::gemm_bn);
+  long long blocks = tiles::half_grid(p.rows != nullptr, p.max_row_tiles, p.uniform_rows, p.n, detail::gemm_bn,
+                                      grouped_gemm_tile_m);
   if (blocks == 0) return;
   check(blocks < (1LL << 31), "grouped_gemm: ", blocks, " blocks exceed the grid limit");
   detail::grouped_gemm_kernel<T, Ep><<<static_cast<unsigned>(blocks), detail::gemm_threads, 0, s>>>(p);

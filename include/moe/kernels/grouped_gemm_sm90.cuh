@@ -19,9 +19,9 @@
 // its use; the ring's other slot holds the slice whose wgmma may still run (wait_group 1), so
 // copies and tensor-core work overlap.
 //
-// Order of blocks: inside one group the row tiles are the fastest index, so blocks running at the
-// same time share the same B columns (weights are read from memory about once per group and
-// column tile) and the group's A rows stay in L2 across column tiles.
+// Order of blocks (tiles::unit_tile): inside one group the row tiles are the fastest index, so
+// blocks running at the same time share the same B columns (weights are read from memory about
+// once per group and column tile) and the group's A rows stay in L2 across column tiles.
 //
 // No host synchronisation; the launch needs 197 KB of dynamic shared memory (one block per SM).
 
@@ -29,6 +29,7 @@
 #include <cstdint>
 
 #include "moe/kernels/grouped_gemm_args.cuh"
+#include "moe/kernels/tile_map.hpp"
 
 namespace moe::kernels::cuda::sm90 {
 
@@ -158,34 +159,9 @@ __global__ void __launch_bounds__(threads, 1) grouped_gemm_kernel(GroupedGemmArg
   std::uint32_t const smem0 = (static_cast<std::uint32_t>(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
 
   int const tid = static_cast<int>(threadIdx.x);
-  int const n_tiles = (p.n + BN - 1) / BN;
-  long long const b = blockIdx.x;
-
-  // Block -> (group, row tile, column tile); row tiles fastest inside a group.
-  int g = 0, row_first, row_end;
-  long long local, tiles_g;
-  if (p.rows == nullptr) {
-    tiles_g = (p.uniform_rows + bm - 1) / bm;
-    if (b >= tiles_g * n_tiles) return;
-    local = b;
-    row_first = 0;
-    row_end = p.uniform_rows;
-  } else {
-    if (b >= static_cast<long long>(p.tile_starts[p.groups]) * n_tiles) return;
-    int lo = 0, hi = p.groups;  // last g with tile_starts[g] * n_tiles <= b
-    while (hi - lo > 1) {
-      int mid = (lo + hi) / 2;
-      if (static_cast<long long>(p.tile_starts[mid]) * n_tiles <= b) lo = mid; else hi = mid;
-    }
-    g = lo;
-    tiles_g = p.tile_starts[g + 1] - p.tile_starts[g];
-    local = b - static_cast<long long>(p.tile_starts[g]) * n_tiles;
-    row_first = p.rows[g];
-    row_end = p.rows[g + 1];
-  }
-  int const row_begin = row_first + static_cast<int>(local % tiles_g) * bm;
-  int const n0 = static_cast<int>(local / tiles_g) * BN;
-  int const rows_here = min(bm, row_end - row_begin);
+  tiles::Tile const t = tiles::unit_tile(blockIdx.x, p.n, BN, bm, p.groups, p.rows, p.tile_starts, p.uniform_rows);
+  if (!t.valid) return;
+  int const g = t.group, row_begin = t.row_begin, rows_here = t.rows, n0 = t.col_begin;
   moe::bf16 const* b0 = p.b0_table ? p.b0_table[g] : p.b0;
   moe::bf16 const* b1 = two ? (p.b1_table ? p.b1_table[g] : p.b1) : nullptr;
 
@@ -232,7 +208,7 @@ __global__ void __launch_bounds__(threads, 1) grouped_gemm_kernel(GroupedGemmArg
   };
 
   int const wg = tid / 128;                  // warpgroup: rows wg * 64 .. wg * 64 + 63 of the tile
-  bool const active = rows_here > wg * 64;   // uniform over the warpgroup
+  bool const active = rows_here > wg * 64;   // this warpgroup has rows to write
   float acc0[acc_regs], acc1[two ? 64 : 1];
 #pragma unroll
   for (int i = 0; i < acc_regs; ++i) acc0[i] = 0.0f;
@@ -252,26 +228,26 @@ __global__ void __launch_bounds__(threads, 1) grouped_gemm_kernel(GroupedGemmArg
     __syncthreads();  // every thread's copies of kt are visible; every wgmma of kt - 2 has completed
     if (kt + ahead < k_tiles) load(kt + ahead);  // into the slot of slice kt - 2
     cp_async_commit();
-    if (active) {
-      std::uint32_t sa = smem0 + static_cast<std::uint32_t>(kt % stages) * stage_bytes + wg * 64 * 128;
-      std::uint32_t sb = smem0 + static_cast<std::uint32_t>(kt % stages) * stage_bytes + a_stage_bytes;
-      wgmma_fence();
+    // Both warpgroups issue the MMAs even when one has no valid rows (its A rows are zero-filled):
+    // a wgmma under a branch that ptxas cannot prove warpgroup-uniform is serialised (C7518).
+    std::uint32_t const sa = smem0 + static_cast<std::uint32_t>(kt % stages) * stage_bytes + wg * 64 * 128;
+    std::uint32_t const sb = smem0 + static_cast<std::uint32_t>(kt % stages) * stage_bytes + a_stage_bytes;
+    wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < bk / 16; ++kk) {
-        std::uint64_t da = desc_sw128(sa + kk * 32);
-        if constexpr (two) {
-          mma_m64n128k16(acc0, da, desc_sw128(sb + kk * 32));
-          mma_m64n128k16(acc1, da, desc_sw128(sb + 128 * 128 + kk * 32));
-        } else {
-          mma_m64n256k16(acc0, da, desc_sw128(sb + kk * 32));
-        }
+    for (int kk = 0; kk < bk / 16; ++kk) {
+      std::uint64_t da = desc_sw128(sa + kk * 32);
+      if constexpr (two) {
+        mma_m64n128k16(acc0, da, desc_sw128(sb + kk * 32));
+        mma_m64n128k16(acc1, da, desc_sw128(sb + 128 * 128 + kk * 32));
+      } else {
+        mma_m64n256k16(acc0, da, desc_sw128(sb + kk * 32));
       }
-      wgmma_commit();
-      wgmma_wait<1>();  // the previous slice's MMAs are done: its slot may be refilled
     }
+    wgmma_commit();
+    wgmma_wait<1>();  // the previous slice's MMAs are done: its slot may be refilled
   }
   cp_async_wait<0>();
-  if (active) wgmma_wait<0>();
+  wgmma_wait<0>();
   pin(acc0);
   if constexpr (two) pin(acc1);
   if (!active) return;
@@ -323,8 +299,8 @@ __global__ void feature_probe(int* flag) {
 
 /// Enqueues the Hopper kernel (the caller has checked the arguments and the device).
 template <Epilogue Ep>
-void launch_grouped_gemm(cudaStream_t s, GroupedGemmArgs<moe::bf16> const& p, long long row_tiles) {
-  long long blocks = row_tiles * blocks_for(p.n, bn<Ep>);
+void launch_grouped_gemm(cudaStream_t s, GroupedGemmArgs<moe::bf16> const& p) {
+  long long blocks = tiles::unit_grid(p.rows != nullptr, p.max_row_tiles, p.uniform_rows, p.n, bn<Ep>, bm);
   if (blocks == 0) return;
   check(blocks < (1LL << 31), "grouped_gemm: ", blocks, " blocks exceed the grid limit");
   // A host-side attribute (not a stream operation): allowed while a graph is being captured.
