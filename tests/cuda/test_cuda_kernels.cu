@@ -725,6 +725,13 @@ TEST_CASE("grouped GEMM: a path that cannot run is an error, not a silent fallba
   p.out = out.get();
   p.path = kc::GemmPath::hopper;
   CHECK_THROWS_WITH((kc::grouped_gemm<float, kc::Epilogue::store>(nullptr, p)), Catch::Contains("bf16 only"));
+  // Grouped rows without their tile starts.
+  Device<int> rows(std::vector<int>{0, 1});
+  auto grouped = p;
+  grouped.path = kc::GemmPath::portable;
+  grouped.rows = rows.get();
+  grouped.max_row_tiles = 2;
+  CHECK_THROWS_WITH((kc::grouped_gemm<float, kc::Epilogue::store>(nullptr, grouped)), Catch::Contains("tile_starts"));
   if (!kc::hopper_gemm_available()) {
     kc::GroupedGemmArgs<moe::bf16> q;
     q.uniform_rows = 1;

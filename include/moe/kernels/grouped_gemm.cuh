@@ -303,23 +303,19 @@ void grouped_gemm(cudaStream_t s, GroupedGemmArgs<T> const& p) {
   check(p.rows == nullptr || (p.tile_starts != nullptr && p.groups > 0 && p.max_row_tiles >= 0),
         "grouped_gemm: grouped rows need tile_starts, groups > 0 and max_row_tiles >= 0");
 
-  bool hopper = false;
   if constexpr (std::is_same_v<T, moe::bf16>) {
+    bool hopper = p.path == GemmPath::automatic && hopper_gemm_selected(s);
     if (p.path == GemmPath::hopper) {
       check(hopper_gemm_available(), "grouped_gemm: GemmPath::hopper needs an sm_90 device and a program built with "
                                      "-gencode=arch=compute_90a,code=sm_90a");
       hopper = true;
-    } else if (p.path == GemmPath::automatic) {
-      hopper = hopper_gemm_selected(s);
     }
-  } else {
-    check(p.path != GemmPath::hopper, "grouped_gemm: GemmPath::hopper computes bf16 only");
-  }
-  if constexpr (std::is_same_v<T, moe::bf16>) {
     if (hopper) {
       sm90::launch_grouped_gemm<Ep>(s, p);
       return;
     }
+  } else {
+    check(p.path != GemmPath::hopper, "grouped_gemm: GemmPath::hopper computes bf16 only");
   }
   long long blocks = tiles::half_grid(p.rows != nullptr, p.max_row_tiles, p.uniform_rows, p.n, detail::gemm_bn,
                                       grouped_gemm_tile_m);
