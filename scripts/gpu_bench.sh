@@ -27,6 +27,8 @@
 #   GPU_DEPS_DIR    folder of .deb files to unpack (default <repo>/.gpu-deps, see scripts/gpu_deps.sh)
 #   JOBS            build jobs (default nproc)
 #   BENCH_FILTER    Google Benchmark regex (default all); BENCH_MIN_TIME seconds each (default 0.2)
+#   BENCH_GEMM      grouped-GEMM kernel of bench_cuda_moe's Layer benchmarks: automatic (default),
+#                   portable or hopper (e.g. portable if the Hopper kernel fails its test)
 #   SKIP_TORCH      set: no PyTorch baselines
 #   STAGE_BUDGET    seconds this call may take before its steps are cut off (default 540, the device
 #                   tool kills a call at 600); each step runs under `timeout` with what is left
@@ -402,8 +404,10 @@ run_bench() {  # NAME LIMIT
     return 0
   fi
   runtime_env
+  local extra=()
+  if [[ $name == bench_cuda_moe && -n "${BENCH_GEMM:-}" ]]; then extra+=("--gemm=$BENCH_GEMM"); fi
   bounded "$2" "$(target_path "$name")" --benchmark_filter="$filter" --benchmark_min_time="$min_time" \
-    --benchmark_out="$results/$name.json" --benchmark_out_format=json 2>&1 | tee "$results/$name.txt" || rc=$?
+    --benchmark_out="$results/$name.json" --benchmark_out_format=json "${extra[@]}" 2>&1 | tee "$results/$name.txt" || rc=$?
   if [[ $rc == 0 && ! -s $results/$name.json ]]; then
     status "$name" "exit 0 but no JSON written (no CUDA device seen?)"
   else

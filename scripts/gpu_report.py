@@ -91,14 +91,14 @@ def main():
         lines += ["- steps:"]
         for s in steps:
             lines.append(f"  - {s[:-4] if s.endswith('.txt') else s}: {read_text(os.path.join(status_dir, s))}")
-    lines += ["", "| benchmark | time (us) | " + " | ".join(cols) + " |",
-              "|---|---:|" + "---:|" * len(cols)]
+    lines += ["", "| benchmark | kernel | time (us) | " + " | ".join(cols) + " |",
+              "|---|---|---:|" + "---:|" * len(cols)]
     ours = {}
     for b in data.get("benchmarks", []):
         if b.get("run_type") == "aggregate": continue
         name = b["name"].replace("/manual_time", "")
         t = b.get("real_time")
-        lines.append(f"| {name} | {fmt(t)} | " + " | ".join(fmt(b.get(c)) for c in cols) + " |")
+        lines.append(f"| {name} | {b.get('label', '')} | {fmt(t)} | " + " | ".join(fmt(b.get(c)) for c in cols) + " |")
         parts = name.split("/")
         if len(parts) >= 3 and parts[0] in ("Layer", "GroupedGemm") and t is not None:
             ours[(parts[0], parts[1], int(parts[2]))] = t / 1e3  # ms

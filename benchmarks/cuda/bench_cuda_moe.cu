@@ -13,6 +13,10 @@
 //   of_portable  speed-up of the grouped GEMM the layer uses (Hopper wgmma where available) over
 //             the portable WMMA kernel on the same data
 //
+// One option besides Google Benchmark's: --gemm=automatic|portable|hopper, the grouped-GEMM kernel
+// of the Layer benchmarks (CudaLayerOptions::gemm; default automatic), e.g. to measure the layer
+// with the portable kernel. The GroupedGemm benchmarks always time both kernels.
+//
 // Without a GPU the program prints a note and exits with 0.
 
 #include <benchmark/benchmark.h>
@@ -23,6 +27,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "bench_support.cuh"
@@ -73,6 +78,14 @@ double g_copy_gbs = 0;                     // measured D2D copy bandwidth
 std::map<std::string, double> g_dense;     // dense cuBLAS TFLOP/s per (model, tokens)
 std::map<std::string, double> g_loop_ms;   // per-expert cuBLAS loop time per (model, tokens)
 std::map<std::string, double> g_portable_ms;  // portable grouped GEMM time per (model, tokens)
+kc::GemmPath g_layer_gemm = kc::GemmPath::automatic;  // --gemm: the Layer benchmarks' kernel
+
+/// The label of a Layer benchmark: which grouped-GEMM kernel its experts ran.
+std::string layer_gemm_label() {
+  bool hopper = g_layer_gemm == kc::GemmPath::hopper ||
+                (g_layer_gemm == kc::GemmPath::automatic && kc::hopper_gemm_available());
+  return std::string("gemm ") + (hopper ? "hopper wgmma" : "portable");
+}
 
 std::string key(std::string_view model, long tokens) { return std::string(model) + "/" + std::to_string(tokens); }
 
@@ -435,62 +448,69 @@ void BM_Combine(benchmark::State& state) {
   }
 }
 
+/// One single-GPU layer of `Model` on `tokens` random tokens, its workspace and a stream: what the
+/// Layer benchmarks time. The label names the grouped-GEMM kernel of its experts.
+template <class Model>
+struct LayerSetup {
+  using L = moe::CudaLayer<Model, moe::router::ForModel<Model>, moe::placement::Table, moe::replication::None,
+                           moe::cuda::SingleGpu>;
+  static constexpr moe::ShapeSpec s = Model::spec;
+  int tokens;
+  moe::cuda::SingleGpu gpu;
+  L layer;
+  Buf<std::byte> ws;
+  Buf<bf16> x, y;
+  cudaStream_t stream = nullptr;
+
+  LayerSetup(benchmark::State& state, int t)
+      : tokens(t),
+        layer(gpu, moe::placement::Table::contiguous(s.experts, 1), {}, ModelWeights<Model>::get().view(),
+              {.max_tokens = t, .gemm = g_layer_gemm}),
+        ws(layer.workspace_size()),
+        x(static_cast<std::size_t>(t) * s.hidden),
+        y(x.size()) {
+    state.SetLabel(layer_gemm_label());
+    fill(x.get(), x.size(), 11, 1.0f);
+    kc::check_cuda(cudaStreamCreate(&stream), "cudaStreamCreate");
+  }
+  LayerSetup(LayerSetup const&) = delete;
+  LayerSetup& operator=(LayerSetup const&) = delete;
+  ~LayerSetup() { cudaStreamDestroy(stream); }
+
+  void run() { layer.run({.tokens = tokens, .x = x.get(), .y = y.get(), .stream = stream}, {ws.get(), ws.size()}); }
+};
+
 /// The whole single-GPU layer forward (gate, route, permute, experts, combine, shared experts).
 template <class Model>
 void BM_Layer(benchmark::State& state) {
-  using L = moe::CudaLayer<Model, moe::router::ForModel<Model>, moe::placement::Table, moe::replication::None,
-                           moe::cuda::SingleGpu>;
   constexpr moe::ShapeSpec s = Model::spec;
   long tokens = state.range(0);
-  auto& mw = ModelWeights<Model>::get();
-  moe::cuda::SingleGpu gpu;
-  L layer(gpu, moe::placement::Table::contiguous(s.experts, 1), {}, mw.view(),
-          {.max_tokens = static_cast<int>(tokens)});
-  Buf<std::byte> ws(layer.workspace_size());
-  Buf<bf16> x(static_cast<std::size_t>(tokens) * s.hidden), y(x.size());
-  fill(x.get(), x.size(), 11, 1.0f);
-  cudaStream_t st;
-  cudaStreamCreate(&st);
-  auto body = [&] { layer.run({.tokens = static_cast<int>(tokens), .x = x.get(), .y = y.get(), .stream = st}, {ws.get(), ws.size()}); };
-  time_gpu(state, st, body);
+  LayerSetup<Model> l(state, static_cast<int>(tokens));
+  time_gpu(state, l.stream, [&] { l.run(); });
   double flops = routed_flops<Model>(tokens) + 6.0 * tokens * s.shared_experts * s.hidden * s.shared_ffn +
                  2.0 * tokens * s.hidden * s.experts;
   state.counters["TFLOP/s"] = rate(flops / 1e12);
   state.counters["tokens/s"] = rate(static_cast<double>(tokens));
-  state.counters["workspace_GB"] = static_cast<double>(ws.size()) / 1e9;
-  cudaStreamDestroy(st);
+  state.counters["workspace_GB"] = static_cast<double>(l.ws.size()) / 1e9;
 }
 
 /// The same forward captured once in a CUDA graph and replayed (no launch overhead; decode sizes).
 template <class Model>
 void BM_LayerGraph(benchmark::State& state) {
-  using L = moe::CudaLayer<Model, moe::router::ForModel<Model>, moe::placement::Table, moe::replication::None,
-                           moe::cuda::SingleGpu>;
-  constexpr moe::ShapeSpec s = Model::spec;
   long tokens = state.range(0);
-  auto& mw = ModelWeights<Model>::get();
-  moe::cuda::SingleGpu gpu;
-  L layer(gpu, moe::placement::Table::contiguous(s.experts, 1), {}, mw.view(),
-          {.max_tokens = static_cast<int>(tokens)});
-  Buf<std::byte> ws(layer.workspace_size());
-  Buf<bf16> x(static_cast<std::size_t>(tokens) * s.hidden), y(x.size());
-  fill(x.get(), x.size(), 11, 1.0f);
-  cudaStream_t st;
-  cudaStreamCreate(&st);
-  auto run = [&] { layer.run({.tokens = static_cast<int>(tokens), .x = x.get(), .y = y.get(), .stream = st}, {ws.get(), ws.size()}); };
-  run();  // first run outside the capture (lazy library initialisation)
-  cudaStreamSynchronize(st);
+  LayerSetup<Model> l(state, static_cast<int>(tokens));
+  l.run();  // first run outside the capture (lazy library initialisation)
+  kc::check_cuda(cudaStreamSynchronize(l.stream), "cudaStreamSynchronize");
   cudaGraph_t graph;
   cudaGraphExec_t exec;
-  kc::check_cuda(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture");
-  run();
-  kc::check_cuda(cudaStreamEndCapture(st, &graph), "cudaStreamEndCapture");
+  kc::check_cuda(cudaStreamBeginCapture(l.stream, cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture");
+  l.run();
+  kc::check_cuda(cudaStreamEndCapture(l.stream, &graph), "cudaStreamEndCapture");
   kc::check_cuda(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
-  time_gpu(state, st, [&] { cudaGraphLaunch(exec, st); });
+  time_gpu(state, l.stream, [&] { cudaGraphLaunch(exec, l.stream); });
   state.counters["tokens/s"] = rate(static_cast<double>(tokens));
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
-  cudaStreamDestroy(st);
 }
 
 template <class Model>
@@ -511,6 +531,25 @@ void register_model() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // --gemm=...: ours, taken out before Google Benchmark reads the rest.
+  int kept = 1;
+  for (int i = 1; i < argc; ++i) {
+    std::string_view arg(argv[i]);
+    if (arg.rfind("--gemm=", 0) != 0) {
+      argv[kept++] = argv[i];
+      continue;
+    }
+    std::string_view v = arg.substr(7);
+    if (v == "automatic") g_layer_gemm = kc::GemmPath::automatic;
+    else if (v == "portable") g_layer_gemm = kc::GemmPath::portable;
+    else if (v == "hopper") g_layer_gemm = kc::GemmPath::hopper;
+    else {
+      std::fprintf(stderr, "bench_cuda_moe: --gemm takes automatic, portable or hopper, got '%.*s'\n",
+                   static_cast<int>(v.size()), v.data());
+      return 2;
+    }
+  }
+  argc = kept;
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     std::printf("bench_cuda_moe: no CUDA device, nothing measured\n");

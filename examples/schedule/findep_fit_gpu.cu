@@ -18,11 +18,11 @@
 //              mask, no projections (they are `gemm`), scores materialised in HBM (not a fused
 //              FlashAttention kernel, so this is slower than FA3 would be). Q, K, V, O in
 //              [sample][head][seq][128] layout. Work 4 m_a seq^2 h flop.
-//   shared     the library's shared-expert path, detail_cuda::findep_shared of findep_cuda.cuh (the
-//              call of FinDepCudaExecutor's S task): fp32 accumulator clear, then per shared expert
+//   shared     the library's shared-expert path, moe::detail::shared_experts of
+//              layer/expert_ffn.cuh (the call of FinDepCudaExecutor's S task): fp32 accumulator clear, then per shared expert
 //              a grouped_gemm with the SwiGLU epilogue and one with the accumulate epilogue.
 //              DeepSeek-V2 only (Qwen3-235B has no shared experts). Work 6 T h f_s n_s flop.
-//   experts    the routed-expert GEMMs of the EG's E task (ExpertPass in findep_cuda.cuh): one
+//   experts    the routed-expert GEMMs of the EG's E task (RoutedExperts in layer/expert_ffn.cuh): one
 //              grouped_gemm with the SwiGLU epilogue (gate and up) over the local experts, the rows
 //              gathered through an index from the token rows (index / top_k), then one grouped_gemm
 //              (down) with the store epilogue. Local experts = experts / 4 (the 4/4 split), rows
@@ -406,12 +406,11 @@ int run(Options const& opt) {
       case Op::shared: {
         moe::check(s == moe::models::DeepSeekV2::spec, "findep_fit_gpu: the shared-expert call is instantiated for "
                                                        "DeepSeek-V2 only, not ", sh.name);
-        moe::LayerWeights<bf16> lw;
-        lw.shared = std::span<moe::ExpertWeights<bf16> const>(shared_views[si]);
+        auto shared = std::span<moe::ExpertWeights<bf16> const>(shared_views[si]);
         int T = static_cast<int>(p.tokens);
         fn = [=, &shared_x, &shared_inter, &shared_acc](cudaStream_t st) {
-          detail_cuda::findep_shared<moe::models::DeepSeekV2::spec, bf16>(st, lw, shared_x.get(), T,
-                                                                          shared_inter.get(), shared_acc.get());
+          moe::detail::shared_experts<moe::models::DeepSeekV2::spec>(st, shared, shared_x.get(), T, shared_inter.get(),
+                                                                     shared_acc.get(), kc::GemmPath::automatic);
         };
         break;
       }

@@ -19,6 +19,7 @@
 
 #include "cuda_test_support.cuh"
 #include "layer_test_support.cuh"
+#include "staged_collective.cuh"
 #include "moe/layer/cuda_layer.cuh"
 #include "moe/moe.hpp"
 #if defined(MOE_TEST_NCCL)
@@ -29,6 +30,7 @@ using moe::test::Device;
 using moe::test::DeviceWeights;
 using moe::test::fragile_tokens;
 using moe::test::random_tokens;
+namespace kc = moe::kernels::cuda;
 
 namespace {
 
@@ -77,7 +79,8 @@ template <class Model, class Router, class Replicas = moe::replication::None>
 using SingleLayer = moe::CudaLayer<Model, Router, moe::placement::Table, Replicas, moe::cuda::SingleGpu>;
 
 template <class Model, class Router>
-Checked single_gpu(int tokens, int max_tokens, bool dedup, std::uint64_t seed, int repeats = 1) {
+Checked single_gpu(int tokens, int max_tokens, bool dedup, std::uint64_t seed, int repeats = 1,
+                   kc::GemmPath gemm = kc::GemmPath::automatic) {
   using L = SingleLayer<Model, Router>;
   static moe::cuda::SingleGpu gpu;
   return run_layer<L, Router>(
@@ -85,7 +88,7 @@ Checked single_gpu(int tokens, int max_tokens, bool dedup, std::uint64_t seed, i
       [&](moe::LayerWeights<typename L::element_type> w, int m) {
         return std::make_unique<L>(gpu, moe::placement::Table::contiguous(Model::spec.experts, 1),
                                    moe::replication::None{}, w,
-                                   moe::CudaLayerOptions{.max_tokens = m, .deduplicate = dedup});
+                                   moe::CudaLayerOptions{.max_tokens = m, .deduplicate = dedup, .gemm = gemm});
       },
       repeats);
 }
@@ -118,6 +121,22 @@ TEST_CASE("single-GPU layer matches the host reference (bf16)", "[cuda][layer]")
   check(single_gpu<DeepSeekV2SmallBf16, GroupLimitedTopK>(150, 150, true, 5), bf16_tol, 150);
   // Reusing the workspace: the second run must not depend on the first one's leftovers.
   check(single_gpu<DeepSeekSmallBf16, SigmoidGroupTopK>(33, 256, true, 6, 2), bf16_tol, 33);
+}
+
+// Each grouped-GEMM kernel through the whole layer (the tests above use GemmPath::automatic, which
+// is the Hopper kernel on an H100/H200 built for sm_90a): routed and shared experts, both record
+// forms, and a second run over the same workspace.
+TEST_CASE("single-GPU layer with each grouped-GEMM kernel (bf16)", "[cuda][layer][gemm]") {
+  using moe::router::GroupLimitedTopK;
+  using moe::router::SigmoidGroupTopK;
+  std::vector<kc::GemmPath> paths{kc::GemmPath::portable};
+  if (kc::hopper_gemm_available()) paths.push_back(kc::GemmPath::hopper);
+  for (kc::GemmPath path : paths) {
+    INFO("GemmPath " << static_cast<int>(path));
+    check(single_gpu<DeepSeekSmallBf16, SigmoidGroupTopK>(200, 256, true, 41, 2, path), bf16_tol, 200);
+    check(single_gpu<DeepSeekSmallBf16, SigmoidGroupTopK>(70, 80, false, 42, 1, path), bf16_tol, 70);
+    check(single_gpu<DeepSeekV2SmallBf16, GroupLimitedTopK>(150, 150, true, 43, 1, path), bf16_tol, 150);
+  }
 }
 
 TEST_CASE("single-GPU layer with no tokens or one token", "[cuda][layer]") {
@@ -200,66 +219,26 @@ TEST_CASE("single-GPU layer rejects bad arguments", "[cuda][layer][bad-input]") 
   CHECK_THROWS_WITH(layer.run({.tokens = 2, .x = x.get(), .y = y.get()}, ws.bytes().first(ws.size() / 2)),
                     Catch::Contains("workspace"));
   CHECK_THROWS_WITH(layer.run({.tokens = 2, .x = x.get() + 1, .y = y.get()}, ws.bytes()), Catch::Contains("aligned"));
+
+  // A GEMM kernel that cannot run is refused at construction, not at the first forward pass.
+  CHECK_THROWS_WITH(L(gpu, table, {}, dw.view(), {.max_tokens = 4, .gemm = kc::GemmPath::hopper}),
+                    Catch::Contains("bf16 only"));
+  CHECK_THROWS_WITH(L(gpu, table, {}, dw.view(), {.max_tokens = 4, .gemm = static_cast<kc::GemmPath>(7)}),
+                    Catch::Contains("unknown GemmPath"));
+  if (!kc::hopper_gemm_available()) {
+    using B = SingleLayer<DeepSeekSmallBf16, moe::router::SigmoidGroupTopK>;
+    moe::RandomLayerWeights<moe::bf16> wb(B::shape, 10);
+    DeviceWeights<moe::bf16> dwb(B::shape, wb.view());
+    CHECK_THROWS_WITH(B(gpu, moe::placement::Table::contiguous(B::shape.experts, 1), {}, dwb.view(),
+                        {.max_tokens = 4, .gemm = kc::GemmPath::hopper}),
+                      Catch::Contains("sm_90a"));
+  }
 }
 
 // -----------------------------------------------------------------------------------------------
-// Several ranks on one GPU: a device-memory collective for tests that stages every exchange through
-// host memory and collective::InProcess<N> (one thread per rank). It exercises the multi-rank
+// Several ranks on one GPU through moe::test::StagedDevice (staged_collective.cuh): the multi-rank
 // dispatch/combine logic of CudaLayer (both exchanges) without needing several GPUs.
 // -----------------------------------------------------------------------------------------------
-namespace moe::test {  // named: nvcc warns about the unreferenced `memory` inside an unnamed namespace
-
-template <int N>
-class StagedDevice {
-public:
-  static constexpr moe::collective::Memory memory = moe::collective::Memory::device;
-  explicit StagedDevice(moe::collective::InProcess<N>& host) : host_(&host) {}
-  [[nodiscard]] int rank() const { return host_->rank(); }
-  [[nodiscard]] int size() const { return host_->size(); }
-  void set_stream(cudaStream_t s) { stream_ = s; }
-  [[nodiscard]] moe::collective::Counters const& counters() const { return host_->counters(); }
-  void reset_counters() { host_->reset_counters(); }
-  void barrier() { host_->barrier(); }
-
-  void all_to_all(std::span<std::byte const> in, std::span<std::byte> out, std::size_t block) {
-    auto h_in = to_host(in.first(block * N));
-    std::vector<std::byte> h_out(block * N);
-    host_->all_to_all(h_in, h_out, block);
-    to_device(h_out, out);
-  }
-  void all_to_all_v(std::span<std::byte const> in, std::span<std::size_t const> send_counts, std::span<std::byte> out,
-                    std::span<std::size_t const> recv_counts) {
-    auto h_in = to_host(in.first(std::accumulate(send_counts.begin(), send_counts.end(), std::size_t{0})));
-    std::vector<std::byte> h_out(std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0}));
-    host_->all_to_all_v(h_in, send_counts, h_out, recv_counts);
-    to_device(h_out, out);
-  }
-  // Not used by the layer; present so the type models collective::Collective.
-  void reduce_scatter_v(std::span<float const>, std::span<float>, std::span<std::size_t const>) { unused(); }
-  void all_gather_v(std::span<std::byte const>, std::span<std::byte>, std::span<std::size_t const>) { unused(); }
-  void all_reduce(std::span<float>) { unused(); }
-  void send(std::span<std::byte const>, int, int) { unused(); }
-  void recv(std::span<std::byte>, int, int) { unused(); }
-
-private:
-  [[noreturn]] static void unused() { moe::fail("StagedDevice: operation not used by CudaLayer"); }
-  std::vector<std::byte> to_host(std::span<std::byte const> d) const {
-    moe::kernels::cuda::check_cuda(cudaStreamSynchronize(stream_), "staging sync");
-    std::vector<std::byte> h(d.size());
-    if (!h.empty())
-      moe::kernels::cuda::check_cuda(cudaMemcpy(h.data(), d.data(), d.size(), cudaMemcpyDeviceToHost), "staging D2H");
-    return h;
-  }
-  static void to_device(std::vector<std::byte> const& h, std::span<std::byte> d) {
-    if (!h.empty())
-      moe::kernels::cuda::check_cuda(cudaMemcpy(d.data(), h.data(), h.size(), cudaMemcpyHostToDevice), "staging H2D");
-  }
-  moe::collective::InProcess<N>* host_;
-  cudaStream_t stream_ = nullptr;
-};
-
-}  // namespace moe::test
-
 namespace {
 using moe::test::StagedDevice;
 

@@ -22,6 +22,7 @@
 
 #include "cuda_test_support.cuh"
 #include "layer_test_support.cuh"
+#include "staged_collective.cuh"
 #include "moe/layer/cuda_layer.cuh"
 #include "moe/moe.hpp"
 #include "moe/schedule/findep_cuda.cuh"
@@ -89,7 +90,8 @@ std::vector<ms::Config> configs() {
 /// Every configuration through ONE executor (plan cache, event pool and workspace reused), on a
 /// non-default stream, against the sequential single-GPU layer and the host reference.
 template <class Model, class Router>
-void against_layer_and_reference(int tokens, std::uint64_t seed, double tolerance) {
+void against_layer_and_reference(int tokens, std::uint64_t seed, double tolerance,
+                                 kc::GemmPath gemm = kc::GemmPath::automatic) {
   using L = moe::CudaLayer<Model, Router, moe::placement::Table, moe::replication::None, moe::cuda::SingleGpu>;
   using Ex = ms::FinDepCudaExecutor<Model, Router>;
   using T = typename Ex::element_type;
@@ -105,14 +107,14 @@ void against_layer_and_reference(int tokens, std::uint64_t seed, double toleranc
   cudaStream_t st;
   kc::check_cuda(cudaStreamCreate(&st), "cudaStreamCreate");
   moe::cuda::SingleGpu gpu;
-  L layer(gpu, moe::placement::Table::contiguous(s.experts, 1), {}, dw.view(), {.max_tokens = tokens});
+  L layer(gpu, moe::placement::Table::contiguous(s.experts, 1), {}, dw.view(), {.max_tokens = tokens, .gemm = gemm});
   Device<std::byte> lws(layer.workspace_size());
   layer.run({.tokens = tokens, .x = dx.get(), .y = dy.get(), .stream = st}, lws.bytes());
   auto seq = download_on(st, dy.get(), x.size());
   REQUIRE(layer.errors() == 0u);
   check_errors(compare(seq, ref, fragile, tokens, s.hidden), tolerance, tokens);
 
-  Ex ex(dw.view(), {.max_tokens = tokens});
+  Ex ex(dw.view(), {.max_tokens = tokens, .gemm = gemm});
   Device<std::byte> ws(ex.workspace_size());
   ws.poison();
   for (ms::Config const& c : configs()) {
@@ -140,6 +142,9 @@ TEST_CASE("FinDEP CUDA executor equals the single-GPU layer and the host referen
 
 TEST_CASE("FinDEP CUDA executor equals the single-GPU layer and the host reference (bf16)", "[cuda][findep]") {
   against_layer_and_reference<DeepSeekV2SmallBf16, moe::router::GroupLimitedTopK>(96, 23, bf16_tol);
+  // The portable GEMM kernel as well (the line above runs the Hopper kernel on an sm_90a build).
+  against_layer_and_reference<DeepSeekV2SmallBf16, moe::router::GroupLimitedTopK>(96, 24, bf16_tol,
+                                                                                 kc::GemmPath::portable);
 }
 
 TEST_CASE("FinDEP CUDA executor: fewer tokens than max_tokens, and no tokens", "[cuda][findep]") {
@@ -206,6 +211,7 @@ TEST_CASE("FinDEP CUDA executor rejects bad input", "[cuda][findep][bad-input]")
   DeviceWeights<float> dw(s, weights.view());
   CHECK_THROWS_WITH(Ex(dw.view(), {.max_tokens = 0}), Catch::Contains("max_tokens must be positive"));
   CHECK_THROWS_WITH(Ex(dw.view(), {.max_tokens = 8, .max_chunks = 0}), Catch::Contains("max_chunks must be at least 1"));
+  CHECK_THROWS_WITH(Ex(dw.view(), {.max_tokens = 8, .gemm = kc::GemmPath::hopper}), Catch::Contains("GemmPath::hopper"));
   auto missing = dw.view();
   std::vector<moe::ExpertWeights<float>> holes(dw.experts);
   holes[3] = {};
@@ -244,50 +250,16 @@ TEST_CASE("FinDEP CUDA executor rejects bad input", "[cuda][findep][bad-input]")
 }
 
 // -----------------------------------------------------------------------------------------------
-// AG and EG on different ranks: FinDepCudaP2PExecutor over a staged point-to-point communicator.
+// AG and EG on different ranks: FinDepCudaP2PExecutor over moe::test::StagedDevice (send / recv
+// staged through host memory, staged_collective.cuh).
 // -----------------------------------------------------------------------------------------------
-namespace moe::test {  // named: nvcc warns about the unreferenced `memory` inside an unnamed namespace
-
-/// Device-memory point-to-point messages staged through host memory and collective::InProcess<N>
-/// (one thread per rank, all on one GPU). send() waits for the stream it was given (so the message
-/// holds what the stream's earlier work wrote); recv() copies on that stream and waits for it.
-template <int N>
-class StagedP2P {
-public:
-  static constexpr moe::collective::Memory memory = moe::collective::Memory::device;
-  explicit StagedP2P(moe::collective::InProcess<N>& host) : host_(&host) {}
-  [[nodiscard]] int rank() const { return host_->rank(); }
-  [[nodiscard]] int size() const { return host_->size(); }
-  void set_stream(cudaStream_t s) { stream_ = s; }
-  void send(std::span<std::byte const> in, int peer, int tag) {
-    std::vector<std::byte> h(in.size());
-    if (!h.empty())
-      kc::check_cuda(cudaMemcpyAsync(h.data(), in.data(), in.size(), cudaMemcpyDeviceToHost, stream_), "staging D2H");
-    kc::check_cuda(cudaStreamSynchronize(stream_), "staging sync (send)");
-    host_->send(h, peer, tag);
-  }
-  void recv(std::span<std::byte> out, int peer, int tag) {
-    std::vector<std::byte> h(out.size());
-    host_->recv(h, peer, tag);
-    if (!h.empty())
-      kc::check_cuda(cudaMemcpyAsync(out.data(), h.data(), h.size(), cudaMemcpyHostToDevice, stream_), "staging H2D");
-    kc::check_cuda(cudaStreamSynchronize(stream_), "staging sync (recv)");
-  }
-
-private:
-  moe::collective::InProcess<N>* host_;
-  cudaStream_t stream_ = nullptr;
-};
-
-}  // namespace moe::test
-
 namespace {
 
 /// `N` ranks, `ag` of them AG ranks with `tokens` tokens each; every configuration through one
 /// executor per rank; every AG rank's output against the host reference on its tokens.
 template <int N, class Model, class Router>
 void p2p_world(int ag, int tokens, std::uint64_t seed, double tolerance) {
-  using Ex = ms::FinDepCudaP2PExecutor<Model, Router, moe::test::StagedP2P<N>>;
+  using Ex = ms::FinDepCudaP2PExecutor<Model, Router, moe::test::StagedDevice<N>>;
   using T = typename Ex::element_type;
   constexpr moe::ShapeSpec s = Model::spec;
   auto h = static_cast<std::size_t>(s.hidden);
@@ -308,7 +280,7 @@ void p2p_world(int ag, int tokens, std::uint64_t seed, double tolerance) {
   std::vector<Errors> result(cfgs.size());
   std::vector<unsigned> device_errors(N, 0);
   moe::collective::run_in_process<N>([&](moe::collective::InProcess<N>& host) {
-    moe::test::StagedP2P<N> a2e(host), e2a(host);
+    moe::test::StagedDevice<N> a2e(host), e2a(host);
     int rank = host.rank();
     Ex ex(a2e, e2a, ag, on_eg, dw.view(), {.max_tokens = tokens});
     Device<std::byte> ws(ex.workspace_size());
@@ -356,13 +328,13 @@ TEST_CASE("FinDEP CUDA executor with AG and EG on different ranks (staged point-
 
 TEST_CASE("FinDEP point-to-point executor rejects bad input", "[cuda][findep][p2p][bad-input]") {
   using Model = MixtralSmallF32;
-  using Ex = ms::FinDepCudaP2PExecutor<Model, moe::router::SoftmaxTopK, moe::test::StagedP2P<3>>;
+  using Ex = ms::FinDepCudaP2PExecutor<Model, moe::router::SoftmaxTopK, moe::test::StagedDevice<3>>;
   constexpr moe::ShapeSpec s = Model::spec;
   moe::RandomLayerWeights<float> weights(s, 71);
   DeviceWeights<float> dw(s, weights.view());
   std::vector<std::string> messages(3);
   moe::collective::run_in_process<3>([&](moe::collective::InProcess<3>& host) {
-    moe::test::StagedP2P<3> a2e(host), e2a(host);
+    moe::test::StagedDevice<3> a2e(host), e2a(host);
     auto table = moe::placement::Table::round_robin(s.experts, 2);
     auto& m = messages[static_cast<std::size_t>(host.rank())];
     auto expect = [&](auto&& make, char const* part) {

@@ -52,6 +52,7 @@
 #include "moe/kernels/dispatch.cuh"
 #include "moe/kernels/gate.cuh"
 #include "moe/kernels/grouped_gemm.cuh"
+#include "moe/layer/expert_ffn.cuh"
 #include "moe/layer/layer.hpp"
 
 namespace moe {
@@ -75,6 +76,9 @@ struct CudaLayerOptions {
   bool deduplicate = true;  ///< one record per (token, rank); false sends one per (token, expert)
   cuda::Exchange exchange = cuda::Exchange::exact;
   std::size_t cublas_workspace = std::size_t{8} << 20;  ///< bytes handed to cuBLAS for the gate GEMM
+  /// Kernel of the expert GEMMs: automatic (the Hopper wgmma kernel for bf16 where it can run,
+  /// else the portable one), portable, or hopper (an error at construction where it cannot run).
+  kernels::cuda::GemmPath gemm = kernels::cuda::GemmPath::automatic;
 };
 
 namespace detail {
@@ -128,7 +132,7 @@ public:
                                                          weights_, options_.max_tokens);
     // Decide the grouped-GEMM kernel now (a one-time probe that synchronises), so that forward
     // passes, captured ones included, find the answer cached.
-    if constexpr (std::is_same_v<T, moe::bf16>) kernels::cuda::hopper_gemm_available();
+    detail::prepare_gemm_path<T>("moe::CudaLayer", options_.gemm);
 
     // Replica lists (CSR), the served mask and the weight pointer tables.
     std::vector<int> offsets{0}, copy_ranks;
@@ -246,31 +250,7 @@ public:
       cudaStream_t ss = side_;
       kc::check_cuda(cudaEventRecord(fork_, s), "cudaEventRecord (fork)");
       kc::check_cuda(cudaStreamWaitEvent(ss, fork_, 0), "cudaStreamWaitEvent (fork)");
-      kc::check_cuda(cudaMemsetAsync(shared_acc, 0, static_cast<std::size_t>(t) * h * sizeof(float), ss),
-                     "cudaMemsetAsync (shared experts)");
-      for (auto const& w : weights_.shared) {
-        kc::GroupedGemmArgs<T> s1;
-        s1.uniform_rows = t;
-        s1.a = reinterpret_cast<std::byte const*>(a.x);
-        s1.a_stride = h * sizeof(T);
-        s1.b0 = w.gate;
-        s1.b1 = w.up;
-        s1.n = shape.shared_ffn;
-        s1.k = shape.hidden;
-        s1.out = b.shared_inter.data();
-        s1.out_ld = static_cast<std::size_t>(shape.shared_ffn);
-        kc::grouped_gemm<T, kc::Epilogue::swiglu>(ss, s1);
-        kc::GroupedGemmArgs<T> s2;
-        s2.uniform_rows = t;
-        s2.a = reinterpret_cast<std::byte const*>(b.shared_inter.data());
-        s2.a_stride = static_cast<std::size_t>(shape.shared_ffn) * sizeof(T);
-        s2.b0 = w.down;
-        s2.n = shape.hidden;
-        s2.k = shape.shared_ffn;
-        s2.out_f32 = shared_acc;
-        s2.out_ld = h;
-        kc::grouped_gemm<T, kc::Epilogue::accumulate>(ss, s2);
-      }
+      detail::shared_experts<shape>(ss, weights_.shared, a.x, t, b.shared_inter.data(), shared_acc, options_.gemm);
       kc::check_cuda(cudaEventRecord(join_, ss), "cudaEventRecord (join)");
     }
 
@@ -348,52 +328,35 @@ public:
     kc::recv_layout(s, counts_in, ranks, cap, b.recv_base.data(), b.recv_n.data());
 
     // 3. Experts: group (record, slot) pairs by expert, gate+up with SwiGLU, down, weighted combine.
-    kc::ExpertGrouping grouping{b.keys.data(),     b.values.data(),  b.sorted_keys.data(), b.sorted_values.data(),
-                                b.position.data(), b.offsets.data(), b.tile_starts.data(), b.sort_temp.data(),
-                                b.sort_temp.size()};
-    kc::group_by_expert<k>(s, recv, rec, slots, b.recv_base.data(), b.recv_n.data(), ranks, shape.experts,
-                           served_.get(), kc::grouped_gemm_tile_m, grouping, errors_.get());
-    if (slots > 0) {
-      kc::GroupedGemmArgs<T> g1;
-      g1.groups = shape.experts;
-      g1.rows = b.offsets.data();
-      g1.tile_starts = b.tile_starts.data();
-      g1.max_row_tiles = kc::grouped_gemm_row_tiles(slots * k, shape.experts);
-      g1.index = b.sorted_values.data();  // record * k + slot
-      if constexpr (local) {
-        // Records are in token order: record t (de-duplicated) or t * k + j (one per assignment).
-        g1.a = reinterpret_cast<std::byte const*>(a.x);
-        g1.a_stride = h * sizeof(T);
-        g1.index_div = options_.deduplicate ? k : k * k;
-      } else {
-        g1.a = recv + meta_bytes_;
-        g1.a_stride = rec;
-        g1.index_div = k;
-      }
-      g1.b0_table = gate_.get();
-      g1.b1_table = up_.get();
-      g1.n = shape.expert_ffn;
-      g1.k = shape.hidden;
-      g1.out = b.inter.data();
-      g1.out_ld = static_cast<std::size_t>(shape.expert_ffn);
-      kc::grouped_gemm<T, kc::Epilogue::swiglu>(s, g1);
-
-      kc::GroupedGemmArgs<T> g2 = g1;
-      g2.a = reinterpret_cast<std::byte const*>(b.inter.data());
-      g2.a_stride = static_cast<std::size_t>(shape.expert_ffn) * sizeof(T);
-      g2.index = nullptr;
-      g2.index_div = 1;
-      g2.b0_table = down_.get();
-      g2.b1_table = nullptr;
-      g2.n = shape.hidden;
-      g2.k = shape.expert_ffn;
-      g2.out = b.expert_out.data();
-      g2.out_ld = h;
-      kc::grouped_gemm<T, kc::Epilogue::store>(s, g2);
-
-      kc::combine_records<T, k>(s, recv, rec, slots, b.recv_base.data(), b.recv_n.data(), ranks, shape.experts,
-                                served_.get(), b.expert_out.data(), b.position.data(), shape.hidden, b.back.data());
+    detail::RoutedExperts<shape, T> experts;
+    experts.records = recv;
+    experts.record_bytes = rec;
+    experts.slots = slots;
+    experts.recv_base = b.recv_base.data();
+    experts.recv_n = b.recv_n.data();
+    experts.sources = ranks;
+    if constexpr (local) {
+      // Records are in token order: record t (de-duplicated) or t * k + j (one per assignment).
+      experts.a = reinterpret_cast<std::byte const*>(a.x);
+      experts.a_stride = h * sizeof(T);
+      experts.index_div = options_.deduplicate ? k : k * k;
+    } else {
+      experts.a = recv + meta_bytes_;  // the token row follows each record's metadata
+      experts.a_stride = rec;
     }
+    experts.served = served_.get();
+    experts.gate = gate_.get();
+    experts.up = up_.get();
+    experts.down = down_.get();
+    experts.grouping = {b.keys.data(),     b.values.data(),  b.sorted_keys.data(), b.sorted_values.data(),
+                        b.position.data(), b.offsets.data(), b.tile_starts.data(), b.sort_temp.data(),
+                        b.sort_temp.size()};
+    experts.inter = b.inter.data();
+    experts.expert_out = b.expert_out.data();
+    experts.back = b.back.data();
+    experts.errors = errors_.get();
+    experts.path = options_.gemm;
+    experts.enqueue(s);
 
     // 4. Partials back, shared experts, sum in token order.
     T const* returned = b.back.data();

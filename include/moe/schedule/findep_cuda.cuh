@@ -61,6 +61,7 @@
 #include "moe/kernels/dispatch.cuh"
 #include "moe/kernels/gate.cuh"
 #include "moe/kernels/grouped_gemm.cuh"
+#include "moe/layer/expert_ffn.cuh"
 #include "moe/layer/layer.hpp"
 #include "moe/layer/weights.hpp"
 #include "moe/placement/table.hpp"
@@ -81,100 +82,6 @@ void findep_attention(cublasHandle_t cublas, cudaStream_t s, std::span<std::byte
                                 S.experts, logits);
   kernels::cuda::route<S, Router>(s, logits, w.router_bias, tokens, ids, gate_w);
 }
-
-/// S(i): acc (tokens x hidden, fp32) = sum of the shared experts on `tokens` rows of x.
-template <ShapeSpec S, class T>
-void findep_shared(cudaStream_t s, LayerWeights<T> const& w, T const* x, int tokens, T* inter, float* acc) {
-  namespace kc = kernels::cuda;
-  auto h = static_cast<std::size_t>(S.hidden);
-  kc::check_cuda(cudaMemsetAsync(acc, 0, static_cast<std::size_t>(tokens) * h * sizeof(float), s),
-                 "cudaMemsetAsync (shared experts)");
-  for (auto const& e : w.shared) {
-    kc::GroupedGemmArgs<T> s1;
-    s1.uniform_rows = tokens;
-    s1.a = reinterpret_cast<std::byte const*>(x);
-    s1.a_stride = h * sizeof(T);
-    s1.b0 = e.gate;
-    s1.b1 = e.up;
-    s1.n = S.shared_ffn;
-    s1.k = S.hidden;
-    s1.out = inter;
-    s1.out_ld = static_cast<std::size_t>(S.shared_ffn);
-    kc::grouped_gemm<T, kc::Epilogue::swiglu>(s, s1);
-    kc::GroupedGemmArgs<T> s2;
-    s2.uniform_rows = tokens;
-    s2.a = reinterpret_cast<std::byte const*>(inter);
-    s2.a_stride = static_cast<std::size_t>(S.shared_ffn) * sizeof(T);
-    s2.b0 = e.down;
-    s2.n = S.hidden;
-    s2.k = S.shared_ffn;
-    s2.out_f32 = acc;
-    s2.out_ld = h;
-    kc::grouped_gemm<T, kc::Epilogue::accumulate>(s, s2);
-  }
-}
-
-/// The routed experts of `slots` received records (metadata at rec, the token row at `a` +
-/// record * a_stride), grouped by expert, SwiGLU and down GEMMs, weighted combine into `back`
-/// (one row per record slot). The scratch spans hold slots * top_k items.
-template <ShapeSpec S, class T>
-struct ExpertPass {
-  std::byte const* records = nullptr;
-  std::size_t record_bytes = 0;
-  long long slots = 0;
-  long long const* recv_base = nullptr;
-  int const* recv_n = nullptr;
-  int sources = 1;
-  std::byte const* a = nullptr;
-  std::size_t a_stride = 0;
-  unsigned char const* served = nullptr;
-  T const* const* gate = nullptr;
-  T const* const* up = nullptr;
-  T const* const* down = nullptr;
-  kernels::cuda::ExpertGrouping grouping{};
-  T* inter = nullptr;
-  T* expert_out = nullptr;
-  T* back = nullptr;
-  unsigned* errors = nullptr;
-
-  void enqueue(cudaStream_t s) const {
-    namespace kc = kernels::cuda;
-    constexpr int k = S.top_k;
-    kc::group_by_expert<k>(s, records, record_bytes, slots, recv_base, recv_n, sources, S.experts, served,
-                           kc::grouped_gemm_tile_m, grouping, errors);
-    if (slots == 0) return;
-    kc::GroupedGemmArgs<T> g1;
-    g1.groups = S.experts;
-    g1.rows = grouping.offsets;
-    g1.tile_starts = grouping.tile_starts;
-    g1.max_row_tiles = kc::grouped_gemm_row_tiles(slots * k, S.experts);
-    g1.index = grouping.sorted_values;  // record * k + slot
-    g1.a = a;
-    g1.a_stride = a_stride;
-    g1.index_div = k;
-    g1.b0_table = gate;
-    g1.b1_table = up;
-    g1.n = S.expert_ffn;
-    g1.k = S.hidden;
-    g1.out = inter;
-    g1.out_ld = static_cast<std::size_t>(S.expert_ffn);
-    kc::grouped_gemm<T, kc::Epilogue::swiglu>(s, g1);
-    kc::GroupedGemmArgs<T> g2 = g1;
-    g2.a = reinterpret_cast<std::byte const*>(inter);
-    g2.a_stride = static_cast<std::size_t>(S.expert_ffn) * sizeof(T);
-    g2.index = nullptr;
-    g2.index_div = 1;
-    g2.b0_table = down;
-    g2.b1_table = nullptr;
-    g2.n = S.hidden;
-    g2.k = S.expert_ffn;
-    g2.out = expert_out;
-    g2.out_ld = static_cast<std::size_t>(S.hidden);
-    kc::grouped_gemm<T, kc::Epilogue::store>(s, g2);
-    kc::combine_records<T, k>(s, records, record_bytes, slots, recv_base, recv_n, sources, S.experts, served,
-                              expert_out, grouping.position, S.hidden, back);
-  }
-};
 
 /// Bytes of a dispatch record's metadata: [int32 token, int32 count, int32 expert[k], float
 /// weight[k]], padded to 16 bytes (the CUDA kernels' record format).
@@ -225,6 +132,43 @@ struct StreamPool {
   }
 };
 
+/// The checks of a schedule both executors share: r1 and r2, the pipeline and order, the event
+/// pool (max_chunks) and the split of `tokens` into micro-batches and chunks.
+inline Status check_schedule(char const* who, int tokens, Config const& c, int max_chunks) {
+  using moe::detail::concat;
+  if (c.r1 < 1) return {false, concat(who, ": r1 (micro-batches) must be at least 1, got ", c.r1)};
+  if (c.r2 < 1) return {false, concat(who, ": r2 (token chunks) must be at least 1, got ", c.r2)};
+  if (c.pipeline == Pipeline::pppipe && c.r2 != 1)
+    return {false, concat(who, ": PPPipe has no token chunks; r2 must be 1, got ", c.r2)};
+  if (c.pipeline != Pipeline::findep && c.pipeline != Pipeline::pppipe)
+    return {false, concat(who, ": unknown pipeline ", static_cast<int>(c.pipeline))};
+  if (c.order != Order::aass && c.order != Order::asas)
+    return {false, concat(who, ": unknown order ", static_cast<int>(c.order))};
+  if (static_cast<long long>(c.r1) * c.r2 > max_chunks)
+    return {false, concat(who, ": r1 * r2 = ", c.r1, " * ", c.r2, " chunks exceed max_chunks = ", max_chunks,
+                          " (FinDepCudaOptions::max_chunks sizes the event pool)")};
+  if (tokens % c.r1 != 0) return {false, concat(who, ": r1 = ", c.r1, " does not divide the ", tokens, " tokens")};
+  if ((tokens / c.r1) % c.r2 != 0)
+    return {false, concat(who, ": r2 = ", c.r2, " does not divide the ", tokens / c.r1, " tokens of a micro-batch (",
+                          tokens, " tokens, r1 = ", c.r1, ")")};
+  return {};
+}
+
+/// The stream plan of the last configuration an executor ran, rebuilt only when it changes.
+struct PlanCache {
+  StreamPlan plan;
+  bool valid = false;
+
+  StreamPlan const& get(Config const& c, bool shared_experts) {
+    if (!valid || plan.config.pipeline != c.pipeline || plan.config.order != c.order || plan.config.r1 != c.r1 ||
+        plan.config.r2 != c.r2) {
+      plan = build_stream_plan(c, shared_experts, 1);
+      valid = true;
+    }
+    return plan;
+  }
+};
+
 /// Reads an executor's device error word after synchronising the device (the resource streams are
 /// non-blocking, so a plain cudaMemcpy would not wait for them): a diagnostic, not for the hot path.
 inline unsigned read_error_word(kernels::cuda::DeviceArray<unsigned> const& word) {
@@ -240,6 +184,8 @@ struct FinDepCudaOptions {
   int max_tokens = 0;  ///< most tokens one run() takes; sizes the workspace
   int max_chunks = 64;  ///< most r1 * r2 of a run(); sizes the event pool
   std::size_t cublas_workspace = std::size_t{8} << 20;  ///< bytes handed to cuBLAS for the gate GEMM
+  /// Kernel of the expert GEMMs (as CudaLayerOptions::gemm).
+  kernels::cuda::GemmPath gemm = kernels::cuda::GemmPath::automatic;
 };
 
 template <ModelShape Model, router::Policy Router>
@@ -267,7 +213,7 @@ public:
   /// `weights`: device pointers, every routed and shared expert present (co-located mode).
   FinDepCudaExecutor(LayerWeights<T> weights, FinDepCudaOptions options) : weights_(weights), options_(options) {
     namespace kc = kernels::cuda;
-    if constexpr (std::is_same_v<T, moe::bf16>) kc::hopper_gemm_available();  // probe before any capture
+    moe::detail::prepare_gemm_path<T>("moe::schedule::FinDepCudaExecutor", options_.gemm);  // probes before any capture
     (void)moe::detail::check_layer_setup("moe::schedule::FinDepCudaExecutor", shape, 1, 0,
                                          placement::Table::contiguous(shape.experts, 1), replication::None{}, weights_,
                                          options_.max_tokens);
@@ -352,23 +298,7 @@ public:
     if (!st.ok) return st;
     if (reinterpret_cast<std::uintptr_t>(a.x) % 16 != 0 || reinterpret_cast<std::uintptr_t>(a.y) % 16 != 0)
       return {false, moe::detail::concat(who, ": x and y must be 16-byte aligned")};
-    if (c.r1 < 1) return {false, moe::detail::concat(who, ": r1 (micro-batches) must be at least 1, got ", c.r1)};
-    if (c.r2 < 1) return {false, moe::detail::concat(who, ": r2 (token chunks) must be at least 1, got ", c.r2)};
-    if (c.pipeline == Pipeline::pppipe && c.r2 != 1)
-      return {false, moe::detail::concat(who, ": PPPipe has no token chunks; r2 must be 1, got ", c.r2)};
-    if (c.pipeline != Pipeline::findep && c.pipeline != Pipeline::pppipe)
-      return {false, moe::detail::concat(who, ": unknown pipeline ", static_cast<int>(c.pipeline))};
-    if (c.order != Order::aass && c.order != Order::asas)
-      return {false, moe::detail::concat(who, ": unknown order ", static_cast<int>(c.order))};
-    if (static_cast<long long>(c.r1) * c.r2 > options_.max_chunks)
-      return {false, moe::detail::concat(who, ": r1 * r2 = ", c.r1, " * ", c.r2, " chunks exceed max_chunks = ",
-                                         options_.max_chunks, " (FinDepCudaOptions::max_chunks sizes the event pool)")};
-    if (a.tokens % c.r1 != 0)
-      return {false, moe::detail::concat(who, ": r1 = ", c.r1, " does not divide the ", a.tokens, " tokens")};
-    if ((a.tokens / c.r1) % c.r2 != 0)
-      return {false, moe::detail::concat(who, ": r2 = ", c.r2, " does not divide the ", a.tokens / c.r1,
-                                         " tokens of a micro-batch (", a.tokens, " tokens, r1 = ", c.r1, ")")};
-    return {};
+    return detail_cuda::check_schedule(who, a.tokens, c, options_.max_chunks);
   }
 
   /// One forward pass under schedule `c` (pipeline, order, r1, r2; m_a is not used: a micro-batch
@@ -380,12 +310,8 @@ public:
     check(workspace.size() >= workspace_size(), "moe::schedule::FinDepCudaExecutor: workspace holds ",
           workspace.size(), " bytes, run() needs ", workspace_size(), " (call workspace_size())");
     if (a.tokens == 0) return;
-    if (!has_plan_ || plan_.config.pipeline != c.pipeline || plan_.config.order != c.order ||
-        plan_.config.r1 != c.r1 || plan_.config.r2 != c.r2) {
-      plan_ = build_stream_plan(c, shape.shared_experts > 0, 1);
-      has_plan_ = true;
-    }
-    check(plan_.events.size() + run_events <= pool_.events.size(), "moe::schedule::FinDepCudaExecutor: internal error: the plan "
+    StreamPlan const& plan = plans_.get(c, shape.shared_experts > 0);
+    check(plan.events.size() + run_events <= pool_.events.size(), "moe::schedule::FinDepCudaExecutor: internal error: the plan "
                                                      "needs more events than the pool holds");
     core::Carver carver(workspace);
     Buffers b;
@@ -398,8 +324,8 @@ public:
     pool_.fork(a.stream, own);
     kc::check_cuda(cudaMemsetAsync(errors_.get(), 0, sizeof(unsigned), stream(Resource::eg)), "cudaMemsetAsync");
 
-    for (LaunchStep step : plan_.launch) {
-      PlanOp const& o = plan_.op(step);
+    for (LaunchStep step : plan.launch) {
+      PlanOp const& o = plan.op(step);
       cudaStream_t s = stream(o.stream);
       for (int w : o.waits)
         kc::check_cuda(cudaStreamWaitEvent(s, pool_.events[static_cast<std::size_t>(w)], 0), "cudaStreamWaitEvent");
@@ -431,7 +357,7 @@ public:
   [[nodiscard]] unsigned errors() const { return detail_cuda::read_error_word(errors_); }
 
   /// The plan of the last run() (empty before the first).
-  [[nodiscard]] StreamPlan const& plan() const { return plan_; }
+  [[nodiscard]] StreamPlan const& plan() const { return plans_.plan; }
   [[nodiscard]] FinDepCudaOptions const& options() const { return options_; }
   /// The stream of one resource (e.g. to time it or to inspect a capture).
   [[nodiscard]] cudaStream_t stream(Resource r) const { return pool_.streams[static_cast<std::size_t>(r)]; }
@@ -532,8 +458,8 @@ private:
   // S(i): fp32 sum of the shared experts of micro-batch i (AG stream).
   void shared_experts(Run const& r, int i) const {
     auto first = static_cast<std::size_t>(i) * static_cast<std::size_t>(r.mb);
-    detail_cuda::findep_shared<shape>(stream(Resource::ag), weights_, r.a.x + first * h, r.mb, r.b.shared_inter.data(),
-                                 r.b.shared_acc.data() + first * h);
+    moe::detail::shared_experts<shape>(stream(Resource::ag), weights_.shared, r.a.x + first * h, r.mb,
+                                       r.b.shared_inter.data(), r.b.shared_acc.data() + first * h, options_.gemm);
   }
 
   [[nodiscard]] static std::size_t chunk_first(Run const& r, int i, int j) {
@@ -575,7 +501,7 @@ private:
     kc::pack_records<T, k>(s, x, n, shape.hidden, ids, w, b.dest.data(), b.rec_pos.data(), b.send_base.data(), true,
                            b.records.data(), meta_bytes, meta_bytes, false);
     kc::recv_layout(s, b.count.data(), 1, 0, b.recv_base.data(), b.recv_n.data());
-    detail_cuda::ExpertPass<shape, T> pass;
+    moe::detail::RoutedExperts<shape, T> pass;
     pass.records = b.records.data();
     pass.record_bytes = meta_bytes;
     pass.slots = n;
@@ -595,6 +521,7 @@ private:
     pass.expert_out = b.expert_out.data();
     pass.back = b.back.data() + t0 * h;
     pass.errors = errors_.get();
+    pass.path = options_.gemm;
     pass.enqueue(s);
   }
 
@@ -617,8 +544,7 @@ private:
   std::size_t scan_bytes_ = 0, sort_bytes_ = 0;
   cublasHandle_t cublas_ = nullptr;
   detail_cuda::StreamPool pool_;  // plan events, then fork, E2A done, joins
-  StreamPlan plan_;
-  bool has_plan_ = false;
+  detail_cuda::PlanCache plans_;
 };
 
 namespace detail_cuda {
@@ -690,7 +616,7 @@ public:
         options_(options) {
     namespace kc = kernels::cuda;
     char const* who = "moe::schedule::FinDepCudaP2PExecutor";
-    if constexpr (std::is_same_v<T, moe::bf16>) kc::hopper_gemm_available();  // probe before any capture
+    moe::detail::prepare_gemm_path<T>(who, options_.gemm);  // probes before any capture
     validate(shape);
     check(&a2e != &e2a, who, ": the A2E and E2A streams need two communicators (one each); NCCL runs one "
                         "communicator's operations in issue order, so one shared by both links would deadlock");
@@ -790,22 +716,7 @@ public:
         return {false, concat(who, ": ", a.tokens, " tokens per AG rank exceed the ", options_.max_tokens,
                               " the workspace was sized for (FinDepCudaOptions::max_tokens)")};
     }
-    if (c.r1 < 1) return {false, concat(who, ": r1 (micro-batches) must be at least 1, got ", c.r1)};
-    if (c.r2 < 1) return {false, concat(who, ": r2 (token chunks) must be at least 1, got ", c.r2)};
-    if (c.pipeline == Pipeline::pppipe && c.r2 != 1)
-      return {false, concat(who, ": PPPipe has no token chunks; r2 must be 1, got ", c.r2)};
-    if (c.pipeline != Pipeline::findep && c.pipeline != Pipeline::pppipe)
-      return {false, concat(who, ": unknown pipeline ", static_cast<int>(c.pipeline))};
-    if (c.order != Order::aass && c.order != Order::asas)
-      return {false, concat(who, ": unknown order ", static_cast<int>(c.order))};
-    if (static_cast<long long>(c.r1) * c.r2 > options_.max_chunks)
-      return {false, concat(who, ": r1 * r2 = ", c.r1, " * ", c.r2, " chunks exceed max_chunks = ",
-                            options_.max_chunks, " (FinDepCudaOptions::max_chunks)")};
-    if (a.tokens % c.r1 != 0) return {false, concat(who, ": r1 = ", c.r1, " does not divide the ", a.tokens, " tokens")};
-    if ((a.tokens / c.r1) % c.r2 != 0)
-      return {false, concat(who, ": r2 = ", c.r2, " does not divide the ", a.tokens / c.r1,
-                            " tokens of a micro-batch (", a.tokens, " tokens, r1 = ", c.r1, ")")};
-    return {};
+    return detail_cuda::check_schedule(who, a.tokens, c, options_.max_chunks);
   }
 
   /// One forward pass; every rank calls it with the same tokens (per AG rank) and configuration.
@@ -816,12 +727,8 @@ public:
     check(workspace.size() >= workspace_size(), "moe::schedule::FinDepCudaP2PExecutor: workspace holds ",
           workspace.size(), " bytes, run() needs ", workspace_size(), " (call workspace_size())");
     if (a.tokens == 0) return;  // every rank sees the same count, so no rank waits for a message
-    if (!has_plan_ || plan_.config.pipeline != c.pipeline || plan_.config.order != c.order ||
-        plan_.config.r1 != c.r1 || plan_.config.r2 != c.r2) {
-      plan_ = build_stream_plan(c, shape.shared_experts > 0, 1);
-      has_plan_ = true;
-    }
-    check(plan_.events.size() + run_events <= pool_.events.size(),
+    StreamPlan const& plan = plans_.get(c, shape.shared_experts > 0);
+    check(plan.events.size() + run_events <= pool_.events.size(),
           "moe::schedule::FinDepCudaP2PExecutor: internal error: the plan needs more events than the pool holds");
     core::Carver carver(workspace);
     Buffers b;
@@ -833,13 +740,13 @@ public:
     if (!is_ag())
       kc::check_cuda(cudaMemsetAsync(errors_.get(), 0, sizeof(unsigned), stream(Resource::eg)), "cudaMemsetAsync");
 
-    for (LaunchStep step : plan_.launch) {
-      PlanOp const& o = plan_.op(step);
+    for (LaunchStep step : plan.launch) {
+      PlanOp const& o = plan.op(step);
       if (!here(o.kind)) continue;
       cudaStream_t s = stream(o.stream);
       for (int w : o.waits) {
-        PlanEvent ev = plan_.events[static_cast<std::size_t>(w)];
-        if (!here(plan_.op({ev.stream, ev.index}).kind)) continue;  // the message itself orders it
+        PlanEvent ev = plan.events[static_cast<std::size_t>(w)];
+        if (!here(plan.op({ev.stream, ev.index}).kind)) continue;  // the message itself orders it
         kc::check_cuda(cudaStreamWaitEvent(s, pool_.events[static_cast<std::size_t>(w)], 0), "cudaStreamWaitEvent");
       }
       int chunk = o.mb * c.r2 + o.chunk;
@@ -877,7 +784,7 @@ public:
 
   /// Error bits of the last run() on an EG rank (kernels::cuda::DeviceError). Synchronises the device.
   [[nodiscard]] unsigned errors() const { return detail_cuda::read_error_word(errors_); }
-  [[nodiscard]] StreamPlan const& plan() const { return plan_; }
+  [[nodiscard]] StreamPlan const& plan() const { return plans_.plan; }
   [[nodiscard]] cudaStream_t stream(Resource r) const { return pool_.streams[static_cast<std::size_t>(r)]; }
 
 private:
@@ -998,8 +905,8 @@ private:
   void shared_experts(Run const& r, int i, int r2) const {
     auto mb = r.chunk * r2;
     auto first = static_cast<std::size_t>(i) * static_cast<std::size_t>(mb);
-    detail_cuda::findep_shared<shape>(stream(Resource::ag), weights_, r.a.x + first * h, mb, r.b.shared_inter.data(),
-                                      r.b.shared_acc.data() + first * h);
+    moe::detail::shared_experts<shape>(stream(Resource::ag), weights_.shared, r.a.x + first * h, mb,
+                                       r.b.shared_inter.data(), r.b.shared_acc.data() + first * h, options_.gemm);
   }
 
   // AG, A2E stream: records of chunk q (one region of `chunk` records per EG rank), then per EG
@@ -1051,7 +958,7 @@ private:
     std::byte const* records = b.recv.data() + uag() * uq * n * record_bytes;
     kc::recv_layout(s, b.counts.data() + uq * uag(), ag_, static_cast<long long>(n), b.recv_base.data(),
                     b.recv_n.data());
-    detail_cuda::ExpertPass<shape, T> pass;
+    moe::detail::RoutedExperts<shape, T> pass;
     pass.records = records;
     pass.record_bytes = record_bytes;
     pass.slots = static_cast<long long>(uag() * n);
@@ -1071,6 +978,7 @@ private:
     pass.expert_out = b.expert_out.data();
     pass.back = b.back.data() + uag() * uq * n * h;
     pass.errors = errors_.get();
+    pass.path = options_.gemm;
     pass.enqueue(s);
   }
 
@@ -1106,8 +1014,7 @@ private:
   std::size_t scan_bytes_ = 0, sort_bytes_ = 0;
   cublasHandle_t cublas_ = nullptr;
   detail_cuda::StreamPool pool_;  // plan events, then fork, A2E done, E2A done, joins
-  StreamPlan plan_;
-  bool has_plan_ = false;
+  detail_cuda::PlanCache plans_;
 };
 
 }  // namespace moe::schedule

@@ -1,0 +1,80 @@
+#pragma once
+// A device-memory communicator for tests with several ranks on one GPU: every exchange is staged
+// through host memory and collective::InProcess<N> (one thread per rank). It lets the multi-rank
+// logic of CudaLayer (all_to_all, all_to_all_v) and of FinDepCudaP2PExecutor (send, recv) run
+// without several GPUs.
+//
+// Every operation first waits for the stream given by set_stream (so the data holds what that
+// stream's earlier work wrote), copies on that stream, and returns after its copies completed.
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <numeric>
+#include <span>
+#include <vector>
+
+#include "moe/collective/concept.hpp"
+#include "moe/collective/in_process.hpp"
+#include "moe/config.hpp"
+#include "moe/kernels/cuda_common.cuh"
+
+namespace moe::test {
+
+template <int N>
+class StagedDevice {
+public:
+  static constexpr moe::collective::Memory memory = moe::collective::Memory::device;
+  explicit StagedDevice(moe::collective::InProcess<N>& host) : host_(&host) {}
+  [[nodiscard]] int rank() const { return host_->rank(); }
+  [[nodiscard]] int size() const { return host_->size(); }
+  void set_stream(cudaStream_t s) { stream_ = s; }
+  [[nodiscard]] moe::collective::Counters const& counters() const { return host_->counters(); }
+  void reset_counters() { host_->reset_counters(); }
+  void barrier() { host_->barrier(); }
+
+  void all_to_all(std::span<std::byte const> in, std::span<std::byte> out, std::size_t block) {
+    auto h_in = to_host(in.first(block * N));
+    std::vector<std::byte> h_out(block * N);
+    host_->all_to_all(h_in, h_out, block);
+    to_device(h_out, out);
+  }
+  void all_to_all_v(std::span<std::byte const> in, std::span<std::size_t const> send_counts, std::span<std::byte> out,
+                    std::span<std::size_t const> recv_counts) {
+    auto h_in = to_host(in.first(std::accumulate(send_counts.begin(), send_counts.end(), std::size_t{0})));
+    std::vector<std::byte> h_out(std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0}));
+    host_->all_to_all_v(h_in, send_counts, h_out, recv_counts);
+    to_device(h_out, out);
+  }
+  void send(std::span<std::byte const> in, int peer, int tag) { host_->send(to_host(in), peer, tag); }
+  void recv(std::span<std::byte> out, int peer, int tag) {
+    std::vector<std::byte> h(out.size());
+    host_->recv(h, peer, tag);
+    to_device(h, out);
+  }
+  // Not used by the device paths under test; present so the type models collective::Collective.
+  void reduce_scatter_v(std::span<float const>, std::span<float>, std::span<std::size_t const>) { unused(); }
+  void all_gather_v(std::span<std::byte const>, std::span<std::byte>, std::span<std::size_t const>) { unused(); }
+  void all_reduce(std::span<float>) { unused(); }
+
+private:
+  [[noreturn]] static void unused() { moe::fail("StagedDevice: operation not used by the device paths under test"); }
+  std::vector<std::byte> to_host(std::span<std::byte const> d) const {
+    namespace kc = moe::kernels::cuda;
+    std::vector<std::byte> h(d.size());
+    if (!h.empty())
+      kc::check_cuda(cudaMemcpyAsync(h.data(), d.data(), d.size(), cudaMemcpyDeviceToHost, stream_), "staging D2H");
+    kc::check_cuda(cudaStreamSynchronize(stream_), "staging sync (to host)");
+    return h;
+  }
+  void to_device(std::vector<std::byte> const& h, std::span<std::byte> d) const {
+    namespace kc = moe::kernels::cuda;
+    if (!h.empty())
+      kc::check_cuda(cudaMemcpyAsync(d.data(), h.data(), h.size(), cudaMemcpyHostToDevice, stream_), "staging H2D");
+    kc::check_cuda(cudaStreamSynchronize(stream_), "staging sync (to device)");
+  }
+  moe::collective::InProcess<N>* host_;
+  cudaStream_t stream_ = nullptr;
+};
+
+}  // namespace moe::test
