@@ -429,7 +429,7 @@ stage_bench_torch() {
     return 0
   fi
   runtime_env
-  PYTHONUNBUFFERED=1 bounded 300 "$python" - "$json" 2>&1 <<'PY' | tee "$results/torch_baselines.txt" || rc=$?
+  PYTHONUNBUFFERED=1 bounded 300 "$python" - "$json" "$root/tests/data/olmoe-routing" 2>&1 <<'PY' | tee "$results/torch_baselines.txt" || rc=$?
 # PyTorch baselines on the benchmark's shapes: eager loop over experts, and torch._grouped_mm.
 import json, math, sys, torch
 import torch.nn.functional as F
@@ -508,7 +508,64 @@ for name, (h, f, E, k) in shapes.items():
         print(row, flush=True)
     del w1, w2, w3
     torch.cuda.empty_cache()
-json.dump({"torch": torch.__version__, "rows": rows}, open(sys.argv[1], "w"), indent=1)
+
+# The grouped GEMMs under real expert loads, as bench_cuda_moe's GroupedGemmLoad: tokens * top_k
+# rows split over the experts in proportion to one recorded layer's corpus counts (largest
+# remainder, ties to the lower expert; the same arithmetic as the C++), or evenly ("uniform").
+def split(weights, rows):
+    total = 0.0
+    for w in weights: total += w
+    q = [rows * w / total for w in weights]
+    n = [math.floor(v) for v in q]
+    order = sorted(range(len(q)), key=lambda e: (-(q[e] - n[e]), e))
+    for e in order[:rows - sum(n)]: n[e] += 1
+    return n
+
+def layer_counts(folder, domain, pos):
+    per_layer = {}
+    for line in open(f"{sys.argv[2]}/{folder}/{domain}/expert_counts.tsv"):
+        f = line.split()
+        if not f or f[0] == "layer": continue
+        c = per_layer.setdefault(int(f[0]), {})
+        c[int(f[1])] = c.get(int(f[1]), 0.0) + float(f[2])
+    layer = list(per_layer)[pos]
+    c = per_layer[layer]
+    return [c.get(e, 0.0) for e in range(max(c) + 1)]
+
+load_shapes = {  # name: hidden, expert_ffn, experts, top_k, cases (name, folder, domain, layer position)
+    "OLMoE-1B-7B": (2048, 1024, 64, 8, [("uniform", None, None, 0), ("arxiv-L0", "olmoe-1b-7b", "arxiv", 0),
+                                          ("c4-L15", "olmoe-1b-7b", "c4", 2)]),
+    "Mixtral-8x7B": (4096, 14336, 8, 2, [("uniform", None, None, 0), ("github-L15", "mixtral-8x7b", "github", 2)]),
+}
+load_rows = []
+for name, (h, f, E, k, cases) in load_shapes.items():
+    g = torch.Generator(device=dev).manual_seed(2)
+    w1 = (torch.rand(E, f, h, device=dev, generator=g, dtype=torch.bfloat16) * 2 - 1) / math.sqrt(h)
+    w3 = (torch.rand(E, f, h, device=dev, generator=g, dtype=torch.bfloat16) * 2 - 1) / math.sqrt(h)
+    w2 = (torch.rand(E, h, f, device=dev, generator=g, dtype=torch.bfloat16) * 2 - 1) / math.sqrt(f)
+    for T in (128, 4096, 16384):
+        for case, folder, domain, pos in cases:
+            row = {"model": name, "load": case, "tokens": T}
+            try:
+                weights = [1.0] * E if folder is None else layer_counts(folder, domain, pos)
+                n = split(weights, T * k)
+                offs = torch.cumsum(torch.tensor(n, device=dev), 0).to(torch.int32)
+                xs = torch.randn(T * k, h, device=dev, generator=g, dtype=torch.bfloat16)
+                def gemms():
+                    a = torch._grouped_mm(xs, w1.transpose(-2, -1), offs=offs)
+                    b = torch._grouped_mm(xs, w3.transpose(-2, -1), offs=offs)
+                    return torch._grouped_mm(F.silu(a) * b, w2.transpose(-2, -1), offs=offs)
+                ms = timed(gemms)
+                row["grouped_mm_gemms_ms"] = ms
+                row["grouped_mm_tflops"] = 6.0 * T * k * h * f / (ms / 1e3) / 1e12
+                row["max_over_mean"] = max(n) / (T * k / E)
+            except Exception as exc:  # report, keep going
+                row["grouped_mm_gemms_ms"] = None; row["grouped_mm_error"] = str(exc)[:200]
+            load_rows.append(row)
+            print(row, flush=True)
+    del w1, w2, w3
+    torch.cuda.empty_cache()
+json.dump({"torch": torch.__version__, "rows": rows, "load_rows": load_rows}, open(sys.argv[1], "w"), indent=1)
 PY
   step_status bench-torch "$rc"
 }

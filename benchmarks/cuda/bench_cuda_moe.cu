@@ -1,6 +1,7 @@
 // GPU benchmarks of the MoE kernels and the single-GPU layer at the example models' expert shapes,
 // decode (128 tokens) and prefill (4096, 16384 tokens). Synthetic, seeded data: random bf16 weights
-// and tokens, routes from a random router (so loads are roughly uniform over experts).
+// and tokens, routes from a random router (so loads are roughly uniform over experts); except
+// GroupedGemmLoad, whose per-expert loads are real (OLMoE and Mixtral corpus counts, see below).
 //
 // Every benchmark times the GPU with CUDA events (manual time) and reports counters:
 //   GB/s      bytes read + written by the kernel(s) per second
@@ -22,9 +23,12 @@
 #include <benchmark/benchmark.h>
 #include <cublas_v2.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <string_view>
@@ -405,6 +409,158 @@ void BM_GroupedGemm(benchmark::State& state) {
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// The grouped GEMMs under real expert loads. The rows of a batch (tokens * top_k) are split over
+// the experts in proportion to the real corpus counts of one recorded layer
+// (tests/data/olmoe-routing, MODEL/DOMAIN/expert_counts.tsv; largest-remainder rounding, ties to
+// the lower expert), or evenly ("uniform", the balanced best case). The A rows lie contiguous in
+// expert order, as after a permutation copy (the layer gathers them instead; the loads are what
+// differ here). scripts/gpu_bench.sh times torch._grouped_mm on the same splits.
+// ---------------------------------------------------------------------------------------------
+
+struct LoadCase {
+  char const* name;     ///< "uniform" or DOMAIN-L<layer>
+  char const* folder;   ///< MODEL folder of the data, or nullptr for uniform
+  char const* domain;
+  int layer_pos;        ///< position of the layer in the file (recorded layers 0, 7, 15)
+};
+
+/// `rows` split in proportion to `weight`: floors first, then one more row to the largest
+/// fractional parts (ties to the lower index).
+std::vector<int> proportional_split(std::vector<double> const& weight, long rows) {
+  double total = 0;
+  for (double w : weight) total += w;
+  moe::check(total > 0, "proportional_split: the weights sum to 0");
+  std::vector<int> n(weight.size());
+  std::vector<std::pair<double, std::size_t>> frac(weight.size());
+  long given = 0;
+  for (std::size_t e = 0; e < weight.size(); ++e) {
+    double q = static_cast<double>(rows) * weight[e] / total;
+    n[e] = static_cast<int>(std::floor(q));
+    given += n[e];
+    frac[e] = {q - std::floor(q), e};
+  }
+  std::stable_sort(frac.begin(), frac.end(), [](auto const& a, auto const& b) { return a.first > b.first; });
+  for (long i = 0; i < rows - given; ++i) ++n[frac[static_cast<std::size_t>(i)].second];
+  return n;
+}
+
+/// Rows per expert for one load case.
+template <class Model>
+std::vector<int> case_rows(LoadCase const& c, long rows) {
+  constexpr moe::ShapeSpec s = Model::spec;
+  std::vector<double> w(static_cast<std::size_t>(s.experts), 1.0);
+  if (c.folder != nullptr) {
+    auto m = moe::profile::marginals_from_olmoe(std::string(MOE_SHARED_DATA_DIR) + "/olmoe-routing/" + c.folder +
+                                                "/" + c.domain + "/expert_counts.tsv");
+    moe::check(m.experts == s.experts && c.layer_pos < m.layers, "bench_cuda_moe: ", c.folder, "/", c.domain,
+               " does not match ", Model::name);
+    for (int e = 0; e < s.experts; ++e) w[static_cast<std::size_t>(e)] = m.at(c.layer_pos, e);
+  }
+  return proportional_split(w, rows);
+}
+
+/// Both grouped GEMMs (SwiGLU, then down) over fixed per-expert row counts.
+template <class Model>
+struct SplitGemm {
+  static constexpr moe::ShapeSpec s = Model::spec;
+  long rows;
+  Buf<bf16> a, inter, out;
+  Buf<int> offsets, tiles;
+  Buf<bf16 const*> gate, up, down;
+
+  explicit SplitGemm(std::vector<int> const& per_expert)
+      : rows(std::accumulate(per_expert.begin(), per_expert.end(), 0L)),
+        a(static_cast<std::size_t>(rows) * s.hidden),
+        inter(static_cast<std::size_t>(rows) * s.expert_ffn),
+        out(static_cast<std::size_t>(rows) * s.hidden),
+        offsets(per_expert.size() + 1),
+        tiles(per_expert.size() + 1),
+        gate(per_expert.size()),
+        up(per_expert.size()),
+        down(per_expert.size()) {
+    std::vector<int> o{0}, t{0};
+    for (int n : per_expert) {
+      o.push_back(o.back() + n);
+      t.push_back(t.back() + (n + kc::grouped_gemm_tile_m - 1) / kc::grouped_gemm_tile_m);
+    }
+    offsets.upload(o.data(), o.size());
+    tiles.upload(t.data(), t.size());
+    auto& mw = ModelWeights<Model>::get();
+    std::vector<bf16 const*> g, u, d;
+    for (auto const& e : mw.ew) {
+      g.push_back(e.gate);
+      u.push_back(e.up);
+      d.push_back(e.down);
+    }
+    gate.upload(g.data(), g.size());
+    up.upload(u.data(), u.size());
+    down.upload(d.data(), d.size());
+    fill(a.get(), a.size(), 7, 1.0f);
+    kc::check_cuda(cudaDeviceSynchronize(), "split GEMM setup");
+  }
+
+  void run(cudaStream_t st, kc::GemmPath path) {
+    kc::GroupedGemmArgs<bf16> g1;
+    g1.path = path;
+    g1.groups = s.experts;
+    g1.rows = offsets.get();
+    g1.tile_starts = tiles.get();
+    g1.max_row_tiles = kc::grouped_gemm_row_tiles(rows, s.experts);
+    g1.a = reinterpret_cast<std::byte const*>(a.get());
+    g1.a_stride = static_cast<std::size_t>(s.hidden) * 2;
+    g1.b0_table = gate.get();
+    g1.b1_table = up.get();
+    g1.n = s.expert_ffn;
+    g1.k = s.hidden;
+    g1.out = inter.get();
+    g1.out_ld = static_cast<std::size_t>(s.expert_ffn);
+    kc::grouped_gemm<bf16, kc::Epilogue::swiglu>(st, g1);
+    auto g2 = g1;
+    g2.a = reinterpret_cast<std::byte const*>(inter.get());
+    g2.a_stride = static_cast<std::size_t>(s.expert_ffn) * 2;
+    g2.b0_table = down.get();
+    g2.b1_table = nullptr;
+    g2.n = s.hidden;
+    g2.k = s.expert_ffn;
+    g2.out = out.get();
+    g2.out_ld = static_cast<std::size_t>(s.hidden);
+    kc::grouped_gemm<bf16, kc::Epilogue::store>(st, g2);
+  }
+};
+
+std::map<std::string, double> g_uniform_ms;  // uniform split time per (model, tokens)
+
+/// Args: tokens, index into `cases` (registered uniform first). Counters: TFLOP/s, the split's
+/// max/mean expert load, of_uniform = uniform time / this time (same kernel, same rows).
+template <class Model>
+void BM_GroupedGemmLoad(benchmark::State& state, std::vector<LoadCase> const& cases) {
+  long tokens = state.range(0);
+  LoadCase const& c = cases[static_cast<std::size_t>(state.range(1))];
+  auto per_expert = case_rows<Model>(c, tokens * Model::spec.top_k);
+  SplitGemm<Model> g(per_expert);
+  time_gpu(state, nullptr, [&] { g.run(nullptr, g_layer_gemm); });
+  double ms = mean_ms([&] { g.run(nullptr, g_layer_gemm); }, 5);
+  state.counters["TFLOP/s"] = rate(routed_flops<Model>(tokens) / 1e12);
+  double mean = static_cast<double>(g.rows) / static_cast<double>(per_expert.size());
+  state.counters["max_over_mean"] = *std::max_element(per_expert.begin(), per_expert.end()) / mean;
+  auto k = key(Model::name, tokens);
+  if (c.folder == nullptr) g_uniform_ms[k] = ms;
+  else if (g_uniform_ms.count(k)) state.counters["of_uniform"] = g_uniform_ms[k] / ms;
+  state.SetLabel(std::string(c.name) + ", " + layer_gemm_label());
+}
+
+template <class Model>
+void register_loads(std::vector<LoadCase> const& cases) {
+  for (long t : {128L, 4096L, 16384L})
+    for (std::size_t i = 0; i < cases.size(); ++i)
+      benchmark::RegisterBenchmark(("GroupedGemmLoad/" + std::string(Model::name) + "/" + cases[i].name).c_str(),
+                                   [cases](benchmark::State& st) { BM_GroupedGemmLoad<Model>(st, cases); })
+          ->Args({t, static_cast<long>(i)})
+          ->UseManualTime()
+          ->Unit(benchmark::kMicrosecond);
+}
+
 /// Permutation: plan, scan, layout and packing of the send buffer (with `ranks` destinations),
 /// then the grouping by expert. Bytes: the tokens read once, every record written once.
 template <class Model>
@@ -559,6 +715,13 @@ int main(int argc, char** argv) {
   register_model<moe::models::Mixtral8x7B>();
   register_model<moe::models::DeepSeekV3>();
   register_model<moe::models::Qwen3_30B_A3B>();
+  // Real loads: OLMoE's most skewed recorded layer (arxiv, layer 0: max/mean 7.8) and its least
+  // (c4, layer 15: 2.5); Mixtral's most skewed (github, layer 15: 1.33).
+  register_loads<moe::models::OLMoE_1B_7B>({{"uniform", nullptr, nullptr, 0},
+                                            {"arxiv-L0", "olmoe-1b-7b", "arxiv", 0},
+                                            {"c4-L15", "olmoe-1b-7b", "c4", 2}});
+  register_loads<moe::models::Mixtral8x7B>({{"uniform", nullptr, nullptr, 0},
+                                            {"github-L15", "mixtral-8x7b", "github", 2}});
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();

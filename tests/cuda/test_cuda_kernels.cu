@@ -730,6 +730,11 @@ TEST_CASE("grouped GEMM: a path that cannot run is an error, not a silent fallba
   grouped.rows = rows.get();
   grouped.max_row_tiles = 2;
   CHECK_THROWS_WITH((kc::grouped_gemm<float, kc::Epilogue::store>(nullptr, grouped)), Catch::Contains("tile_starts"));
+  // Weights off the 16-byte alignment the vector copies need.
+  auto skewed = p;
+  skewed.path = kc::GemmPath::portable;
+  skewed.b0 = b.get() + 1;
+  CHECK_THROWS_WITH((kc::grouped_gemm<float, kc::Epilogue::store>(nullptr, skewed)), Catch::Contains("B (b0 / b1)"));
   if (!kc::hopper_gemm_available()) {
     kc::GroupedGemmArgs<moe::bf16> q;
     q.uniform_rows = 1;

@@ -300,6 +300,8 @@ void grouped_gemm(cudaStream_t s, GroupedGemmArgs<T> const& p) {
   // The swiglu / store epilogue writes 16-byte vectors at out + row * out_ld + column.
   check(Ep == Epilogue::accumulate || (p.out_ld % V == 0 && reinterpret_cast<std::uintptr_t>(p.out) % 16 == 0),
         "grouped_gemm: output rows must start 16-byte aligned (out_ld ", p.out_ld, " elements)");
+  check(reinterpret_cast<std::uintptr_t>(p.b0) % 16 == 0 && reinterpret_cast<std::uintptr_t>(p.b1) % 16 == 0,
+        "grouped_gemm: B (b0 / b1) is not 16-byte aligned");
   check(p.rows == nullptr || (p.tile_starts != nullptr && p.groups > 0 && p.max_row_tiles >= 0),
         "grouped_gemm: grouped rows need tile_starts, groups > 0 and max_row_tiles >= 0");
 

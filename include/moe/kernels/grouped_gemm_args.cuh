@@ -45,6 +45,10 @@ struct GroupedGemmArgs {
   int index_div = 1;
 
   // B per group: tables of device pointers (indexed by group), or single pointers when tables are null.
+  // Row-major n x k (PyTorch Linear layout); every B must be 16-byte aligned (the kernels copy
+  // 16-byte vectors). Single pointers are checked by grouped_gemm; pointers inside a device table
+  // cannot be, and are the caller's promise (CudaLayer and the FinDEP executors check them when
+  // they build their tables).
   T const* const* b0_table = nullptr;
   T const* const* b1_table = nullptr;
   T const* b0 = nullptr;

@@ -23,7 +23,8 @@
 // blocks running at the same time share the same B columns (weights are read from memory about
 // once per group and column tile) and the group's A rows stay in L2 across column tiles.
 //
-// No host synchronisation; the launch needs 197 KB of dynamic shared memory (one block per SM).
+// No host synchronisation; the launch needs 197,632 bytes (193 KiB) of dynamic shared memory (one
+// block per SM).
 
 #include <atomic>
 #include <cstdint>
@@ -207,13 +208,19 @@ __global__ void __launch_bounds__(threads, 1) grouped_gemm_kernel(GroupedGemmArg
     }
   };
 
-  int const wg = tid / 128;                  // warpgroup: rows wg * 64 .. wg * 64 + 63 of the tile
+  // Warpgroup: rows wg * 64 .. wg * 64 + 63 of the tile (broadcast from lane 0, so that the compiler
+  // sees a warp-uniform value and keeps the descriptors in uniform registers).
+  int const wg = __shfl_sync(0xffffffffu, tid / 128, 0);
   bool const active = rows_here > wg * 64;   // this warpgroup has rows to write
   float acc0[acc_regs], acc1[two ? 64 : 1];
 #pragma unroll
   for (int i = 0; i < acc_regs; ++i) acc0[i] = 0.0f;
 #pragma unroll
   for (int i = 0; i < (two ? 64 : 1); ++i) acc1[i] = 0.0f;
+
+  // The zeroed accumulators are operands of the first wgmma: keep their initialisation before it.
+  pin(acc0);
+  if constexpr (two) pin(acc1);
 
   // Prologue: slices 0 and 1 in flight (one commit group each, empty groups keep the count).
   constexpr int ahead = stages - 2;
@@ -226,8 +233,6 @@ __global__ void __launch_bounds__(threads, 1) grouped_gemm_kernel(GroupedGemmArg
     cp_async_wait<ahead - 1>();  // this thread's copies of slice kt have landed
     fence_proxy_async();
     __syncthreads();  // every thread's copies of kt are visible; every wgmma of kt - 2 has completed
-    if (kt + ahead < k_tiles) load(kt + ahead);  // into the slot of slice kt - 2
-    cp_async_commit();
     // Both warpgroups issue the MMAs even when one has no valid rows (its A rows are zero-filled):
     // a wgmma under a branch that ptxas cannot prove warpgroup-uniform is serialised (C7518).
     std::uint32_t const sa = smem0 + static_cast<std::uint32_t>(kt % stages) * stage_bytes + wg * 64 * 128;
@@ -244,7 +249,11 @@ __global__ void __launch_bounds__(threads, 1) grouped_gemm_kernel(GroupedGemmArg
       }
     }
     wgmma_commit();
-    wgmma_wait<1>();  // the previous slice's MMAs are done: its slot may be refilled
+    // Slice kt + 2 into the slot of slice kt - 2 (neither kt's nor kt - 1's, whose MMAs may still
+    // run), issued after this slice's MMAs so that the tensor cores start first.
+    if (kt + ahead < k_tiles) load(kt + ahead);
+    cp_async_commit();
+    wgmma_wait<1>();  // the previous slice's MMAs are done: its slot may be refilled next iteration
   }
   cp_async_wait<0>();
   wgmma_wait<0>();
@@ -303,10 +312,18 @@ void launch_grouped_gemm(cudaStream_t s, GroupedGemmArgs<moe::bf16> const& p) {
   long long blocks = tiles::unit_grid(p.rows != nullptr, p.max_row_tiles, p.uniform_rows, p.n, bn<Ep>, bm);
   if (blocks == 0) return;
   check(blocks < (1LL << 31), "grouped_gemm: ", blocks, " blocks exceed the grid limit");
-  // A host-side attribute (not a stream operation): allowed while a graph is being captured.
-  check_cuda(cudaFuncSetAttribute(detail::grouped_gemm_kernel<Ep>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(smem_bytes)),
-             "cudaFuncSetAttribute (sm90 grouped GEMM shared memory)");
+  // A host-side attribute (not a stream operation, so allowed while a graph is being captured), set
+  // once per device and epilogue: a bit per device (64 devices; beyond them it is set every time).
+  static std::atomic<std::uint64_t> attribute_set{0};
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  std::uint64_t const bit = dev >= 0 && dev < 64 ? std::uint64_t{1} << dev : 0;
+  if (bit == 0 || (attribute_set.load(std::memory_order_relaxed) & bit) == 0) {
+    check_cuda(cudaFuncSetAttribute(detail::grouped_gemm_kernel<Ep>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(smem_bytes)),
+               "cudaFuncSetAttribute (sm90 grouped GEMM shared memory)");
+    attribute_set.fetch_or(bit, std::memory_order_relaxed);
+  }
   detail::grouped_gemm_kernel<Ep><<<static_cast<unsigned>(blocks), threads, smem_bytes, s>>>(p);
   check_launch("sm90::grouped_gemm_kernel");
 }
