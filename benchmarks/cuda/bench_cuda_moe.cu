@@ -233,35 +233,20 @@ struct Prepared {
                            served.get(), kc::grouped_gemm_tile_m, g, errors.get());
   }
   void experts(cudaStream_t st, kc::GemmPath path = kc::GemmPath::automatic) {
-    kc::GroupedGemmArgs<bf16> g1;
-    g1.path = path;
-    g1.groups = s.experts;
-    g1.rows = offsets.get();
-    g1.tile_starts = tiles.get();
-    g1.max_row_tiles = kc::grouped_gemm_row_tiles(static_cast<long long>(items), s.experts);
-    g1.a = send.get() + meta;
-    g1.a_stride = rec;
-    g1.index = svalues.get();
-    g1.index_div = k;
-    g1.b0_table = gate.get();
-    g1.b1_table = up.get();
-    g1.n = s.expert_ffn;
-    g1.k = s.hidden;
-    g1.out = inter.get();
-    g1.out_ld = static_cast<std::size_t>(s.expert_ffn);
-    kc::grouped_gemm<bf16, kc::Epilogue::swiglu>(st, g1);
-    auto g2 = g1;
-    g2.a = reinterpret_cast<std::byte const*>(inter.get());
-    g2.a_stride = static_cast<std::size_t>(s.expert_ffn) * 2;
-    g2.index = nullptr;
-    g2.index_div = 1;
-    g2.b0_table = down.get();
-    g2.b1_table = nullptr;
-    g2.n = s.hidden;
-    g2.k = s.expert_ffn;
-    g2.out = out.get();
-    g2.out_ld = static_cast<std::size_t>(s.hidden);
-    kc::grouped_gemm<bf16, kc::Epilogue::store>(st, g2);
+    moe::detail::ExpertGemms<s, bf16>{.offsets = offsets.get(),
+                                      .tile_starts = tiles.get(),
+                                      .max_rows = static_cast<long long>(items),
+                                      .a = send.get() + meta,
+                                      .a_stride = rec,
+                                      .index = svalues.get(),
+                                      .index_div = k,
+                                      .gate = gate.get(),
+                                      .up = up.get(),
+                                      .down = down.get(),
+                                      .inter = inter.get(),
+                                      .out = out.get(),
+                                      .path = path}
+        .enqueue(st);
   }
   void combine(cudaStream_t st) {
     kc::combine_records<bf16, k>(st, send.get(), rec, static_cast<long long>(slots), recv_base.get(), recv_n.get(), ranks,
@@ -501,31 +486,18 @@ struct SplitGemm {
   }
 
   void run(cudaStream_t st, kc::GemmPath path) {
-    kc::GroupedGemmArgs<bf16> g1;
-    g1.path = path;
-    g1.groups = s.experts;
-    g1.rows = offsets.get();
-    g1.tile_starts = tiles.get();
-    g1.max_row_tiles = kc::grouped_gemm_row_tiles(rows, s.experts);
-    g1.a = reinterpret_cast<std::byte const*>(a.get());
-    g1.a_stride = static_cast<std::size_t>(s.hidden) * 2;
-    g1.b0_table = gate.get();
-    g1.b1_table = up.get();
-    g1.n = s.expert_ffn;
-    g1.k = s.hidden;
-    g1.out = inter.get();
-    g1.out_ld = static_cast<std::size_t>(s.expert_ffn);
-    kc::grouped_gemm<bf16, kc::Epilogue::swiglu>(st, g1);
-    auto g2 = g1;
-    g2.a = reinterpret_cast<std::byte const*>(inter.get());
-    g2.a_stride = static_cast<std::size_t>(s.expert_ffn) * 2;
-    g2.b0_table = down.get();
-    g2.b1_table = nullptr;
-    g2.n = s.hidden;
-    g2.k = s.expert_ffn;
-    g2.out = out.get();
-    g2.out_ld = static_cast<std::size_t>(s.hidden);
-    kc::grouped_gemm<bf16, kc::Epilogue::store>(st, g2);
+    moe::detail::ExpertGemms<s, bf16>{.offsets = offsets.get(),
+                                      .tile_starts = tiles.get(),
+                                      .max_rows = rows,
+                                      .a = reinterpret_cast<std::byte const*>(a.get()),
+                                      .a_stride = static_cast<std::size_t>(s.hidden) * sizeof(bf16),
+                                      .gate = gate.get(),
+                                      .up = up.get(),
+                                      .down = down.get(),
+                                      .inter = inter.get(),
+                                      .out = out.get(),
+                                      .path = path}
+        .enqueue(st);
   }
 };
 

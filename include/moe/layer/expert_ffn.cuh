@@ -44,6 +44,62 @@ void prepare_gemm_path(char const* who, kernels::cuda::GemmPath path) {
   }
 }
 
+/// The two grouped GEMMs of the routed experts over rows already grouped by expert: expert e's rows
+/// are [offsets[e], offsets[e + 1]) (device; tile_starts in units of grouped_gemm_tile_m rows), row
+/// i reads its token at a + (index ? index[i] / index_div : i) * a_stride. inter (rows x
+/// expert_ffn) = bf16/fp32 silu(gate x) * (up x); out (rows x hidden) = down inter, in storage
+/// precision. `max_rows` bounds the total rows (the grid is sized for it).
+template <ShapeSpec S, class T>
+struct ExpertGemms {
+  int const* offsets = nullptr;
+  int const* tile_starts = nullptr;
+  long long max_rows = 0;
+  std::byte const* a = nullptr;
+  std::size_t a_stride = 0;
+  int const* index = nullptr;
+  int index_div = 1;
+  T const* const* gate = nullptr;  ///< device tables, one pointer per expert
+  T const* const* up = nullptr;
+  T const* const* down = nullptr;
+  T* inter = nullptr;
+  T* out = nullptr;
+  kernels::cuda::GemmPath path = kernels::cuda::GemmPath::automatic;
+
+  void enqueue(cudaStream_t s) const {
+    namespace kc = kernels::cuda;
+    kc::GroupedGemmArgs<T> g1;
+    g1.groups = S.experts;
+    g1.rows = offsets;
+    g1.tile_starts = tile_starts;
+    g1.max_row_tiles = kc::grouped_gemm_row_tiles(max_rows, S.experts);
+    g1.index = index;
+    g1.a = a;
+    g1.a_stride = a_stride;
+    g1.index_div = index_div;
+    g1.b0_table = gate;
+    g1.b1_table = up;
+    g1.n = S.expert_ffn;
+    g1.k = S.hidden;
+    g1.out = inter;
+    g1.out_ld = static_cast<std::size_t>(S.expert_ffn);
+    g1.path = path;
+    kc::grouped_gemm<T, kc::Epilogue::swiglu>(s, g1);
+
+    kc::GroupedGemmArgs<T> g2 = g1;  // same groups and tiles, rows in grouped order
+    g2.a = reinterpret_cast<std::byte const*>(inter);
+    g2.a_stride = static_cast<std::size_t>(S.expert_ffn) * sizeof(T);
+    g2.index = nullptr;
+    g2.index_div = 1;
+    g2.b0_table = down;
+    g2.b1_table = nullptr;
+    g2.n = S.hidden;
+    g2.k = S.expert_ffn;
+    g2.out = out;
+    g2.out_ld = static_cast<std::size_t>(S.hidden);
+    kc::grouped_gemm<T, kc::Epilogue::store>(s, g2);
+  }
+};
+
 /// The routed experts of `slots` received records: records at `records` (`record_bytes` apart,
 /// metadata first), per source s the records [recv_base[s], recv_base[s] + recv_n[s]); the token
 /// row of (record, slot) item i = record * top_k + slot is read at a + (i / index_div) * a_stride.
@@ -77,37 +133,20 @@ struct RoutedExperts {
     kc::group_by_expert<k>(s, records, record_bytes, slots, recv_base, recv_n, sources, S.experts, served,
                            kc::grouped_gemm_tile_m, grouping, errors);
     if (slots == 0) return;
-    kc::GroupedGemmArgs<T> g1;
-    g1.groups = S.experts;
-    g1.rows = grouping.offsets;
-    g1.tile_starts = grouping.tile_starts;
-    g1.max_row_tiles = kc::grouped_gemm_row_tiles(slots * k, S.experts);
-    g1.index = grouping.sorted_values;  // record * k + slot
-    g1.a = a;
-    g1.a_stride = a_stride;
-    g1.index_div = index_div;
-    g1.b0_table = gate;
-    g1.b1_table = up;
-    g1.n = S.expert_ffn;
-    g1.k = S.hidden;
-    g1.out = inter;
-    g1.out_ld = static_cast<std::size_t>(S.expert_ffn);
-    g1.path = path;
-    kc::grouped_gemm<T, kc::Epilogue::swiglu>(s, g1);
-
-    kc::GroupedGemmArgs<T> g2 = g1;  // same groups and tiles, rows in grouped order
-    g2.a = reinterpret_cast<std::byte const*>(inter);
-    g2.a_stride = static_cast<std::size_t>(S.expert_ffn) * sizeof(T);
-    g2.index = nullptr;
-    g2.index_div = 1;
-    g2.b0_table = down;
-    g2.b1_table = nullptr;
-    g2.n = S.hidden;
-    g2.k = S.expert_ffn;
-    g2.out = expert_out;
-    g2.out_ld = static_cast<std::size_t>(S.hidden);
-    kc::grouped_gemm<T, kc::Epilogue::store>(s, g2);
-
+    ExpertGemms<S, T>{.offsets = grouping.offsets,
+                      .tile_starts = grouping.tile_starts,
+                      .max_rows = slots * k,
+                      .a = a,
+                      .a_stride = a_stride,
+                      .index = grouping.sorted_values,  // record * k + slot
+                      .index_div = index_div,
+                      .gate = gate,
+                      .up = up,
+                      .down = down,
+                      .inter = inter,
+                      .out = expert_out,
+                      .path = path}
+        .enqueue(s);
     kc::combine_records<T, k>(s, records, record_bytes, slots, recv_base, recv_n, sources, S.experts, served,
                               expert_out, grouping.position, S.hidden, back);
   }
