@@ -48,4 +48,10 @@ private:
   bool measuring_ = true;
 };
 
+/// The run() check of every component: a caller's workspace of `have` bytes holds the `need` bytes
+/// its workspace_size() asked for (`who` names the component in the error).
+inline void check_workspace(char const* who, std::size_t have, std::size_t need) {
+  check(have >= need, who, ": workspace holds ", have, " bytes, run() needs ", need, " (call workspace_size())");
+}
+
 }  // namespace moe::core

@@ -226,8 +226,7 @@ public:
   void run(Arguments const& a, std::span<std::byte> workspace) {
     Status st = can_implement(a);
     check(st.ok, st.message);
-    check(workspace.size() >= workspace_size(), "moe::CudaLayer: workspace holds ", workspace.size(),
-          " bytes, run() needs ", workspace_size(), " (call workspace_size())");
+    core::check_workspace("moe::CudaLayer", workspace.size(), workspace_size());
     namespace kc = kernels::cuda;
     core::Carver c(workspace);
     Buffers b;

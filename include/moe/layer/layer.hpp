@@ -161,8 +161,7 @@ public:
   void run(Arguments const& a, std::span<std::byte> workspace) {
     Status st = can_implement(a);
     check(st.ok, st.message);
-    check(workspace.size() >= workspace_size(), "moe::Layer: workspace holds ", workspace.size(),
-          " bytes, run() needs ", workspace_size(), " (call workspace_size())");
+    core::check_workspace("moe::Layer", workspace.size(), workspace_size());
     Pass pass(*this, a, workspace);
     Schedule::run(pass);
   }

@@ -115,8 +115,7 @@ private:
   }
 
   std::pair<Buffers, std::span<std::byte>> split(std::span<std::byte> workspace) const {
-    check(workspace.size() >= workspace_size(), "ShuffledLayer: workspace holds ", workspace.size(),
-          " bytes, needs ", workspace_size());
+    core::check_workspace("ShuffledLayer", workspace.size(), workspace_size());
     core::Carver measure;
     Buffers unused;
     carve(measure, unused);

@@ -307,8 +307,7 @@ public:
     namespace kc = kernels::cuda;
     Status st = can_implement(a, c);
     check(st.ok, st.message);
-    check(workspace.size() >= workspace_size(), "moe::schedule::FinDepCudaExecutor: workspace holds ",
-          workspace.size(), " bytes, run() needs ", workspace_size(), " (call workspace_size())");
+    core::check_workspace("moe::schedule::FinDepCudaExecutor", workspace.size(), workspace_size());
     if (a.tokens == 0) return;
     StreamPlan const& plan = plans_.get(c, shape.shared_experts > 0);
     check(plan.events.size() + run_events <= pool_.events.size(), "moe::schedule::FinDepCudaExecutor: internal error: the plan "
@@ -724,8 +723,7 @@ public:
     namespace kc = kernels::cuda;
     Status st = can_implement(a, c);
     check(st.ok, st.message);
-    check(workspace.size() >= workspace_size(), "moe::schedule::FinDepCudaP2PExecutor: workspace holds ",
-          workspace.size(), " bytes, run() needs ", workspace_size(), " (call workspace_size())");
+    core::check_workspace("moe::schedule::FinDepCudaP2PExecutor", workspace.size(), workspace_size());
     if (a.tokens == 0) return;  // every rank sees the same count, so no rank waits for a message
     StreamPlan const& plan = plans_.get(c, shape.shared_experts > 0);
     check(plan.events.size() + run_events <= pool_.events.size(),

@@ -173,8 +173,7 @@ private:
           c.r2);
     check(static_cast<long long>(c.r1) * c.r2 <= max_tokens_, "FinDepExecutor: r1 * r2 = ", c.r1, " * ", c.r2,
           " chunks exceed max_tokens = ", max_tokens_, " (a chunk holds at least one token of a full batch)");
-    check(workspace_bytes >= workspace_size(), "FinDepExecutor: workspace holds ", workspace_bytes,
-          " bytes, run() needs ", workspace_size(), " (call workspace_size())");
+    core::check_workspace("FinDepExecutor", workspace_bytes, workspace_size());
     if (!is_ag()) {
       check(a.tokens == 0, "FinDepExecutor: EG rank ", comm_->rank(), " was given ", a.tokens,
             " tokens; tokens live on the AG ranks");
