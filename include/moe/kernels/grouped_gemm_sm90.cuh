@@ -312,18 +312,8 @@ void launch_grouped_gemm(cudaStream_t s, GroupedGemmArgs<moe::bf16> const& p) {
   long long blocks = tiles::unit_grid(p.rows != nullptr, p.max_row_tiles, p.uniform_rows, p.n, bn<Ep>, bm);
   if (blocks == 0) return;
   check(blocks < (1LL << 31), "grouped_gemm: ", blocks, " blocks exceed the grid limit");
-  // A host-side attribute (not a stream operation, so allowed while a graph is being captured), set
-  // once per device and epilogue: a bit per device (64 devices; beyond them it is set every time).
-  static std::atomic<std::uint64_t> attribute_set{0};
-  int dev = 0;
-  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
-  std::uint64_t const bit = dev >= 0 && dev < 64 ? std::uint64_t{1} << dev : 0;
-  if (bit == 0 || (attribute_set.load(std::memory_order_relaxed) & bit) == 0) {
-    check_cuda(cudaFuncSetAttribute(detail::grouped_gemm_kernel<Ep>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(smem_bytes)),
-               "cudaFuncSetAttribute (sm90 grouped GEMM shared memory)");
-    attribute_set.fetch_or(bit, std::memory_order_relaxed);
-  }
+  // The shared-memory attribute was set by hopper_gemm_available(), which every path to this
+  // launch has called on this device.
   detail::grouped_gemm_kernel<Ep><<<static_cast<unsigned>(blocks), threads, smem_bytes, s>>>(p);
   check_launch("sm90::grouped_gemm_kernel");
 }
@@ -364,6 +354,18 @@ inline bool hopper_gemm_available() {
     // No code for this device at all (cudaErrorNoKernelImageForDevice) simply means no.
     if (r != cudaSuccess && r != cudaErrorNoKernelImageForDevice) check_cuda(r, "sm90a probe");
     yes = r == cudaSuccess && host == 1;
+    if (yes) {
+      // The kernels' dynamic shared memory, once per device (a host-side attribute; the launches,
+      // captured ones included, find it set).
+      auto allow = [](auto kernel) {
+        check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(sm90::smem_bytes)),
+                   "cudaFuncSetAttribute (sm90 grouped GEMM shared memory)");
+      };
+      allow(sm90::detail::grouped_gemm_kernel<Epilogue::swiglu>);
+      allow(sm90::detail::grouped_gemm_kernel<Epilogue::store>);
+      allow(sm90::detail::grouped_gemm_kernel<Epilogue::accumulate>);
+    }
   }
   known.store(yes ? 2 : 1, std::memory_order_relaxed);
   return yes;
