@@ -1,8 +1,8 @@
 #pragma once
 // A device-memory communicator for tests with several ranks on one GPU: every exchange is staged
 // through host memory and collective::InProcess<N> (one thread per rank). It lets the multi-rank
-// logic of CudaLayer (all_to_all, all_to_all_v) and of FinDepCudaP2PExecutor (send, recv) run
-// without several GPUs.
+// logic of CudaLayer (all_to_all, all_to_all_v), of FinDepCudaP2PExecutor (send, recv) and of the
+// device DisaggregatedLayer (duplicate) run without several GPUs.
 //
 // Every operation first waits for the stream given by set_stream (so the data holds what that
 // stream's earlier work wrote), copies on that stream, and returns after its copies completed.
@@ -29,6 +29,13 @@ public:
   [[nodiscard]] int rank() const { return host_->rank(); }
   [[nodiscard]] int size() const { return host_->size(); }
   void set_stream(cudaStream_t s) { stream_ = s; }
+  /// Another communicator over the same ranks (as collective::Nccl::duplicate). Messages of the two
+  /// meet in the same in-process mailboxes, told apart by their tags.
+  [[nodiscard]] StagedDevice duplicate() const {
+    StagedDevice d(*host_);
+    d.stream_ = stream_;
+    return d;
+  }
   [[nodiscard]] moe::collective::Counters const& counters() const { return host_->counters(); }
   void reset_counters() { host_->reset_counters(); }
   void barrier() { host_->barrier(); }

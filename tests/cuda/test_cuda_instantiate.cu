@@ -1,12 +1,14 @@
 // Compile coverage of the CUDA headers: the whole device layer (and with it every kernel) is
 // instantiated for full-size example models (DeepSeek-V3, Mixtral-8x7B, DeepSeek-V2, Kimi-K2) and
-// for the reduced fp32 shapes the other GPU tests use. CI compiles this without a GPU; on a GPU the
+// for the reduced fp32 shapes the other GPU tests use; with NCCL, also the device
+// DisaggregatedLayer (FinDEP, PPPipe). CI compiles this without a GPU; on a GPU the
 // test also builds each full-size layer (with placeholder weight pointers that are never read) and
 // checks its workspace query.
 
 #include <catch2/catch.hpp>
 
 #include "cuda_test_support.cuh"
+#include "moe/layer/cuda_disaggregated.cuh"
 #include "moe/layer/cuda_layer.cuh"
 #include "moe/moe.hpp"
 #if defined(MOE_TEST_NCCL)
@@ -38,6 +40,11 @@ static_assert(std::is_base_of_v<
                     collective::Nccl>>);
 template class Layer<models::DeepSeekV3, SigmoidGroupTopK, placement::Table, replication::Table, schedule::Sequential,
                      collective::Nccl>;
+// The disaggregated layer on GPUs: FinDEP and PPPipe over NCCL point-to-point links.
+template class DisaggregatedLayer<models::DeepSeekV3, SigmoidGroupTopK, placement::Table, replication::None,
+                                  schedule::FinDep, collective::Nccl>;
+template class DisaggregatedLayer<models::Mixtral8x7B, SoftmaxTopK, placement::Table, replication::None,
+                                  schedule::PPPipe, collective::Nccl>;
 #endif
 static_assert(std::is_base_of_v<
               CudaLayer<models::Mixtral8x7B, SoftmaxTopK, placement::Table, replication::None, cuda::SingleGpu>,

@@ -16,13 +16,16 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "cuda_test_support.cuh"
 #include "layer_test_support.cuh"
 #include "staged_collective.cuh"
+#include "moe/layer/cuda_disaggregated.cuh"
 #include "moe/layer/cuda_layer.cuh"
 #include "moe/moe.hpp"
 #include "moe/schedule/findep_cuda.cuh"
@@ -255,10 +258,39 @@ TEST_CASE("FinDEP CUDA executor rejects bad input", "[cuda][findep][bad-input]")
 // -----------------------------------------------------------------------------------------------
 namespace {
 
-/// `N` ranks, `ag` of them AG ranks with `tokens` tokens each; every configuration through one
-/// executor per rank; every AG rank's output against the host reference on its tokens.
+/// How p2p_world runs a configuration: through one FinDepCudaP2PExecutor per rank for all of them,
+/// or through a moe::DisaggregatedLayer per configuration (its schedule policy is FinDep or PPPipe
+/// as the configuration says) made from one communicator (the layer duplicates it) or from two.
+enum class Via { executor, layer, layer_two_comms };
+
+/// One forward pass of `c` through a DisaggregatedLayer made for it; the rank's device error bits.
+template <class Sched, class Model, class Router, int N, class T>
+unsigned through_layer(moe::test::StagedDevice<N>& a2e, moe::test::StagedDevice<N>& e2a, Via via, int ag,
+                       moe::placement::Table const& on_eg, moe::LayerWeights<T> weights, ms::Config const& c, int tokens,
+                       T const* x, T* y, cudaStream_t st) {
+  using L = moe::DisaggregatedLayer<Model, Router, moe::placement::Table, moe::replication::None, Sched,
+                                    moe::test::StagedDevice<N>>;
+  static_assert(std::is_same_v<typename L::element_type, T>);
+  Sched sched = Sched::from(c, ag);
+  ms::FinDepCudaOptions options{.max_tokens = tokens};
+  std::optional<L> layer;
+  if (via == Via::layer)
+    layer.emplace(a2e, on_eg, moe::replication::None{}, weights, sched, options);
+  else
+    layer.emplace(a2e, e2a, on_eg, moe::replication::None{}, weights, sched, options);
+  CHECK(layer->is_attention_rank() == (a2e.rank() < ag));
+  Device<std::byte> ws(layer->workspace_size());
+  ws.poison();
+  layer->run({.tokens = tokens, .x = x, .y = y, .stream = st}, ws.bytes());
+  kc::check_cuda(cudaStreamSynchronize(st), "rank run (layer)");
+  return layer->errors();
+}
+
+/// `N` ranks, `ag` of them AG ranks with `tokens` tokens each; every configuration (through one
+/// executor per rank, or one DisaggregatedLayer per configuration and rank: `via`); every AG
+/// rank's output against the host reference on its tokens.
 template <int N, class Model, class Router>
-void p2p_world(int ag, int tokens, std::uint64_t seed, double tolerance) {
+void p2p_world(int ag, int tokens, std::uint64_t seed, double tolerance, Via via = Via::executor) {
   using Ex = ms::FinDepCudaP2PExecutor<Model, Router, moe::test::StagedDevice<N>>;
   using T = typename Ex::element_type;
   constexpr moe::ShapeSpec s = Model::spec;
@@ -282,19 +314,30 @@ void p2p_world(int ag, int tokens, std::uint64_t seed, double tolerance) {
   moe::collective::run_in_process<N>([&](moe::collective::InProcess<N>& host) {
     moe::test::StagedDevice<N> a2e(host), e2a(host);
     int rank = host.rank();
-    Ex ex(a2e, e2a, ag, on_eg, dw.view(), {.max_tokens = tokens});
-    Device<std::byte> ws(ex.workspace_size());
-    ws.poison();
+    std::optional<Ex> ex;
+    std::optional<Device<std::byte>> ws;
+    if (via == Via::executor) {
+      ex.emplace(a2e, e2a, ag, on_eg, dw.view(), ms::FinDepCudaOptions{.max_tokens = tokens});
+      ws.emplace(ex->workspace_size());
+      ws->poison();
+    }
     cudaStream_t st;
     kc::check_cuda(cudaStreamCreate(&st), "cudaStreamCreate");
     for (std::size_t q = 0; q < cfgs.size(); ++q) {
       bool is_ag = rank < ag;
       std::size_t first = is_ag ? static_cast<std::size_t>(rank) * static_cast<std::size_t>(tokens) * h : 0;
-      ex.run({.tokens = tokens, .x = is_ag ? dx.get() + first : nullptr, .y = is_ag ? dy.get() + first : nullptr,
-              .stream = st},
-             cfgs[q], ws.bytes());
-      kc::check_cuda(cudaStreamSynchronize(st), "rank run");
-      device_errors[static_cast<std::size_t>(rank)] |= ex.errors();
+      T const* xr = is_ag ? dx.get() + first : nullptr;
+      T* yr = is_ag ? dy.get() + first : nullptr;
+      unsigned& errors = device_errors[static_cast<std::size_t>(rank)];
+      if (via == Via::executor) {
+        ex->run({.tokens = tokens, .x = xr, .y = yr, .stream = st}, cfgs[q], ws->bytes());
+        kc::check_cuda(cudaStreamSynchronize(st), "rank run");
+        errors |= ex->errors();
+      } else if (cfgs[q].pipeline == ms::Pipeline::findep) {
+        errors |= through_layer<ms::FinDep, Model, Router>(a2e, e2a, via, ag, on_eg, dw.view(), cfgs[q], tokens, xr, yr, st);
+      } else {
+        errors |= through_layer<ms::PPPipe, Model, Router>(a2e, e2a, via, ag, on_eg, dw.view(), cfgs[q], tokens, xr, yr, st);
+      }
       host.barrier();
       if (rank == 0) {
         result[q] = compare(dy.download(), ref, fragile, total, s.hidden);
@@ -307,7 +350,8 @@ void p2p_world(int ag, int tokens, std::uint64_t seed, double tolerance) {
   });
   for (std::size_t q = 0; q < cfgs.size(); ++q) {
     INFO(N << " ranks, " << ag << " AG, " << ms::pipeline_name(cfgs[q].pipeline) << " " << ms::order_name(cfgs[q].order)
-           << " r1 " << cfgs[q].r1 << " r2 " << cfgs[q].r2 << ", shared experts " << s.shared_experts);
+           << " r1 " << cfgs[q].r1 << " r2 " << cfgs[q].r2 << ", shared experts " << s.shared_experts
+           << (via == Via::executor ? ", executor" : via == Via::layer ? ", layer (one communicator)" : ", layer (two)"));
     check_errors(result[q], tolerance, total);
   }
   for (unsigned e : device_errors) CHECK(e == 0u);
@@ -326,7 +370,16 @@ TEST_CASE("FinDEP CUDA executor with AG and EG on different ranks (staged point-
   p2p_world<3, DeepSeekV2SmallBf16, moe::router::GroupLimitedTopK>(2, 48, 65, bf16_tol);
 }
 
-TEST_CASE("FinDEP point-to-point executor rejects bad input", "[cuda][findep][p2p][bad-input]") {
+TEST_CASE("DisaggregatedLayer over a device communicator (staged point-to-point, one GPU)",
+          "[cuda][findep][p2p][layer]") {
+  using moe::router::SigmoidGroupTopK;
+  using moe::router::SoftmaxTopK;
+  p2p_world<3, DeepSeekSmallF32, SigmoidGroupTopK>(2, 24, 81, fp32_tol, Via::layer);
+  p2p_world<4, MixtralSmallF32, SoftmaxTopK>(1, 24, 82, fp32_tol, Via::layer_two_comms);
+  p2p_world<3, DeepSeekV2SmallBf16, moe::router::GroupLimitedTopK>(1, 48, 83, bf16_tol, Via::layer);
+}
+
+TEST_CASE("FinDEP point-to-point executor and the device DisaggregatedLayer reject bad input", "[cuda][findep][p2p][bad-input]") {
   using Model = MixtralSmallF32;
   using Ex = ms::FinDepCudaP2PExecutor<Model, moe::router::SoftmaxTopK, moe::test::StagedDevice<3>>;
   constexpr moe::ShapeSpec s = Model::spec;
@@ -351,6 +404,26 @@ TEST_CASE("FinDEP point-to-point executor rejects bad input", "[cuda][findep][p2
     expect([&] { Ex(a2e, e2a, 1, moe::placement::Table::round_robin(s.experts, 3), dw.view(), {.max_tokens = 8}); },
            "rank");
     expect([&] { Ex(a2e, e2a, 1, table, dw.view(), {.max_tokens = 0}); }, "max_tokens must be positive");
+    // The device DisaggregatedLayer's own checks of its schedule, before it makes any communicator.
+    using L = moe::DisaggregatedLayer<Model, moe::router::SoftmaxTopK, moe::placement::Table, moe::replication::None,
+                                      ms::FinDep, moe::test::StagedDevice<3>>;
+    expect([&] { L(a2e, table, {}, dw.view(), {.ag = 0}, {.max_tokens = 8}); },
+           "attention group must hold between 1 and 2 of the 3 ranks");
+    expect([&] { L(a2e, e2a, table, {}, dw.view(), {.ag = 3}, {.max_tokens = 8}); }, "got ag = 3");
+    expect([&] { L(a2e, table, {}, dw.view(), {.ag = 1, .r1 = 0}, {.max_tokens = 8}); }, "r1 and r2 must be at least 1");
+    expect([&] { L(a2e, table, {}, dw.view(), {.ag = 1, .r1 = 4, .r2 = 3}, {.max_tokens = 12, .max_chunks = 8}); },
+           "r1 * r2 = 12 chunks exceed FinDepCudaOptions::max_chunks = 8");
+    expect([&] { L(a2e, table, {}, dw.view(), {.ag = 2}, {.max_tokens = 8}); }, "outside [0, 1)");  // 1 EG rank
+    expect([&] { L(a2e, table, {}, dw.view(), {.ag = 1}, {.max_tokens = 0}); }, "max_tokens must be positive");
+    {
+      L layer(a2e, table, {}, dw.view(), {.ag = 1, .r1 = 5}, {.max_tokens = 12});
+      Device<std::byte> ws(layer.workspace_size());
+      Device<float> x(12 * 64), y(12 * 64);
+      CHECK_FALSE(layer.can_implement({.tokens = 12, .x = x.get(), .y = y.get()}).ok);
+      expect([&] { layer.run({.tokens = 12, .x = x.get(), .y = y.get()}, ws.bytes()); },
+             "r1 = 5 does not divide the 12 tokens");
+      expect([&] { layer.run({.tokens = 13, .x = x.get(), .y = y.get()}, ws.bytes()); }, "max_tokens");
+    }
     Ex ex(a2e, e2a, 1, table, dw.view(), {.max_tokens = 12, .max_chunks = 8});
     Device<std::byte> ws(ex.workspace_size());
     Device<float> x(12 * 64), y(12 * 64);

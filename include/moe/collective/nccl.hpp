@@ -51,6 +51,18 @@ public:
     return id;
   }
 
+  /// A second communicator over the same ranks, owned by the result (ncclCommSplit with one colour
+  /// and the same rank order), for work that must not queue behind this one's operations (NCCL runs
+  /// the operations of one communicator in issue order). A collective call: every rank calls it.
+  [[nodiscard]] Nccl duplicate() const {
+    ncclComm_t comm = nullptr;
+    detail::nccl_call(ncclCommSplit(comm_, 0, rank_, &comm, nullptr), "ncclCommSplit");
+    check(comm != nullptr, "Nccl::duplicate: ncclCommSplit returned no communicator");
+    Nccl n(comm, stream_);
+    n.owns_ = true;
+    return n;
+  }
+
   Nccl(Nccl const&) = delete;
   Nccl& operator=(Nccl const&) = delete;
   Nccl(Nccl&& o) noexcept { *this = std::move(o); }

@@ -20,7 +20,8 @@
 //
 // Not supported (compile-time or constructor errors): replicated experts (Replicas must be
 // replication::None), LayerOptions::deduplicate = false (a token always goes once to each EG rank
-// that serves one of its experts), device collectives.
+// that serves one of its experts). With a device communicator (collective::Nccl) the same type is
+// the GPU layer of include/moe/layer/cuda_disaggregated.cuh.
 
 #include <span>
 #include <type_traits>
@@ -39,6 +40,25 @@
 
 namespace moe {
 
+namespace detail {
+/// The construction-time checks of a disaggregated schedule on `ranks` ranks (both backends).
+inline void check_disaggregated_schedule(int ag, int r1, int r2, int ranks) {
+  check(ag >= 1 && ag < ranks, "moe::DisaggregatedLayer: the attention group must hold between 1 and ", ranks - 1,
+        " of the ", ranks, " ranks (the rest form the expert group), got ag = ", ag);
+  check(r1 >= 1 && r2 >= 1, "moe::DisaggregatedLayer: r1 and r2 must be at least 1, got r1 = ", r1, ", r2 = ", r2);
+}
+
+/// Any Placement policy as the executors' table of expert -> expert-group index, validated
+/// against the `eg` expert-group ranks.
+template <placement::Policy Placement>
+placement::Table expert_group_table(Placement const& p, int experts, int eg) {
+  p.validate(experts, eg);
+  std::vector<int> t(static_cast<std::size_t>(experts));
+  for (int e = 0; e < experts; ++e) t[static_cast<std::size_t>(e)] = p.rank_of(e);
+  return placement::Table(std::move(t));
+}
+}  // namespace detail
+
 template <ModelShape Model, router::Policy Router, placement::Policy Placement, replication::Policy Replicas,
           schedule::DisaggregatedPolicy Schedule, collective::Collective Comm>
 class DisaggregatedLayer {
@@ -52,7 +72,8 @@ public:
   static_assert(Router::fits(shape), "moe::DisaggregatedLayer: this Router policy does not fit the model's scoring "
                                      "and grouping (see router::ForModel<Model>)");
   static_assert(Comm::memory == collective::Memory::host,
-                "moe::DisaggregatedLayer: host collectives only (InProcess, Mpi)");
+                "moe::DisaggregatedLayer: a device communicator (Nccl) needs #include "
+                "<moe/layer/cuda_disaggregated.cuh>, compiled by nvcc");
   static_assert(std::is_same_v<Replicas, replication::None>,
                 "moe::DisaggregatedLayer: replicated experts on the expert group are not supported; use "
                 "replication::None");
@@ -67,7 +88,8 @@ public:
   DisaggregatedLayer(Comm& comm, Placement const& placement, Replicas, LayerWeights<T> weights, Schedule schedule,
                      LayerOptions options)
       : schedule_(checked(schedule, options, comm.size())),
-        executor_(comm, shape, schedule.ag, eg_table(placement, comm.size() - schedule.ag), weights, options.max_tokens) {}
+        executor_(comm, shape, schedule.ag, detail::expert_group_table(placement, shape.experts, comm.size() - schedule.ag),
+                  weights, options.max_tokens) {}
 
   /// Bytes of caller-owned workspace run() needs on this rank.
   [[nodiscard]] std::size_t workspace_size() const { return executor_.workspace_size(); }
@@ -105,21 +127,11 @@ public:
 
 private:
   static Schedule checked(Schedule s, LayerOptions const& o, int ranks) {
-    check(s.ag >= 1 && s.ag < ranks, "moe::DisaggregatedLayer: the attention group must hold between 1 and ",
-          ranks - 1, " of the ", ranks, " ranks (the rest form the expert group), got ag = ", s.ag);
+    detail::check_disaggregated_schedule(s.ag, s.r1, s.r2, ranks);
     check(o.max_tokens > 0, "moe::DisaggregatedLayer: LayerOptions::max_tokens must be positive, got ", o.max_tokens);
     check(o.deduplicate, "moe::DisaggregatedLayer: LayerOptions::deduplicate = false is not supported (a token goes "
                          "once to each expert-group rank that serves one of its experts)");
-    check(s.r1 >= 1 && s.r2 >= 1, "moe::DisaggregatedLayer: r1 and r2 must be at least 1, got r1 = ", s.r1,
-          ", r2 = ", s.r2);
     return s;
-  }
-
-  static placement::Table eg_table(Placement const& p, int eg) {
-    p.validate(shape.experts, eg);
-    std::vector<int> t(static_cast<std::size_t>(shape.experts));
-    for (int e = 0; e < shape.experts; ++e) t[static_cast<std::size_t>(e)] = p.rank_of(e);
-    return placement::Table(std::move(t));
   }
 
   Schedule schedule_;
