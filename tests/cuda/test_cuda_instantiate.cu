@@ -45,6 +45,13 @@ template class DisaggregatedLayer<models::DeepSeekV3, SigmoidGroupTopK, placemen
                                   schedule::FinDep, collective::Nccl>;
 template class DisaggregatedLayer<models::Mixtral8x7B, SoftmaxTopK, placement::Table, replication::None,
                                   schedule::PPPipe, collective::Nccl>;
+// The composed type of the design, verbatim: with schedule::FinDep, moe::Layer is the disaggregated layer.
+static_assert(std::is_base_of_v<DisaggregatedLayer<models::DeepSeekV3, SigmoidGroupTopK, placement::Table,
+                                                   replication::Table, schedule::FinDep, collective::Nccl>,
+                                Layer<models::DeepSeekV3, SigmoidGroupTopK, placement::Table, replication::Table,
+                                      schedule::FinDep, collective::Nccl>>);
+template class Layer<models::DeepSeekV3, SigmoidGroupTopK, placement::Table, replication::Table, schedule::FinDep,
+                     collective::Nccl>;
 #endif
 static_assert(std::is_base_of_v<
               CudaLayer<models::Mixtral8x7B, SoftmaxTopK, placement::Table, replication::None, cuda::SingleGpu>,

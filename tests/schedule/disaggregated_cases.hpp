@@ -5,6 +5,8 @@
 // H100 reference models) and from a few fixed choices covering both orders. Each AG rank's output
 // is compared with moe::reference_forward on its tokens (normwise relative error).
 
+#include <type_traits>
+
 #include "executor_cases.hpp"
 #include "moe/layer/disaggregated.hpp"
 #include "moe/schedule/findep.hpp"
@@ -35,12 +37,27 @@ std::vector<Schedule> schedules(ShapeSpec const& s, int ag, int world) {
   return out;
 }
 
-/// Runs moe::DisaggregatedLayer<Model, ..., Schedule, Comm> for every schedule of schedules(); returns
-/// one Result per schedule (errors are zero on EG ranks). Every rank must call it.
-template <class Model, class Schedule, class Comm>
+/// The replica policy of a layer with one copy per expert: None, or a Table naming each expert's
+/// EG index.
+template <class Replicas>
+Replicas single_copies(placement::Table const& on_eg) {
+  if constexpr (std::is_same_v<Replicas, replication::Table>) {
+    std::vector<std::vector<int>> copies;
+    for (int e = 0; e < on_eg.experts(); ++e) copies.push_back({on_eg.rank_of(e)});
+    return replication::Table(std::move(copies));
+  } else {
+    return Replicas{};
+  }
+}
+
+/// Runs moe::DisaggregatedLayer<Model, ..., Replicas, Schedule, Comm> (or, with `as_layer`, the same
+/// composition named moe::Layer<...>) for every schedule of schedules(); returns one Result per
+/// schedule (errors are zero on EG ranks). Every rank must call it.
+template <class Model, class Schedule, class Comm, class Replicas = replication::None, bool as_layer = false>
 std::vector<Result> run_disaggregated_cases(Comm& comm, int ag, std::uint64_t seed) {
   using Router = router::ForModel<Model>;
-  using Lyr = DisaggregatedLayer<Model, Router, placement::Table, replication::None, Schedule, Comm>;
+  using Lyr = std::conditional_t<as_layer, Layer<Model, Router, placement::Table, Replicas, Schedule, Comm>,
+                                 DisaggregatedLayer<Model, Router, placement::Table, Replicas, Schedule, Comm>>;
   constexpr ShapeSpec s = Model::spec;
   int world = comm.size(), rank = comm.rank(), eg = world - ag;
   auto h = static_cast<std::size_t>(s.hidden);
@@ -58,13 +75,13 @@ std::vector<Result> run_disaggregated_cases(Comm& comm, int ag, std::uint64_t se
 
   std::vector<Result> out;
   for (Schedule const& sched : schedules<Schedule>(s, ag, world)) {
-    Lyr layer(comm, on_eg, replication::None{}, view, sched, {.max_tokens = tokens_per_ag});
+    Lyr layer(comm, on_eg, single_copies<Replicas>(on_eg), view, sched, {.max_tokens = tokens_per_ag});
     std::vector<std::byte> ws(layer.workspace_size());
     std::vector<float> y(n, -1.0f);
     typename Lyr::Arguments a;
     if (is_ag) a = {tokens_per_ag, x.data() + first, y.data()};
     layer.run(a, ws);
-    Result r{"DisaggregatedLayer " + describe(sched.config(), ag, eg)};
+    Result r{(as_layer ? "Layer " : "DisaggregatedLayer ") + describe(sched.config(), ag, eg)};
     if (is_ag) r.vs_reference = rel_error(y.data(), ref.data(), n);
     out.push_back(r);
   }

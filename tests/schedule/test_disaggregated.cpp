@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <string>
+#include <type_traits>
 
 #include "disaggregated_cases.hpp"
 #include "moe/collective/in_process.hpp"
@@ -13,11 +14,12 @@ using namespace moe::schedule;
 using namespace moe::test::findep;
 
 namespace {
-template <class Model, class Schedule, int N>
+template <class Model, class Schedule, int N, class Replicas = replication::None, bool as_layer = false>
 void check_split(int ag, std::uint64_t seed) {
   std::vector<std::vector<Result>> per_rank(N);
   collective::run_in_process<N>([&](collective::InProcess<N>& comm) {
-    per_rank[static_cast<std::size_t>(comm.rank())] = run_disaggregated_cases<Model, Schedule>(comm, ag, seed);
+    per_rank[static_cast<std::size_t>(comm.rank())] =
+        run_disaggregated_cases<Model, Schedule, collective::InProcess<N>, Replicas, as_layer>(comm, ag, seed);
   });
   for (int r = 0; r < ag; ++r) {
     REQUIRE(!per_rank[static_cast<std::size_t>(r)].empty());
@@ -38,6 +40,20 @@ TEMPLATE_TEST_CASE("DisaggregatedLayer equals the sequential layer (InProcess)",
   }
   check_split<DeepSeekSmall, TestType, 3>(2, 720);
   check_split<MixtralSmall, TestType, 5>(3, 730);
+}
+
+TEMPLATE_TEST_CASE("moe::Layer with a FinDep or PPPipe schedule is the DisaggregatedLayer", "[schedule][disaggregated]",
+                   FinDep, PPPipe) {
+  // The composition of the design: Router, Placement, ReplicaAllocator, PipelineSchedule, Collective.
+  using Model = DeepSeekSmall;
+  using Router = router::ForModel<Model>;
+  using Comm = collective::InProcess<4>;
+  STATIC_REQUIRE(std::is_base_of_v<DisaggregatedLayer<Model, Router, placement::Table, replication::Table, TestType, Comm>,
+                                   Layer<Model, Router, placement::Table, replication::Table, TestType, Comm>>);
+  // A replica table with one copy per expert, and replication::None, both through moe::Layer.
+  check_split<DeepSeekSmall, TestType, 4, replication::Table, true>(2, 740);
+  check_split<MixtralSmall, TestType, 3, replication::None, true>(1, 750);
+  check_split<MixtralSmall, TestType, 4, replication::Table, false>(3, 760);
 }
 
 TEST_CASE("DisaggregatedLayer schedule policies carry the solved configuration", "[schedule][disaggregated]") {
@@ -102,6 +118,28 @@ TEST_CASE("DisaggregatedLayer rejects bad input", "[schedule][disaggregated][bad
   }
   SECTION("max_tokens below one") {
     CHECK_THROWS_WITH(run(FinDep{.ag = 2}, {.max_tokens = 0}), Catch::Contains("max_tokens must be positive, got 0"));
+  }
+  SECTION("a replica table with more than one copy of an expert, or one the placement contradicts") {
+    using Replicated = DisaggregatedLayer<Model, Router, placement::Table, replication::Table, FinDep, Comm>;
+    auto build = [&](replication::Table table) {
+      collective::run_in_process<world>([&](Comm& comm) {
+        Replicated layer(comm, blocks(s.experts, 2), table, weights.view(), FinDep{.ag = 2}, ok);
+      });
+    };
+    std::vector<std::vector<int>> copies(static_cast<std::size_t>(s.experts));
+    for (int e = 0; e < s.experts; ++e) copies[static_cast<std::size_t>(e)] = {blocks(s.experts, 2).rank_of(e)};
+    auto two = copies;
+    two[3] = {blocks(s.experts, 2).rank_of(3), 1 - blocks(s.experts, 2).rank_of(3)};
+    CHECK_THROWS_WITH(build(replication::Table(two)),
+                      Catch::Contains("replicated experts on the expert group are not supported: the replica table "
+                                      "gives expert 3 2 copies"));
+    auto moved = copies;
+    moved[5] = {1 - blocks(s.experts, 2).rank_of(5)};
+    CHECK_THROWS_WITH(build(replication::Table(moved)), Catch::Contains("expert 5 is placed on rank"));
+    auto short_table = copies;
+    short_table.pop_back();
+    CHECK_THROWS_WITH(build(replication::Table(short_table)), Catch::Contains("replica table has"));
+    CHECK_NOTHROW(build(replication::Table(copies)));
   }
   SECTION("tokens on an expert-group rank") {
     CHECK_THROWS_WITH(run(FinDep{.ag = 2}, ok, tokens_per_ag, 3),

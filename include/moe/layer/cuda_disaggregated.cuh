@@ -26,7 +26,8 @@
 //   max_chunks must hold the schedule's r1 * r2 (checked at construction).
 // - A rank whose arguments are rejected throws alone (the host layer first agrees with its peers
 //   over the collective): call can_implement() on every rank, agree, then run().
-// Replicas must be replication::None, as on the host.
+// Replicas: replication::None, or a replication::Table with one copy per expert, as on the host.
+// moe::Layer with a disaggregated schedule and a device communicator is this type as well.
 
 #include <memory>
 #include <span>
@@ -59,9 +60,9 @@ public:
   using element_type = typename Executor::element_type;
   using T = element_type;
 
-  static_assert(std::is_same_v<Replicas, replication::None>,
+  static_assert(detail::single_copy_replicas<Replicas>,
                 "moe::DisaggregatedLayer: replicated experts on the expert group are not supported; use "
-                "replication::None");
+                "replication::None or a replication::Table with one copy per expert");
 
   struct Arguments {
     int tokens = 0;        ///< AG ranks: their tokens; EG ranks: the token count of an AG rank
@@ -72,16 +73,17 @@ public:
 
   /// One communicator; the E2A link gets `comm.duplicate()` (a collective call on every rank).
   /// `placement` maps each routed expert to an EG index in [0, size - schedule.ag).
-  DisaggregatedLayer(Comm& comm, Placement const& placement, Replicas, LayerWeights<T> weights, Schedule schedule,
-                     schedule::FinDepCudaOptions options)
+  DisaggregatedLayer(Comm& comm, Placement const& placement, Replicas const& replicas, LayerWeights<T> weights,
+                     Schedule schedule, schedule::FinDepCudaOptions options)
     requires detail::DuplicableComm<Comm>
-      : DisaggregatedLayer(duplicate(comm, schedule, options), comm, nullptr, placement, weights, schedule, options) {}
+      : DisaggregatedLayer(duplicate(comm, schedule, options), comm, nullptr, placement, replicas, weights, schedule,
+                           options) {}
 
   /// Two communicators over the same ranks: `a2e` for the tokens to the experts, `e2a` for the
   /// partial results back.
-  DisaggregatedLayer(Comm& a2e, Comm& e2a, Placement const& placement, Replicas, LayerWeights<T> weights,
-                     Schedule schedule, schedule::FinDepCudaOptions options)
-      : DisaggregatedLayer(nullptr, a2e, &e2a, placement, weights, schedule, options) {}
+  DisaggregatedLayer(Comm& a2e, Comm& e2a, Placement const& placement, Replicas const& replicas,
+                     LayerWeights<T> weights, Schedule schedule, schedule::FinDepCudaOptions options)
+      : DisaggregatedLayer(nullptr, a2e, &e2a, placement, replicas, weights, schedule, options) {}
 
   /// Bytes of caller-owned device workspace run() needs on this rank (AG and EG ranks differ).
   [[nodiscard]] std::size_t workspace_size() const { return executor_.workspace_size(); }
@@ -116,11 +118,13 @@ private:
 
   /// e2a == nullptr: the link uses `owned`.
   DisaggregatedLayer(std::unique_ptr<Comm> owned, Comm& a2e, Comm* e2a, Placement const& placement,
-                     LayerWeights<T> weights, Schedule schedule, schedule::FinDepCudaOptions options)
+                     Replicas const& replicas, LayerWeights<T> weights, Schedule schedule,
+                     schedule::FinDepCudaOptions options)
       : owned_e2a_(std::move(owned)),
         schedule_(checked(schedule, options, a2e.size())),
         executor_(a2e, e2a ? *e2a : *owned_e2a_, schedule.ag,
-                  detail::expert_group_table(placement, shape.experts, a2e.size() - schedule.ag), weights, options) {}
+                  detail::expert_group_table(placement, replicas, shape.experts, a2e.size() - schedule.ag), weights,
+                  options) {}
 
   static typename Executor::Arguments executor_args(Arguments const& a) { return {a.tokens, a.x, a.y, a.stream}; }
 

@@ -503,11 +503,12 @@ private:
 /// Collective alone. The device path runs the phases in sequence.
 template <ModelShape Model, router::Policy Router, placement::Policy Placement, replication::Policy Replicas,
           schedule::Policy Schedule, collective::Communicator Comm>
-  requires(Comm::memory == collective::Memory::device)
+  requires(Comm::memory == collective::Memory::device && !schedule::DisaggregatedPolicy<Schedule>)
 class Layer<Model, Router, Placement, Replicas, Schedule, Comm>
     : public CudaLayer<Model, Router, Placement, Replicas, Comm> {
   static_assert(std::is_same_v<Schedule, schedule::Sequential>,
-                "moe::Layer on a device communicator runs schedule::Sequential (FinDEP runs on the host executor)");
+                "moe::Layer on a device communicator runs schedule::Sequential, or a disaggregated schedule "
+                "(FinDep, PPPipe; include moe/layer/cuda_disaggregated.cuh)");
 
 public:
   using CudaLayer<Model, Router, Placement, Replicas, Comm>::CudaLayer;

@@ -19,9 +19,14 @@
 // docs/findep.md); with collective::Mpi the MPI library must grant MPI_THREAD_MULTIPLE.
 //
 // Not supported (compile-time or constructor errors): replicated experts (Replicas must be
-// replication::None), LayerOptions::deduplicate = false (a token always goes once to each EG rank
-// that serves one of its experts). With a device communicator (collective::Nccl) the same type is
-// the GPU layer of include/moe/layer/cuda_disaggregated.cuh.
+// replication::None, or a replication::Table with one copy per expert, on the expert's EG index),
+// LayerOptions::deduplicate = false (a token always goes once to each EG rank that serves one of
+// its experts). With a device communicator (collective::Nccl) the same type is the GPU layer of
+// include/moe/layer/cuda_disaggregated.cuh.
+//
+// moe::Layer with a disaggregated schedule policy is this type (the specialisation at the end of
+// this file), so the design's composition moe::Layer<Model, Router, Placement, Replicas,
+// schedule::FinDep, Comm> names it; its constructor takes the schedule's value as well.
 
 #include <span>
 #include <type_traits>
@@ -48,13 +53,27 @@ inline void check_disaggregated_schedule(int ag, int r1, int r2, int ranks) {
   check(r1 >= 1 && r2 >= 1, "moe::DisaggregatedLayer: r1 and r2 must be at least 1, got r1 = ", r1, ", r2 = ", r2);
 }
 
-/// Any Placement policy as the executors' table of expert -> expert-group index, validated
-/// against the `eg` expert-group ranks.
-template <placement::Policy Placement>
-placement::Table expert_group_table(Placement const& p, int experts, int eg) {
+/// Replica policies a disaggregated layer takes: replication::None, or a replication::Table that
+/// gives every expert exactly one copy (the expert group runs one copy per expert).
+template <class Replicas>
+inline constexpr bool single_copy_replicas =
+    std::is_same_v<Replicas, replication::None> || std::is_same_v<Replicas, replication::Table>;
+
+/// Any Placement policy as the executors' table of expert -> expert-group index, validated against
+/// the `eg` expert-group ranks, and the replica table checked against it: one copy per expert, on
+/// the expert's EG index.
+template <placement::Policy Placement, class Replicas>
+placement::Table expert_group_table(Placement const& p, Replicas const& replicas, int experts, int eg) {
   p.validate(experts, eg);
   std::vector<int> t(static_cast<std::size_t>(experts));
   for (int e = 0; e < experts; ++e) t[static_cast<std::size_t>(e)] = p.rank_of(e);
+  if constexpr (std::is_same_v<Replicas, replication::Table>) {
+    replicas.validate(experts, eg, t);
+    for (int e = 0; e < experts; ++e)
+      check(replicas.copies(e) == 1, "moe::DisaggregatedLayer: replicated experts on the expert group are not "
+                                     "supported: the replica table gives expert ", e, " ", replicas.copies(e),
+            " copies (use one per expert, or replication::None)");
+  }
   return placement::Table(std::move(t));
 }
 }  // namespace detail
@@ -74,9 +93,9 @@ public:
   static_assert(Comm::memory == collective::Memory::host,
                 "moe::DisaggregatedLayer: a device communicator (Nccl) needs #include "
                 "<moe/layer/cuda_disaggregated.cuh>, compiled by nvcc");
-  static_assert(std::is_same_v<Replicas, replication::None>,
+  static_assert(detail::single_copy_replicas<Replicas>,
                 "moe::DisaggregatedLayer: replicated experts on the expert group are not supported; use "
-                "replication::None");
+                "replication::None or a replication::Table with one copy per expert");
 
   struct Arguments {
     int tokens = 0;        ///< tokens on this rank (AG ranks; EG ranks pass 0)
@@ -85,11 +104,12 @@ public:
   };
 
   /// `placement` maps experts to EG ranks [0, size - schedule.ag).
-  DisaggregatedLayer(Comm& comm, Placement const& placement, Replicas, LayerWeights<T> weights, Schedule schedule,
-                     LayerOptions options)
+  DisaggregatedLayer(Comm& comm, Placement const& placement, Replicas const& replicas, LayerWeights<T> weights,
+                     Schedule schedule, LayerOptions options)
       : schedule_(checked(schedule, options, comm.size())),
-        executor_(comm, shape, schedule.ag, detail::expert_group_table(placement, shape.experts, comm.size() - schedule.ag),
-                  weights, options.max_tokens) {}
+        executor_(comm, shape, schedule.ag,
+                  detail::expert_group_table(placement, replicas, shape.experts, comm.size() - schedule.ag), weights,
+                  options.max_tokens) {}
 
   /// Bytes of caller-owned workspace run() needs on this rank.
   [[nodiscard]] std::size_t workspace_size() const { return executor_.workspace_size(); }
@@ -136,6 +156,18 @@ private:
 
   Schedule schedule_;
   schedule::FinDepExecutor<Router, T, Comm> executor_;
+};
+
+/// moe::Layer with a disaggregated schedule policy (schedule::FinDep, schedule::PPPipe) is the
+/// DisaggregatedLayer of the same policies: constructed as
+/// Layer(comm, placement, replicas, weights, schedule, options), otherwise the same type.
+template <ModelShape Model, router::Policy Router, placement::Policy Placement, replication::Policy Replicas,
+          schedule::Policy Schedule, collective::Communicator Comm>
+  requires schedule::DisaggregatedPolicy<Schedule>
+class Layer<Model, Router, Placement, Replicas, Schedule, Comm>
+    : public DisaggregatedLayer<Model, Router, Placement, Replicas, Schedule, Comm> {
+public:
+  using DisaggregatedLayer<Model, Router, Placement, Replicas, Schedule, Comm>::DisaggregatedLayer;
 };
 
 }  // namespace moe

@@ -36,6 +36,7 @@
 #include "moe/placement/table.hpp"
 #include "moe/replication/table.hpp"
 #include "moe/router/router.hpp"
+#include "moe/schedule/disaggregated.hpp"
 #include "moe/schedule/sequential.hpp"
 
 namespace moe {
@@ -124,6 +125,9 @@ public:
                 "moe::Layer: the model shape needs positive sizes and top_k <= experts");
   static_assert(Router::fits(shape), "moe::Layer: this Router policy does not fit the model's scoring and "
                                      "grouping (see router::ForModel<Model>)");
+  static_assert(!schedule::DisaggregatedPolicy<Schedule>,
+                "moe::Layer with a disaggregated schedule (FinDep, PPPipe) is moe::DisaggregatedLayer: #include "
+                "<moe/layer/disaggregated.hpp> (and <moe/layer/cuda_disaggregated.cuh> for a device communicator)");
   static_assert(Comm::memory == collective::Memory::host,
                 "moe::Layer: a device communicator (Nccl, cuda::SingleGpu) needs #include <moe/layer/cuda_layer.cuh>, "
                 "compiled by nvcc");
