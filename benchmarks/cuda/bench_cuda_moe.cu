@@ -620,6 +620,15 @@ void BM_Layer(benchmark::State& state) {
   state.counters["TFLOP/s"] = rate(flops / 1e12);
   state.counters["tokens/s"] = rate(static_cast<double>(tokens));
   state.counters["workspace_GB"] = static_cast<double>(l.ws.size()) / 1e9;
+  // What any implementation of this forward must do, for the report's lower bound on its time
+  // (gpu_report.py: the larger of weight bytes / copy bandwidth and FLOPs / the best dense rate
+  // of the run): the weights of every expert (with random routes nearly every expert receives
+  // rows even at decode sizes: DeepSeek-V3 at 128 tokens about 251 of 256) and the FLOPs above.
+  double weight_bytes = (3.0 * s.experts * s.hidden * s.expert_ffn + 3.0 * s.shared_experts * s.hidden * s.shared_ffn +
+                         1.0 * s.experts * s.hidden) *
+                        sizeof(bf16);
+  state.counters["weights_GB"] = weight_bytes / 1e9;
+  state.counters["GFLOP"] = flops / 1e9;
 }
 
 /// The same forward captured once in a CUDA graph and replayed (no launch overhead; decode sizes).
