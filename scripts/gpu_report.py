@@ -165,7 +165,8 @@ def main():
                     gm, mine = r.get("grouped_mm_gemms_ms"), ours.get(("GroupedGemmLoad", m, ld, T))
                     sp = fmt(gm / mine) if gm and mine else ""
                     lines.append(f"| {m} | {ld} | {T} | {fmt(r.get('max_over_mean'))} | {fmt(gm)} | {fmt(mine)} | {sp} |")
-    lines += ["", "Targets (issue 6): permute/combine of_copy >= 0.8; grouped GEMM >= 0.9 of torch._grouped_mm and "
+    lines += ["", "Targets (issue 6): permute/combine of_copy >= 0.8 (Permute: the whole permutation with its "
+              "plan, scan and sort; PackRecords: its data-moving kernel alone); grouped GEMM >= 0.9 of torch._grouped_mm and "
               "of_dense >= 0.6 at prefill; layer >= 2x eager and >= 1x grouped_mm.", ""]
 
     # FinDEP performance models on this GPU (examples/schedule/findep_fit_gpu, docs/findep.md "GPU

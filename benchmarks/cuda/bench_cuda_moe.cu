@@ -219,6 +219,21 @@ struct Prepared {
     kc::plan_records<k>(st, ids.get(), tokens, ranks, view, 0, 0, true, dest.get(), rec_count.get());
     kc::exclusive_sum(st, scan_temp.get(), scan_temp.size(), rec_count.get(), rec_pos.get(), static_cast<long long>(rec_count.size()));
     kc::send_layout(st, rec_count.get(), rec_pos.get(), tokens, ranks, 0, send_count.get(), send_base.get());
+    pack_kernel(st);
+  }
+  /// Records the last pack() wrote (read back from the device; not for timed code).
+  double records() const {
+    std::vector<std::uint64_t> counts(static_cast<std::size_t>(ranks));
+    kc::check_cuda(cudaMemcpy(counts.data(), send_count.get(), counts.size() * 8, cudaMemcpyDeviceToHost),
+                   "cudaMemcpy (send counts)");
+    double n = 0;
+    for (auto c : counts) n += static_cast<double>(c);
+    return n;
+  }
+  /// Bytes a permutation must move: the tokens read once, every record written once.
+  double packed_bytes() const { return static_cast<double>(tokens) * s.hidden * 2 + records() * static_cast<double>(rec); }
+  /// The data-moving step of pack() alone (the plan, scan and layout it reads are pack()'s).
+  void pack_kernel(cudaStream_t st) {
     kc::pack_records<bf16, k>(st, x.get(), tokens, s.hidden, ids.get(), w.get(), dest.get(), rec_pos.get(), send_base.get(), true, send.get(), rec,
                               meta);
   }
@@ -544,11 +559,8 @@ void BM_Permute(benchmark::State& state) {
     p.pack(nullptr);
     p.group(nullptr);
   });
-  std::vector<std::uint64_t> counts(static_cast<std::size_t>(ranks));
-  cudaMemcpy(counts.data(), p.send_count.get(), counts.size() * 8, cudaMemcpyDeviceToHost);
-  double records = 0;
-  for (auto c : counts) records += static_cast<double>(c);
-  double bytes = static_cast<double>(tokens) * Model::spec.hidden * 2 + records * static_cast<double>(p.rec);
+  double records = p.records();
+  double bytes = p.packed_bytes();
   state.counters["GB/s"] = rate(bytes / 1e9);
   state.counters["records"] = records;
   if (g_copy_gbs > 0) {
@@ -556,6 +568,23 @@ void BM_Permute(benchmark::State& state) {
       p.pack(nullptr);
       p.group(nullptr);
     }, 10);
+    state.counters["of_copy"] = bytes / (ms / 1e3) / 1e9 / g_copy_gbs;
+  }
+}
+
+/// The packing kernel alone (pack_records: headers and token rows into the send buffer), without
+/// the plan, scan and grouping around it that Permute includes: the data-movement part of the
+/// permutation against the copy bandwidth. Same bytes as Permute.
+template <class Model>
+void BM_PackRecords(benchmark::State& state) {
+  long tokens = state.range(0);
+  int ranks = static_cast<int>(state.range(1));
+  Prepared<Model> p(static_cast<int>(tokens), ranks);
+  time_gpu(state, nullptr, [&] { p.pack_kernel(nullptr); });
+  double bytes = p.packed_bytes();
+  state.counters["GB/s"] = rate(bytes / 1e9);
+  if (g_copy_gbs > 0) {
+    double ms = mean_ms([&] { p.pack_kernel(nullptr); }, 10);
     state.counters["of_copy"] = bytes / (ms / 1e3) / 1e9 / g_copy_gbs;
   }
 }
@@ -659,6 +688,7 @@ void register_model() {
     benchmark::RegisterBenchmark(("GroupedGemmPortable/" + n).c_str(), BM_GroupedGemm<Model, kc::GemmPath::portable>)->Arg(t)->UseManualTime()->Unit(benchmark::kMicrosecond);
     benchmark::RegisterBenchmark(("GroupedGemm/" + n).c_str(), BM_GroupedGemm<Model, kc::GemmPath::automatic>)->Arg(t)->UseManualTime()->Unit(benchmark::kMicrosecond);
     benchmark::RegisterBenchmark(("Permute/" + n).c_str(), BM_Permute<Model>)->Args({t, 1})->Args({t, 8})->UseManualTime()->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark(("PackRecords/" + n).c_str(), BM_PackRecords<Model>)->Args({t, 1})->Args({t, 8})->UseManualTime()->Unit(benchmark::kMicrosecond);
     benchmark::RegisterBenchmark(("Combine/" + n).c_str(), BM_Combine<Model>)->Arg(t)->UseManualTime()->Unit(benchmark::kMicrosecond);
     benchmark::RegisterBenchmark(("Layer/" + n).c_str(), BM_Layer<Model>)->Arg(t)->UseManualTime()->Unit(benchmark::kMicrosecond);
   }
