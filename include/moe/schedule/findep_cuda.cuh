@@ -159,12 +159,15 @@ struct PlanCache {
   StreamPlan plan;
   bool valid = false;
 
-  StreamPlan const& get(Config const& c, bool shared_experts) {
+  /// The plan of `c`, whose events must fit the `plan_events` the executor's pool keeps for plans.
+  StreamPlan const& get(Config const& c, bool shared_experts, std::size_t plan_events, char const* who) {
     if (!valid || plan.config.pipeline != c.pipeline || plan.config.order != c.order || plan.config.r1 != c.r1 ||
         plan.config.r2 != c.r2) {
       plan = build_stream_plan(c, shared_experts, 1);
       valid = true;
     }
+    check(plan.events.size() <= plan_events, who, ": internal error: the plan needs ", plan.events.size(),
+          " events, the pool holds ", plan_events);
     return plan;
   }
 };
@@ -309,9 +312,8 @@ public:
     check(st.ok, st.message);
     core::check_workspace("moe::schedule::FinDepCudaExecutor", workspace.size(), workspace_size());
     if (a.tokens == 0) return;
-    StreamPlan const& plan = plans_.get(c, shape.shared_experts > 0);
-    check(plan.events.size() + run_events <= pool_.events.size(), "moe::schedule::FinDepCudaExecutor: internal error: the plan "
-                                                     "needs more events than the pool holds");
+    StreamPlan const& plan = plans_.get(c, shape.shared_experts > 0, pool_.events.size() - run_events,
+                                        "moe::schedule::FinDepCudaExecutor");
     core::Carver carver(workspace);
     Buffers b;
     carve(carver, b);
@@ -725,9 +727,8 @@ public:
     check(st.ok, st.message);
     core::check_workspace("moe::schedule::FinDepCudaP2PExecutor", workspace.size(), workspace_size());
     if (a.tokens == 0) return;  // every rank sees the same count, so no rank waits for a message
-    StreamPlan const& plan = plans_.get(c, shape.shared_experts > 0);
-    check(plan.events.size() + run_events <= pool_.events.size(),
-          "moe::schedule::FinDepCudaP2PExecutor: internal error: the plan needs more events than the pool holds");
+    StreamPlan const& plan = plans_.get(c, shape.shared_experts > 0, pool_.events.size() - run_events,
+                                        "moe::schedule::FinDepCudaP2PExecutor");
     core::Carver carver(workspace);
     Buffers b;
     carve(carver, b);
