@@ -27,6 +27,8 @@
 #   GPU_DEPS_DIR    folder of .deb files to unpack (default <repo>/.gpu-deps, see scripts/gpu_deps.sh)
 #   JOBS            build jobs (default nproc)
 #   BENCH_FILTER    Google Benchmark regex (default all); BENCH_MIN_TIME seconds each (default 0.2)
+#   BENCH_PART      write bench_*.BENCH_PART.json beside the earlier JSON instead of replacing it
+#                   (finishing a cut-off run with BENCH_FILTER; the report merges the parts)
 #   BENCH_GEMM      grouped-GEMM kernel of bench_cuda_moe's Layer benchmarks: automatic (default),
 #                   portable or hopper (e.g. portable if the Hopper kernel fails its test)
 #   SKIP_TORCH      set: no PyTorch baselines
@@ -398,7 +400,11 @@ stage_test() {
 run_bench() {  # NAME LIMIT
   local name=$1 rc=0
   need_gpu "$name"
-  rm -f "$results/$name.json" "$results/$name.txt"
+  # BENCH_PART=x writes NAME.x.json beside an earlier NAME.json instead of replacing it (to finish
+  # a run its budget cut off); the report merges the parts.
+  local out=$results/$name.json
+  if [[ -n "${BENCH_PART:-}" ]]; then out=$results/$name.$BENCH_PART.json; fi
+  rm -f "$out" "${out%.json}.txt"
   if ! build_targets "$name"; then
     status "$name" "not run: not built"
     return 0
@@ -407,8 +413,8 @@ run_bench() {  # NAME LIMIT
   local extra=()
   if [[ $name == bench_cuda_moe && -n "${BENCH_GEMM:-}" ]]; then extra+=("--gemm=$BENCH_GEMM"); fi
   bounded "$2" "$(target_path "$name")" --benchmark_filter="$filter" --benchmark_min_time="$min_time" \
-    --benchmark_out="$results/$name.json" --benchmark_out_format=json "${extra[@]}" 2>&1 | tee "$results/$name.txt" || rc=$?
-  if [[ $rc == 0 && ! -s $results/$name.json ]]; then
+    --benchmark_out="$out" --benchmark_out_format=json "${extra[@]}" 2>&1 | tee "${out%.json}.txt" || rc=$?
+  if [[ $rc == 0 && ! -s $out ]]; then
     status "$name" "exit 0 but no JSON written (no CUDA device seen?)"
   else
     step_status "$name" "$rc"

@@ -51,6 +51,27 @@ def load_bench(path):
     return {"benchmarks": []}, "unreadable"
 
 
+def load_bench_parts(results, name):
+    """NAME.json and then every NAME.<part>.json (gpu_bench.sh BENCH_PART), merged by benchmark name:
+    a later part's entry replaces an earlier one of the same name, new names are appended."""
+    data, state = load_bench(os.path.join(results, name + ".json"))
+    parts = sorted(f for f in os.listdir(results) if f.startswith(name + ".") and f.endswith(".json")
+                   and f != name + ".json") if os.path.isdir(results) else []
+    if not parts:
+        return data, state
+    merged = {b["name"]: b for b in data.get("benchmarks", []) if b.get("run_type") != "aggregate"}
+    states = [f"{name}.json: {state}"]
+    for f in parts:
+        d, st = load_bench(os.path.join(results, f))
+        states.append(f"{f}: {st}")
+        for b in d.get("benchmarks", []):
+            if b.get("run_type") != "aggregate":
+                merged[b["name"]] = b
+    data = dict(data)
+    data["benchmarks"] = list(merged.values())
+    return data, "merged from " + "; ".join(states)
+
+
 def fmt(v):
     if v is None: return ""
     if isinstance(v, float):
@@ -79,7 +100,7 @@ def main():
     status_dir = os.path.join(results, "status")
     steps = sorted(os.listdir(status_dir)) if os.path.isdir(status_dir) else []
 
-    data, bench_state = load_bench(os.path.join(results, "bench_cuda_moe.json"))
+    data, bench_state = load_bench_parts(results, "bench_cuda_moe")
     cols = ["GB/s", "TFLOP/s", "tokens/s", "of_copy", "of_dense", "of_loop", "of_portable", "max_over_mean",
             "of_uniform"]
     lines = [f"# CUDA results, {day}", "",
