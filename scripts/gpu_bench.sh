@@ -402,11 +402,11 @@ run_bench() {  # NAME LIMIT
   need_gpu "$name"
   # BENCH_PART=x writes NAME.x.json beside an earlier NAME.json instead of replacing it (to finish
   # a run its budget cut off); the report merges the parts.
-  local out=$results/$name.json
-  if [[ -n "${BENCH_PART:-}" ]]; then out=$results/$name.$BENCH_PART.json; fi
+  local out=$results/$name.json step=$name
+  if [[ -n "${BENCH_PART:-}" ]]; then out=$results/$name.$BENCH_PART.json step=$name.$BENCH_PART; fi
   rm -f "$out" "${out%.json}.txt"
   if ! build_targets "$name"; then
-    status "$name" "not run: not built"
+    status "$step" "not run: not built"
     return 0
   fi
   runtime_env
@@ -415,9 +415,9 @@ run_bench() {  # NAME LIMIT
   bounded "$2" "$(target_path "$name")" --benchmark_filter="$filter" --benchmark_min_time="$min_time" \
     --benchmark_out="$out" --benchmark_out_format=json "${extra[@]}" 2>&1 | tee "${out%.json}.txt" || rc=$?
   if [[ $rc == 0 && ! -s $out ]]; then
-    status "$name" "exit 0 but no JSON written (no CUDA device seen?)"
+    status "$step" "exit 0 but no JSON written (no CUDA device seen?)"
   else
-    step_status "$name" "$rc"
+    step_status "$step" "$rc"
   fi
 }
 
