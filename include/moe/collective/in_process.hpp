@@ -14,6 +14,7 @@
 #include <exception>
 #include <map>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -134,11 +135,18 @@ public:
     world_->slot(rank_) = {in.data(), nullptr, in.size()};
     world_->barrier();
     for (std::size_t i = 0; i < slice.count; ++i) out[i] = 0.0f;
+    std::string mismatch;
     for (int p = 0; p < N; ++p) {
-      auto const* src = static_cast<float const*>(world_->slot(p).data) + slice.offset;
+      auto const& s = world_->slot(p);
+      if (s.count < slice.offset + slice.count) {
+        mismatch = moe::detail::concat("reduce_scatter_v: rank ", p, " contributes ", s.count, " elements, rank ", rank_,
+                                  " reads up to ", slice.offset + slice.count, " (the ranks' counts differ)");
+        break;
+      }
+      auto const* src = static_cast<float const*>(s.data) + slice.offset;
       for (std::size_t i = 0; i < slice.count; ++i) out[i] += src[i];
     }
-    world_->barrier();
+    finish_reading(mismatch);
   }
 
   void all_gather_v(std::span<std::byte const> in, std::span<std::byte> out, std::span<std::size_t const> counts) {
@@ -146,28 +154,36 @@ public:
     world_->slot(rank_) = {in.data(), nullptr, in.size()};
     world_->barrier();
     std::size_t offset = 0;
+    std::string mismatch;
     for (int p = 0; p < N; ++p) {
       auto const& s = world_->slot(p);
-      check(s.count == counts[static_cast<std::size_t>(p)], "all_gather_v: rank ", p, " contributes ", s.count,
-            " bytes but rank ", rank_, " expects ", counts[static_cast<std::size_t>(p)]);
+      if (s.count != counts[static_cast<std::size_t>(p)]) {
+        mismatch = moe::detail::concat("all_gather_v: rank ", p, " contributes ", s.count, " bytes but rank ", rank_,
+                                  " expects ", counts[static_cast<std::size_t>(p)]);
+        break;
+      }
       if (s.count) std::memcpy(out.data() + offset, s.data, s.count);
       offset += s.count;
     }
-    world_->barrier();
+    finish_reading(mismatch);
   }
 
   void all_reduce(std::span<float> data) {
     world_->slot(rank_) = {data.data(), nullptr, data.size()};
     world_->barrier();
     std::vector<float> total(data.size(), 0.0f);
+    std::string mismatch;
     for (int p = 0; p < N; ++p) {
       auto const& s = world_->slot(p);
-      check(s.count == data.size(), "all_reduce: rank ", p, " has ", s.count, " elements, rank ", rank_,
-            " has ", data.size());
+      if (s.count != data.size()) {
+        mismatch = moe::detail::concat("all_reduce: rank ", p, " has ", s.count, " elements, rank ", rank_, " has ",
+                                  data.size());
+        break;
+      }
       auto const* src = static_cast<float const*>(s.data);
       for (std::size_t i = 0; i < data.size(); ++i) total[i] += src[i];
     }
-    world_->barrier();
+    finish_reading(mismatch);
     std::copy(total.begin(), total.end(), data.begin());
     ledger_.all_reduce(data.size_bytes());
   }
@@ -192,17 +208,29 @@ private:
     world_->slot(rank_) = {in.data(), send_counts.data(), in.size()};
     world_->barrier();
     std::size_t out_offset = 0;
-    for (int p = 0; p < N; ++p) {
+    std::string mismatch;
+    for (int p = 0; p < N && mismatch.empty(); ++p) {
       auto const& s = world_->slot(p);
       std::size_t in_offset = 0;
       for (int q = 0; q < rank_; ++q) in_offset += s.counts[q];
       std::size_t n = s.counts[rank_];
-      check(n == recv_counts[static_cast<std::size_t>(p)], "all_to_all: rank ", p, " sends ", n,
-            " bytes to rank ", rank_, " which expects ", recv_counts[static_cast<std::size_t>(p)]);
+      if (n != recv_counts[static_cast<std::size_t>(p)]) {
+        mismatch = moe::detail::concat("all_to_all: rank ", p, " sends ", n, " bytes to rank ", rank_, " which expects ",
+                                  recv_counts[static_cast<std::size_t>(p)]);
+        break;
+      }
       if (n) std::memcpy(out.data() + out_offset, static_cast<std::byte const*>(s.data) + in_offset, n);
       out_offset += n;
     }
+    finish_reading(mismatch);
+  }
+
+  /// Ends the phase in which the ranks read each other's published buffers: nobody may leave (and
+  /// free its buffers) before every rank has finished reading, so an error found while reading is
+  /// raised only after the closing barrier.
+  void finish_reading(std::string const& error) {
     world_->barrier();
+    if (!error.empty()) fail(error);
   }
 
   detail::InProcessWorld* world_;
