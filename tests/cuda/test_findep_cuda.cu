@@ -267,18 +267,19 @@ enum class Via { executor, layer, layer_two_comms };
 /// Runs on a rank's thread, so it reports through `role_ok` rather than Catch2 (not thread-safe).
 template <class Sched, class Model, class Router, int N, class T>
 unsigned through_layer(moe::test::StagedDevice<N>& a2e, moe::test::StagedDevice<N>& e2a, Via via, int ag,
-                       moe::placement::Table const& on_eg, moe::LayerWeights<T> weights, ms::Config const& c, int tokens,
-                       T const* x, T* y, cudaStream_t st, char& role_ok) {
-  using L = moe::DisaggregatedLayer<Model, Router, moe::placement::Table, moe::replication::None, Sched,
+                       moe::placement::Table const& on_eg, moe::replication::Table const& replicas,
+                       moe::LayerWeights<T> weights, ms::Config const& c, int tokens, T const* x, T* y, cudaStream_t st,
+                       char& role_ok) {
+  using L = moe::DisaggregatedLayer<Model, Router, moe::placement::Table, moe::replication::Table, Sched,
                                     moe::test::StagedDevice<N>>;
   static_assert(std::is_same_v<typename L::element_type, T>);
   Sched sched = Sched::from(c, ag);
   ms::FinDepCudaOptions options{.max_tokens = tokens};
   std::optional<L> layer;
   if (via == Via::layer)
-    layer.emplace(a2e, on_eg, moe::replication::None{}, weights, sched, options);
+    layer.emplace(a2e, on_eg, replicas, weights, sched, options);
   else
-    layer.emplace(a2e, e2a, on_eg, moe::replication::None{}, weights, sched, options);
+    layer.emplace(a2e, e2a, on_eg, replicas, weights, sched, options);
   role_ok = role_ok && layer->is_attention_rank() == (a2e.rank() < ag);
   Device<std::byte> ws(layer->workspace_size());
   ws.poison();
@@ -287,11 +288,32 @@ unsigned through_layer(moe::test::StagedDevice<N>& a2e, moe::test::StagedDevice<
   return layer->errors();
 }
 
+/// The replica table of p2p_world over `eg` EG indices (seeded layout, not data): one copy per
+/// expert, or with `replicated` expert 0 on every EG index and every third expert also on the next
+/// index, listed in an order that differs from the placement's for some.
+moe::replication::Table p2p_replicas(moe::placement::Table const& on_eg, int eg, bool replicated) {
+  std::vector<std::vector<int>> copies(static_cast<std::size_t>(on_eg.experts()));
+  for (int e = 0; e < on_eg.experts(); ++e) {
+    int p = on_eg.rank_of(e);
+    auto& c = copies[static_cast<std::size_t>(e)];
+    if (replicated && e == 0)
+      for (int g = eg - 1; g >= 0; --g) c.push_back(g);
+    else if (replicated && e % 3 == 0 && eg > 1)
+      c = e % 2 ? std::vector<int>{(p + 1) % eg, p} : std::vector<int>{p, (p + 1) % eg};
+    else
+      c = {p};
+  }
+  return moe::replication::Table(std::move(copies));
+}
+
 /// `N` ranks, `ag` of them AG ranks with `tokens` tokens each; every configuration (through one
 /// executor per rank, or one DisaggregatedLayer per configuration and rank: `via`); every AG
-/// rank's output against the host reference on its tokens.
+/// rank's output against the host reference on its tokens. With `replicated`, experts have copies
+/// on several EG ranks (p2p_replicas) and each EG rank gets only the weights of the experts it
+/// holds a copy of, so a token sent to a rank without the expert raises a device error.
 template <int N, class Model, class Router>
-void p2p_world(int ag, int tokens, std::uint64_t seed, double tolerance, Via via = Via::executor) {
+void p2p_world(int ag, int tokens, std::uint64_t seed, double tolerance, Via via = Via::executor,
+               bool replicated = false) {
   using Ex = ms::FinDepCudaP2PExecutor<Model, Router, moe::test::StagedDevice<N>>;
   using T = typename Ex::element_type;
   constexpr moe::ShapeSpec s = Model::spec;
@@ -306,6 +328,7 @@ void p2p_world(int ag, int tokens, std::uint64_t seed, double tolerance, Via via
   Device<T> dx(x), dy(x.size());
   dy.poison();
   auto on_eg = moe::placement::Table::round_robin(s.experts, N - ag);
+  auto replicas = p2p_replicas(on_eg, N - ag, replicated);
   std::vector<ms::Config> cfgs{{ms::Pipeline::findep, ms::Order::aass, 1, 1, 1}, {ms::Pipeline::findep, ms::Order::aass, 2, 1, 3},
                                {ms::Pipeline::findep, ms::Order::asas, 3, 1, 2}, {ms::Pipeline::findep, ms::Order::asas, 4, 1, 3},
                                {ms::Pipeline::findep, ms::Order::aass, 2, 1, 4}, {ms::Pipeline::pppipe, ms::Order::aass, 3, 1, 1},
@@ -316,10 +339,16 @@ void p2p_world(int ag, int tokens, std::uint64_t seed, double tolerance, Via via
   moe::collective::run_in_process<N>([&](moe::collective::InProcess<N>& host) {
     moe::test::StagedDevice<N> a2e(host), e2a(host);
     int rank = host.rank();
+    auto view = dw.view();
+    std::vector<moe::ExpertWeights<T>> held(view.experts.begin(), view.experts.end());
+    if (rank >= ag)
+      for (int e = 0; e < s.experts; ++e)
+        if (!replicas.holds(e, 0, rank - ag)) held[static_cast<std::size_t>(e)] = {};
+    view.experts = held;
     std::optional<Ex> ex;
     std::optional<Device<std::byte>> ws;
     if (via == Via::executor) {
-      ex.emplace(a2e, e2a, ag, on_eg, dw.view(), ms::FinDepCudaOptions{.max_tokens = tokens});
+      ex.emplace(a2e, e2a, ag, on_eg, view, ms::FinDepCudaOptions{.max_tokens = tokens}, replicas);
       ws.emplace(ex->workspace_size());
       ws->poison();
     }
@@ -336,11 +365,11 @@ void p2p_world(int ag, int tokens, std::uint64_t seed, double tolerance, Via via
         kc::check_cuda(cudaStreamSynchronize(st), "rank run");
         errors |= ex->errors();
       } else if (cfgs[q].pipeline == ms::Pipeline::findep) {
-        errors |= through_layer<ms::FinDep, Model, Router>(a2e, e2a, via, ag, on_eg, dw.view(), cfgs[q], tokens, xr, yr, st,
-                                                           role_ok[static_cast<std::size_t>(rank)]);
+        errors |= through_layer<ms::FinDep, Model, Router>(a2e, e2a, via, ag, on_eg, replicas, view, cfgs[q], tokens, xr,
+                                                           yr, st, role_ok[static_cast<std::size_t>(rank)]);
       } else {
-        errors |= through_layer<ms::PPPipe, Model, Router>(a2e, e2a, via, ag, on_eg, dw.view(), cfgs[q], tokens, xr, yr, st,
-                                                           role_ok[static_cast<std::size_t>(rank)]);
+        errors |= through_layer<ms::PPPipe, Model, Router>(a2e, e2a, via, ag, on_eg, replicas, view, cfgs[q], tokens, xr,
+                                                           yr, st, role_ok[static_cast<std::size_t>(rank)]);
       }
       host.barrier();
       if (rank == 0) {
@@ -355,7 +384,8 @@ void p2p_world(int ag, int tokens, std::uint64_t seed, double tolerance, Via via
   for (std::size_t q = 0; q < cfgs.size(); ++q) {
     INFO(N << " ranks, " << ag << " AG, " << ms::pipeline_name(cfgs[q].pipeline) << " " << ms::order_name(cfgs[q].order)
            << " r1 " << cfgs[q].r1 << " r2 " << cfgs[q].r2 << ", shared experts " << s.shared_experts
-           << (via == Via::executor ? ", executor" : via == Via::layer ? ", layer (one communicator)" : ", layer (two)"));
+           << (via == Via::executor ? ", executor" : via == Via::layer ? ", layer (one communicator)" : ", layer (two)")
+           << (replicated ? ", replicated experts" : ""));
     check_errors(result[q], tolerance, total);
   }
   for (unsigned e : device_errors) CHECK(e == 0u);
@@ -382,6 +412,15 @@ TEST_CASE("DisaggregatedLayer over a device communicator (staged point-to-point,
   p2p_world<3, DeepSeekSmallF32, SigmoidGroupTopK>(2, 24, 81, fp32_tol, Via::layer);
   p2p_world<4, MixtralSmallF32, SoftmaxTopK>(1, 24, 82, fp32_tol, Via::layer_two_comms);
   p2p_world<3, DeepSeekV2SmallBf16, moe::router::GroupLimitedTopK>(1, 48, 83, bf16_tol, Via::layer);
+}
+
+TEST_CASE("FinDEP point-to-point executor and device DisaggregatedLayer with replicated experts on the EG",
+          "[cuda][findep][p2p][replicas]") {
+  using moe::router::SigmoidGroupTopK;
+  using moe::router::SoftmaxTopK;
+  p2p_world<4, DeepSeekSmallF32, SigmoidGroupTopK>(2, 24, 91, fp32_tol, Via::executor, true);
+  p2p_world<5, MixtralSmallF32, SoftmaxTopK>(2, 24, 92, fp32_tol, Via::layer, true);
+  p2p_world<4, DeepSeekSmallF32, SigmoidGroupTopK>(1, 24, 93, fp32_tol, Via::layer_two_comms, true);
 }
 
 TEST_CASE("FinDEP point-to-point executor and the device DisaggregatedLayer reject bad input", "[cuda][findep][p2p][bad-input]") {

@@ -56,6 +56,118 @@ TEMPLATE_TEST_CASE("moe::Layer with a FinDep or PPPipe schedule is the Disaggreg
   check_split<MixtralSmall, TestType, 4, replication::Table, false>(3, 760);
 }
 
+namespace {
+/// A replica table over `eg` EG indices, seeded and labelled synthetic: expert 0 (the hot one in
+/// a skewed load) on every EG index, every third expert on its placement index and the next one,
+/// the rest once. The placement's index is listed last for some experts: the table's order, not
+/// the placement, decides which copy a token uses.
+replication::Table replicated_on_eg(placement::Table const& on_eg, int eg) {
+  std::vector<std::vector<int>> copies(static_cast<std::size_t>(on_eg.experts()));
+  for (int e = 0; e < on_eg.experts(); ++e) {
+    int p = on_eg.rank_of(e);
+    auto& c = copies[static_cast<std::size_t>(e)];
+    if (e == 0) {
+      for (int g = eg - 1; g >= 0; --g) c.push_back(g);
+    } else if (e % 3 == 0) {
+      c = e % 2 ? std::vector<int>{(p + 1) % eg, p} : std::vector<int>{p, (p + 1) % eg};
+    } else {
+      c = {p};
+    }
+  }
+  return replication::Table(std::move(copies));
+}
+
+/// The records each EG index receives in one forward pass, counted independently of the executor
+/// from the documented rule: token t of AG rank p uses copy (p + t) mod n of the n copies the table
+/// lists for an expert, and goes once to each EG index serving one of its experts.
+template <class Router>
+std::vector<std::size_t> expected_records(ShapeSpec const& s, LayerWeights<float> const& w, float const* x, int ag,
+                                          int tokens, replication::Table const& table,
+                                          int eg) {
+  std::vector<std::size_t> records(static_cast<std::size_t>(eg), 0);
+  auto k = static_cast<std::size_t>(s.top_k), h = static_cast<std::size_t>(s.hidden);
+  std::vector<float> logits(static_cast<std::size_t>(s.experts));
+  std::vector<int> ids(k);
+  std::vector<float> gates(k);
+  std::span<float const> bias;
+  if (w.router_bias) bias = {w.router_bias, static_cast<std::size_t>(s.experts)};
+  for (int p = 0; p < ag; ++p)
+    for (int t = 0; t < tokens; ++t) {
+      float const* xt = x + (static_cast<std::size_t>(p) * static_cast<std::size_t>(tokens) + static_cast<std::size_t>(t)) * h;
+      kernels::host::gate_logits(xt, 1, s.hidden, w.router, s.experts, logits.data());
+      router::route_all<Router>(s, logits, bias, 1, ids, gates);
+      std::vector<bool> hit(static_cast<std::size_t>(eg), false);
+      for (int e : ids) {
+        auto const& copies = table.replicas()[static_cast<std::size_t>(e)];
+        hit[static_cast<std::size_t>(copies[static_cast<std::size_t>((p + t) % static_cast<int>(copies.size()))])] = true;
+      }
+      for (int g = 0; g < eg; ++g) records[static_cast<std::size_t>(g)] += hit[static_cast<std::size_t>(g)];
+    }
+  return records;
+}
+
+template <class Model, class Schedule, int N>
+void check_replicated(int ag, std::uint64_t seed) {
+  using Router = router::ForModel<Model>;
+  using Comm = collective::InProcess<N>;
+  using Lyr = Layer<Model, Router, placement::Table, replication::Table, Schedule, Comm>;
+  constexpr ShapeSpec s = Model::spec;
+  int eg = N - ag;
+  auto h = static_cast<std::size_t>(s.hidden);
+  RandomLayerWeights<float> weights(s, seed);
+  auto x = random_tokens(ag * tokens_per_ag, s.hidden, seed + 3);
+  placement::Table on_eg = blocks(s.experts, eg);
+  replication::Table table = replicated_on_eg(on_eg, eg);
+  auto expected = expected_records<Router>(s, weights.view(), x.data(), ag, tokens_per_ag, table, eg);
+  auto scheds = schedules<Schedule>(s, ag, N);
+  auto runs = scheds.size();
+  std::vector<std::vector<float>> y(static_cast<std::size_t>(ag) * runs);
+  std::vector<std::vector<std::size_t>> sent(static_cast<std::size_t>(eg), std::vector<std::size_t>(runs));
+  collective::run_in_process<N>([&](Comm& comm) {
+    int rank = comm.rank();
+    bool is_ag = rank < ag;
+    auto view = weights.view();
+    auto held = weights.experts_where([&](int e) { return !is_ag && table.holds(e, 0, rank - ag); });
+    view.experts = held;
+    for (std::size_t r = 0; r < runs; ++r) {
+      Lyr layer(comm, on_eg, table, view, scheds[r], {.max_tokens = tokens_per_ag});
+      std::vector<std::byte> ws(layer.workspace_size());
+      auto before = comm.counters()[collective::Op::send];
+      typename Lyr::Arguments a;
+      if (is_ag) {
+        auto& out = y[static_cast<std::size_t>(rank) * runs + r];
+        out.assign(static_cast<std::size_t>(tokens_per_ag) * h, -1.0f);
+        a = {tokens_per_ag, x.data() + static_cast<std::size_t>(rank) * tokens_per_ag * h, out.data()};
+      }
+      layer.run(a, ws);
+      if (!is_ag) sent[static_cast<std::size_t>(rank - ag)][r] = comm.counters()[collective::Op::send] - before;
+    }
+  });
+  for (int p = 0; p < ag; ++p) {
+    std::vector<float> ref(static_cast<std::size_t>(tokens_per_ag) * h);
+    reference_forward<Router>(s, weights.view(), tokens_per_ag, x.data() + static_cast<std::size_t>(p) * tokens_per_ag * h,
+                              ref.data());
+    for (std::size_t r = 0; r < runs; ++r) {
+      INFO(describe(scheds[r].config(), ag, eg) << ", AG rank " << p << ", replicated experts");
+      CHECK(rel_error(y[static_cast<std::size_t>(p) * runs + r].data(), ref.data(), ref.size()) <= tolerance);
+    }
+  }
+  // An EG rank sends one fp32 partial row back per record it received.
+  for (int g = 0; g < eg; ++g)
+    for (std::size_t r = 0; r < runs; ++r) {
+      INFO("EG index " << g << ", " << describe(scheds[r].config(), ag, eg));
+      CHECK(sent[static_cast<std::size_t>(g)][r] == expected[static_cast<std::size_t>(g)] * h * sizeof(float));
+    }
+}
+}  // namespace
+
+TEMPLATE_TEST_CASE("DisaggregatedLayer spreads replicated experts over their expert-group copies",
+                   "[schedule][disaggregated][replicas]", FinDep, PPPipe) {
+  check_replicated<DeepSeekSmall, TestType, 4>(2, 770);
+  check_replicated<MixtralSmall, TestType, 5>(2, 780);
+  check_replicated<MixtralSmall, TestType, 4>(1, 790);
+}
+
 TEST_CASE("DisaggregatedLayer schedule policies carry the solved configuration", "[schedule][disaggregated]") {
   STATIC_REQUIRE(FinDep::pipeline == Pipeline::findep);
   STATIC_REQUIRE(PPPipe::pipeline == Pipeline::pppipe);
@@ -119,7 +231,7 @@ TEST_CASE("DisaggregatedLayer rejects bad input", "[schedule][disaggregated][bad
   SECTION("max_tokens below one") {
     CHECK_THROWS_WITH(run(FinDep{.ag = 2}, {.max_tokens = 0}), Catch::Contains("max_tokens must be positive, got 0"));
   }
-  SECTION("a replica table with more than one copy of an expert, or one the placement contradicts") {
+  SECTION("a replica table the placement contradicts, or that misses an expert or a copy's weights") {
     using Replicated = DisaggregatedLayer<Model, Router, placement::Table, replication::Table, FinDep, Comm>;
     auto build = [&](replication::Table table) {
       collective::run_in_process<world>([&](Comm& comm) {
@@ -128,11 +240,22 @@ TEST_CASE("DisaggregatedLayer rejects bad input", "[schedule][disaggregated][bad
     };
     std::vector<std::vector<int>> copies(static_cast<std::size_t>(s.experts));
     for (int e = 0; e < s.experts; ++e) copies[static_cast<std::size_t>(e)] = {blocks(s.experts, 2).rank_of(e)};
+    auto outside = copies;
+    outside[4].push_back(2);  // EG indices are 0 and 1 (ranks 2 and 3)
+    CHECK_THROWS_WITH(build(replication::Table(outside)), Catch::Contains("expert 4 has a copy on rank 2, outside [0, 2)"));
+    // A second copy of expert 3 on the EG rank that lacks its weights (view() holds every expert,
+    // so the weights are taken away here).
     auto two = copies;
-    two[3] = {blocks(s.experts, 2).rank_of(3), 1 - blocks(s.experts, 2).rank_of(3)};
-    CHECK_THROWS_WITH(build(replication::Table(two)),
-                      Catch::Contains("replicated experts on the expert group are not supported: the replica table "
-                                      "gives expert 3 2 copies"));
+    int other = 1 - blocks(s.experts, 2).rank_of(3);
+    two[3].push_back(other);
+    auto no_three = weights.experts_where([](int e) { return e != 3; });
+    auto missing = weights.view();
+    missing.experts = no_three;
+    CHECK_THROWS_WITH(collective::run_in_process<world>([&](Comm& comm) {
+                        auto w = comm.rank() == 2 + other ? missing : weights.view();
+                        Replicated layer(comm, blocks(s.experts, 2), replication::Table(two), w, FinDep{.ag = 2}, ok);
+                      }),
+                      Catch::Contains("serves expert 3 but its weights are missing"));
     auto moved = copies;
     moved[5] = {1 - blocks(s.experts, 2).rank_of(5)};
     CHECK_THROWS_WITH(build(replication::Table(moved)), Catch::Contains("expert 5 is placed on rank"));

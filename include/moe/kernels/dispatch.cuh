@@ -39,12 +39,16 @@ struct ReplicaView {
   int const* offsets = nullptr;
   int const* ranks = nullptr;
   int const* primary = nullptr;
+  /// The EP layer: a copy on the token's own rank serves it. False where the source rank is not
+  /// a destination (a FinDEP AG rank sending to EG indices).
+  bool prefer_source = true;
 
   __device__ __forceinline__ int choose(int e, int source_rank, long long token) const {
     int first = offsets[e], n = offsets[e + 1] - first;
     if (n == 1) return primary[e];
-    for (int i = 0; i < n; ++i)
-      if (ranks[first + i] == source_rank) return source_rank;
+    if (prefer_source)
+      for (int i = 0; i < n; ++i)
+        if (ranks[first + i] == source_rank) return source_rank;
     return ranks[first + static_cast<int>((source_rank + token) % n)];
   }
 };

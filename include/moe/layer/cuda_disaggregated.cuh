@@ -26,7 +26,8 @@
 //   max_chunks must hold the schedule's r1 * r2 (checked at construction).
 // - A rank whose arguments are rejected throws alone (the host layer first agrees with its peers
 //   over the collective): call can_implement() on every rank, agree, then run().
-// Replicas: replication::None, or a replication::Table with one copy per expert, as on the host.
+// Replicas: replication::None, or a replication::Table over EG indices with the host layer's rule
+// (token t of AG rank p uses copy (p + t) mod n of an expert's n listed copies).
 // moe::Layer with a disaggregated schedule and a device communicator is this type as well.
 
 #include <memory>
@@ -60,9 +61,9 @@ public:
   using element_type = typename Executor::element_type;
   using T = element_type;
 
-  static_assert(detail::single_copy_replicas<Replicas>,
-                "moe::DisaggregatedLayer: replicated experts on the expert group are not supported; use "
-                "replication::None or a replication::Table with one copy per expert");
+  static_assert(detail::expert_group_replicas<Replicas>,
+                "moe::DisaggregatedLayer: the Replicas policy must be replication::None or a replication::Table "
+                "over the expert group's indices");
 
   struct Arguments {
     int tokens = 0;        ///< AG ranks: their tokens; EG ranks: the token count of an AG rank
@@ -124,7 +125,7 @@ private:
         schedule_(checked(schedule, options, a2e.size())),
         executor_(a2e, e2a ? *e2a : *owned_e2a_, schedule.ag,
                   detail::expert_group_table(placement, replicas, shape.experts, a2e.size() - schedule.ag), weights,
-                  options) {}
+                  options, detail::expert_group_copies(replicas)) {}
 
   static typename Executor::Arguments executor_args(Arguments const& a) { return {a.tokens, a.x, a.y, a.stream}; }
 

@@ -18,11 +18,16 @@
 // done by schedule::FinDepExecutor (host threads over the collective's send / recv; see
 // docs/findep.md); with collective::Mpi the MPI library must grant MPI_THREAD_MULTIPLE.
 //
-// Not supported (compile-time or constructor errors): replicated experts (Replicas must be
-// replication::None, or a replication::Table with one copy per expert, on the expert's EG index),
-// LayerOptions::deduplicate = false (a token always goes once to each EG rank that serves one of
-// its experts). With a device communicator (collective::Nccl) the same type is the GPU layer of
-// include/moe/layer/cuda_disaggregated.cuh.
+// Replicas: replication::None (one copy per expert, on the placement's EG index) or a
+// replication::Table over EG indices (e.g. a CRAFT or EPLB plan for the expert group; the
+// placement's EG index must be among each expert's copies). Token t of AG rank p uses copy
+// (p + t) mod n of the n copies the table lists for an expert; an EG rank needs the weights of
+// every expert it holds a copy of.
+//
+// Not supported (constructor error): LayerOptions::deduplicate = false (a token always goes once
+// to each EG rank that serves one of its experts). With a device communicator (collective::Nccl)
+// the same type is the GPU layer of include/moe/layer/cuda_disaggregated.cuh, which takes one copy
+// per expert only.
 //
 // moe::Layer with a disaggregated schedule policy is this type (the specialisation at the end of
 // this file), so the design's composition moe::Layer<Model, Router, Placement, Replicas,
@@ -53,28 +58,31 @@ inline void check_disaggregated_schedule(int ag, int r1, int r2, int ranks) {
   check(r1 >= 1 && r2 >= 1, "moe::DisaggregatedLayer: r1 and r2 must be at least 1, got r1 = ", r1, ", r2 = ", r2);
 }
 
-/// Replica policies a disaggregated layer takes: replication::None, or a replication::Table that
-/// gives every expert exactly one copy (the expert group runs one copy per expert).
+/// Replica policies a disaggregated layer takes: replication::None, or a replication::Table over
+/// the expert group's indices.
 template <class Replicas>
-inline constexpr bool single_copy_replicas =
+inline constexpr bool expert_group_replicas =
     std::is_same_v<Replicas, replication::None> || std::is_same_v<Replicas, replication::Table>;
 
 /// Any Placement policy as the executors' table of expert -> expert-group index, validated against
-/// the `eg` expert-group ranks, and the replica table checked against it: one copy per expert, on
-/// the expert's EG index.
+/// the `eg` expert-group ranks, and the replica table checked against it (every placement index
+/// among the expert's copies, every copy inside the expert group).
 template <placement::Policy Placement, class Replicas>
 placement::Table expert_group_table(Placement const& p, Replicas const& replicas, int experts, int eg) {
   p.validate(experts, eg);
   std::vector<int> t(static_cast<std::size_t>(experts));
   for (int e = 0; e < experts; ++e) t[static_cast<std::size_t>(e)] = p.rank_of(e);
-  if constexpr (std::is_same_v<Replicas, replication::Table>) {
-    replicas.validate(experts, eg, t);
-    for (int e = 0; e < experts; ++e)
-      check(replicas.copies(e) == 1, "moe::DisaggregatedLayer: replicated experts on the expert group are not "
-                                     "supported: the replica table gives expert ", e, " ", replicas.copies(e),
-            " copies (use one per expert, or replication::None)");
-  }
+  if constexpr (std::is_same_v<Replicas, replication::Table>) replicas.validate(experts, eg, t);
   return placement::Table(std::move(t));
+}
+
+/// The replica table as the host executor takes it (empty: one copy per expert).
+template <class Replicas>
+replication::Table expert_group_copies(Replicas const& replicas) {
+  if constexpr (std::is_same_v<Replicas, replication::Table>)
+    return replicas;
+  else
+    return {};
 }
 }  // namespace detail
 
@@ -93,9 +101,9 @@ public:
   static_assert(Comm::memory == collective::Memory::host,
                 "moe::DisaggregatedLayer: a device communicator (Nccl) needs #include "
                 "<moe/layer/cuda_disaggregated.cuh>, compiled by nvcc");
-  static_assert(detail::single_copy_replicas<Replicas>,
-                "moe::DisaggregatedLayer: replicated experts on the expert group are not supported; use "
-                "replication::None or a replication::Table with one copy per expert");
+  static_assert(detail::expert_group_replicas<Replicas>,
+                "moe::DisaggregatedLayer: the Replicas policy must be replication::None or a replication::Table "
+                "over the expert group's indices");
 
   struct Arguments {
     int tokens = 0;        ///< tokens on this rank (AG ranks; EG ranks pass 0)
@@ -109,7 +117,7 @@ public:
       : schedule_(checked(schedule, options, comm.size())),
         executor_(comm, shape, schedule.ag,
                   detail::expert_group_table(placement, replicas, shape.experts, comm.size() - schedule.ag), weights,
-                  options.max_tokens) {}
+                  options.max_tokens, detail::expert_group_copies(replicas)) {}
 
   /// Bytes of caller-owned workspace run() needs on this rank.
   [[nodiscard]] std::size_t workspace_size() const { return executor_.workspace_size(); }

@@ -45,6 +45,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <array>
 #include <concepts>
 #include <cstdint>
@@ -571,6 +572,10 @@ concept PointToPointDevice = C::memory == collective::Memory::device &&
 /// rank), so no host synchronisation is needed; the EG reads only the counted records. The E2A
 /// carries `chunk` partial rows back.
 ///
+/// Replicated experts (optional `replicas`, a replication::Table over EG indices) follow the host
+/// executor's rule (schedule/findep_executor.hpp): token t of AG rank p uses copy (p + t) mod n of
+/// the n copies the table lists for an expert, and an EG rank serves every expert it holds a copy of.
+///
 ///   FinDepCudaP2PExecutor<Model, Router, collective::Nccl> ex(a2e_comm, e2a_comm, ag, on_eg, weights, options);
 ///   ex.run({.tokens = n, .x = x, .y = y, .stream = s}, config, workspace);   // AG ranks
 ///   ex.run({.tokens = n, .stream = s}, config, workspace);                    // EG ranks: same n, no x / y
@@ -612,7 +617,7 @@ public:
   static constexpr int e2a_tag = 1;
 
   FinDepCudaP2PExecutor(Comm& a2e, Comm& e2a, int ag, placement::Table on_eg, LayerWeights<T> weights,
-                        FinDepCudaOptions options)
+                        FinDepCudaOptions options, replication::Table const& replicas = {})
       : a2e_(&a2e), e2a_(&e2a), ag_(ag), eg_(a2e.size() - ag), placement_(std::move(on_eg)), weights_(weights),
         options_(options) {
     namespace kc = kernels::cuda;
@@ -635,9 +640,22 @@ public:
           " experts, the shape has ", shape.experts);
     check(static_cast<int>(weights_.shared.size()) == shape.shared_experts, who, ": weights list ",
           weights_.shared.size(), " shared experts, the shape has ", shape.shared_experts);
-    std::vector<int> offsets(E + 1), eg_of(E);
-    for (std::size_t e = 0; e <= E; ++e) offsets[e] = static_cast<int>(e);
-    for (std::size_t e = 0; e < E; ++e) eg_of[e] = placement_.rank_of(static_cast<int>(e));
+    // Each expert's copies (EG indices) back to back: the table's lists, or the placement's index.
+    bool replicated = !replicas.replicas().empty();
+    if (replicated) replicas.validate(shape.experts, eg_, placement_.ranks());
+    std::vector<int> offsets{0}, copies, eg_of(E);
+    for (std::size_t e = 0; e < E; ++e) {
+      eg_of[e] = placement_.rank_of(static_cast<int>(e));
+      if (replicated)
+        copies.insert(copies.end(), replicas.replicas()[e].begin(), replicas.replicas()[e].end());
+      else
+        copies.push_back(eg_of[e]);
+      offsets.push_back(static_cast<int>(copies.size()));
+    }
+    auto holds = [&](std::size_t e, int g) {
+      return std::find(copies.begin() + offsets[e], copies.begin() + offsets[e + 1], g) !=
+             copies.begin() + offsets[e + 1];
+    };
     if (is_ag()) {
       check(weights_.router != nullptr, who, ": AG rank ", rank(), " has no router weights");
       for (int e = 0; e < shape.shared_experts; ++e) {
@@ -649,6 +667,8 @@ public:
       }
       replica_offsets_ = kc::DeviceArray<int>(E + 1);
       replica_offsets_.upload(offsets.data(), E + 1);
+      replica_ranks_ = kc::DeviceArray<int>(copies.size());
+      replica_ranks_.upload(copies.data(), copies.size());
       primary_ = kc::DeviceArray<int>(E);
       primary_.upload(eg_of.data(), E);
       scan_bytes_ = kc::exclusive_sum_bytes(static_cast<long long>(eg_) * options_.max_tokens);
@@ -658,7 +678,7 @@ public:
       std::vector<T const*> gate(E, nullptr), up(E, nullptr), down(E, nullptr);
       for (int e = 0; e < shape.experts; ++e) {
         auto ue = static_cast<std::size_t>(e);
-        if (eg_of[ue] != rank() - ag_) continue;
+        if (!holds(ue, rank() - ag_)) continue;
         auto const& w = weights_.experts[ue];
         check(w.present(), who, ": EG rank ", rank(), " serves expert ", e, " but its weights are missing");
         check_aligned(w.gate, "gate", e);
@@ -921,8 +941,9 @@ private:
     std::uint64_t* send_count = b.send_count.data() + uq * ueg();
     long long* send_base = b.send_base.data() + uq * ueg();
     std::byte* records = b.send.data() + ueg() * t0 * record_bytes;
-    kc::ReplicaView view{replica_offsets_.get(), primary_.get(), primary_.get()};  // one copy: primary = EG index
-    kc::plan_records<k>(s, b.ids.data() + t0 * uk, r.chunk, eg_, view, 0, static_cast<long long>(t0), true,
+    // Copy (p + t) mod n of an expert's n copies for token t of this AG rank p (no copy is local).
+    kc::ReplicaView view{replica_offsets_.get(), replica_ranks_.get(), primary_.get(), false};
+    kc::plan_records<k>(s, b.ids.data() + t0 * uk, r.chunk, eg_, view, rank(), static_cast<long long>(t0), true,
                         b.dest.data() + t0 * uk, count);
     kc::exclusive_sum(s, b.scan_temp.data(), b.scan_temp.size(), count, pos, static_cast<long long>(ueg() * n));
     kc::send_layout(s, count, pos, r.chunk, eg_, static_cast<long long>(n), send_count, send_base);
@@ -1006,7 +1027,7 @@ private:
   placement::Table placement_;
   LayerWeights<T> weights_;
   FinDepCudaOptions options_;
-  kernels::cuda::DeviceArray<int> replica_offsets_, primary_;
+  kernels::cuda::DeviceArray<int> replica_offsets_, replica_ranks_, primary_;
   kernels::cuda::DeviceArray<unsigned char> served_;
   kernels::cuda::DeviceArray<T const*> gate_, up_, down_;
   kernels::cuda::DeviceArray<unsigned> errors_;

@@ -4,12 +4,23 @@
 // expert group (EG: the routed experts, placed by a placement::Table over the eg EG ranks).
 //
 //   moe::schedule::FinDepExecutor<Router, float, Comm> ex(comm, shape, ag, eg_placement, weights, max_tokens);
+//   moe::schedule::FinDepExecutor<Router, float, Comm> ex2(comm, shape, ag, eg_placement, weights, max_tokens,
+//                                                          eg_replicas);  // replicated experts
 //   std::vector<std::byte> ws(ex.workspace_size());   // caller-owned scratch (differs AG / EG)
 //   ex.run({.tokens = n, .x = x, .y = y}, config, ws); // every rank calls it; EG ranks pass no tokens
 //   ex.run({.tokens = n, .x = x, .y = y}, config);     // the same with a workspace the executor keeps
 //
 // `max_tokens` bounds the tokens of any AG rank in one run() (it sizes the workspace; every rank
 // must use the same value, because EG ranks size their receive buffers with it).
+//
+// Replicated experts: an optional replication::Table over the EG indices (for each expert the EG
+// ranks holding a copy, the placement's among them) lets several EG ranks serve one expert, as
+// CRAFT or EPLB plan it. Token t of AG rank p goes for an expert whose table entry lists the
+// copies c_0..c_{n-1} to c_{(p + t) mod n}: a hot expert's tokens spread evenly over its copies
+// without any communication, and each token still goes once to each EG rank that serves one of its
+// experts. (The EP layer's replication::Table::choose also prefers a copy on the token's own rank;
+// an AG rank holds none.)
+// An EG rank needs the weights of every expert it holds a copy of.
 //
 // An AG rank splits its tokens into r1 micro-batches and each micro-batch into r2 chunks and runs
 // three threads, one per resource of the schedule:
@@ -65,6 +76,7 @@
 #include "moe/kernels/host.hpp"
 #include "moe/layer/weights.hpp"
 #include "moe/placement/table.hpp"
+#include "moe/replication/table.hpp"
 #include "moe/router/router.hpp"
 #include "moe/schedule/problem.hpp"
 
@@ -86,8 +98,10 @@ public:
 
   /// `placement` maps each routed expert to an EG rank index in [0, eg). `max_tokens` (>= 1) is the
   /// most tokens an AG rank passes to one run().
+  /// `replicas` (optional; empty: one copy per expert, on the placement's EG rank) lists for each
+  /// expert the EG indices holding a copy (see the header comment).
   FinDepExecutor(Comm& comm, ShapeSpec shape, int ag, placement::Table placement, LayerWeights<T> weights,
-                 int max_tokens)
+                 int max_tokens, replication::Table const& replicas = {})
       : comm_(&comm), s_(shape), ag_(ag), eg_(comm.size() - ag), placement_(std::move(placement)), w_(weights),
         max_tokens_(max_tokens), votes_(static_cast<std::size_t>(comm.size())),
         vote_bytes_(static_cast<std::size_t>(comm.size()), sizeof(Vote)) {
@@ -98,6 +112,7 @@ public:
           " ranks and ", ag_, " of them are AG ranks");
     check(max_tokens_ >= 1, "FinDepExecutor: max_tokens (tokens per AG rank) must be at least 1, got ", max_tokens_);
     placement_.validate(s_.experts, eg_);
+    set_copies(replicas);
     check(static_cast<int>(w_.experts.size()) == s_.experts, "FinDepExecutor: weights list ", w_.experts.size(),
           " experts, the shape has ", s_.experts);
     check(static_cast<int>(w_.shared.size()) == s_.shared_experts, "FinDepExecutor: weights list ",
@@ -108,9 +123,23 @@ public:
         check(sw.present(), "FinDepExecutor: AG rank ", comm.rank(), " misses shared-expert weights");
     } else {
       for (int e = 0; e < s_.experts; ++e)
-        check(placement_.rank_of(e) != eg_index() || w_.experts[static_cast<std::size_t>(e)].present(),
+        check(!serves(e, eg_index()) || w_.experts[static_cast<std::size_t>(e)].present(),
               "FinDepExecutor: EG rank ", comm.rank(), " serves expert ", e, " but its weights are missing");
     }
+  }
+
+  /// Whether EG index `g` holds a copy of expert `e`.
+  [[nodiscard]] bool serves(int e, int g) const {
+    auto first = copies_.begin() + copy_first_[static_cast<std::size_t>(e)];
+    auto last = copies_.begin() + copy_first_[static_cast<std::size_t>(e) + 1];
+    return std::find(first, last, g) != last;
+  }
+
+  /// The EG index that serves expert `e` for token `t` (index in this AG rank's batch).
+  [[nodiscard]] int destination(int e, int t) const {
+    int first = copy_first_[static_cast<std::size_t>(e)], n = copy_first_[static_cast<std::size_t>(e) + 1] - first;
+    if (n == 1) return copies_[static_cast<std::size_t>(first)];
+    return copies_[static_cast<std::size_t>(first + (comm_->rank() + t) % n)];
   }
 
   [[nodiscard]] bool is_ag() const { return comm_->rank() < ag_; }
@@ -158,6 +187,23 @@ public:
   }
 
 private:
+  /// The copies as one list per expert, back to back (copies_[copy_first_[e] .. copy_first_[e + 1])),
+  /// in the replica table's order; without a table, the placement's EG index alone.
+  void set_copies(replication::Table const& replicas) {
+    auto E = static_cast<std::size_t>(s_.experts);
+    copy_first_.assign(E + 1, 0);
+    copies_.clear();
+    bool replicated = !replicas.replicas().empty();
+    if (replicated) replicas.validate(s_.experts, eg_, placement_.ranks());
+    for (std::size_t e = 0; e < E; ++e) {
+      if (replicated)
+        copies_.insert(copies_.end(), replicas.replicas()[e].begin(), replicas.replicas()[e].end());
+      else
+        copies_.push_back(placement_.rank_of(static_cast<int>(e)));
+      copy_first_[e + 1] = static_cast<int>(copies_.size());
+    }
+  }
+
   /// One rank's verdict on a run(), exchanged before any data moves (256 bytes).
   struct Vote {
     std::int32_t ok = 0, r1 = 0, r2 = 0, pipeline = 0, order = 0, pad[3] = {};
@@ -237,6 +283,7 @@ private:
   struct AgBuffers {
     std::span<int> ids;              // max_tokens x k
     std::span<float> gate;           // max_tokens x k
+    std::span<int> dest;             // max_tokens x k: the EG index serving each (token, expert)
     std::span<float> shared;         // max_tokens x h: shared-expert sum
     std::span<float> routed;         // max_tokens x h: sum of the EG partials
     std::span<int> sent;             // tokens sent, list after list in (chunk, EG rank) order
@@ -263,6 +310,7 @@ private:
     auto k = static_cast<std::size_t>(s_.top_k), eg = static_cast<std::size_t>(eg_);
     b.ids = c.take<int>(m * k);
     b.gate = c.take<float>(m * k);
+    b.dest = c.take<int>(m * k);
     b.shared = c.take<float>(m * h);
     b.routed = c.take<float>(m * h);
     b.sent = c.take<int>(m * std::min(k, eg));  // a token goes to at most min(k, eg) EG ranks
@@ -370,13 +418,18 @@ private:
         for (int i = 0; i < c.r1; ++i) {
           if (!wait_for(released, i)) return;
           for (int j = 0; j < c.r2; ++j) {
+            int t0 = i * mb + j * chunk;
+            for (int t = t0; t < t0 + chunk; ++t)
+              for (std::size_t q = 0; q < k; ++q) {
+                std::size_t at = static_cast<std::size_t>(t) * k + q;
+                b.dest[at] = destination(b.ids[at], t);
+              }
             for (int g = 0; g < eg_; ++g) {
               auto list = static_cast<std::size_t>((i * c.r2 + j) * eg_ + g);
               std::size_t at = b.sent_at[list];
-              int t0 = i * mb + j * chunk;
               for (int t = t0; t < t0 + chunk; ++t)
                 for (std::size_t q = 0; q < k; ++q)
-                  if (placement_.rank_of(b.ids[static_cast<std::size_t>(t) * k + q]) == g) {
+                  if (b.dest[static_cast<std::size_t>(t) * k + q] == g) {
                     b.sent[at++] = t;
                     break;
                   }
@@ -431,7 +484,7 @@ private:
     auto* w = reinterpret_cast<float*>(out + sizeof(hdr) + k * sizeof(std::int32_t));
     for (std::size_t q = 0; q < k; ++q) {
       std::size_t at = static_cast<std::size_t>(t) * k + q;
-      if (placement_.rank_of(b.ids[at]) != g) continue;
+      if (b.dest[at] != g) continue;
       e[hdr[1]] = b.ids[at];
       w[hdr[1]] = b.gate[at];
       ++hdr[1];
@@ -478,14 +531,14 @@ private:
           for (int q = 0; q < hdr[1]; ++q) {
             std::int32_t id;
             std::memcpy(&id, record(r) + sizeof(hdr) + static_cast<std::size_t>(q) * sizeof(std::int32_t), sizeof(id));
-            check(id >= 0 && id < s_.experts && placement_.rank_of(id) == me, "FinDepExecutor: EG rank ",
+            check(id >= 0 && id < s_.experts && serves(id, me), "FinDepExecutor: EG rank ",
                   comm_->rank(), " received a token for expert ", id, " which it does not serve");
           }
         }
         // Weighted partial sum of this rank's experts for every received record, expert by expert.
         std::fill_n(b.partial.data(), total * h, 0.0f);
         for (int e = 0; e < s_.experts; ++e) {
-          if (placement_.rank_of(e) != me) continue;
+          if (!serves(e, me)) continue;
           std::size_t m = 0;
           for (std::size_t r = 0; r < total; ++r) {
             std::int32_t hdr[2];
@@ -523,6 +576,7 @@ private:
   ShapeSpec s_;
   int ag_, eg_;
   placement::Table placement_;
+  std::vector<int> copy_first_, copies_;  // see set_copies()
   LayerWeights<T> w_;
   int max_tokens_;
   std::vector<std::byte> own_;
