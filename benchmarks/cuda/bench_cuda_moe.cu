@@ -673,7 +673,12 @@ void BM_LayerGraph(benchmark::State& state) {
   l.run();
   kc::check_cuda(cudaStreamEndCapture(l.stream, &graph), "cudaStreamEndCapture");
   kc::check_cuda(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
-  time_gpu(state, l.stream, [&] { cudaGraphLaunch(exec, l.stream); });
+  cudaError_t launched = cudaSuccess;  // the first failed launch, reported after the timing loop
+  time_gpu(state, l.stream, [&] {
+    cudaError_t e = cudaGraphLaunch(exec, l.stream);
+    if (launched == cudaSuccess) launched = e;
+  });
+  if (launched != cudaSuccess) state.SkipWithError((std::string("cudaGraphLaunch: ") + cudaGetErrorString(launched)).c_str());
   state.counters["tokens/s"] = rate(static_cast<double>(tokens));
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);

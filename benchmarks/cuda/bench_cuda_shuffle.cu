@@ -188,7 +188,10 @@ kc::DeviceArray<unsigned>& error_word() {
 
 void require_no_errors(benchmark::State& state) {
   auto v = download(error_word().get(), 1);
-  if (v[0] != 0) state.SkipWithError(("device error word " + std::to_string(v[0])).c_str());
+  if (v[0] == 0) return;
+  state.SkipWithError(("device error word " + std::to_string(v[0])).c_str());
+  // Cleared, so that the benchmarks after this one report their own errors only.
+  kc::check_cuda(cudaMemset(error_word().get(), 0, sizeof(unsigned)), "cudaMemset (error word)");
 }
 
 std::map<std::string, double> g_host;  // host tokens/s per (model, devices, tokens)
@@ -288,8 +291,13 @@ void BM_PredictAndPlanGraph(benchmark::State& state, std::string model, int devi
   run();
   kc::check_cuda(cudaStreamEndCapture(stream(), &graph), "cudaStreamEndCapture");
   kc::check_cuda(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
-  auto body = [&] { cudaGraphLaunch(exec, stream()); };
+  cudaError_t launched = cudaSuccess;  // the first failed launch, reported after the timing loop
+  auto body = [&] {
+    cudaError_t e = cudaGraphLaunch(exec, stream());
+    if (launched == cudaSuccess) launched = e;
+  };
   time_gpu(state, stream(), body);
+  if (launched != cudaSuccess) state.SkipWithError((std::string("cudaGraphLaunch: ") + cudaGetErrorString(launched)).c_str());
   require_no_errors(state);
   state.counters["tokens/s"] = rate(n);
   set_of_host(state, model, devices, mean_ms(stream(), body));

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "cuda_test_support.cuh"
@@ -282,8 +283,12 @@ struct PackCase {
     }
     std::size_t payload = static_cast<std::size_t>(s.hidden) * sizeof(T);
     for (std::size_t r = 0; r < capacity; ++r) {
-      if (!want.used[r]) continue;
       INFO("record " << r);
+      if (!want.used[r]) {  // a slot no record uses (padded gap, or past the count) stays poisoned
+        auto first = got.begin() + static_cast<std::ptrdiff_t>(r * rec);
+        REQUIRE(std::all_of(first, first + static_cast<std::ptrdiff_t>(rec), [](std::byte b) { return b == std::byte{0xff}; }));
+        continue;
+      }
       REQUIRE(std::memcmp(got.data() + r * rec, want.buffer.data() + r * rec, meta) == 0);
       REQUIRE(std::memcmp(got.data() + r * rec + meta, want.buffer.data() + r * rec + meta, payload) == 0);
     }
@@ -638,6 +643,37 @@ TEST_CASE("router kernels choose the host's experts, in its order, with its weig
     check_route<DeepSeekSmallF32, SigmoidGroupTopK>(300, ties, 13);
     check_route<KimiSmall, SigmoidGroupTopK>(300, ties, 14);
   }
+  // A token count that leaves the router's last block part-filled.
+  check_route<DeepSeekSmallF32, SigmoidGroupTopK>(301, false, 15);
+  check_route<MixtralSmallF32, SoftmaxTopK>(1, false, 16);
+}
+
+TEST_CASE("receive layout: padded regions cut an over-long count and raise the error bit", "[cuda][dispatch][bad-input]") {
+  // Three peers, regions of cap = 4 records: peer 1 announces 9 (it was built with other sizes).
+  auto layout = [](std::vector<std::uint64_t> const& counts, long long cap) {
+    Device<std::uint64_t> recv_count(counts);
+    Device<long long> base(counts.size());
+    Device<int> n(counts.size());
+    Device<unsigned> errors(std::vector<unsigned>{0u});
+    base.poison();
+    n.poison();
+    kc::recv_layout(nullptr, recv_count.get(), static_cast<int>(counts.size()), cap, base.get(), n.get(), errors.get());
+    kc::check_cuda(cudaDeviceSynchronize(), "recv_layout");
+    return std::tuple{base.download(), n.download(), errors.download()[0]};
+  };
+  auto [base, n, errors] = layout({3, 9, 0}, 4);
+  CHECK(base == std::vector<long long>{0, 4, 8});
+  CHECK(n == std::vector<int>{3, 4, 0});
+  CHECK(errors == kc::error_bad_count);
+  auto [base_ok, n_ok, errors_ok] = layout({4, 1, 2}, 4);
+  CHECK(base_ok == std::vector<long long>{0, 4, 8});
+  CHECK(n_ok == std::vector<int>{4, 1, 2});
+  CHECK(errors_ok == 0u);
+  // Back to back (cap 0): bases are the running sum, nothing is cut.
+  auto [base_bb, n_bb, errors_bb] = layout({3, 9, 0}, 0);
+  CHECK(base_bb == std::vector<long long>{0, 3, 12});
+  CHECK(n_bb == std::vector<int>{3, 9, 0});
+  CHECK(errors_bb == 0u);
 }
 
 TEST_CASE("dispatch packs de-duplicated records in the layer's format", "[cuda][dispatch]") {

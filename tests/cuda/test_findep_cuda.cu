@@ -268,13 +268,13 @@ enum class Via { executor, layer, layer_two_comms };
 template <class Sched, class Model, class Router, int N, class T>
 unsigned through_layer(moe::test::StagedDevice<N>& a2e, moe::test::StagedDevice<N>& e2a, Via via, int ag,
                        moe::placement::Table const& on_eg, moe::replication::Table const& replicas,
-                       moe::LayerWeights<T> weights, ms::Config const& c, int tokens, T const* x, T* y, cudaStream_t st,
-                       char& role_ok) {
+                       moe::LayerWeights<T> weights, ms::Config const& c, int tokens, int max_tokens, T const* x, T* y,
+                       cudaStream_t st, char& role_ok) {
   using L = moe::DisaggregatedLayer<Model, Router, moe::placement::Table, moe::replication::Table, Sched,
                                     moe::test::StagedDevice<N>>;
   static_assert(std::is_same_v<typename L::element_type, T>);
   Sched sched = Sched::from(c, ag);
-  ms::FinDepCudaOptions options{.max_tokens = tokens};
+  ms::FinDepCudaOptions options{.max_tokens = max_tokens};
   std::optional<L> layer;
   if (via == Via::layer)
     layer.emplace(a2e, on_eg, replicas, weights, sched, options);
@@ -311,9 +311,12 @@ moe::replication::Table p2p_replicas(moe::placement::Table const& on_eg, int eg,
 /// rank's output against the host reference on its tokens. With `replicated`, experts have copies
 /// on several EG ranks (p2p_replicas) and each EG rank gets only the weights of the experts it
 /// holds a copy of, so a token sent to a rank without the expert raises a device error.
+/// `max_tokens` (0: `tokens`) sizes the executors' buffers; above `tokens`, the chunk regions are
+/// laid out for fewer tokens than the workspace holds.
 template <int N, class Model, class Router>
 void p2p_world(int ag, int tokens, std::uint64_t seed, double tolerance, Via via = Via::executor,
-               bool replicated = false) {
+               bool replicated = false, int max_tokens = 0) {
+  if (max_tokens == 0) max_tokens = tokens;
   using Ex = ms::FinDepCudaP2PExecutor<Model, Router, moe::test::StagedDevice<N>>;
   using T = typename Ex::element_type;
   constexpr moe::ShapeSpec s = Model::spec;
@@ -348,7 +351,7 @@ void p2p_world(int ag, int tokens, std::uint64_t seed, double tolerance, Via via
     std::optional<Ex> ex;
     std::optional<Device<std::byte>> ws;
     if (via == Via::executor) {
-      ex.emplace(a2e, e2a, ag, on_eg, view, ms::FinDepCudaOptions{.max_tokens = tokens}, replicas);
+      ex.emplace(a2e, e2a, ag, on_eg, view, ms::FinDepCudaOptions{.max_tokens = max_tokens}, replicas);
       ws.emplace(ex->workspace_size());
       ws->poison();
     }
@@ -365,11 +368,11 @@ void p2p_world(int ag, int tokens, std::uint64_t seed, double tolerance, Via via
         kc::check_cuda(cudaStreamSynchronize(st), "rank run");
         errors |= ex->errors();
       } else if (cfgs[q].pipeline == ms::Pipeline::findep) {
-        errors |= through_layer<ms::FinDep, Model, Router>(a2e, e2a, via, ag, on_eg, replicas, view, cfgs[q], tokens, xr,
-                                                           yr, st, role_ok[static_cast<std::size_t>(rank)]);
+        errors |= through_layer<ms::FinDep, Model, Router>(a2e, e2a, via, ag, on_eg, replicas, view, cfgs[q], tokens,
+                                                           max_tokens, xr, yr, st, role_ok[static_cast<std::size_t>(rank)]);
       } else {
-        errors |= through_layer<ms::PPPipe, Model, Router>(a2e, e2a, via, ag, on_eg, replicas, view, cfgs[q], tokens, xr,
-                                                           yr, st, role_ok[static_cast<std::size_t>(rank)]);
+        errors |= through_layer<ms::PPPipe, Model, Router>(a2e, e2a, via, ag, on_eg, replicas, view, cfgs[q], tokens,
+                                                           max_tokens, xr, yr, st, role_ok[static_cast<std::size_t>(rank)]);
       }
       host.barrier();
       if (rank == 0) {
@@ -385,7 +388,7 @@ void p2p_world(int ag, int tokens, std::uint64_t seed, double tolerance, Via via
     INFO(N << " ranks, " << ag << " AG, " << ms::pipeline_name(cfgs[q].pipeline) << " " << ms::order_name(cfgs[q].order)
            << " r1 " << cfgs[q].r1 << " r2 " << cfgs[q].r2 << ", shared experts " << s.shared_experts
            << (via == Via::executor ? ", executor" : via == Via::layer ? ", layer (one communicator)" : ", layer (two)")
-           << (replicated ? ", replicated experts" : ""));
+           << (replicated ? ", replicated experts" : "") << ", max_tokens " << max_tokens);
     check_errors(result[q], tolerance, total);
   }
   for (unsigned e : device_errors) CHECK(e == 0u);
@@ -403,6 +406,9 @@ TEST_CASE("FinDEP CUDA executor with AG and EG on different ranks (staged point-
   p2p_world<3, DeepSeekSmallF32, SigmoidGroupTopK>(2, 24, 63, fp32_tol);
   p2p_world<4, MixtralSmallF32, SoftmaxTopK>(2, 24, 64, fp32_tol);
   p2p_world<3, DeepSeekV2SmallBf16, moe::router::GroupLimitedTopK>(2, 48, 65, bf16_tol);
+  // Fewer tokens than the executors were built for.
+  p2p_world<3, DeepSeekSmallF32, SigmoidGroupTopK>(1, 24, 66, fp32_tol, Via::executor, false, 40);
+  p2p_world<4, MixtralSmallF32, SoftmaxTopK>(2, 24, 67, fp32_tol, Via::layer, false, 64);
 }
 
 TEST_CASE("DisaggregatedLayer over a device communicator (staged point-to-point, one GPU)",

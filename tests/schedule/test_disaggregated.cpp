@@ -228,6 +228,14 @@ TEST_CASE("DisaggregatedLayer rejects bad input", "[schedule][disaggregated][bad
     CHECK_THROWS_WITH(run(FinDep{.ag = 2, .r1 = 0}, ok), Catch::Contains("r1 and r2 must be at least 1, got r1 = 0, r2 = 1"));
     CHECK_THROWS_WITH(run(FinDep{.ag = 2, .r2 = -1}, ok), Catch::Contains("got r1 = 1, r2 = -1"));
   }
+  SECTION("PPPipe with token chunks") {
+    using PP = DisaggregatedLayer<Model, Router, placement::Table, replication::None, PPPipe, Comm>;
+    CHECK_THROWS_WITH(collective::run_in_process<world>([&](Comm& comm) {
+                        PP layer(comm, blocks(s.experts, 2), replication::None{}, weights.view(),
+                                 PPPipe{.ag = 2, .r1 = 2, .r2 = 3}, ok);
+                      }),
+                      Catch::Contains("PPPipe has no token chunks; r2 must be 1, got r2 = 3"));
+  }
   SECTION("max_tokens below one") {
     CHECK_THROWS_WITH(run(FinDep{.ag = 2}, {.max_tokens = 0}), Catch::Contains("max_tokens must be positive, got 0"));
   }

@@ -147,14 +147,18 @@ __global__ void pack_records_kernel(T const* __restrict__ x, int tokens, int hid
 }
 
 __global__ void recv_layout_kernel(std::uint64_t const* __restrict__ recv_count, int ranks, long long cap,
-                                   long long* __restrict__ recv_base, int* __restrict__ recv_n) {
+                                   long long* __restrict__ recv_base, int* __restrict__ recv_n,
+                                   unsigned* __restrict__ errors) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
   long long at = 0;
   for (int p = 0; p < ranks; ++p) {
     long long n = static_cast<long long>(recv_count[p]);
     if (cap > 0) {
       recv_base[p] = p * cap;
-      n = n < cap ? n : cap;  // a peer cannot fill more than its region
+      if (n > cap) {  // a peer cannot fill more than its region: it was built with other sizes
+        if (errors) atomicOr(errors, error_bad_count);
+        n = cap;
+      }
     } else {
       recv_base[p] = at;
     }
@@ -296,9 +300,11 @@ void pack_records(cudaStream_t s, T const* x, int tokens, int hidden, int const*
 }
 
 /// recv_base and recv_n per source from the exchanged counts. cap > 0: fixed stride regions.
+/// `errors` (optional): raises error_bad_count when a peer announces more records than its padded
+/// region holds (cap > 0); the count is cut to the region either way.
 inline void recv_layout(cudaStream_t s, std::uint64_t const* recv_count, int ranks, long long cap, long long* recv_base,
-                        int* recv_n) {
-  detail::recv_layout_kernel<<<1, 1, 0, s>>>(recv_count, ranks, cap, recv_base, recv_n);
+                        int* recv_n, unsigned* errors = nullptr) {
+  detail::recv_layout_kernel<<<1, 1, 0, s>>>(recv_count, ranks, cap, recv_base, recv_n, errors);
   check_launch("recv_layout_kernel");
 }
 

@@ -302,6 +302,10 @@ void grouped_gemm(cudaStream_t s, GroupedGemmArgs<T> const& p) {
         "grouped_gemm: output rows must start 16-byte aligned (out_ld ", p.out_ld, " elements)");
   check(reinterpret_cast<std::uintptr_t>(p.b0) % 16 == 0 && reinterpret_cast<std::uintptr_t>(p.b1) % 16 == 0,
         "grouped_gemm: B (b0 / b1) is not 16-byte aligned");
+  check(p.b0 != nullptr || p.b0_table != nullptr, "grouped_gemm: no B (b0 and b0_table are both null)");
+  check(Ep != Epilogue::swiglu || p.b1 != nullptr || p.b1_table != nullptr,
+        "grouped_gemm: the SwiGLU epilogue needs the up projection (b1 and b1_table are both null)");
+  check(p.index_div >= 1, "grouped_gemm: index_div must be at least 1, got ", p.index_div);
   check(p.rows == nullptr || (p.tile_starts != nullptr && p.groups > 0 && p.max_row_tiles >= 0),
         "grouped_gemm: grouped rows need tile_starts, groups > 0 and max_row_tiles >= 0");
 

@@ -77,8 +77,8 @@ public:
   DisaggregatedLayer(Comm& comm, Placement const& placement, Replicas const& replicas, LayerWeights<T> weights,
                      Schedule schedule, schedule::FinDepCudaOptions options)
     requires detail::DuplicableComm<Comm>
-      : DisaggregatedLayer(duplicate(comm, schedule, options), comm, nullptr, placement, replicas, weights, schedule,
-                           options) {}
+      : DisaggregatedLayer(duplicate(comm, placement, replicas, schedule, options), comm, nullptr, placement, replicas,
+                           weights, schedule, options) {}
 
   /// Two communicators over the same ranks: `a2e` for the tokens to the experts, `e2a` for the
   /// partial results back.
@@ -106,14 +106,17 @@ public:
 
 private:
   static Schedule checked(Schedule s, schedule::FinDepCudaOptions const& o, int ranks) {
-    detail::check_disaggregated_schedule(s.ag, s.r1, s.r2, ranks);
+    detail::check_disaggregated_schedule(s, ranks);
     check(static_cast<long long>(s.r1) * s.r2 <= o.max_chunks, "moe::DisaggregatedLayer: the schedule's r1 * r2 = ",
           static_cast<long long>(s.r1) * s.r2, " chunks exceed FinDepCudaOptions::max_chunks = ", o.max_chunks);
     return s;
   }
 
-  static std::unique_ptr<Comm> duplicate(Comm const& comm, Schedule const& s, schedule::FinDepCudaOptions const& o) {
-    (void)checked(s, o, comm.size());  // a bad schedule fails before the collective call
+  static std::unique_ptr<Comm> duplicate(Comm const& comm, Placement const& placement, Replicas const& replicas,
+                                         Schedule const& s, schedule::FinDepCudaOptions const& o) {
+    // A bad schedule, placement or replica table fails before the collective call.
+    (void)checked(s, o, comm.size());
+    (void)detail::expert_group_table(placement, replicas, shape.experts, comm.size() - s.ag);
     return std::make_unique<Comm>(comm.duplicate());
   }
 

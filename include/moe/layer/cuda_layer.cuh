@@ -127,6 +127,7 @@ public:
   CudaLayer(Comm& comm, Placement placement, Replicas replicas, LayerWeights<T> weights, CudaLayerOptions options)
       : comm_(&comm), placement_(std::move(placement)), replicas_(std::move(replicas)), weights_(weights),
         options_(options) {
+    detail::keep_shared_list(weights_, shared_);  // run() reads the shared list; the routed go to tables
     int ranks = comm.size(), rank = comm.rank();
     std::vector<int> primary = detail::check_layer_setup("moe::CudaLayer", shape, ranks, rank, placement_, replicas_,
                                                          weights_, options_.max_tokens);
@@ -232,6 +233,19 @@ public:
     Buffers b;
     carve(c, b);
     cudaStream_t s = a.stream;
+    if constexpr (!local) {
+      // The exact exchange synchronises the host once per forward pass (all_to_all_v needs host
+      // byte counts). Under stream capture that would fail deep inside the runtime; say why
+      // instead, before anything is enqueued (a throw after the shared-expert fork would leave
+      // the capture with an unjoined stream).
+      if (!padded()) {
+        cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+        kc::check_cuda(cudaStreamIsCapturing(s, &capturing), "cudaStreamIsCapturing");
+        check(capturing == cudaStreamCaptureStatusNone,
+              "moe::CudaLayer: Exchange::exact synchronises the host once per forward pass and cannot be "
+              "captured in a CUDA graph; use CudaLayerOptions::exchange = cuda::Exchange::padded");
+      }
+    }
     int const ranks = comm_->size(), rank = comm_->rank(), t = a.tokens;
     std::size_t const rec = meta_bytes_ + payload_bytes_;
     long long const cap = padded() ? per_peer() : 0;
@@ -286,13 +300,7 @@ public:
         comm_->all_to_all(std::as_bytes(b.send), b.recv, static_cast<std::size_t>(cap) * rec);
         slots = static_cast<long long>(ranks) * cap;
       } else {
-        // The one host synchronisation of the exact exchange: all_to_all_v needs host byte counts.
-        // Under stream capture it would fail deep inside the runtime; say why instead.
-        cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-        kc::check_cuda(cudaStreamIsCapturing(s, &capturing), "cudaStreamIsCapturing");
-        check(capturing == cudaStreamCaptureStatusNone,
-              "moe::CudaLayer: Exchange::exact synchronises the host once per forward pass and cannot be "
-              "captured in a CUDA graph; use CudaLayerOptions::exchange = cuda::Exchange::padded");
+        // The one host synchronisation of the exact exchange (not under capture: checked above).
         kc::check_cuda(cudaMemcpyAsync(host_counts_, b.counts.data(), 2 * static_cast<std::size_t>(ranks) * sizeof(std::uint64_t),
                                        cudaMemcpyDeviceToHost, s),
                        "cudaMemcpyAsync (record counts)");
@@ -324,7 +332,7 @@ public:
       recv = b.recv.data();
       counts_in = recv_count;
     }
-    kc::recv_layout(s, counts_in, ranks, cap, b.recv_base.data(), b.recv_n.data());
+    kc::recv_layout(s, counts_in, ranks, cap, b.recv_base.data(), b.recv_n.data(), errors_.get());
 
     // 3. Experts: group (record, slot) pairs by expert, gate+up with SwiGLU, down, weighted combine.
     detail::RoutedExperts<shape, T> experts;
@@ -378,10 +386,12 @@ public:
                          shared_acc, a.y);
   }
 
-  /// Error bits (kernels::cuda::DeviceError) raised by the last run(). Synchronises the device:
-  /// a diagnostic for tests and debugging, not for the hot path.
+  /// Error bits (kernels::cuda::DeviceError) raised by the last run(). Synchronises the device
+  /// first (a plain cudaMemcpy would not wait for a non-blocking stream): a diagnostic for tests
+  /// and debugging, not for the hot path.
   [[nodiscard]] unsigned errors() const {
     unsigned v = 0;
+    kernels::cuda::check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize (errors)");
     kernels::cuda::check_cuda(cudaMemcpy(&v, errors_.get(), sizeof(v), cudaMemcpyDeviceToHost), "cudaMemcpy (errors)");
     return v;
   }
@@ -481,6 +491,7 @@ private:
   Placement placement_;
   Replicas replicas_;
   LayerWeights<T> weights_;
+  std::vector<ExpertWeights<T>> shared_;  // weights_.shared points here (detail::keep_shared_list)
   CudaLayerOptions options_;
   kernels::cuda::DeviceArray<int> replica_offsets_, replica_ranks_, primary_;
   kernels::cuda::DeviceArray<unsigned char> served_;

@@ -52,10 +52,14 @@ namespace moe {
 
 namespace detail {
 /// The construction-time checks of a disaggregated schedule on `ranks` ranks (both backends).
-inline void check_disaggregated_schedule(int ag, int r1, int r2, int ranks) {
-  check(ag >= 1 && ag < ranks, "moe::DisaggregatedLayer: the attention group must hold between 1 and ", ranks - 1,
-        " of the ", ranks, " ranks (the rest form the expert group), got ag = ", ag);
-  check(r1 >= 1 && r2 >= 1, "moe::DisaggregatedLayer: r1 and r2 must be at least 1, got r1 = ", r1, ", r2 = ", r2);
+template <schedule::DisaggregatedPolicy Schedule>
+void check_disaggregated_schedule(Schedule const& s, int ranks) {
+  check(s.ag >= 1 && s.ag < ranks, "moe::DisaggregatedLayer: the attention group must hold between 1 and ", ranks - 1,
+        " of the ", ranks, " ranks (the rest form the expert group), got ag = ", s.ag);
+  check(s.r1 >= 1 && s.r2 >= 1, "moe::DisaggregatedLayer: r1 and r2 must be at least 1, got r1 = ", s.r1,
+        ", r2 = ", s.r2);
+  check(Schedule::pipeline != schedule::Pipeline::pppipe || s.r2 == 1,
+        "moe::DisaggregatedLayer: PPPipe has no token chunks; r2 must be 1, got r2 = ", s.r2);
 }
 
 /// Replica policies a disaggregated layer takes: replication::None, or a replication::Table over
@@ -155,7 +159,7 @@ public:
 
 private:
   static Schedule checked(Schedule s, LayerOptions const& o, int ranks) {
-    detail::check_disaggregated_schedule(s.ag, s.r1, s.r2, ranks);
+    detail::check_disaggregated_schedule(s, ranks);
     check(o.max_tokens > 0, "moe::DisaggregatedLayer: LayerOptions::max_tokens must be positive, got ", o.max_tokens);
     check(o.deduplicate, "moe::DisaggregatedLayer: LayerOptions::deduplicate = false is not supported (a token goes "
                          "once to each expert-group rank that serves one of its experts)");

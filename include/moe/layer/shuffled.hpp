@@ -21,8 +21,11 @@
 
 #include <algorithm>
 #include <span>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
+#include "moe/collective/concept.hpp"
 #include "moe/config.hpp"
 #include "moe/core/workspace.hpp"
 #include "moe/speculative/shuffle_plan.hpp"
@@ -34,6 +37,12 @@ class ShuffledLayer {
 public:
   using T = typename InnerLayer::element_type;
   static constexpr std::size_t h = static_cast<std::size_t>(InnerLayer::shape.hidden);
+  // The steps between the collectives (copies, the slice arithmetic) run on the host; a device
+  // layer (CudaLayer over collective::Nccl) has the same members but would be handed device
+  // pointers here. The device form of the shuffle is kernels/shuffle.cuh.
+  static_assert(std::remove_cvref_t<decltype(std::declval<InnerLayer&>().comm())>::memory ==
+                    collective::Memory::host,
+                "ShuffledLayer runs on the host: its inner layer must use a host collective (InProcess, Mpi)");
 
   struct Arguments {
     int tokens = 0;                    ///< tokens in the whole batch (the same on every rank)

@@ -32,6 +32,17 @@ struct LayerWeights {
   std::span<ExpertWeights<T> const> shared;   ///< one entry per shared expert
 };
 
+namespace detail {
+/// Makes `w.shared` point into `store`, a copy of the caller's list: for device layers that copy
+/// the routed experts' pointers into tables at construction but read the shared experts' list on
+/// every forward pass (the caller's list may be a temporary).
+template <class T>
+void keep_shared_list(LayerWeights<T>& w, std::vector<ExpertWeights<T>>& store) {
+  store.assign(w.shared.begin(), w.shared.end());
+  w.shared = store;
+}
+}  // namespace detail
+
 /// Owning storage for a whole layer's weights, filled with seeded random values. Used by tests,
 /// benchmarks and the demo (synthetic weights: the library never needs real checkpoints to test).
 template <class T>

@@ -167,6 +167,7 @@ struct PlanCache {
       plan = build_stream_plan(c, shared_experts, 1);
       valid = true;
     }
+    plan.config = c;  // the same plan; keep the configuration the caller ran (m_a may differ)
     check(plan.events.size() <= plan_events, who, ": internal error: the plan needs ", plan.events.size(),
           " events, the pool holds ", plan_events);
     return plan;
@@ -184,9 +185,13 @@ inline unsigned read_error_word(kernels::cuda::DeviceArray<unsigned> const& word
 
 }  // namespace detail_cuda
 
+/// Largest FinDepCudaOptions::max_chunks: the event pool holds about 5 events per chunk, created
+/// at construction (solved schedules use a few hundred chunks at most).
+inline constexpr int max_cuda_chunks = 4096;
+
 struct FinDepCudaOptions {
   int max_tokens = 0;  ///< most tokens one run() takes; sizes the workspace
-  int max_chunks = 64;  ///< most r1 * r2 of a run(); sizes the event pool
+  int max_chunks = 64;  ///< most r1 * r2 of a run(); sizes the event pool (at most max_cuda_chunks)
   std::size_t cublas_workspace = std::size_t{8} << 20;  ///< bytes handed to cuBLAS for the gate GEMM
   /// Kernel of the expert GEMMs (as CudaLayerOptions::gemm).
   kernels::cuda::GemmPath gemm = kernels::cuda::GemmPath::automatic;
@@ -217,14 +222,15 @@ public:
   /// `weights`: device pointers, every routed and shared expert present (co-located mode).
   FinDepCudaExecutor(LayerWeights<T> weights, FinDepCudaOptions options) : weights_(weights), options_(options) {
     namespace kc = kernels::cuda;
+    moe::detail::keep_shared_list(weights_, shared_);  // run() reads the shared list
     moe::detail::prepare_gemm_path<T>("moe::schedule::FinDepCudaExecutor", options_.gemm);  // probes before any capture
     (void)moe::detail::check_layer_setup("moe::schedule::FinDepCudaExecutor", shape, 1, 0,
                                          placement::Table::contiguous(shape.experts, 1), replication::None{}, weights_,
                                          options_.max_tokens);
     check(options_.max_chunks >= 1, "moe::schedule::FinDepCudaExecutor: max_chunks must be at least 1, got ",
           options_.max_chunks);
-    check(options_.max_chunks <= max_plan_chunks, "moe::schedule::FinDepCudaExecutor: max_chunks = ",
-          options_.max_chunks, " is above the plan limit of ", max_plan_chunks);
+    check(options_.max_chunks <= max_cuda_chunks, "moe::schedule::FinDepCudaExecutor: max_chunks = ",
+          options_.max_chunks, " is above the limit of ", max_cuda_chunks, " (about 5 CUDA events per chunk)");
     std::vector<T const*> gate(E), up(E), down(E);
     for (int e = 0; e < shape.experts; ++e) {
       auto const& w = weights_.experts[static_cast<std::size_t>(e)];
@@ -275,10 +281,10 @@ public:
     scan_bytes_ = kc::exclusive_sum_bytes(static_cast<long long>(m));
     sort_bytes_ = kc::sort_items_bytes(static_cast<long long>(m * k), shape.experts);
 
-    kc::check_cublas(cublasCreate(&cublas_), "cublasCreate");
     // A plan with r1 * r2 <= max_chunks has at most 2 r1 + 3 r1 r2 <= 5 max_chunks events; then
     // those of the run itself: fork, E2A done, and one join per resource stream.
     pool_.create(static_cast<std::size_t>(max_plan_events(options_.max_chunks, 1, true)) + run_events);
+    kc::check_cublas(cublasCreate(&cublas_), "cublasCreate");  // last: nothing after it throws
   }
 
   FinDepCudaExecutor(FinDepCudaExecutor const&) = delete;
@@ -536,6 +542,7 @@ private:
   }
 
   LayerWeights<T> weights_;
+  std::vector<ExpertWeights<T>> shared_;  // weights_.shared points here (detail::keep_shared_list)
   FinDepCudaOptions options_;
   kernels::cuda::DeviceArray<int> replica_offsets_, replica_ranks_, primary_;
   kernels::cuda::DeviceArray<unsigned char> served_;
@@ -621,6 +628,7 @@ public:
       : a2e_(&a2e), e2a_(&e2a), ag_(ag), eg_(a2e.size() - ag), placement_(std::move(on_eg)), weights_(weights),
         options_(options) {
     namespace kc = kernels::cuda;
+    moe::detail::keep_shared_list(weights_, shared_);  // run() reads the shared list
     char const* who = "moe::schedule::FinDepCudaP2PExecutor";
     moe::detail::prepare_gemm_path<T>(who, options_.gemm);  // probes before any capture
     validate(shape);
@@ -633,8 +641,8 @@ public:
           " of them are AG ranks");
     check(options_.max_tokens >= 1, who, ": max_tokens must be positive, got ", options_.max_tokens);
     check(options_.max_chunks >= 1, who, ": max_chunks must be at least 1, got ", options_.max_chunks);
-    check(options_.max_chunks <= max_plan_chunks, who, ": max_chunks = ", options_.max_chunks,
-          " is above the plan limit of ", max_plan_chunks);
+    check(options_.max_chunks <= max_cuda_chunks, who, ": max_chunks = ", options_.max_chunks,
+          " is above the limit of ", max_cuda_chunks, " (about 5 CUDA events per chunk)");
     placement_.validate(shape.experts, eg_);
     check(static_cast<int>(weights_.experts.size()) == shape.experts, who, ": weights list ", weights_.experts.size(),
           " experts, the shape has ", shape.experts);
@@ -672,7 +680,6 @@ public:
       primary_ = kc::DeviceArray<int>(E);
       primary_.upload(eg_of.data(), E);
       scan_bytes_ = kc::exclusive_sum_bytes(static_cast<long long>(eg_) * options_.max_tokens);
-      kc::check_cublas(cublasCreate(&cublas_), "cublasCreate");
     } else {
       std::vector<unsigned char> served(E, 0);
       std::vector<T const*> gate(E, nullptr), up(E, nullptr), down(E, nullptr);
@@ -702,6 +709,7 @@ public:
     errors_ = kc::DeviceArray<unsigned>(1);
     kc::check_cuda(cudaMemset(errors_.get(), 0, sizeof(unsigned)), "cudaMemset");
     pool_.create(static_cast<std::size_t>(max_plan_events(options_.max_chunks, 1, true)) + run_events);
+    if (is_ag()) kc::check_cublas(cublasCreate(&cublas_), "cublasCreate");  // last: nothing after it throws
   }
 
   FinDepCudaP2PExecutor(FinDepCudaP2PExecutor const&) = delete;
@@ -799,6 +807,10 @@ public:
       }
     }
     pool_.join(a.stream, own + 3);
+    // The link streams are the executor's own: leave the communicators on the caller's stream, so a
+    // collective the engine issues next without set_stream is ordered after this layer.
+    a2e_->set_stream(a.stream);
+    e2a_->set_stream(a.stream);
   }
 
   /// Error bits of the last run() on an EG rank (kernels::cuda::DeviceError). Synchronises the device.
@@ -1026,6 +1038,7 @@ private:
   int ag_, eg_;
   placement::Table placement_;
   LayerWeights<T> weights_;
+  std::vector<ExpertWeights<T>> shared_;  // weights_.shared points here (detail::keep_shared_list)
   FinDepCudaOptions options_;
   kernels::cuda::DeviceArray<int> replica_offsets_, replica_ranks_, primary_;
   kernels::cuda::DeviceArray<unsigned char> served_;
