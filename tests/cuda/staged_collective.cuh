@@ -6,11 +6,14 @@
 //
 // Every operation first waits for the stream given by set_stream (so the data holds what that
 // stream's earlier work wrote), copies on that stream, and returns after its copies completed.
+//
+// The caller's device buffers are checked as collective::Nccl checks them (the same
+// collective::detail::Ledger checks and messages), so a too-small buffer throws moe::Error here as
+// it does on NCCL, although the host copies handed to InProcess are sized from the counts.
 
 #include <cuda_runtime.h>
 
 #include <cstddef>
-#include <numeric>
 #include <span>
 #include <vector>
 
@@ -41,19 +44,23 @@ public:
   void barrier() { host_->barrier(); }
 
   void all_to_all(std::span<std::byte const> in, std::span<std::byte> out, std::size_t block) {
-    auto h_in = to_host(in.first(block * N));
-    std::vector<std::byte> h_out(block * N);
+    std::vector<std::size_t> counts(static_cast<std::size_t>(N), block);
+    auto t = check_sizes(moe::collective::Op::all_to_all, in, counts, out, counts);
+    auto h_in = to_host(in.first(t.send));
+    std::vector<std::byte> h_out(t.recv);
     host_->all_to_all(h_in, h_out, block);
     to_device(h_out, out);
   }
   void all_to_all_v(std::span<std::byte const> in, std::span<std::size_t const> send_counts, std::span<std::byte> out,
                     std::span<std::size_t const> recv_counts) {
-    auto h_in = to_host(in.first(std::accumulate(send_counts.begin(), send_counts.end(), std::size_t{0})));
-    std::vector<std::byte> h_out(std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0}));
+    auto t = check_sizes(moe::collective::Op::all_to_all_v, in, send_counts, out, recv_counts);
+    auto h_in = to_host(in.first(t.send));
+    std::vector<std::byte> h_out(t.recv);
     host_->all_to_all_v(h_in, send_counts, h_out, recv_counts);
     to_device(h_out, out);
   }
   void send(std::span<std::byte const> in, int peer, int tag) { host_->send(to_host(in), peer, tag); }
+  /// InProcess::recv rejects a message whose size differs from out.size() (h has that size).
   void recv(std::span<std::byte> out, int peer, int tag) {
     std::vector<std::byte> h(out.size());
     host_->recv(h, peer, tag);
@@ -65,6 +72,13 @@ public:
   void all_reduce(std::span<float>) { unused(); }
 
 private:
+  /// The size checks of collective::Nccl (Ledger::exchange) on the caller's buffers; a throwaway
+  /// ledger, since the bytes are counted by the InProcess call that follows.
+  auto check_sizes(moe::collective::Op op, std::span<std::byte const> in, std::span<std::size_t const> send_counts,
+                   std::span<std::byte> out, std::span<std::size_t const> recv_counts) const {
+    moe::collective::detail::Ledger checks(rank(), size());
+    return checks.exchange(op, in.size(), send_counts, out.size(), recv_counts);
+  }
   [[noreturn]] static void unused() { moe::fail("StagedDevice: operation not used by the device paths under test"); }
   std::vector<std::byte> to_host(std::span<std::byte const> d) const {
     namespace kc = moe::kernels::cuda;
