@@ -21,14 +21,14 @@ template <class T, int K>
 __global__ void combine_records_kernel(std::byte const* __restrict__ recv, std::size_t record_bytes, long long slots,
                                        long long const* __restrict__ recv_base, int const* __restrict__ recv_n,
                                        int ranks, int experts, unsigned char const* __restrict__ served,
-                                       T const* __restrict__ expert_out, int const* __restrict__ position, int hidden,
-                                       T* __restrict__ back) {
+                                       int max_count, T const* __restrict__ expert_out,
+                                       int const* __restrict__ position, int hidden, T* __restrict__ back) {
   constexpr int V = vec_elems<T>;
   long long r = blockIdx.x;
   if (r >= slots || !slot_valid(r, recv_base, recv_n, ranks)) return;
   auto const* words = reinterpret_cast<std::int32_t const*>(recv + static_cast<std::size_t>(r) * record_bytes);
   int count = words[1];
-  if (count < 0 || count > K) count = 0;  // reported by sort_items; the partial is zero
+  if (count < 0 || count > max_count) count = 0;  // reported by sort_items; the partial is zero
   // Per slot: the expert-output row to add (or -1) and its weight. Indexed only by unrolled
   // constants, so both arrays stay in registers.
   int row[K];
@@ -105,13 +105,16 @@ __global__ void finish_tokens_kernel(int tokens, int hidden, int ranks, int cons
 }  // namespace detail
 
 /// back[r] = sum_i weight_i * expert_out[position[r*K+i]] for every valid received record slot r.
+/// `max_count`: as in group_by_expert (the same value: records it rejected contribute nothing).
 template <class T, int K>
 void combine_records(cudaStream_t s, std::byte const* recv, std::size_t record_bytes, long long slots,
                      long long const* recv_base, int const* recv_n, int ranks, int experts, unsigned char const* served,
-                     T const* expert_out, int const* position, int hidden, T* back) {
+                     T const* expert_out, int const* position, int hidden, T* back, int max_count = K) {
   if (slots == 0) return;
+  check(max_count >= 1 && max_count <= K, "combine_records: max_count = ", max_count, " outside [1, ", K, "]");
   detail::combine_records_kernel<T, K><<<static_cast<unsigned>(slots), 128, 0, s>>>(
-      recv, record_bytes, slots, recv_base, recv_n, ranks, experts, served, expert_out, position, hidden, back);
+      recv, record_bytes, slots, recv_base, recv_n, ranks, experts, served, max_count, expert_out, position, hidden,
+      back);
   check_launch("combine_records_kernel");
 }
 

@@ -180,8 +180,8 @@ __device__ __forceinline__ bool slot_valid(long long r, long long const* recv_ba
 template <int K>
 __global__ void sort_items_kernel(std::byte const* __restrict__ recv, std::size_t record_bytes, long long slots,
                                   long long const* __restrict__ recv_base, int const* __restrict__ recv_n, int ranks,
-                                  int experts, unsigned char const* __restrict__ served, int* __restrict__ keys,
-                                  int* __restrict__ values, unsigned* __restrict__ errors) {
+                                  int experts, unsigned char const* __restrict__ served, int max_count,
+                                  int* __restrict__ keys, int* __restrict__ values, unsigned* __restrict__ errors) {
   long long item = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (item >= slots * K) return;
   long long r = item / K;
@@ -190,7 +190,7 @@ __global__ void sort_items_kernel(std::byte const* __restrict__ recv, std::size_
   if (slot_valid(r, recv_base, recv_n, ranks)) {
     auto const* words = reinterpret_cast<std::int32_t const*>(recv + static_cast<std::size_t>(r) * record_bytes);
     int count = words[1];
-    if (count < 1 || count > K) {
+    if (count < 1 || count > max_count) {  // max_count <= K
       if (i == 0) atomicOr(errors, error_bad_count);
     } else if (i < count) {
       int e = words[2 + i];
@@ -340,14 +340,18 @@ struct ExpertGrouping {
 };
 
 /// Groups the (record, slot) pairs of `slots` received record slots by expert (see the file comment).
+/// A record naming more than `max_count` (1..K) experts raises error_bad_count and is dropped, so
+/// at most slots * max_count pairs are valid (the rows the expert GEMMs write).
 template <int K>
 void group_by_expert(cudaStream_t s, std::byte const* recv, std::size_t record_bytes, long long slots,
                      long long const* recv_base, int const* recv_n, int ranks, int experts,
-                     unsigned char const* served, int tile_m, ExpertGrouping const& g, unsigned* errors) {
+                     unsigned char const* served, int tile_m, ExpertGrouping const& g, unsigned* errors,
+                     int max_count = K) {
+  check(max_count >= 1 && max_count <= K, "group_by_expert: max_count = ", max_count, " outside [1, ", K, "]");
   long long n = slots * K;
   if (n > 0) {
     detail::sort_items_kernel<K><<<static_cast<unsigned>(blocks_for(n, 256)), 256, 0, s>>>(
-        recv, record_bytes, slots, recv_base, recv_n, ranks, experts, served, g.keys, g.values, errors);
+        recv, record_bytes, slots, recv_base, recv_n, ranks, experts, served, max_count, g.keys, g.values, errors);
     check_launch("sort_items_kernel");
     std::size_t temp_bytes = g.temp_bytes;
     check_cuda(cub::DeviceRadixSort::SortPairs(g.temp, temp_bytes, g.keys, g.sorted_keys, g.values, g.sorted_values,

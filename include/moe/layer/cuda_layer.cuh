@@ -148,6 +148,7 @@ public:
       }
       offsets.push_back(static_cast<int>(copy_ranks.size()));
       served[ue] = replicas_.holds(e, primary[ue], rank) ? 1 : 0;
+      served_count_ += served[ue];
       auto const& w = weights_.experts[ue];
       if (served[ue]) {
         check_aligned(w.gate, "gate", e);
@@ -352,6 +353,7 @@ public:
       experts.a_stride = rec;
     }
     experts.served = served_.get();
+    experts.max_count = rows_per_record();
     experts.gate = gate_.get();
     experts.up = up_.get();
     experts.down = down_.get();
@@ -426,8 +428,8 @@ private:
     std::span<int> keys, values, sorted_keys, sorted_values, position;  // recv slots x k
     std::span<std::byte> sort_temp;
     std::span<int> offsets, tile_starts;  // E + 1
-    std::span<T> inter;                 // recv slots x k x expert_ffn
-    std::span<T> expert_out;            // recv slots x k x hidden
+    std::span<T> inter;                 // recv slots x rows_per_record() x expert_ffn
+    std::span<T> expert_out;            // recv slots x rows_per_record() x hidden
     std::span<T> back;                  // recv slots x hidden
     std::span<T> returned;              // send records x hidden
     std::span<T> shared_inter;          // m x shared_ffn
@@ -445,6 +447,11 @@ private:
     if (padded()) return static_cast<std::size_t>(ranks * per_peer());
     long long per_token = options_.deduplicate ? std::min<long long>(k, ranks) : k;
     return static_cast<std::size_t>(options_.max_tokens) * static_cast<std::size_t>(per_token);
+  }
+  /// Most experts one received record names: 1 without de-duplication; with it, a record names
+  /// distinct experts this rank serves. The expert GEMMs' rows are at most slots times this.
+  [[nodiscard]] int rows_per_record() const {
+    return options_.deduplicate ? std::max(1, std::min(k, served_count_)) : 1;
   }
   [[nodiscard]] std::size_t recv_capacity() const {
     if (local) return send_capacity();
@@ -478,8 +485,9 @@ private:
     b.sort_temp = c.take<std::byte>(sort_bytes_ ? sort_bytes_ : (sort_bytes_ = kc::sort_items_bytes(static_cast<long long>(items), shape.experts)));
     b.offsets = c.take<int>(E + 1);
     b.tile_starts = c.take<int>(E + 1);
-    b.inter = c.take<T>(items * static_cast<std::size_t>(shape.expert_ffn));
-    b.expert_out = c.take<T>(items * h);
+    std::size_t rows = slots * static_cast<std::size_t>(rows_per_record());  // <= items
+    b.inter = c.take<T>(rows * static_cast<std::size_t>(shape.expert_ffn));
+    b.expert_out = c.take<T>(rows * h);
     b.back = c.take<T>(slots * h);
     b.returned = c.take<T>(local ? 0 : send_capacity() * h);
     b.shared_inter = c.take<T>(shape.shared_experts > 0 ? m * static_cast<std::size_t>(shape.shared_ffn) : 0);
@@ -495,6 +503,7 @@ private:
   CudaLayerOptions options_;
   kernels::cuda::DeviceArray<int> replica_offsets_, replica_ranks_, primary_;
   kernels::cuda::DeviceArray<unsigned char> served_;
+  int served_count_ = 0;  // experts this rank holds a copy of
   kernels::cuda::DeviceArray<T const*> gate_, up_, down_;
   kernels::cuda::DeviceArray<unsigned> errors_;
   cublasHandle_t cublas_ = nullptr;

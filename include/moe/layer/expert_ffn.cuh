@@ -103,8 +103,9 @@ struct ExpertGemms {
 /// The routed experts of `slots` received records: records at `records` (`record_bytes` apart,
 /// metadata first), per source s the records [recv_base[s], recv_base[s] + recv_n[s]); the token
 /// row of (record, slot) item i = record * top_k + slot is read at a + (i / index_div) * a_stride.
-/// Writes one weighted partial row per record slot into `back`. The scratch (grouping, inter,
-/// expert_out) holds slots * top_k items.
+/// Writes one weighted partial row per record slot into `back`. The grouping scratch holds
+/// slots * top_k items; inter and expert_out hold slots * max_count rows (a record naming more
+/// than max_count experts is rejected, see kernels::cuda::group_by_expert).
 template <ShapeSpec S, class T>
 struct RoutedExperts {
   std::byte const* records = nullptr;
@@ -117,12 +118,15 @@ struct RoutedExperts {
   std::size_t a_stride = 0;
   int index_div = S.top_k;  ///< top_k: one token row per record; top_k^2: one record per (token, expert)
   unsigned char const* served = nullptr;
+  /// Most experts one record names (1..top_k): 1 without de-duplication, at most the experts a
+  /// rank serves with it.
+  int max_count = S.top_k;
   T const* const* gate = nullptr;  ///< device tables, one pointer per expert
   T const* const* up = nullptr;
   T const* const* down = nullptr;
   kernels::cuda::ExpertGrouping grouping{};
-  T* inter = nullptr;       ///< items x expert_ffn
-  T* expert_out = nullptr;  ///< items x hidden
+  T* inter = nullptr;       ///< slots * max_count x expert_ffn
+  T* expert_out = nullptr;  ///< slots * max_count x hidden
   T* back = nullptr;        ///< slots x hidden
   unsigned* errors = nullptr;
   kernels::cuda::GemmPath path = kernels::cuda::GemmPath::automatic;
@@ -131,11 +135,11 @@ struct RoutedExperts {
     namespace kc = kernels::cuda;
     constexpr int k = S.top_k;
     kc::group_by_expert<k>(s, records, record_bytes, slots, recv_base, recv_n, sources, S.experts, served,
-                           kc::grouped_gemm_tile_m, grouping, errors);
+                           kc::grouped_gemm_tile_m, grouping, errors, max_count);
     if (slots == 0) return;
     ExpertGemms<S, T>{.offsets = grouping.offsets,
                       .tile_starts = grouping.tile_starts,
-                      .max_rows = slots * k,
+                      .max_rows = slots * max_count,  // the valid pairs group_by_expert keeps
                       .a = a,
                       .a_stride = a_stride,
                       .index = grouping.sorted_values,  // record * k + slot
@@ -148,7 +152,7 @@ struct RoutedExperts {
                       .path = path}
         .enqueue(s);
     kc::combine_records<T, k>(s, records, record_bytes, slots, recv_base, recv_n, sources, S.experts, served,
-                              expert_out, grouping.position, S.hidden, back);
+                              expert_out, grouping.position, S.hidden, back, max_count);
   }
 };
 
