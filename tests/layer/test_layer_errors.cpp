@@ -106,6 +106,15 @@ TEST_CASE("more tokens than the workspace was sized for, or too small a workspac
                       l.run({.tokens = 2, .x = nullptr, .y = y.data()}, ws);
                     }),
                     Catch::Contains("null"));
+  // A negative first token would pick a replica at a negative index of its copy list.
+  CHECK_THROWS_WITH(on_two_ranks([&](auto& comm) {
+                      std::vector<std::vector<int>> copies(8, std::vector<int>{0, 1});
+                      for (int e = 0; e < 8; ++e) copies[static_cast<std::size_t>(e)] = {placement.rank_of(e), 1 - placement.rank_of(e)};
+                      L2R l(comm, placement, replication::Table(copies), weights().view(), {.max_tokens = 4});
+                      std::vector<std::byte> ws(l.workspace_size());
+                      l.run({.tokens = 2, .x = x.data(), .y = y.data(), .first_token = -3}, ws);
+                    }),
+                    Catch::Contains("first_token (the global index of this rank's first token) must not be negative, got -3"));
   // Ranks disagreeing on max_tokens are caught when the record counts arrive.
   CHECK_THROWS_WITH(on_two_ranks([&](auto& comm) {
                       int cap = comm.rank() == 0 ? 8 : 1;

@@ -217,7 +217,7 @@ public:
 
   [[nodiscard]] Status can_implement(Arguments const& a) const {
     Status st = moe::detail::check_run_arguments("moe::CudaLayer", "CudaLayerOptions", a.tokens, options_.max_tokens,
-                                                  a.x, a.y);
+                                                  a.x, a.y, a.first_token);
     if (!st.ok) return st;
     if (reinterpret_cast<std::uintptr_t>(a.x) % 16 != 0 || reinterpret_cast<std::uintptr_t>(a.y) % 16 != 0)
       return {false, "moe::CudaLayer: x and y must be 16-byte aligned"};

@@ -102,8 +102,11 @@ std::vector<int> check_layer_setup(char const* who, ShapeSpec const& s, int rank
 
 /// The per-call checks every execution path makes on run()'s token count and pointers.
 inline Status check_run_arguments(char const* who, char const* options_name, int tokens, int max_tokens,
-                                  void const* x, void const* y) {
+                                  void const* x, void const* y, long long first_token = 0) {
   if (tokens < 0) return {false, concat(who, ": negative token count ", tokens)};
+  if (first_token < 0)
+    return {false, concat(who, ": first_token (the global index of this rank's first token) must not be "
+                               "negative, got ", first_token)};
   if (tokens > max_tokens)
     return {false, concat(who, ": ", tokens, " tokens exceed the ", max_tokens, " the workspace was sized for (",
                           options_name, "::max_tokens)")};
@@ -158,7 +161,8 @@ public:
   }
 
   [[nodiscard]] Status can_implement(Arguments const& a) const {
-    return detail::check_run_arguments("moe::Layer", "LayerOptions", a.tokens, options_.max_tokens, a.x, a.y);
+    return detail::check_run_arguments("moe::Layer", "LayerOptions", a.tokens, options_.max_tokens, a.x, a.y,
+                                       a.first_token);
   }
 
   /// One forward pass of this rank's tokens. Every rank of the collective must call it.
