@@ -136,18 +136,12 @@ public:
     detail::prepare_gemm_path<T>("moe::CudaLayer", options_.gemm);
 
     // Replica lists (CSR), the served mask and the weight pointer tables.
-    std::vector<int> offsets{0}, copy_ranks;
+    replication::CopyLists copies = replication::copy_lists(primary, replicas_);
     std::vector<unsigned char> served(E);
     std::vector<T const*> gate(E), up(E), down(E);
     for (int e = 0; e < shape.experts; ++e) {
       auto ue = static_cast<std::size_t>(e);
-      if constexpr (std::is_same_v<Replicas, replication::Table>) {
-        for (int r : replicas_.replicas()[ue]) copy_ranks.push_back(r);
-      } else {
-        copy_ranks.push_back(primary[ue]);
-      }
-      offsets.push_back(static_cast<int>(copy_ranks.size()));
-      served[ue] = replicas_.holds(e, primary[ue], rank) ? 1 : 0;
+      served[ue] = copies.holds(e, rank) ? 1 : 0;
       served_count_ += served[ue];
       auto const& w = weights_.experts[ue];
       if (served[ue]) {
@@ -165,10 +159,10 @@ public:
       check_aligned(w.up, "shared up", e);
       check_aligned(w.down, "shared down", e);
     }
-    replica_offsets_ = kernels::cuda::DeviceArray<int>(offsets.size());
-    replica_offsets_.upload(offsets.data(), offsets.size());
-    replica_ranks_ = kernels::cuda::DeviceArray<int>(copy_ranks.size());
-    replica_ranks_.upload(copy_ranks.data(), copy_ranks.size());
+    replica_offsets_ = kernels::cuda::DeviceArray<int>(copies.first.size());
+    replica_offsets_.upload(copies.first.data(), copies.first.size());
+    replica_ranks_ = kernels::cuda::DeviceArray<int>(copies.ranks.size());
+    replica_ranks_.upload(copies.ranks.data(), copies.ranks.size());
     primary_ = kernels::cuda::DeviceArray<int>(E);
     primary_.upload(primary.data(), E);
     served_ = kernels::cuda::DeviceArray<unsigned char>(E);

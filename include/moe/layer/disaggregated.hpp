@@ -26,8 +26,7 @@
 //
 // Not supported (constructor error): LayerOptions::deduplicate = false (a token always goes once
 // to each EG rank that serves one of its experts). With a device communicator (collective::Nccl)
-// the same type is the GPU layer of include/moe/layer/cuda_disaggregated.cuh, which takes one copy
-// per expert only.
+// the same type is the GPU layer of include/moe/layer/cuda_disaggregated.cuh (same replica rule).
 //
 // moe::Layer with a disaggregated schedule policy is this type (the specialisation at the end of
 // this file), so the design's composition moe::Layer<Model, Router, Placement, Replicas,

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <concepts>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "moe/config.hpp"
@@ -83,5 +84,42 @@ private:
 };
 
 static_assert(Policy<None> && Policy<Table>);
+
+/// Every expert's copies back to back, as the executors and the device tables keep them: the
+/// ranks of expert e are ranks[first[e] .. first[e + 1]), in the replica table's order.
+struct CopyLists {
+  std::vector<int> first{0};
+  std::vector<int> ranks;
+
+  [[nodiscard]] int copies(int e) const {
+    return first[static_cast<std::size_t>(e) + 1] - first[static_cast<std::size_t>(e)];
+  }
+  /// Whether `rank` holds a copy of expert `e`.
+  [[nodiscard]] bool holds(int e, int rank) const {
+    auto lo = ranks.begin() + first[static_cast<std::size_t>(e)];
+    auto hi = ranks.begin() + first[static_cast<std::size_t>(e) + 1];
+    return std::find(lo, hi, rank) != hi;
+  }
+};
+
+/// The copy lists of a replica table (already validated), or, for replication::None or an empty
+/// table, one copy per expert on its `primary` rank.
+template <class Replicas>
+CopyLists copy_lists(std::span<int const> primary, Replicas const& replicas) {
+  CopyLists out;
+  for (std::size_t e = 0; e < primary.size(); ++e) {
+    if constexpr (std::is_same_v<Replicas, Table>) {
+      if (!replicas.replicas().empty()) {
+        auto const& c = replicas.replicas()[e];
+        out.ranks.insert(out.ranks.end(), c.begin(), c.end());
+        out.first.push_back(static_cast<int>(out.ranks.size()));
+        continue;
+      }
+    }
+    out.ranks.push_back(primary[e]);
+    out.first.push_back(static_cast<int>(out.ranks.size()));
+  }
+  return out;
+}
 
 }  // namespace moe::replication

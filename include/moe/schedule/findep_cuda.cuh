@@ -45,7 +45,6 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <array>
 #include <concepts>
 #include <cstdint>
@@ -648,22 +647,10 @@ public:
           " experts, the shape has ", shape.experts);
     check(static_cast<int>(weights_.shared.size()) == shape.shared_experts, who, ": weights list ",
           weights_.shared.size(), " shared experts, the shape has ", shape.shared_experts);
-    // Each expert's copies (EG indices) back to back: the table's lists, or the placement's index.
-    bool replicated = !replicas.replicas().empty();
-    if (replicated) replicas.validate(shape.experts, eg_, placement_.ranks());
-    std::vector<int> offsets{0}, copies, eg_of(E);
-    for (std::size_t e = 0; e < E; ++e) {
-      eg_of[e] = placement_.rank_of(static_cast<int>(e));
-      if (replicated)
-        copies.insert(copies.end(), replicas.replicas()[e].begin(), replicas.replicas()[e].end());
-      else
-        copies.push_back(eg_of[e]);
-      offsets.push_back(static_cast<int>(copies.size()));
-    }
-    auto holds = [&](std::size_t e, int g) {
-      return std::find(copies.begin() + offsets[e], copies.begin() + offsets[e + 1], g) !=
-             copies.begin() + offsets[e + 1];
-    };
+    // Each expert's copies (EG indices): the table's lists, or the placement's index.
+    if (!replicas.replicas().empty()) replicas.validate(shape.experts, eg_, placement_.ranks());
+    std::vector<int> const& eg_of = placement_.ranks();
+    replication::CopyLists copies = replication::copy_lists(eg_of, replicas);
     if (is_ag()) {
       check(weights_.router != nullptr, who, ": AG rank ", rank(), " has no router weights");
       for (int e = 0; e < shape.shared_experts; ++e) {
@@ -674,9 +661,9 @@ public:
         check_aligned(w.down, "shared down", e);
       }
       replica_offsets_ = kc::DeviceArray<int>(E + 1);
-      replica_offsets_.upload(offsets.data(), E + 1);
-      replica_ranks_ = kc::DeviceArray<int>(copies.size());
-      replica_ranks_.upload(copies.data(), copies.size());
+      replica_offsets_.upload(copies.first.data(), E + 1);
+      replica_ranks_ = kc::DeviceArray<int>(copies.ranks.size());
+      replica_ranks_.upload(copies.ranks.data(), copies.ranks.size());
       primary_ = kc::DeviceArray<int>(E);
       primary_.upload(eg_of.data(), E);
       scan_bytes_ = kc::exclusive_sum_bytes(static_cast<long long>(eg_) * options_.max_tokens);
@@ -685,7 +672,7 @@ public:
       std::vector<T const*> gate(E, nullptr), up(E, nullptr), down(E, nullptr);
       for (int e = 0; e < shape.experts; ++e) {
         auto ue = static_cast<std::size_t>(e);
-        if (!holds(ue, rank() - ag_)) continue;
+        if (!copies.holds(e, rank() - ag_)) continue;
         auto const& w = weights_.experts[ue];
         check(w.present(), who, ": EG rank ", rank(), " serves expert ", e, " but its weights are missing");
         check_aligned(w.gate, "gate", e);

@@ -112,7 +112,8 @@ public:
           " ranks and ", ag_, " of them are AG ranks");
     check(max_tokens_ >= 1, "FinDepExecutor: max_tokens (tokens per AG rank) must be at least 1, got ", max_tokens_);
     placement_.validate(s_.experts, eg_);
-    set_copies(replicas);
+    if (!replicas.replicas().empty()) replicas.validate(s_.experts, eg_, placement_.ranks());
+    copies_ = replication::copy_lists(placement_.ranks(), replicas);
     check(static_cast<int>(w_.experts.size()) == s_.experts, "FinDepExecutor: weights list ", w_.experts.size(),
           " experts, the shape has ", s_.experts);
     check(static_cast<int>(w_.shared.size()) == s_.shared_experts, "FinDepExecutor: weights list ",
@@ -129,17 +130,12 @@ public:
   }
 
   /// Whether EG index `g` holds a copy of expert `e`.
-  [[nodiscard]] bool serves(int e, int g) const {
-    auto first = copies_.begin() + copy_first_[static_cast<std::size_t>(e)];
-    auto last = copies_.begin() + copy_first_[static_cast<std::size_t>(e) + 1];
-    return std::find(first, last, g) != last;
-  }
+  [[nodiscard]] bool serves(int e, int g) const { return copies_.holds(e, g); }
 
   /// The EG index that serves expert `e` for token `t` (index in this AG rank's batch).
   [[nodiscard]] int destination(int e, int t) const {
-    int first = copy_first_[static_cast<std::size_t>(e)], n = copy_first_[static_cast<std::size_t>(e) + 1] - first;
-    if (n == 1) return copies_[static_cast<std::size_t>(first)];
-    return copies_[static_cast<std::size_t>(first + (comm_->rank() + t) % n)];
+    int first = copies_.first[static_cast<std::size_t>(e)];
+    return copies_.ranks[static_cast<std::size_t>(first + (comm_->rank() + t) % copies_.copies(e))];
   }
 
   [[nodiscard]] bool is_ag() const { return comm_->rank() < ag_; }
@@ -187,23 +183,6 @@ public:
   }
 
 private:
-  /// The copies as one list per expert, back to back (copies_[copy_first_[e] .. copy_first_[e + 1])),
-  /// in the replica table's order; without a table, the placement's EG index alone.
-  void set_copies(replication::Table const& replicas) {
-    auto E = static_cast<std::size_t>(s_.experts);
-    copy_first_.assign(E + 1, 0);
-    copies_.clear();
-    bool replicated = !replicas.replicas().empty();
-    if (replicated) replicas.validate(s_.experts, eg_, placement_.ranks());
-    for (std::size_t e = 0; e < E; ++e) {
-      if (replicated)
-        copies_.insert(copies_.end(), replicas.replicas()[e].begin(), replicas.replicas()[e].end());
-      else
-        copies_.push_back(placement_.rank_of(static_cast<int>(e)));
-      copy_first_[e + 1] = static_cast<int>(copies_.size());
-    }
-  }
-
   /// One rank's verdict on a run(), exchanged before any data moves (256 bytes).
   struct Vote {
     std::int32_t ok = 0, r1 = 0, r2 = 0, pipeline = 0, order = 0, pad[3] = {};
@@ -576,7 +555,7 @@ private:
   ShapeSpec s_;
   int ag_, eg_;
   placement::Table placement_;
-  std::vector<int> copy_first_, copies_;  // see set_copies()
+  replication::CopyLists copies_;  // each expert's EG indices: the replica table's, or the placement's
   LayerWeights<T> w_;
   int max_tokens_;
   std::vector<std::byte> own_;
