@@ -1,0 +1,3 @@
+#pragma once
+// moe-emu: stands in for the CUDA runtime header (tests only).
+#include "emu/runtime.hpp"

@@ -1,0 +1,193 @@
+#pragma once
+// moe-emu device built-ins: thread indices, barriers, warp shuffles and votes, atomics, bit and
+// float reinterpretation helpers, vector types. Semantics follow the CUDA C++ Programming Guide;
+// where the guide says "undefined", the emulator reports an error instead of guessing.
+
+#include <atomic>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <source_location>
+#include <type_traits>
+
+#include "emu/core.hpp"
+
+namespace emu::detail {
+/// The running fiber's indices (set by the scheduler at every switch; null outside kernels).
+inline thread_local ThreadInfo const* current = nullptr;
+inline ThreadInfo const& here() {
+  if (!current) kernel_fail("a device built-in was used outside a kernel");
+  return *current;
+}
+
+/// Warp shuffle: every lane in `mask` deposits `value` and the lane it reads; returns the value of
+/// that lane. `kind` names the intrinsic. Reading a lane outside `mask` is an error.
+std::uint64_t shuffle(unsigned mask, char const* kind, std::uint64_t value, int src_lane, std::source_location where);
+/// Warp votes (__all_sync, __any_sync, __ballot_sync) and __syncwarp.
+unsigned vote(unsigned mask, char const* kind, bool pred, std::source_location where);
+
+template <class T>
+std::uint64_t to_bits(T v) {
+  static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>, "moe-emu: shuffled values are at most 8 bytes");
+  std::uint64_t b = 0;
+  std::memcpy(&b, &v, sizeof(T));
+  return b;
+}
+template <class T>
+T from_bits(std::uint64_t b) {
+  T v;
+  std::memcpy(&v, &b, sizeof(T));
+  return v;
+}
+}  // namespace emu::detail
+
+#define threadIdx (::emu::detail::here().thread)
+#define blockIdx (::emu::detail::here().block)
+#define blockDim (::emu::detail::here().block_dim)
+#define gridDim (::emu::detail::here().grid_dim)
+inline constexpr int warpSize = 32;
+
+// ---------------------------------------------------------------------------------------------
+// Synchronisation.
+// ---------------------------------------------------------------------------------------------
+inline void __syncthreads(std::source_location where = std::source_location::current()) {
+  ::emu::block_barrier(where);
+}
+inline void __syncwarp(unsigned mask = 0xffffffffu, std::source_location where = std::source_location::current()) {
+  (void)::emu::detail::vote(mask, "__syncwarp", true, where);
+}
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline void __threadfence_block() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+[[noreturn]] inline void __trap() { ::emu::kernel_fail("__trap() executed"); }
+
+template <class T>
+T __shfl_sync(unsigned mask, T v, int src, int width = 32, std::source_location where = std::source_location::current()) {
+  int lane = ::emu::detail::here().lane;
+  int base = lane & ~(width - 1);
+  int from = base + (src & (width - 1));
+  return ::emu::detail::from_bits<T>(::emu::detail::shuffle(mask, "__shfl_sync", ::emu::detail::to_bits(v), from, where));
+}
+template <class T>
+T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32,
+                  std::source_location where = std::source_location::current()) {
+  int lane = ::emu::detail::here().lane;
+  int from = lane ^ lane_mask;
+  if ((from & ~(width - 1)) != (lane & ~(width - 1))) from = lane;  // outside the segment: own value
+  return ::emu::detail::from_bits<T>(::emu::detail::shuffle(mask, "__shfl_xor_sync", ::emu::detail::to_bits(v), from, where));
+}
+template <class T>
+T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32,
+                   std::source_location where = std::source_location::current()) {
+  int lane = ::emu::detail::here().lane;
+  int from = lane + static_cast<int>(delta);
+  if ((from & ~(width - 1)) != (lane & ~(width - 1))) from = lane;
+  return ::emu::detail::from_bits<T>(::emu::detail::shuffle(mask, "__shfl_down_sync", ::emu::detail::to_bits(v), from, where));
+}
+template <class T>
+T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32,
+                 std::source_location where = std::source_location::current()) {
+  int lane = ::emu::detail::here().lane;
+  int from = lane - static_cast<int>(delta);
+  if (from < (lane & ~(width - 1))) from = lane;
+  return ::emu::detail::from_bits<T>(::emu::detail::shuffle(mask, "__shfl_up_sync", ::emu::detail::to_bits(v), from, where));
+}
+inline unsigned __ballot_sync(unsigned mask, int pred, std::source_location where = std::source_location::current()) {
+  return ::emu::detail::vote(mask, "__ballot_sync", pred != 0, where);
+}
+inline int __all_sync(unsigned mask, int pred, std::source_location where = std::source_location::current()) {
+  return (::emu::detail::vote(mask, "__all_sync", pred != 0, where) & mask) == mask;
+}
+inline int __any_sync(unsigned mask, int pred, std::source_location where = std::source_location::current()) {
+  return (::emu::detail::vote(mask, "__any_sync", pred != 0, where) & mask) != 0;
+}
+inline unsigned __activemask() { return 0xffffffffu; }
+
+// ---------------------------------------------------------------------------------------------
+// Atomics (device-wide: blocks of different streams run on different OS threads).
+// ---------------------------------------------------------------------------------------------
+template <class T>
+T atomicAdd(T* p, T v) {
+  if constexpr (std::is_floating_point_v<T>) {
+    std::atomic_ref<T> r(*p);
+    T old = r.load();
+    while (!r.compare_exchange_weak(old, old + v)) {
+    }
+    return old;
+  } else {
+    return std::atomic_ref<T>(*p).fetch_add(v);
+  }
+}
+template <class T>
+T atomicSub(T* p, T v) { return std::atomic_ref<T>(*p).fetch_sub(v); }
+template <class T>
+T atomicOr(T* p, T v) { return std::atomic_ref<T>(*p).fetch_or(v); }
+template <class T>
+T atomicAnd(T* p, T v) { return std::atomic_ref<T>(*p).fetch_and(v); }
+template <class T>
+T atomicXor(T* p, T v) { return std::atomic_ref<T>(*p).fetch_xor(v); }
+template <class T>
+T atomicExch(T* p, T v) { return std::atomic_ref<T>(*p).exchange(v); }
+template <class T>
+T atomicMax(T* p, T v) {
+  std::atomic_ref<T> r(*p);
+  T old = r.load();
+  while (old < v && !r.compare_exchange_weak(old, v)) {
+  }
+  return old;
+}
+template <class T>
+T atomicMin(T* p, T v) {
+  std::atomic_ref<T> r(*p);
+  T old = r.load();
+  while (v < old && !r.compare_exchange_weak(old, v)) {
+  }
+  return old;
+}
+template <class T>
+T atomicCAS(T* p, T expected, T desired) {
+  std::atomic_ref<T>(*p).compare_exchange_strong(expected, desired);
+  return expected;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reinterpretation, integer and float intrinsics.
+// ---------------------------------------------------------------------------------------------
+inline float __uint_as_float(unsigned v) { return std::bit_cast<float>(v); }
+inline unsigned __float_as_uint(float v) { return std::bit_cast<unsigned>(v); }
+inline float __int_as_float(int v) { return std::bit_cast<float>(v); }
+inline int __float_as_int(float v) { return std::bit_cast<int>(v); }
+inline int __popc(unsigned v) { return std::popcount(v); }
+inline int __popcll(unsigned long long v) { return std::popcount(v); }
+inline int __clz(unsigned v) { return std::countl_zero(v); }
+inline int __ffs(unsigned v) { return v ? std::countr_zero(v) + 1 : 0; }
+inline unsigned __brev(unsigned v) {
+  unsigned r = 0;
+  for (int i = 0; i < 32; ++i) r |= ((v >> i) & 1u) << (31 - i);
+  return r;
+}
+inline float __expf(float v) { return std::exp(v); }
+inline float __logf(float v) { return std::log(v); }
+inline float __fdividef(float a, float b) { return a / b; }
+inline float rsqrtf(float v) { return 1.0f / std::sqrt(v); }
+template <class T>
+T __ldg(T const* p) { return *p; }
+
+inline std::uint32_t __cvta_generic_to_shared(void const* p) { return ::emu::shared_address(p); }
+
+// ---------------------------------------------------------------------------------------------
+// Vector types.
+// ---------------------------------------------------------------------------------------------
+struct alignas(16) uint4 { unsigned x, y, z, w; };
+struct alignas(16) int4 { int x, y, z, w; };
+struct alignas(16) float4 { float x, y, z, w; };
+struct alignas(8) uint2 { unsigned x, y; };
+struct alignas(8) int2 { int x, y; };
+struct alignas(8) float2 { float x, y; };
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
+inline int4 make_int4(int x, int y, int z, int w) { return {x, y, z, w}; }
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
+inline int2 make_int2(int x, int y) { return {x, y}; }
+inline float2 make_float2(float x, float y) { return {x, y}; }
+inline dim3 make_dim3(unsigned x, unsigned y, unsigned z) { return {x, y, z}; }
