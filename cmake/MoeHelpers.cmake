@@ -21,8 +21,12 @@ if(NOT EXISTS "${MOE_SHARED_DATA_DIR}/olmoe-routing/README.md")
   message(FATAL_ERROR "moe: MOE_SHARED_DATA_DIR=${MOE_SHARED_DATA_DIR} holds no olmoe-routing/ folder")
 endif()
 
+# MOE_SANITIZE: OFF, ON (AddressSanitizer + UndefinedBehaviorSanitizer) or thread (ThreadSanitizer).
 function(moe_sanitize target)
-  if(MOE_SANITIZE)
+  if(MOE_SANITIZE STREQUAL "thread")
+    target_compile_options(${target} PRIVATE -fsanitize=thread -fno-omit-frame-pointer)
+    target_link_options(${target} PRIVATE -fsanitize=thread)
+  elseif(MOE_SANITIZE)
     target_compile_options(${target} PRIVATE -fsanitize=address,undefined -fno-omit-frame-pointer
                                              -fno-sanitize-recover=undefined)
     target_link_options(${target} PRIVATE -fsanitize=address,undefined)
