@@ -68,7 +68,7 @@ __global__ void fill_kernel(bf16* p, std::size_t n, std::uint64_t seed, float sc
 }
 
 void fill(bf16* p, std::size_t n, std::uint64_t seed, float scale) {
-  fill_kernel<<<1024, 256>>>(p, n, seed, scale);
+  moe::kernels::cuda::launch(fill_kernel, 1024, 256, 0, nullptr, p, n, seed, scale);
   kc::check_launch("fill_kernel");
 }
 

@@ -325,7 +325,8 @@ void BM_Rows(benchmark::State& state, bool unpack) {
   didx.upload(index.data(), index.size());
   auto elems = static_cast<std::size_t>(n) * static_cast<std::size_t>(hidden);
   kc::DeviceArray<bf16> src(elems), dst(elems);
-  fill_bits_kernel<<<1024, 256, 0, stream()>>>(reinterpret_cast<std::uint16_t*>(src.get()), elems, 9);
+  moe::kernels::cuda::launch(fill_bits_kernel, 1024, 256, 0, stream(), reinterpret_cast<std::uint16_t*>(src.get()),
+                             elems, 9);
   kc::check_launch("fill_bits_kernel");
   auto body = [&] {
     if (unpack) {

@@ -181,7 +181,7 @@ void check_nccl(ncclResult_t r, char const* what) {
 
 void fill(bf16* p, std::size_t n, unsigned seed, float scale, cudaStream_t s) {
   if (n == 0) return;
-  fill_kernel<<<4096, 256, 0, s>>>(p, n, seed, scale);
+  moe::kernels::cuda::launch(fill_kernel, 4096, 256, 0, s, p, n, seed, scale);
   kc::check_launch("fill_kernel");
 }
 
@@ -390,8 +390,8 @@ int run(Options const& opt) {
                                                         scores.get(), CUDA_R_16BF, seq, ss, nb, CUBLAS_COMPUTE_32F,
                                                         CUBLAS_GEMM_DEFAULT),
                              "cublasGemmStridedBatchedEx (Q K^T)");
-            softmax_rows_kernel<<<static_cast<unsigned>(static_cast<long long>(nb) * seq), softmax_threads, 0, st>>>(
-                scores.get(), seq);
+            moe::kernels::cuda::launch(softmax_rows_kernel, static_cast<unsigned>(static_cast<long long>(nb) * seq),
+                                       softmax_threads, 0, st, scores.get(), seq);
             kc::check_launch("softmax_rows_kernel");
             // Row-major O (seq x dk) = P V: column-major O^T (dk x seq) = V^T P^T.
             kc::check_cublas(cublasGemmStridedBatchedEx(cublas, CUBLAS_OP_N, CUBLAS_OP_N, dk, seq, seq, &one, vb,
@@ -494,7 +494,7 @@ int run(Options const& opt) {
   kc::check_cuda(cudaEventCreate(&t1), "cudaEventCreate");
   auto const spin_ns = static_cast<unsigned long long>(opt.spin_us * 1e3);
   auto time_call = [&](Timed& c) {
-    spin_kernel<<<1, 1, 0, stream>>>(spin_ns);
+    moe::kernels::cuda::launch(spin_kernel, 1, 1, 0, stream, spin_ns);
     kc::check_launch("spin_kernel");
     kc::check_cuda(cudaEventRecord(t0, stream), "cudaEventRecord");
     c.run(stream);

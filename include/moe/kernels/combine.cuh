@@ -112,9 +112,8 @@ void combine_records(cudaStream_t s, std::byte const* recv, std::size_t record_b
                      T const* expert_out, int const* position, int hidden, T* back, int max_count = K) {
   if (slots == 0) return;
   check(max_count >= 1 && max_count <= K, "combine_records: max_count = ", max_count, " outside [1, ", K, "]");
-  detail::combine_records_kernel<T, K><<<static_cast<unsigned>(slots), 128, 0, s>>>(
-      recv, record_bytes, slots, recv_base, recv_n, ranks, experts, served, max_count, expert_out, position, hidden,
-      back);
+  launch(detail::combine_records_kernel<T, K>, static_cast<unsigned>(slots), 128, 0, s, recv, record_bytes, slots,
+         recv_base, recv_n, ranks, experts, served, max_count, expert_out, position, hidden, back);
   check_launch("combine_records_kernel");
 }
 
@@ -123,8 +122,8 @@ template <class T>
 void finish_tokens(cudaStream_t s, int tokens, int hidden, int ranks, int const* rec_count, int const* rec_pos,
                    long long const* send_base, T const* returned, float const* shared_acc, T* y) {
   if (tokens == 0) return;
-  detail::finish_tokens_kernel<T><<<static_cast<unsigned>(tokens), 128, 0, s>>>(
-      tokens, hidden, ranks, rec_count, rec_pos, send_base, returned, shared_acc, y);
+  launch(detail::finish_tokens_kernel<T>, static_cast<unsigned>(tokens), 128, 0, s, tokens, hidden, ranks, rec_count,
+         rec_pos, send_base, returned, shared_acc, y);
   check_launch("finish_tokens_kernel");
 }
 

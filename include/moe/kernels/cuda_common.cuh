@@ -12,9 +12,18 @@
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "moe/config.hpp"
 #include "moe/core/bf16.hpp"
+
+/// Dynamic shared memory of a kernel: `MOE_EXTERN_SHARED(unsigned char, smem);` declares `smem` as
+/// the launch's dynamic shared-memory buffer (`extern __shared__ unsigned char smem[];` under nvcc).
+#if defined(MOE_CUDA_EMULATOR)
+#define MOE_EXTERN_SHARED(type, name) MOE_EMU_EXTERN_SHARED(type, name)
+#else
+#define MOE_EXTERN_SHARED(type, name) extern __shared__ type name[]
+#endif
 
 namespace moe::kernels::cuda {
 
@@ -28,6 +37,20 @@ inline void check_launch(char const* kernel) { check_cuda(cudaGetLastError(), ke
 
 /// Blocks needed to cover n items with `per` items per block (0 when n is 0).
 constexpr long long blocks_for(long long n, long long per) { return (n + per - 1) / per; }
+
+/// Every kernel launch of the library: `kernel<<<grid, block, shared_bytes, stream>>>(args...)`
+/// under nvcc; in the project's tests built for the CPU emulator (tests/emu, MOE_CUDA_EMULATOR) the
+/// emulator's launch, which checks the configuration as the driver does and runs the threads as
+/// fibers. Launch errors are reported as by `<<<>>>`: through cudaGetLastError (check_launch).
+template <class... P, class... A>
+inline void launch(void (*kernel)(P...), dim3 grid, dim3 block, std::size_t shared_bytes, cudaStream_t stream,
+                   A&&... args) {
+#if defined(MOE_CUDA_EMULATOR)
+  (void)::emu::launch(kernel, grid, block, shared_bytes, stream, std::forward<A>(args)...);
+#else
+  kernel<<<grid, block, shared_bytes, stream>>>(std::forward<A>(args)...);
+#endif
+}
 
 // ---------------------------------------------------------------------------------------------
 // Storage conversions on the device.

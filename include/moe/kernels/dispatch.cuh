@@ -258,8 +258,8 @@ template <int K>
 void plan_records(cudaStream_t s, int const* ids, int tokens, int ranks, ReplicaView replicas, int source_rank,
                   long long first_token, bool deduplicate, int* dest, int* rec_count) {
   if (tokens == 0) return;
-  detail::plan_records_kernel<K><<<static_cast<unsigned>(blocks_for(tokens, 128)), 128, 0, s>>>(
-      ids, tokens, ranks, replicas, source_rank, first_token, deduplicate, dest, rec_count);
+  launch(detail::plan_records_kernel<K>, static_cast<unsigned>(blocks_for(tokens, 128)), 128, 0, s, ids, tokens, ranks,
+         replicas, source_rank, first_token, deduplicate, dest, rec_count);
   check_launch("plan_records_kernel");
 }
 
@@ -281,8 +281,8 @@ inline void exclusive_sum(cudaStream_t s, void* temp, std::size_t temp_bytes, in
 /// send_count[d] (records) and send_base[d] (first record) per destination. cap > 0: fixed stride.
 inline void send_layout(cudaStream_t s, int const* rec_count, int const* rec_pos, int tokens, int ranks, long long cap,
                         std::uint64_t* send_count, long long* send_base) {
-  detail::send_layout_kernel<<<static_cast<unsigned>(blocks_for(ranks, 128)), 128, 0, s>>>(
-      rec_count, rec_pos, tokens, ranks, cap, send_count, send_base);
+  launch(detail::send_layout_kernel, static_cast<unsigned>(blocks_for(ranks, 128)), 128, 0, s, rec_count, rec_pos,
+         tokens, ranks, cap, send_count, send_base);
   check_launch("send_layout_kernel");
 }
 
@@ -293,9 +293,8 @@ void pack_records(cudaStream_t s, T const* x, int tokens, int hidden, int const*
                   int const* dest, int const* rec_pos, long long const* send_base, bool deduplicate, std::byte* send,
                   std::size_t record_bytes, std::size_t meta_bytes, bool with_payload = true) {
   if (tokens == 0) return;
-  detail::pack_records_kernel<T, K><<<static_cast<unsigned>(tokens), 128, 0, s>>>(
-      x, tokens, hidden, ids, weights, dest, rec_pos, send_base, deduplicate, send, record_bytes, meta_bytes,
-      with_payload);
+  launch(detail::pack_records_kernel<T, K>, static_cast<unsigned>(tokens), 128, 0, s, x, tokens, hidden, ids, weights,
+         dest, rec_pos, send_base, deduplicate, send, record_bytes, meta_bytes, with_payload);
   check_launch("pack_records_kernel");
 }
 
@@ -304,7 +303,7 @@ void pack_records(cudaStream_t s, T const* x, int tokens, int hidden, int const*
 /// region holds (cap > 0); the count is cut to the region either way.
 inline void recv_layout(cudaStream_t s, std::uint64_t const* recv_count, int ranks, long long cap, long long* recv_base,
                         int* recv_n, unsigned* errors = nullptr) {
-  detail::recv_layout_kernel<<<1, 1, 0, s>>>(recv_count, ranks, cap, recv_base, recv_n, errors);
+  launch(detail::recv_layout_kernel, 1, 1, 0, s, recv_count, ranks, cap, recv_base, recv_n, errors);
   check_launch("recv_layout_kernel");
 }
 
@@ -350,22 +349,22 @@ void group_by_expert(cudaStream_t s, std::byte const* recv, std::size_t record_b
   check(max_count >= 1 && max_count <= K, "group_by_expert: max_count = ", max_count, " outside [1, ", K, "]");
   long long n = slots * K;
   if (n > 0) {
-    detail::sort_items_kernel<K><<<static_cast<unsigned>(blocks_for(n, 256)), 256, 0, s>>>(
-        recv, record_bytes, slots, recv_base, recv_n, ranks, experts, served, max_count, g.keys, g.values, errors);
+    launch(detail::sort_items_kernel<K>, static_cast<unsigned>(blocks_for(n, 256)), 256, 0, s, recv, record_bytes,
+           slots, recv_base, recv_n, ranks, experts, served, max_count, g.keys, g.values, errors);
     check_launch("sort_items_kernel");
     std::size_t temp_bytes = g.temp_bytes;
     check_cuda(cub::DeviceRadixSort::SortPairs(g.temp, temp_bytes, g.keys, g.sorted_keys, g.values, g.sorted_values,
                                                static_cast<int>(n), 0, expert_key_bits(experts), s),
                "cub::DeviceRadixSort::SortPairs");
   }
-  detail::expert_offsets_kernel<<<static_cast<unsigned>(blocks_for(experts + 1, 128)), 128, 0, s>>>(
-      g.sorted_keys, n, experts, g.offsets);
+  launch(detail::expert_offsets_kernel, static_cast<unsigned>(blocks_for(experts + 1, 128)), 128, 0, s, g.sorted_keys,
+         n, experts, g.offsets);
   check_launch("expert_offsets_kernel");
-  detail::tile_starts_kernel<<<1, detail::tile_starts_threads, 0, s>>>(g.offsets, experts, tile_m, g.tile_starts);
+  launch(detail::tile_starts_kernel, 1, detail::tile_starts_threads, 0, s, g.offsets, experts, tile_m, g.tile_starts);
   check_launch("tile_starts_kernel");
   if (n > 0) {
-    detail::inverse_kernel<<<static_cast<unsigned>(blocks_for(n, 256)), 256, 0, s>>>(g.sorted_values, g.offsets,
-                                                                                    experts, g.position);
+    launch(detail::inverse_kernel, static_cast<unsigned>(blocks_for(n, 256)), 256, 0, s, g.sorted_values, g.offsets,
+           experts, g.position);
     check_launch("inverse_kernel");
   }
 }

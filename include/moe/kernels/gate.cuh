@@ -211,9 +211,9 @@ void route(cudaStream_t stream, float const* logits, float const* bias, int toke
                 "route: too many experts for the per-warp shared-memory score buffers");
   if (tokens == 0) return;
   auto blocks = static_cast<unsigned>(blocks_for(tokens, detail::route_warps));
-  detail::route_kernel<S.experts, S.top_k, S.groups, S.groups_per_token, S.group_score,
-                       std::is_same_v<Router, router::SigmoidGroupTopK>, S.renormalize>
-      <<<blocks, 32 * detail::route_warps, 0, stream>>>(logits, bias, tokens, ids, weights, S.routed_scale);
+  launch(detail::route_kernel<S.experts, S.top_k, S.groups, S.groups_per_token, S.group_score,
+                              std::is_same_v<Router, router::SigmoidGroupTopK>, S.renormalize>,
+         blocks, 32 * detail::route_warps, 0, stream, logits, bias, tokens, ids, weights, S.routed_scale);
   check_launch("route_kernel");
 }
 

@@ -327,7 +327,7 @@ void grouped_gemm(cudaStream_t s, GroupedGemmArgs<T> const& p) {
                                       grouped_gemm_tile_m);
   if (blocks == 0) return;
   check(blocks < (1LL << 31), "grouped_gemm: ", blocks, " blocks exceed the grid limit");
-  detail::grouped_gemm_kernel<T, Ep><<<static_cast<unsigned>(blocks), detail::gemm_threads, 0, s>>>(p);
+  launch(detail::grouped_gemm_kernel<T, Ep>, static_cast<unsigned>(blocks), detail::gemm_threads, 0, s, p);
   check_launch("grouped_gemm_kernel");
 }
 

@@ -314,7 +314,7 @@ void launch_grouped_gemm(cudaStream_t s, GroupedGemmArgs<moe::bf16> const& p) {
   check(blocks < (1LL << 31), "grouped_gemm: ", blocks, " blocks exceed the grid limit");
   // The shared-memory attribute was set by hopper_gemm_available(), which every path to this
   // launch has called on this device.
-  detail::grouped_gemm_kernel<Ep><<<static_cast<unsigned>(blocks), threads, smem_bytes, s>>>(p);
+  launch(detail::grouped_gemm_kernel<Ep>, static_cast<unsigned>(blocks), threads, smem_bytes, s, p);
   check_launch("sm90::grouped_gemm_kernel");
 }
 
@@ -347,7 +347,7 @@ inline bool hopper_gemm_available() {
     int* flag = nullptr;
     check_cuda(cudaMalloc(&flag, sizeof(int)), "cudaMalloc (sm90a probe)");
     int host = 0;
-    sm90::detail::feature_probe<<<1, 1>>>(flag);
+    launch(sm90::detail::feature_probe<>, 1, 1, 0, nullptr, flag);
     cudaError_t r = cudaGetLastError();
     if (r == cudaSuccess) r = cudaMemcpy(&host, flag, sizeof(int), cudaMemcpyDeviceToHost);
     cudaFree(flag);

@@ -304,16 +304,16 @@ inline void sort_and_finish(cudaStream_t s, int const* keys, int n, int alignmen
                "cub::DeviceRadixSort::SortPairs (shuffle plan)");
   }
   auto blocks = static_cast<unsigned>(n > 0 ? blocks_for(n, shuffle_threads) : 1);
-  plan_finish_kernel<<<blocks, shuffle_threads, 0, s>>>(p.group, p.permutation, n, p.devices, alignment, p.counts,
-                                                        p.offsets, p.aligned_offsets, p.inverse);
+  launch(plan_finish_kernel, blocks, shuffle_threads, 0, s, p.group, p.permutation, n, p.devices, alignment, p.counts,
+         p.offsets, p.aligned_offsets, p.inverse);
   check_launch("plan_finish_kernel");
 }
 
 template <class U, class T>
 void gather_rows_as(cudaStream_t s, T const* src, T* dst, int n, int width, int const* index, unsigned* errors) {
   long long units = static_cast<long long>(width) * static_cast<long long>(sizeof(T)) / static_cast<long long>(sizeof(U));
-  gather_rows_kernel<U><<<static_cast<unsigned>(n), shuffle_threads, 0, s>>>(
-      reinterpret_cast<U const*>(src), reinterpret_cast<U*>(dst), n, units, index, errors);
+  launch(gather_rows_kernel<U>, static_cast<unsigned>(n), shuffle_threads, 0, s, reinterpret_cast<U const*>(src),
+         reinterpret_cast<U*>(dst), n, units, index, errors);
   check_launch("gather_rows_kernel");
 }
 
@@ -359,9 +359,8 @@ inline void predict_devices(cudaStream_t s, TokenTableView table, int const* tok
   check(errors != nullptr, "predict_devices: the error word is null");
   if (n == 0) return;
   check(tokens && device, "predict_devices: null token or device buffer");
-  detail::predict_devices_kernel<<<static_cast<unsigned>(blocks_for(n, detail::shuffle_threads)),
-                                   detail::shuffle_threads, 0, s>>>(table, tokens, n, device, confidence, nullptr,
-                                                                    errors);
+  launch(detail::predict_devices_kernel, static_cast<unsigned>(blocks_for(n, detail::shuffle_threads)),
+         detail::shuffle_threads, 0, s, table, tokens, n, device, confidence, nullptr, errors);
   check_launch("predict_devices_kernel");
 }
 
@@ -371,8 +370,8 @@ inline void shuffle_plan(cudaStream_t s, int const* predicted, int n, int alignm
   detail::check_plan_args("shuffle_plan", n, alignment, p, errors);
   if (n > 0) {
     check(predicted != nullptr, "shuffle_plan: null prediction buffer");
-    detail::plan_keys_kernel<<<static_cast<unsigned>(blocks_for(n, detail::shuffle_threads)), detail::shuffle_threads,
-                               0, s>>>(predicted, n, p.devices, p.keys, p.iota, errors);
+    launch(detail::plan_keys_kernel, static_cast<unsigned>(blocks_for(n, detail::shuffle_threads)),
+           detail::shuffle_threads, 0, s, predicted, n, p.devices, p.keys, p.iota, errors);
     check_launch("plan_keys_kernel");
   }
   detail::sort_and_finish(s, p.keys, n, alignment, p);
@@ -390,9 +389,8 @@ inline void predict_and_plan(cudaStream_t s, TokenTableView table, int const* to
   int* keys = device ? device : p.keys;
   if (n > 0) {
     check(tokens != nullptr, "predict_and_plan: null token buffer");
-    detail::predict_devices_kernel<<<static_cast<unsigned>(blocks_for(n, detail::shuffle_threads)),
-                                     detail::shuffle_threads, 0, s>>>(table, tokens, n, keys, confidence, p.iota,
-                                                                      errors);
+    launch(detail::predict_devices_kernel, static_cast<unsigned>(blocks_for(n, detail::shuffle_threads)),
+           detail::shuffle_threads, 0, s, table, tokens, n, keys, confidence, p.iota, errors);
     check_launch("predict_devices_kernel");
   }
   detail::sort_and_finish(s, keys, n, alignment, p);
