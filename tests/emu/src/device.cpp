@@ -151,8 +151,10 @@ struct Worker {
   // The block in progress.
   KernelRun const* run = nullptr;
   int threads = 0;
-  std::vector<int> ready;  // ring of runnable fibers
-  std::size_t head = 0;
+  // Runnable fibers: a ring sized before the block starts (no allocation while fibers run; each
+  // fiber is queued at most once at a time).
+  std::vector<int> ready;
+  std::size_t head = 0, tail = 0;
   int done = 0;
   int first_done = -1;     // first thread that exited
   // block barrier
@@ -187,15 +189,22 @@ struct Worker {
 thread_local Worker* tl_worker = nullptr;
 thread_local Fiber* tl_fiber = nullptr;
 
-Worker& worker() {
-  if (!tl_worker) tl_worker = new Worker();  // one per OS thread that runs kernels; lives with it
-  return *tl_worker;
-}
 // Frees the worker when its thread ends.
 struct WorkerReaper {
-  ~WorkerReaper() { delete tl_worker; }
+  ~WorkerReaper() {
+    delete tl_worker;
+    tl_worker = nullptr;
+  }
 };
 thread_local WorkerReaper tl_reaper;
+
+Worker& worker() {
+  if (!tl_worker) {
+    tl_worker = new Worker();  // one per OS thread that runs kernels; lives with it
+    (void)&tl_reaper;          // constructs the thread's reaper (thread_locals start on first use)
+  }
+  return *tl_worker;
+}
 
 std::string dim_str(uint3 v) {
   return "(" + std::to_string(v.x) + "," + std::to_string(v.y) + "," + std::to_string(v.z) + ")";
@@ -228,7 +237,12 @@ void switch_to_scheduler(Worker& w, Fiber& f, bool exiting) {
 #endif
 }
 
-/// The calling fiber stops for good (error or divergence): the scheduler abandons the block.
+/// Thrown through the failing fiber's frames so that they are destroyed before it is abandoned.
+struct KernelAbort {};
+
+/// The calling fiber stops for good (error or divergence): the message is recorded (the first
+/// error of the launch wins), the fiber's stack unwinds to fiber_main, and the scheduler abandons
+/// the block.
 [[noreturn]] void fail_here(std::string const& msg) {
   Worker& w = worker();
   Fiber& f = *tl_fiber;
@@ -238,10 +252,7 @@ void switch_to_scheduler(Worker& w, Fiber& f, bool exiting) {
     w.error = "moe-emu: kernel " + name + ", block " + dim_str(f.info.block) + ", thread " + dim_str(f.info.thread) +
               ": " + msg;
   }
-  f.state = State::abandoned;
-  f.dirty = true;
-  switch_to_scheduler(w, f, false);
-  std::abort();  // never resumed
+  throw KernelAbort{};
 }
 
 std::string thread_name(Fiber const& f) { return "thread " + dim_str(f.info.thread); }
@@ -254,7 +265,32 @@ void wait_here(Worker& w, Fiber& f) {
 
 void make_ready(Worker& w, int i) {
   w.fibers[static_cast<std::size_t>(i)].state = State::ready;
-  w.ready.push_back(i);
+  w.ready[w.tail++ % w.ready.size()] = i;
+}
+
+/// Checks at a thread's exit: nobody may be waiting for it.
+void exit_checks(Worker& w, Fiber const& f) {
+  if (w.bar_arrived > 0) {
+    Fiber const& other = w.fibers[static_cast<std::size_t>(w.bar_first)];
+    fail_here("exited while " + thread_name(other) + " waits at __syncthreads (" + where_str(other.where) + ")");
+  }
+  for (auto& rv : w.warp_rv) {
+    if (!rv.active || rv.first != f.info.warp * 32) continue;
+    if (rv.mask & (1u << f.info.lane))
+      fail_here("exited while lanes " + hex(rv.arrived_mask) + " of its warp wait at " + rv.what + " (" +
+                where_str(rv.where) + ") with mask " + hex(rv.mask) + ", which names this lane");
+  }
+  for (auto& rv : w.group_rv) {
+    if (rv.active && f.info.linear >= rv.first && f.info.linear < rv.first + rv.count)
+      fail_here(std::string("exited while its warpgroup waits at ") + rv.what + " (" + where_str(rv.where) + ")");
+  }
+}
+
+void record_failure(Worker& w, Fiber const& f, char const* what) {
+  if (w.failed) return;
+  w.failed = true;
+  w.error = "moe-emu: kernel " + std::string(w.run ? w.run->name : "?") + ", block " + dim_str(f.info.block) +
+            ", thread " + dim_str(f.info.thread) + ": " + what;
 }
 
 extern "C" void fiber_main(Fiber* f) {
@@ -263,32 +299,27 @@ extern "C" void fiber_main(Fiber* f) {
   __sanitizer_finish_switch_fiber(nullptr, &w.sched_stack_bottom, &w.sched_stack_size);
 #endif
   san::acquire(&w.start_hb);
+  bool aborted = false;
   try {
     w.run->body();
-  } catch (std::exception const& e) {
-    fail_here(std::string("exception escaped the kernel: ") + e.what());
+    exit_checks(w, *f);
+  } catch (KernelAbort const&) {
+    aborted = true;
+  } catch (std::exception const&) {
+    record_failure(w, *f, "an exception escaped the kernel");
+    aborted = true;
   } catch (...) {
-    fail_here("exception escaped the kernel");
-  }
-  // Exit: nobody may be waiting for this thread.
-  if (w.bar_arrived > 0) {
-    Fiber const& other = w.fibers[static_cast<std::size_t>(w.bar_first)];
-    fail_here("exited while " + thread_name(other) + " waits at __syncthreads (" + where_str(other.where) + ")");
-  }
-  for (auto& rv : w.warp_rv) {
-    if (!rv.active || rv.first != f->info.warp * 32) continue;
-    if (rv.mask & (1u << f->info.lane))
-      fail_here("exited while lanes " + hex(rv.arrived_mask) + " of its warp wait at " + rv.what + " (" +
-                where_str(rv.where) + ") with mask " + hex(rv.mask) + ", which names this lane");
-  }
-  for (auto& rv : w.group_rv) {
-    if (rv.active && f->info.linear >= rv.first && f->info.linear < rv.first + rv.count)
-      fail_here(std::string("exited while its warpgroup waits at ") + rv.what + " (" + where_str(rv.where) + ")");
+    record_failure(w, *f, "an exception escaped the kernel");
+    aborted = true;
   }
   san::release(&w.end_hb);
-  f->state = State::done;
-  ++w.done;
-  if (w.first_done < 0) w.first_done = f->info.linear;
+  if (aborted) {
+    f->state = State::abandoned;
+  } else {
+    f->state = State::done;
+    ++w.done;
+    if (w.first_done < 0) w.first_done = f->info.linear;
+  }
   switch_to_scheduler(w, *f, true);
   std::abort();
 }
@@ -412,8 +443,8 @@ bool run_kernel(KernelRun const& k, std::string* error) {
         // Fresh shared memory contents are undefined on the GPU: fill them with a pattern that
         // is NaN as float and bf16 and -1 as an integer.
         std::memset(w.smem.get(), 0xff, w.smem_bytes);
-        w.ready.clear();
-        w.head = 0;
+        w.ready.assign(static_cast<std::size_t>(threads), -1);
+        w.head = w.tail = 0;
         w.done = 0;
         w.first_done = -1;
         w.bar_arrived = 0;
@@ -431,10 +462,10 @@ bool run_kernel(KernelRun const& k, std::string* error) {
           f.state = State::ready;
           f.rv = nullptr;
           f.at_block = false;
-          w.ready.push_back(t);
+          w.ready[w.tail++ % w.ready.size()] = t;
         }
-        while (w.head < w.ready.size() && !w.failed) {
-          int i = w.ready[w.head++];
+        while (w.head < w.tail && !w.failed) {
+          int i = w.ready[w.head++ % w.ready.size()];
           Fiber& f = w.fibers[static_cast<std::size_t>(i)];
           if (f.state != State::ready) continue;
           tl_fiber = &f;
@@ -452,11 +483,6 @@ bool run_kernel(KernelRun const& k, std::string* error) {
 #endif
           tl_fiber = nullptr;
           detail::current = nullptr;
-          // Compact the ring now and then.
-          if (w.head > 4096 && w.head * 2 > w.ready.size()) {
-            w.ready.erase(w.ready.begin(), w.ready.begin() + static_cast<std::ptrdiff_t>(w.head));
-            w.head = 0;
-          }
         }
         if (w.failed) break;
         if (w.done != threads) {

@@ -61,15 +61,18 @@ struct Stream {
     std::uint64_t seq;
     bool stop = false;
   };
-  std::deque<Op> q;
+  // Queued operations. The worker takes them by index and never frees the queue's memory: every
+  // allocation the worker releases (an Op and what it holds) was made before the enqueue's
+  // happens-before edge (see put()).
+  std::vector<std::unique_ptr<Op>> q;  // guarded by m
+  std::size_t head = 0;                // guarded by m
   std::uint64_t enqueued = 0;   // guarded by m
   std::uint64_t completed = 0;  // guarded by m
   std::thread worker;
   // Capture state (guarded by the runtime's capture lock).
   detail::Capture* capture = nullptr;
   std::vector<detail::Node*> frontier;
-  // Happens-before objects: work enqueued (host -> worker) and work completed (worker -> waiters).
-  char enq_hb[1024] = {};
+  // Happens-before objects of completed work (worker -> waiters), by sequence number modulo 1024.
   char done_hb[1024] = {};
 };
 
@@ -141,6 +144,10 @@ struct Runtime {
   std::map<std::uintptr_t, Allocation> allocations;  // by base address
   std::vector<Capture*> captures;
   std::vector<Stream*> zombies;  // destroyed streams whose workers may still be finishing
+  // Destroyed events and executable graphs: queued work may still use them, so they are kept
+  // (reachable, for LeakSanitizer) until the process ends.
+  std::vector<std::unique_ptr<CUevent_st>> dead_events;
+  std::vector<std::unique_ptr<CUgraphExec_st>> dead_execs;
   std::atomic<std::uint64_t> kernels{0}, blocks{0}, switches{0};
   Runtime() : devices(static_cast<std::size_t>(device_count())) {}
 };
@@ -167,14 +174,15 @@ cudaError_t sticky(int device) {
 
 void worker_loop(Stream* s) {
   for (;;) {
-    Stream::Op op;
+    std::unique_ptr<Stream::Op> next;
     {
       san::IgnoreSync quiet;
       Lock lock(s->m);
-      s->cv.wait(lock, [&] { return !s->q.empty(); });
-      op = std::move(s->q.front());
-      s->q.pop_front();
+      s->cv.wait(lock, [&] { return s->head < s->q.size(); });
+      next = std::move(s->q[s->head++]);
     }
+    san::acquire(next.get());
+    Stream::Op& op = *next;
     if (op.stop) return;
     for (auto& [d, seq] : op.deps) {
       {
@@ -184,7 +192,6 @@ void worker_loop(Stream* s) {
       }
       san::acquire(&d->done_hb[seq % 1024]);
     }
-    san::acquire(&s->enq_hb[op.seq % 1024]);
     if (op.fn && sticky(s->device) == cudaSuccess) {
       try {
         op.fn();
@@ -213,14 +220,26 @@ Stream* new_stream(int device, bool legacy, bool blocking) {
 
 Stream* legacy_stream(int device) {
   auto& R = rt();
+  auto& d = R.devices[static_cast<std::size_t>(device)];
+  {
+    san::IgnoreSync quiet;
+    Lock lock(R.m);
+    if (d.legacy) return d.legacy;
+  }
+  // The worker thread is started outside IgnoreSync: its creation orders the stream's set-up.
+  static std::mutex create;
+  std::lock_guard once(create);
+  {
+    san::IgnoreSync quiet;
+    Lock lock(R.m);
+    if (d.legacy) return d.legacy;
+  }
+  Stream* s = new_stream(device, true, true);
   san::IgnoreSync quiet;
   Lock lock(R.m);
-  auto& d = R.devices[static_cast<std::size_t>(device)];
-  if (!d.legacy) {
-    d.legacy = new_stream(device, true, true);
-    d.streams.push_back(d.legacy);
-  }
-  return d.legacy;
+  d.legacy = s;
+  d.streams.push_back(s);
+  return s;
 }
 
 Stream* resolve(cudaStream_t s) { return s ? s : legacy_stream(tl_device); }
@@ -246,6 +265,26 @@ bool done(Stream* s, std::uint64_t seq) {
   return s->completed >= seq;
 }
 
+/// Appends a prepared operation to the stream's queue and returns its sequence number. Everything
+/// the operation holds was allocated before the happens-before edge to the worker made here.
+std::uint64_t put(Stream* s, std::unique_ptr<Stream::Op> op) {
+  std::uint64_t seq = 0;
+  san::release(op.get());  // the worker acquires the same object when it takes the operation
+  {
+    san::IgnoreSync quiet;
+    Lock lock(s->m);
+    seq = op->stop ? 0 : ++s->enqueued;
+    op->seq = seq;
+    if (s->head == s->q.size() && s->head > 256) {
+      s->q.clear();
+      s->head = 0;
+    }
+    s->q.push_back(std::move(op));
+  }
+  s->cv.notify_all();
+  return seq;
+}
+
 /// Pushes an operation (no capture handling). Returns its sequence number.
 std::uint64_t push(Stream* s, char const* what, std::function<void()> fn) {
   std::vector<std::pair<Stream*, std::uint64_t>> deps;
@@ -262,20 +301,7 @@ std::uint64_t push(Stream* s, char const* what, std::function<void()> fn) {
     for (Stream* o : others)
       if (std::uint64_t n = enqueued(o); n > 0) deps.emplace_back(o, n);
   }
-  std::uint64_t seq;
-  {
-    san::IgnoreSync quiet;
-    Lock lock(s->m);
-    seq = ++s->enqueued;
-  }
-  san::release(&s->enq_hb[seq % 1024]);
-  {
-    san::IgnoreSync quiet;
-    Lock lock(s->m);
-    s->q.push_back(Stream::Op{std::move(fn), what, std::move(deps), seq, false});
-  }
-  s->cv.notify_all();
-  return seq;
+  return put(s, std::make_unique<Stream::Op>(Stream::Op{std::move(fn), what, std::move(deps), 0, false}));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -456,7 +482,7 @@ bool find_allocation(void const* p, std::size_t bytes, Allocation* out) {
   --it;
   Allocation const& al = it->second;
   auto base = reinterpret_cast<std::uintptr_t>(al.base);
-  if (a < base || a - base > al.bytes || (a - base == al.bytes && al.bytes != 0 && bytes != 0)) return false;
+  if (a < base || a - base >= al.bytes) return false;  // a one-past-the-end pointer belongs to the next object
   if (bytes > al.bytes - (a - base)) return false;
   if (out) *out = al;
   return true;
@@ -500,7 +526,8 @@ cudaError_t launch_kernel(LaunchSpec const& spec, std::function<void()> thread_b
   run->block = b;
   run->shared_bytes = spec.shared_bytes;
   run->body = std::move(thread_body);
-  cudaError_t e = enqueue_impl(spec.stream, name, [run, dev] {
+  // The operation holds the only reference, so the worker (not this thread) releases the launch.
+  cudaError_t e = enqueue_impl(spec.stream, name, [run = std::move(run), dev] {
     std::string error;
     if (!run_kernel(*run, &error)) set_sticky(dev, cudaErrorLaunchFailure, error);
   }, nullptr);
@@ -843,12 +870,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
     rt().zombies.push_back(s);
   }
   // Work already queued still runs (the real call returns at once and releases the stream later).
-  {
-    san::IgnoreSync quiet;
-    Lock lock(s->m);
-    s->q.push_back(Stream::Op{nullptr, "stop", {}, 0, true});
-  }
-  s->cv.notify_all();
+  put(s, std::make_unique<Stream::Op>(Stream::Op{nullptr, "stop", {}, 0, true}));
   s->worker.detach();
   return cudaSuccess;
 }
@@ -969,6 +991,9 @@ cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e,
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
   if (!e) return record(cudaErrorInvalidResourceHandle);
   // Pending records still complete; the event object is kept (the real one is released later).
+  san::IgnoreSync quiet;
+  Lock lock(rt().m);
+  rt().dead_events.emplace_back(e);
   return cudaSuccess;
 }
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t h) {
@@ -1038,19 +1063,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t h, cudaEvent_t e, unsigned) {
   if (src == s) return cudaSuccess;
   if (cudaError_t r = sticky(s->device)) return record(r);
   // A no-op on s that depends on the record.
-  std::uint64_t n;
-  {
-    san::IgnoreSync quiet;
-    Lock lock(s->m);
-    n = ++s->enqueued;
-  }
-  san::release(&s->enq_hb[n % 1024]);
-  {
-    san::IgnoreSync quiet;
-    Lock lock(s->m);
-    s->q.push_back(Stream::Op{nullptr, "cudaStreamWaitEvent", {{src, seq}}, n, false});
-  }
-  s->cv.notify_all();
+  put(s, std::make_unique<Stream::Op>(Stream::Op{nullptr, "cudaStreamWaitEvent", {{src, seq}}, 0, false}));
   return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
@@ -1144,7 +1157,10 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t x, cudaStream_t h) {
 }
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t x) {
   // Launches still queued keep using it; executable graphs are small and kept until exit.
-  (void)x;
+  if (!x) return record(cudaErrorInvalidValue);
+  san::IgnoreSync quiet;
+  Lock lock(rt().m);
+  rt().dead_execs.emplace_back(x);
   return cudaSuccess;
 }
 cudaError_t cudaGraphDestroy(cudaGraph_t g) {

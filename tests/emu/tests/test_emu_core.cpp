@@ -229,6 +229,8 @@ TEST_CASE("atomics are device-wide", "[emu]") {
   unsigned* bits = device_alloc<unsigned>(1);
   REQUIRE(cudaMemset(c, 0, sizeof(int)) == cudaSuccess);
   REQUIRE(cudaMemset(bits, 0, sizeof(unsigned)) == cudaSuccess);
+  // cudaMemset is asynchronous and on the legacy stream, which non-blocking streams do not wait for.
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   cudaStream_t s1, s2;
   REQUIRE(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking) == cudaSuccess);
   REQUIRE(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking) == cudaSuccess);
@@ -448,6 +450,8 @@ TEST_CASE("graphs: capture with a fork and join, replay bitwise, capture rules",
     cudaStreamDestroy(blocking);
   }
   (void)cudaGetLastError();
+  cudaEventDestroy(fork);
+  cudaEventDestroy(join);
   cudaStreamDestroy(s);
   cudaStreamDestroy(side);
   cudaFree(a);

@@ -213,7 +213,9 @@ template <class... P, class... A>
 cudaError_t launch(void (*kernel)(P...), dim3 grid, dim3 block, std::size_t shared, cudaStream_t stream, A&&... args) {
   static_assert(sizeof...(P) == sizeof...(A), "moe-emu: wrong number of kernel arguments");
   auto params = std::make_shared<std::tuple<std::decay_t<P>...>>(static_cast<std::decay_t<P>>(std::forward<A>(args))...);
-  return launch_kernel({reinterpret_cast<void const*>(kernel), grid, block, shared, stream}, [kernel, params] {
+  // The launch owns the only reference: the worker that runs it releases the arguments.
+  return launch_kernel({reinterpret_cast<void const*>(kernel), grid, block, shared, stream},
+                       [kernel, params = std::move(params)] {
     std::apply([kernel](auto... copy) { kernel(copy...); }, *params);
   });
 }
