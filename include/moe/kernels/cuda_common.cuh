@@ -46,7 +46,7 @@ template <class... P, class... A>
 inline void launch(void (*kernel)(P...), dim3 grid, dim3 block, std::size_t shared_bytes, cudaStream_t stream,
                    A&&... args) {
 #if defined(MOE_CUDA_EMULATOR)
-  (void)::emu::launch(kernel, grid, block, shared_bytes, stream, std::forward<A>(args)...);
+  (void)::emu::kernel_launch(kernel, grid, block, shared_bytes, stream, std::forward<A>(args)...);
 #else
   kernel<<<grid, block, shared_bytes, stream>>>(std::forward<A>(args)...);
 #endif

@@ -63,12 +63,12 @@ int streams(bool wait, bool graph) {
     cudaEventRecord(fork, s1);
     cudaStreamWaitEvent(s2, fork, 0);  // s2 joins the capture, before the write
   }
-  emu::launch(write_kernel, dim3(1), dim3(64), 0, s1, a, n);
+  emu::kernel_launch(write_kernel, dim3(1), dim3(64), 0, s1, a, n);
   if (wait) {
     cudaEventRecord(e, s1);
     cudaStreamWaitEvent(s2, e, 0);
   }
-  emu::launch(read_kernel, dim3(1), dim3(64), 0, s2, static_cast<int const*>(a), b, n);
+  emu::kernel_launch(read_kernel, dim3(1), dim3(64), 0, s2, static_cast<int const*>(a), b, n);
   if (graph) {
     cudaEventRecord(join, s2);
     cudaStreamWaitEvent(s1, join, 0);
@@ -87,13 +87,13 @@ int main(int argc, char** argv) {
   if (what == "overrun") {
     unsigned char* p = nullptr;
     if (check(cudaMalloc(&p, 37), "cudaMalloc")) return 1;
-    emu::launch(overrun_kernel, dim3(1), dim3(32), 0, nullptr, p, 37);
+    emu::kernel_launch(overrun_kernel, dim3(1), dim3(32), 0, nullptr, p, 37);
     return check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   }
   if (what == "block-race" || what == "block-ok") {
     int* out = nullptr;
     if (check(cudaMalloc(&out, 64 * sizeof(int)), "cudaMalloc")) return 1;
-    emu::launch(exchange_kernel, dim3(2), dim3(64), 0, nullptr, out, what == "block-ok");
+    emu::kernel_launch(exchange_kernel, dim3(2), dim3(64), 0, nullptr, out, what == "block-ok");
     return check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   }
   if (what == "stream-race") return streams(false, false);

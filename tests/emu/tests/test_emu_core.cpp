@@ -161,7 +161,7 @@ TEST_CASE("thread and block indices cover a 2-D grid exactly once", "[emu]") {
   int const nx = 37, ny = 11;
   int* out = device_alloc<int>(nx * ny);
   REQUIRE(cudaMemset(out, 0xff, nx * ny * sizeof(int)) == cudaSuccess);
-  REQUIRE(emu::launch(index_kernel, dim3(3, 2), dim3(16, 8), 0, nullptr, out, nx, ny) == cudaSuccess);
+  REQUIRE(emu::kernel_launch(index_kernel, dim3(3, 2), dim3(16, 8), 0, nullptr, out, nx, ny) == cudaSuccess);
   auto got = download(out, nx * ny);
   for (int y = 0; y < ny; ++y)
     for (int x = 0; x < nx; ++x) REQUIRE(got[static_cast<std::size_t>(y * nx + x)] == x * 1000 + y);
@@ -175,7 +175,7 @@ TEST_CASE("__syncthreads orders shared-memory phases", "[emu]") {
   float* din = device_alloc<float>(n);
   float* dout = device_alloc<float>(4);
   upload(din, in);
-  REQUIRE(emu::launch(block_sum_kernel, dim3(4), dim3(256), 0, nullptr, din, dout, n) == cudaSuccess);
+  REQUIRE(emu::kernel_launch(block_sum_kernel, dim3(4), dim3(256), 0, nullptr, din, dout, n) == cudaSuccess);
   auto got = download(dout, 4);
   for (int b = 0; b < 4; ++b) {
     float ref = 0;
@@ -194,7 +194,7 @@ TEST_CASE("warp shuffles and votes match the programming guide", "[emu]") {
   upload(din, in);
   int* o[5];
   for (auto& p : o) p = device_alloc<int>(32);
-  REQUIRE(emu::launch(shuffle_kernel, dim3(1), dim3(32), 0, nullptr, din, o[0], o[1], o[2], o[3], o[4]) == cudaSuccess);
+  REQUIRE(emu::kernel_launch(shuffle_kernel, dim3(1), dim3(32), 0, nullptr, din, o[0], o[1], o[2], o[3], o[4]) == cudaSuccess);
   auto xs = download(o[0], 32), bc = download(o[1], 32), dn = download(o[2], 32), up = download(o[3], 32),
        hf = download(o[4], 32);
   int total = std::accumulate(in.begin(), in.end(), 0);
@@ -207,7 +207,7 @@ TEST_CASE("warp shuffles and votes match the programming guide", "[emu]") {
     CHECK(hf[L] == in[static_cast<std::size_t>((l & 16) + 2)]);
   }
   unsigned* ballot = device_alloc<unsigned>(32);
-  REQUIRE(emu::launch(vote_kernel, dim3(1), dim3(32), 0, nullptr, din, ballot, o[0], o[1]) == cudaSuccess);
+  REQUIRE(emu::kernel_launch(vote_kernel, dim3(1), dim3(32), 0, nullptr, din, ballot, o[0], o[1]) == cudaSuccess);
   auto b = download(ballot, 32);
   auto any = download(o[0], 32), all = download(o[1], 32);
   unsigned ref = 0;
@@ -234,8 +234,8 @@ TEST_CASE("atomics are device-wide", "[emu]") {
   cudaStream_t s1, s2;
   REQUIRE(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking) == cudaSuccess);
   REQUIRE(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking) == cudaSuccess);
-  REQUIRE(emu::launch(atomic_kernel, dim3(20), dim3(96), 0, s1, c, bits) == cudaSuccess);
-  REQUIRE(emu::launch(atomic_kernel, dim3(20), dim3(96), 0, s2, c, bits) == cudaSuccess);
+  REQUIRE(emu::kernel_launch(atomic_kernel, dim3(20), dim3(96), 0, s1, c, bits) == cudaSuccess);
+  REQUIRE(emu::kernel_launch(atomic_kernel, dim3(20), dim3(96), 0, s2, c, bits) == cudaSuccess);
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   CHECK(download(c, 1)[0] == 2 * 20 * 96);
   CHECK(download(bits, 1)[0] == 0xffffffffu);
@@ -248,23 +248,23 @@ TEST_CASE("atomics are device-wide", "[emu]") {
 TEST_CASE("divergence is an error naming the kernel, block and thread", "[emu][errors]") {
   int* out = device_alloc<int>(64);
   SECTION("threads at different __syncthreads") {
-    REQUIRE(emu::launch(divergent_barrier_kernel, dim3(2), dim3(32), 0, nullptr, out) == cudaSuccess);
+    REQUIRE(emu::kernel_launch(divergent_barrier_kernel, dim3(2), dim3(32), 0, nullptr, out) == cudaSuccess);
     expect_kernel_error({"divergent_barrier_kernel", "block (0,0,0)", "thread (16,0,0)", "another __syncthreads"});
   }
   SECTION("a thread exits while others wait") {
-    REQUIRE(emu::launch(early_exit_kernel, dim3(1), dim3(8), 0, nullptr, out) == cudaSuccess);
+    REQUIRE(emu::kernel_launch(early_exit_kernel, dim3(1), dim3(8), 0, nullptr, out) == cudaSuccess);
     expect_kernel_error({"early_exit_kernel", "block (0,0,0)", "__syncthreads", "exited"});
   }
   SECTION("a shuffle mask names lanes that do not exist") {
-    REQUIRE(emu::launch(bad_mask_kernel, dim3(1), dim3(16), 0, nullptr, out) == cudaSuccess);
+    REQUIRE(emu::kernel_launch(bad_mask_kernel, dim3(1), dim3(16), 0, nullptr, out) == cudaSuccess);
     expect_kernel_error({"bad_mask_kernel", "thread (0,0,0)", "__shfl_sync", "0xffffffff", "do not exist"});
   }
   SECTION("a shuffle reads a lane outside its mask") {
-    REQUIRE(emu::launch(outside_lane_kernel, dim3(1), dim3(32), 0, nullptr, out) == cudaSuccess);
+    REQUIRE(emu::kernel_launch(outside_lane_kernel, dim3(1), dim3(32), 0, nullptr, out) == cudaSuccess);
     expect_kernel_error({"outside_lane_kernel", "reads lane 20", "not in the mask"});
   }
   SECTION("__trap") {
-    REQUIRE(emu::launch(trap_kernel, dim3(1), dim3(32), 0, nullptr, out, 5) == cudaSuccess);
+    REQUIRE(emu::kernel_launch(trap_kernel, dim3(1), dim3(32), 0, nullptr, out, 5) == cudaSuccess);
     expect_kernel_error({"trap_kernel", "thread (5,0,0)", "__trap"});
   }
   cudaFree(out);
@@ -272,7 +272,7 @@ TEST_CASE("divergence is an error naming the kernel, block and thread", "[emu][e
 
 TEST_CASE("a kernel error is sticky until reset", "[emu][errors]") {
   int* out = device_alloc<int>(32);
-  REQUIRE(emu::launch(trap_kernel, dim3(1), dim3(32), 0, nullptr, out, 0) == cudaSuccess);
+  REQUIRE(emu::kernel_launch(trap_kernel, dim3(1), dim3(32), 0, nullptr, out, 0) == cudaSuccess);
   std::vector<int> h(32);
   CHECK(cudaMemcpy(h.data(), out, 32 * sizeof(int), cudaMemcpyDeviceToHost) == cudaErrorLaunchFailure);
   CHECK(cudaGetLastError() == cudaErrorLaunchFailure);
@@ -284,18 +284,18 @@ TEST_CASE("a kernel error is sticky until reset", "[emu][errors]") {
 
 TEST_CASE("launch limits: block size, grid, dynamic shared memory", "[emu][errors]") {
   int* out = device_alloc<int>(1024);
-  CHECK(emu::launch(trap_kernel, dim3(1), dim3(1025), 0, nullptr, out, -1) == cudaErrorInvalidConfiguration);
+  CHECK(emu::kernel_launch(trap_kernel, dim3(1), dim3(1025), 0, nullptr, out, -1) == cudaErrorInvalidConfiguration);
   CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration);
   CHECK(cudaGetLastError() == cudaSuccess);
-  CHECK(emu::launch(trap_kernel, dim3(0), dim3(32), 0, nullptr, out, -1) == cudaErrorInvalidConfiguration);
-  CHECK(emu::launch(trap_kernel, dim3(1, 65536), dim3(32), 0, nullptr, out, -1) == cudaErrorInvalidConfiguration);
+  CHECK(emu::kernel_launch(trap_kernel, dim3(0), dim3(32), 0, nullptr, out, -1) == cudaErrorInvalidConfiguration);
+  CHECK(emu::kernel_launch(trap_kernel, dim3(1, 65536), dim3(32), 0, nullptr, out, -1) == cudaErrorInvalidConfiguration);
   (void)cudaGetLastError();
   // 64 KB needs the attribute; 227 KB is the H100's limit.
   int const n = 16384;
-  CHECK(emu::launch(dynamic_shared_kernel, dim3(1), dim3(64), n * sizeof(int), nullptr, out, n) == cudaErrorInvalidValue);
+  CHECK(emu::kernel_launch(dynamic_shared_kernel, dim3(1), dim3(64), n * sizeof(int), nullptr, out, n) == cudaErrorInvalidValue);
   (void)cudaGetLastError();
   REQUIRE(cudaFuncSetAttribute(dynamic_shared_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 65536) == cudaSuccess);
-  REQUIRE(emu::launch(dynamic_shared_kernel, dim3(1), dim3(64), n * sizeof(int), nullptr, out, n) == cudaSuccess);
+  REQUIRE(emu::kernel_launch(dynamic_shared_kernel, dim3(1), dim3(64), n * sizeof(int), nullptr, out, n) == cudaSuccess);
   auto got = download(out, 64);
   CHECK(got[0] == n * (n - 1) / 2);
   CHECK(got[63] == n * (n - 1) / 2);
@@ -329,10 +329,10 @@ TEST_CASE("streams: events order work across streams; the legacy stream waits fo
   cudaEvent_t e;
   REQUIRE(cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess);
   for (int round = 0; round < 5; ++round) {
-    REQUIRE(emu::launch(slow_fill_kernel, dim3(1), dim3(64), 0, s1, a, n, round) == cudaSuccess);
+    REQUIRE(emu::kernel_launch(slow_fill_kernel, dim3(1), dim3(64), 0, s1, a, n, round) == cudaSuccess);
     REQUIRE(cudaEventRecord(e, s1) == cudaSuccess);
     REQUIRE(cudaStreamWaitEvent(s2, e, 0) == cudaSuccess);
-    REQUIRE(emu::launch(add_kernel, dim3(1), dim3(64), 0, s2, a, b, n, 100) == cudaSuccess);
+    REQUIRE(emu::kernel_launch(add_kernel, dim3(1), dim3(64), 0, s2, a, b, n, 100) == cudaSuccess);
     REQUIRE(cudaStreamSynchronize(s2) == cudaSuccess);
     auto got = download(b, n);
     REQUIRE(std::all_of(got.begin(), got.end(), [&](int v) { return v == round + 100; }));
@@ -340,7 +340,7 @@ TEST_CASE("streams: events order work across streams; the legacy stream waits fo
   // A blocking stream's kernel, then a synchronous copy on the legacy stream: ordered implicitly.
   cudaStream_t blocking;
   REQUIRE(cudaStreamCreate(&blocking) == cudaSuccess);
-  REQUIRE(emu::launch(slow_fill_kernel, dim3(1), dim3(64), 0, blocking, a, n, 42) == cudaSuccess);
+  REQUIRE(emu::kernel_launch(slow_fill_kernel, dim3(1), dim3(64), 0, blocking, a, n, 42) == cudaSuccess);
   auto got = download(a, n);
   CHECK(std::all_of(got.begin(), got.end(), [](int v) { return v == 42; }));
   // Timing events.
@@ -348,7 +348,7 @@ TEST_CASE("streams: events order work across streams; the legacy stream waits fo
   REQUIRE(cudaEventCreate(&t0) == cudaSuccess);
   REQUIRE(cudaEventCreate(&t1) == cudaSuccess);
   REQUIRE(cudaEventRecord(t0, s1) == cudaSuccess);
-  REQUIRE(emu::launch(slow_fill_kernel, dim3(2), dim3(64), 0, s1, a, n, 1) == cudaSuccess);
+  REQUIRE(emu::kernel_launch(slow_fill_kernel, dim3(2), dim3(64), 0, s1, a, n, 1) == cudaSuccess);
   REQUIRE(cudaEventRecord(t1, s1) == cudaSuccess);
   REQUIRE(cudaEventSynchronize(t1) == cudaSuccess);
   float ms = -1;
@@ -375,14 +375,14 @@ TEST_CASE("graphs: capture with a fork and join, replay bitwise, capture rules",
   REQUIRE(cudaEventCreateWithFlags(&join, cudaEventDisableTiming) == cudaSuccess);
 
   auto record_work = [&](int seed) {
-    REQUIRE(emu::launch(slow_fill_kernel, dim3(1), dim3(64), 0, s, a, n, seed) == cudaSuccess);
+    REQUIRE(emu::kernel_launch(slow_fill_kernel, dim3(1), dim3(64), 0, s, a, n, seed) == cudaSuccess);
     REQUIRE(cudaEventRecord(fork, s) == cudaSuccess);
     REQUIRE(cudaStreamWaitEvent(side, fork, 0) == cudaSuccess);
-    REQUIRE(emu::launch(add_kernel, dim3(1), dim3(64), 0, side, a, b, n, 1) == cudaSuccess);
-    REQUIRE(emu::launch(add_kernel, dim3(1), dim3(64), 0, s, a, c, n, 2) == cudaSuccess);
+    REQUIRE(emu::kernel_launch(add_kernel, dim3(1), dim3(64), 0, side, a, b, n, 1) == cudaSuccess);
+    REQUIRE(emu::kernel_launch(add_kernel, dim3(1), dim3(64), 0, s, a, c, n, 2) == cudaSuccess);
     REQUIRE(cudaEventRecord(join, side) == cudaSuccess);
     REQUIRE(cudaStreamWaitEvent(s, join, 0) == cudaSuccess);
-    REQUIRE(emu::launch(add_kernel, dim3(1), dim3(64), 0, s, b, a, n, 10) == cudaSuccess);
+    REQUIRE(emu::kernel_launch(add_kernel, dim3(1), dim3(64), 0, s, b, a, n, 10) == cudaSuccess);
   };
   record_work(5);
   REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
@@ -418,7 +418,7 @@ TEST_CASE("graphs: capture with a fork and join, replay bitwise, capture rules",
     REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess);
     REQUIRE(cudaEventRecord(fork, s) == cudaSuccess);
     REQUIRE(cudaStreamWaitEvent(side, fork, 0) == cudaSuccess);
-    REQUIRE(emu::launch(add_kernel, dim3(1), dim3(64), 0, side, a, b, n, 1) == cudaSuccess);
+    REQUIRE(emu::kernel_launch(add_kernel, dim3(1), dim3(64), 0, side, a, b, n, 1) == cudaSuccess);
     CHECK(cudaStreamEndCapture(s, &g) == cudaErrorStreamCaptureUnjoined);
     CHECK(g == nullptr);
   }

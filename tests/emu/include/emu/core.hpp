@@ -34,7 +34,7 @@
 #define __shared__ static thread_local
 #define __constant__ static
 #define __launch_bounds__(...)
-#define __align__(n) alignas(n)
+#define __align__(n) __attribute__((aligned(n)))
 /// Dynamic shared memory: `MOE_EXTERN_SHARED(unsigned char, name);` declares `name` as the launch's
 /// dynamic shared-memory buffer (nvcc: `extern __shared__ unsigned char name[];`).
 #define MOE_EMU_EXTERN_SHARED(type, name) type* const name = static_cast<type*>(::emu::dynamic_shared())

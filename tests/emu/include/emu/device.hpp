@@ -106,30 +106,11 @@ inline unsigned __activemask() { return 0xffffffffu; }
 // ---------------------------------------------------------------------------------------------
 // Atomics (device-wide: blocks of different streams run on different OS threads).
 // ---------------------------------------------------------------------------------------------
+// Overloads for the types CUDA provides (not templates: as in CUDA, an enum or a narrower integer
+// converts to the parameter type).
+namespace emu::detail {
 template <class T>
-T atomicAdd(T* p, T v) {
-  if constexpr (std::is_floating_point_v<T>) {
-    std::atomic_ref<T> r(*p);
-    T old = r.load();
-    while (!r.compare_exchange_weak(old, old + v)) {
-    }
-    return old;
-  } else {
-    return std::atomic_ref<T>(*p).fetch_add(v);
-  }
-}
-template <class T>
-T atomicSub(T* p, T v) { return std::atomic_ref<T>(*p).fetch_sub(v); }
-template <class T>
-T atomicOr(T* p, T v) { return std::atomic_ref<T>(*p).fetch_or(v); }
-template <class T>
-T atomicAnd(T* p, T v) { return std::atomic_ref<T>(*p).fetch_and(v); }
-template <class T>
-T atomicXor(T* p, T v) { return std::atomic_ref<T>(*p).fetch_xor(v); }
-template <class T>
-T atomicExch(T* p, T v) { return std::atomic_ref<T>(*p).exchange(v); }
-template <class T>
-T atomicMax(T* p, T v) {
+T atomic_max(T* p, T v) {
   std::atomic_ref<T> r(*p);
   T old = r.load();
   while (old < v && !r.compare_exchange_weak(old, v)) {
@@ -137,7 +118,7 @@ T atomicMax(T* p, T v) {
   return old;
 }
 template <class T>
-T atomicMin(T* p, T v) {
+T atomic_min(T* p, T v) {
   std::atomic_ref<T> r(*p);
   T old = r.load();
   while (v < old && !r.compare_exchange_weak(old, v)) {
@@ -145,10 +126,36 @@ T atomicMin(T* p, T v) {
   return old;
 }
 template <class T>
-T atomicCAS(T* p, T expected, T desired) {
-  std::atomic_ref<T>(*p).compare_exchange_strong(expected, desired);
-  return expected;
+T atomic_fadd(T* p, T v) {
+  std::atomic_ref<T> r(*p);
+  T old = r.load();
+  while (!r.compare_exchange_weak(old, old + v)) {
+  }
+  return old;
 }
+}  // namespace emu::detail
+
+#define MOE_EMU_INT_ATOMICS(T)                                                                      \
+  inline T atomicAdd(T* p, T v) { return std::atomic_ref<T>(*p).fetch_add(v); }                    \
+  inline T atomicSub(T* p, T v) { return std::atomic_ref<T>(*p).fetch_sub(v); }                    \
+  inline T atomicOr(T* p, T v) { return std::atomic_ref<T>(*p).fetch_or(v); }                      \
+  inline T atomicAnd(T* p, T v) { return std::atomic_ref<T>(*p).fetch_and(v); }                    \
+  inline T atomicXor(T* p, T v) { return std::atomic_ref<T>(*p).fetch_xor(v); }                    \
+  inline T atomicExch(T* p, T v) { return std::atomic_ref<T>(*p).exchange(v); }                    \
+  inline T atomicMax(T* p, T v) { return ::emu::detail::atomic_max(p, v); }                        \
+  inline T atomicMin(T* p, T v) { return ::emu::detail::atomic_min(p, v); }                        \
+  inline T atomicCAS(T* p, T expected, T desired) {                                                 \
+    std::atomic_ref<T>(*p).compare_exchange_strong(expected, desired);                              \
+    return expected;                                                                                \
+  }
+MOE_EMU_INT_ATOMICS(int)
+MOE_EMU_INT_ATOMICS(unsigned)
+MOE_EMU_INT_ATOMICS(unsigned long long)
+MOE_EMU_INT_ATOMICS(long long)
+#undef MOE_EMU_INT_ATOMICS
+inline float atomicAdd(float* p, float v) { return ::emu::detail::atomic_fadd(p, v); }
+inline double atomicAdd(double* p, double v) { return ::emu::detail::atomic_fadd(p, v); }
+inline float atomicExch(float* p, float v) { return std::atomic_ref<float>(*p).exchange(v); }
 
 // ---------------------------------------------------------------------------------------------
 // Reinterpretation, integer and float intrinsics.

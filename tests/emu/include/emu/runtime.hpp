@@ -207,10 +207,11 @@ struct LaunchSpec {
 /// enqueues the launch. `thread_body` is called on each fiber.
 cudaError_t launch_kernel(LaunchSpec const& spec, std::function<void()> thread_body);
 
-/// kernel<<<grid, block, shared, stream>>>(args...): the arguments are copied once at launch (as
+/// kernel<<<grid, block, shared, stream>>>(args...) (named so that argument-dependent lookup of the
+/// library's own `launch` never finds it): the arguments are copied once at launch (as
 /// the real launch copies them into the parameter buffer) and every thread receives its own copy.
 template <class... P, class... A>
-cudaError_t launch(void (*kernel)(P...), dim3 grid, dim3 block, std::size_t shared, cudaStream_t stream, A&&... args) {
+cudaError_t kernel_launch(void (*kernel)(P...), dim3 grid, dim3 block, std::size_t shared, cudaStream_t stream, A&&... args) {
   static_assert(sizeof...(P) == sizeof...(A), "moe-emu: wrong number of kernel arguments");
   auto params = std::make_shared<std::tuple<std::decay_t<P>...>>(static_cast<std::decay_t<P>>(std::forward<A>(args))...);
   // The launch owns the only reference: the worker that runs it releases the arguments.

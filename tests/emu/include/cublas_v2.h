@@ -1,0 +1,3 @@
+#pragma once
+// moe-emu: stands in for cuBLAS (tests only).
+#include "emu/cublas.hpp"

@@ -1,0 +1,3 @@
+#pragma once
+// moe-emu: stands in for <mma.h> (tests only).
+#include "emu/wmma.hpp"
