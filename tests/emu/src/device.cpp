@@ -373,7 +373,6 @@ Rendezvous* find_warp_rv(Worker& w, int warp, int lane) {
 char const* kernel_name(void const* fn) {
   static std::mutex m;
   static auto* names = new std::map<void const*, std::string>();
-  san::IgnoreSync quiet;
   std::lock_guard lock(m);
   auto it = names->find(fn);
   if (it != names->end()) return it->second.c_str();
@@ -595,7 +594,11 @@ void rendezvous(Worker& w, Fiber& f, Rendezvous& rv, int participants, void* min
   ++rv.arrived;
   if (rv.count == 32) rv.arrived_mask |= 1u << f.info.lane;
   if (rv.arrived == participants) {
+    // The operation reads every participant's contribution and writes their results: it runs
+    // after all their arrivals and before any of them continues.
+    san::acquire(&rv.hb[phase & 1]);
     if (fn) fn(rv.ptrs);
+    san::release(&rv.hb[phase & 1]);
     ++rv.phase;
     rv.active = false;
     for (int t = rv.first; t < rv.first + rv.count && t < w.threads; ++t) {

@@ -139,7 +139,9 @@ struct DeviceState {
 };
 
 struct Runtime {
-  std::mutex m;  // devices' stream lists, allocations, captures, function attributes
+  // Devices' stream lists, allocations, captures, function attributes. An ordinary lock: it orders
+  // host threads' use of the runtime (never a stream worker's device work).
+  std::mutex m;
   std::vector<DeviceState> devices;
   std::map<std::uintptr_t, Allocation> allocations;  // by base address
   std::vector<Capture*> captures;
@@ -222,7 +224,6 @@ Stream* legacy_stream(int device) {
   auto& R = rt();
   auto& d = R.devices[static_cast<std::size_t>(device)];
   {
-    san::IgnoreSync quiet;
     Lock lock(R.m);
     if (d.legacy) return d.legacy;
   }
@@ -230,12 +231,10 @@ Stream* legacy_stream(int device) {
   static std::mutex create;
   std::lock_guard once(create);
   {
-    san::IgnoreSync quiet;
     Lock lock(R.m);
     if (d.legacy) return d.legacy;
   }
   Stream* s = new_stream(device, true, true);
-  san::IgnoreSync quiet;
   Lock lock(R.m);
   d.legacy = s;
   d.streams.push_back(s);
@@ -292,7 +291,6 @@ std::uint64_t push(Stream* s, char const* what, std::function<void()> fn) {
     std::vector<Stream*> others;
     {
       auto& R = rt();
-      san::IgnoreSync quiet;
       Lock lock(R.m);
       auto& d = R.devices[static_cast<std::size_t>(s->device)];
       for (Stream* o : d.streams)
@@ -322,7 +320,6 @@ Capture* forbidding_capture() {
 /// capture forbids it: cudaErrorStreamCaptureUnsupported, and the capture is invalidated.
 cudaError_t unsafe_call(char const* api) {
   auto& R = rt();
-  san::IgnoreSync quiet;
   Lock lock(R.m);
   if (Capture* c = forbidding_capture()) {
     c->invalidated = true;
@@ -361,7 +358,6 @@ Node* add_node(Stream* s, char const* what, std::function<void()> fn) {
 void set_sticky(int device, cudaError_t e, std::string const& msg) {
   auto& d = rt().devices[static_cast<std::size_t>(device)];
   {
-    san::IgnoreSync quiet;
     Lock lock(rt().m);
     if (d.sticky.load() == 0) d.sticky_msg = msg;
   }
@@ -384,7 +380,6 @@ cudaError_t enqueue_impl(cudaStream_t handle, char const* what, std::function<vo
   if (cudaError_t e = sticky(s->device)) return record(e);
   auto& R = rt();
   {
-    san::IgnoreSync quiet;
     Lock lock(R.m);
     if (s->capture) {
       if (s->capture->invalidated) return record(cudaErrorStreamCaptureInvalidated);
@@ -409,7 +404,6 @@ cudaError_t enqueue_impl(cudaStream_t handle, char const* what, std::function<vo
 
 bool host_sync_ok(Stream* s, char const* api, cudaError_t* err) {
   auto& R = rt();
-  san::IgnoreSync quiet;
   Lock lock(R.m);
   if (s->capture) {
     s->capture->invalidated = true;
@@ -475,7 +469,6 @@ int enqueue(Stream* s, char const* what, std::function<void()> fn) {
 bool find_allocation(void const* p, std::size_t bytes, Allocation* out) {
   auto& R = rt();
   auto a = reinterpret_cast<std::uintptr_t>(p);
-  san::IgnoreSync quiet;
   Lock lock(R.m);
   auto it = R.allocations.upper_bound(a);
   if (it == R.allocations.begin()) return false;
@@ -511,7 +504,6 @@ cudaError_t launch_kernel(LaunchSpec const& spec, std::function<void()> thread_b
                                                   std::to_string(g.z) + ") is empty or exceeds (2^31-1, 65535, 65535)");
   int allowed = 48 * 1024;
   {
-    san::IgnoreSync quiet;
     Lock lock(rt().m);
     auto& fs = rt().devices[static_cast<std::size_t>(dev)].func_smem;
     if (auto it = fs.find(spec.kernel); it != fs.end()) allowed = it->second;
@@ -535,14 +527,12 @@ cudaError_t launch_kernel(LaunchSpec const& spec, std::function<void()> thread_b
 }
 
 std::string last_kernel_error() {
-  san::IgnoreSync quiet;
   Lock lock(rt().m);
   return rt().devices[static_cast<std::size_t>(tl_device)].sticky_msg;
 }
 
 void reset_errors() {
   cudaDeviceSynchronize();
-  san::IgnoreSync quiet;
   Lock lock(rt().m);
   for (auto& d : rt().devices) {
     d.sticky = 0;
@@ -706,7 +696,6 @@ cudaError_t cudaDeviceSynchronize() {
   if (cudaError_t e = unsafe_call("cudaDeviceSynchronize")) return e;
   std::vector<Stream*> streams;
   {
-    san::IgnoreSync quiet;
     Lock lock(rt().m);
     streams = rt().devices[static_cast<std::size_t>(tl_device)].streams;
   }
@@ -722,7 +711,6 @@ cudaError_t cudaDeviceReset() {
 cudaError_t cudaMemGetInfo(std::size_t* free_bytes, std::size_t* total_bytes) {
   std::size_t total = 85520809984ull, used;
   {
-    san::IgnoreSync quiet;
     Lock lock(rt().m);
     used = rt().devices[static_cast<std::size_t>(tl_device)].allocated;
   }
@@ -747,7 +735,6 @@ cudaError_t allocate(void** p, std::size_t bytes, int device, char const* api) {
   if (posix_memalign(&m, 256, bytes) != 0 || !m) return fail(cudaErrorMemoryAllocation, std::string(api) + ": out of memory");
   std::memset(m, 0xff, bytes);  // uninitialised device memory reads as NaN / -1
   {
-    san::IgnoreSync quiet;
     Lock lock(rt().m);
     rt().allocations[reinterpret_cast<std::uintptr_t>(m)] = Allocation{m, bytes, device};
     if (device >= 0) rt().devices[static_cast<std::size_t>(device)].allocated += bytes;
@@ -762,7 +749,6 @@ cudaError_t release_memory(void* p, bool device, char const* api) {
   if (device) cudaDeviceSynchronize();
   Allocation a;
   {
-    san::IgnoreSync quiet;
     Lock lock(rt().m);
     auto it = rt().allocations.find(reinterpret_cast<std::uintptr_t>(p));
     if (it == rt().allocations.end() || (it->second.device >= 0) != device) {
@@ -843,7 +829,6 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags) {
   legacy_stream(tl_device);
   Stream* n = new_stream(tl_device, false, (flags & cudaStreamNonBlocking) == 0);
   {
-    san::IgnoreSync quiet;
     Lock lock(rt().m);
     rt().devices[static_cast<std::size_t>(tl_device)].streams.push_back(n);
   }
@@ -854,7 +839,6 @@ cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
   if (!s) return fail(cudaErrorInvalidResourceHandle, "cudaStreamDestroy: the legacy stream cannot be destroyed");
   {
-    san::IgnoreSync quiet;
     Lock lock(rt().m);
     auto& list = rt().devices[static_cast<std::size_t>(s->device)].streams;
     auto it = std::find(list.begin(), list.end(), s);
@@ -885,7 +869,6 @@ cudaError_t cudaStreamQuery(cudaStream_t h) {
 
 cudaError_t cudaStreamBeginCapture(cudaStream_t h, cudaStreamCaptureMode mode) {
   if (!h) return fail(cudaErrorStreamCaptureUnsupported, "cudaStreamBeginCapture: the legacy stream cannot capture");
-  san::IgnoreSync quiet;
   Lock lock(rt().m);
   if (h->capture) {
     lock.unlock();
@@ -906,7 +889,6 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t h, cudaStreamCaptureMode mode) {
 cudaError_t cudaStreamEndCapture(cudaStream_t h, cudaGraph_t* g) {
   if (!g) return record(cudaErrorInvalidValue);
   *g = nullptr;
-  san::IgnoreSync quiet;
   Lock lock(rt().m);
   if (!h || !h->capture) {
     lock.unlock();
@@ -961,7 +943,6 @@ cudaError_t cudaStreamEndCapture(cudaStream_t h, cudaGraph_t* g) {
 cudaError_t cudaStreamIsCapturing(cudaStream_t h, cudaStreamCaptureStatus* st) {
   if (!st) return record(cudaErrorInvalidValue);
   Stream* s = resolve(h);
-  san::IgnoreSync quiet;
   Lock lock(rt().m);
   if (s->legacy) {
     if (capturing_blocking_stream(s->device)) {
@@ -991,7 +972,6 @@ cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e,
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
   if (!e) return record(cudaErrorInvalidResourceHandle);
   // Pending records still complete; the event object is kept (the real one is released later).
-  san::IgnoreSync quiet;
   Lock lock(rt().m);
   rt().dead_events.emplace_back(e);
   return cudaSuccess;
@@ -1000,7 +980,6 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t h) {
   if (!e) return record(cudaErrorInvalidResourceHandle);
   Stream* s = resolve(h);
   {
-    san::IgnoreSync quiet;
     Lock lock(rt().m);
     if (s->capture) {
       e->capture = s->capture;
@@ -1023,7 +1002,6 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t h, cudaEvent_t e, unsigned) {
   if (!e) return record(cudaErrorInvalidResourceHandle);
   Stream* s = resolve(h);
   {
-    san::IgnoreSync quiet;
     Lock lock(rt().m);
     if (e->capture) {
       Capture* c = e->capture;
@@ -1158,7 +1136,6 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t x, cudaStream_t h) {
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t x) {
   // Launches still queued keep using it; executable graphs are small and kept until exit.
   if (!x) return record(cudaErrorInvalidValue);
-  san::IgnoreSync quiet;
   Lock lock(rt().m);
   rt().dead_execs.emplace_back(x);
   return cudaSuccess;
@@ -1184,7 +1161,6 @@ cudaError_t cudaFuncSetAttribute(void const* fn, cudaFuncAttribute a, int value)
     if (value < 0 || value > 232448)
       return fail(cudaErrorInvalidValue, "cudaFuncSetAttribute: " + std::to_string(value) +
                                              " bytes of dynamic shared memory exceed the H100's 232448 (227 KB)");
-    san::IgnoreSync quiet;
     Lock lock(rt().m);
     rt().devices[static_cast<std::size_t>(tl_device)].func_smem[fn] = value;
     return cudaSuccess;
@@ -1196,7 +1172,6 @@ cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, void const* fn) {
   if (!attr || !fn) return record(cudaErrorInvalidValue);
   attr->sharedSizeBytes = 0;
   attr->maxThreadsPerBlock = 1024;
-  san::IgnoreSync quiet;
   Lock lock(rt().m);
   auto& fs = rt().devices[static_cast<std::size_t>(tl_device)].func_smem;
   auto it = fs.find(fn);
