@@ -14,9 +14,11 @@
 //   of_portable  speed-up of the grouped GEMM the layer uses (Hopper wgmma where available) over
 //             the portable WMMA kernel on the same data
 //
-// One option besides Google Benchmark's: --gemm=automatic|portable|hopper, the grouped-GEMM kernel
+// Options besides Google Benchmark's: --gemm=automatic|portable|hopper, the grouped-GEMM kernel
 // of the Layer benchmarks (CudaLayerOptions::gemm; default automatic), e.g. to measure the layer
-// with the portable kernel. The GroupedGemm benchmarks always time both kernels.
+// with the portable kernel (the GroupedGemm benchmarks always time both kernels); --smoke, every
+// benchmark at reduced widths (hidden 64) with a 16 MiB copy baseline, which is what the CPU
+// emulator runs in CI (tests/emu) so that setup bugs show before a GPU session.
 //
 // Without a GPU the program prints a note and exits with 0.
 
@@ -280,8 +282,11 @@ double routed_flops(long tokens) {
 // Benchmarks
 // ---------------------------------------------------------------------------------------------
 
+/// Bytes of the copy baseline (1 GiB; 16 MiB in a --smoke run).
+std::size_t g_copy_bytes = std::size_t{1} << 30;
+
 void BM_Copy(benchmark::State& state) {
-  std::size_t bytes = std::size_t{1} << 30;
+  std::size_t bytes = g_copy_bytes;
   Buf<std::byte> a(bytes), b(bytes);
   cudaMemset(a.get(), 1, bytes);
   time_gpu(state, nullptr, [&] { cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice, nullptr); });
@@ -705,8 +710,13 @@ void register_model() {
 int main(int argc, char** argv) {
   // --gemm=...: ours, taken out before Google Benchmark reads the rest.
   int kept = 1;
+  bool smoke = false;
   for (int i = 1; i < argc; ++i) {
     std::string_view arg(argv[i]);
+    if (arg == "--smoke") {
+      smoke = true;
+      continue;
+    }
     if (arg.rfind("--gemm=", 0) != 0) {
       argv[kept++] = argv[i];
       continue;
@@ -725,6 +735,17 @@ int main(int argc, char** argv) {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     std::printf("bench_cuda_moe: no CUDA device, nothing measured\n");
+    return 0;
+  }
+  if (smoke) {
+    g_copy_bytes = std::size_t{16} << 20;
+    benchmark::RegisterBenchmark("Copy/D2D_16MiB", BM_Copy)->UseManualTime()->Unit(benchmark::kMicrosecond);
+    register_model<moe::models::Reduced<moe::models::Mixtral8x7B, 64, 96>>();
+    register_model<moe::models::Reduced<moe::models::DeepSeekV3, 64, 32>>();
+    benchmark::Initialize(&argc, argv);
+    if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+    benchmark::RunSpecifiedBenchmarks();
+    benchmark::Shutdown();
     return 0;
   }
   benchmark::RegisterBenchmark("Copy/D2D_1GiB", BM_Copy)->UseManualTime()->Unit(benchmark::kMicrosecond);
