@@ -15,6 +15,7 @@
 #include <memory>
 #include <numeric>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "cuda_test_support.cuh"
@@ -252,6 +253,34 @@ struct RankResult {
   int tokens = 0;
 };
 
+/// Per rank: tokens, worst relative error of the stable tokens, fragile and non-finite tokens, from
+/// the outputs `y` of all ranks' tokens (in rank order) against the reference `ref`.
+template <class T>
+void score_outputs(std::vector<RankResult>& results, std::vector<int> const& counts, std::vector<T> const& y,
+                   std::vector<T> const& ref, std::vector<char> const& fragile, std::size_t h) {
+  for (int rank = 0, t0 = 0; rank < static_cast<int>(counts.size()); t0 += counts[static_cast<std::size_t>(rank)], ++rank) {
+    auto& r = results[static_cast<std::size_t>(rank)];
+    r.tokens = counts[static_cast<std::size_t>(rank)];
+    for (int t = t0; t < t0 + counts[static_cast<std::size_t>(rank)]; ++t) {
+      double td = 0, ts = 1e-6;
+      bool finite = true;
+      for (std::size_t q = 0; q < h; ++q) {
+        double g = moe::to_float(y[static_cast<std::size_t>(t) * h + q]);
+        double e = moe::to_float(ref[static_cast<std::size_t>(t) * h + q]);
+        finite = finite && std::isfinite(g);
+        td = std::isfinite(g) ? std::max(td, std::abs(g - e)) : 1e30;
+        ts = std::max(ts, std::abs(e));
+      }
+      r.non_finite += finite ? 0 : 1;  // poisoned output left unwritten: never exempt
+      if (fragile[static_cast<std::size_t>(t)]) {
+        ++r.fragile;
+      } else {
+        r.worst_stable = std::max(r.worst_stable, td / ts);
+      }
+    }
+  }
+}
+
 /// Four ranks, tokens per rank `counts`, experts placed by `placement`, copies by `replicas`.
 template <class Model, class Router, class Replicas>
 std::vector<RankResult> four_ranks(std::vector<int> const& counts, moe::placement::Table const& placement,
@@ -322,28 +351,7 @@ std::vector<RankResult> four_ranks(std::vector<int> const& counts, moe::placemen
     }
   });
 
-  auto y = dy.download();
-  for (int rank = 0, t0 = 0; rank < N; t0 += counts[static_cast<std::size_t>(rank)], ++rank) {
-    auto& r = results[static_cast<std::size_t>(rank)];
-    r.tokens = counts[static_cast<std::size_t>(rank)];
-    for (int t = t0; t < t0 + counts[static_cast<std::size_t>(rank)]; ++t) {
-      double td = 0, ts = 1e-6;
-      bool finite = true;
-      for (std::size_t q = 0; q < h; ++q) {
-        double g = moe::to_float(y[static_cast<std::size_t>(t) * h + q]);
-        double e = moe::to_float(ref[static_cast<std::size_t>(t) * h + q]);
-        finite = finite && std::isfinite(g);
-        td = std::isfinite(g) ? std::max(td, std::abs(g - e)) : 1e30;
-        ts = std::max(ts, std::abs(e));
-      }
-      r.non_finite += finite ? 0 : 1;  // poisoned output left unwritten: never exempt
-      if (fragile[static_cast<std::size_t>(t)]) {
-        ++r.fragile;
-      } else {
-        r.worst_stable = std::max(r.worst_stable, td / ts);
-      }
-    }
-  }
+  score_outputs(results, counts, dy.download(), ref, fragile, h);
   return results;
 }
 
@@ -417,6 +425,94 @@ Checked nccl_world1(int tokens, moe::cuda::Exchange exchange, std::uint64_t seed
 }
 
 }  // namespace
+
+/// Four ranks through collective::Nccl: one thread, one device and one stream per rank; each rank
+/// uploads its own tokens and the weights of the experts it serves (no memory shared between ranks).
+template <class Model, class Router>
+std::vector<RankResult> nccl_four_ranks(std::vector<int> const& counts, moe::placement::Table const& placement,
+                                        moe::cuda::Exchange exchange, std::uint64_t seed) {
+  constexpr int N = 4;
+  using T = std::conditional_t<Model::spec.dtype == moe::DType::f32, float, moe::bf16>;
+  using L = moe::CudaLayer<Model, Router, moe::placement::Table, moe::replication::None, moe::collective::Nccl>;
+  constexpr moe::ShapeSpec s = Model::spec;
+  auto h = static_cast<std::size_t>(s.hidden);
+  int total = std::accumulate(counts.begin(), counts.end(), 0);
+  moe::RandomLayerWeights<T> weights(s, seed);
+  auto x = random_tokens<T>(total, s.hidden, seed + 1);
+  std::vector<T> ref(x.size()), y(x.size());
+  std::vector<int> ids(static_cast<std::size_t>(total) * static_cast<std::size_t>(s.top_k));
+  std::vector<float> gw(ids.size());
+  moe::reference_forward<Router>(s, weights.view(), total, x.data(), ref.data(), ids, gw);
+  auto fragile = fragile_tokens<Router>(s, weights.view(), x, total, 1e-5f);
+  int max_tokens = std::max(1, *std::max_element(counts.begin(), counts.end()));
+  std::vector<RankResult> results(N);
+  std::vector<std::string> failures(N);
+  auto id = moe::collective::Nccl::unique_id();
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < N; ++rank)
+    threads.emplace_back([&, rank] {
+      try {
+        moe::kernels::cuda::check_cuda(cudaSetDevice(rank), "cudaSetDevice");
+        cudaStream_t st;
+        moe::kernels::cuda::check_cuda(cudaStreamCreate(&st), "cudaStreamCreate");
+        {
+          auto comm = moe::collective::Nccl::create(rank, N, id, st);
+          int first = std::accumulate(counts.begin(), counts.begin() + rank, 0);
+          auto n = static_cast<std::size_t>(counts[static_cast<std::size_t>(rank)]);
+          DeviceWeights<T> dw(s, weights.view());
+          auto view = dw.view();
+          std::vector<moe::ExpertWeights<T>> mine(dw.experts.size());
+          for (int e = 0; e < s.experts; ++e)
+            if (placement.rank_of(e) == rank) mine[static_cast<std::size_t>(e)] = dw.experts[static_cast<std::size_t>(e)];
+          view.experts = mine;
+          auto begin = x.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(first) * h);
+          Device<T> dx(std::vector<T>(begin, begin + static_cast<std::ptrdiff_t>(std::max<std::size_t>(n, 1) * h)));
+          Device<T> dy(std::max<std::size_t>(n, 1) * h);
+          dy.poison();
+          L layer(comm, placement, moe::replication::None{}, view, {.max_tokens = max_tokens, .exchange = exchange});
+          Device<std::byte> ws(layer.workspace_size());
+          ws.poison();
+          layer.run({.tokens = static_cast<int>(n), .x = dx.get(), .y = dy.get(), .first_token = first, .stream = st},
+                    ws.bytes());
+          moe::kernels::cuda::check_cuda(cudaStreamSynchronize(st), "rank run");
+          auto out = dy.download(n * h);
+          std::copy(out.begin(), out.end(), y.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(first) * h));
+          results[static_cast<std::size_t>(rank)].stats = layer.stats();
+          results[static_cast<std::size_t>(rank)].errors = layer.errors();
+        }
+        cudaStreamDestroy(st);
+      } catch (std::exception const& e) {
+        failures[static_cast<std::size_t>(rank)] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (int rank = 0; rank < N; ++rank) {
+    INFO("rank " << rank);
+    CHECK(failures[static_cast<std::size_t>(rank)].empty());
+    UNSCOPED_INFO(failures[static_cast<std::size_t>(rank)]);
+  }
+  score_outputs(results, counts, y, ref, fragile, h);
+  return results;
+}
+
+TEST_CASE("four ranks, one device each, through collective::Nccl match the host reference", "[cuda][layer][nccl][ranks]") {
+  int devices = 0;
+  REQUIRE(cudaGetDeviceCount(&devices) == cudaSuccess);
+  if (devices < 4) {
+    WARN("needs 4 devices; skipped");
+    return;
+  }
+  using moe::cuda::Exchange;
+  for (auto ex : {Exchange::exact, Exchange::padded}) {
+    INFO("exchange " << (ex == Exchange::exact ? "exact" : "padded"));
+    check_ranks(nccl_four_ranks<DeepSeekSmallF32, moe::router::SigmoidGroupTopK>(
+                    {9, 30, 1, 14}, moe::placement::Table::contiguous(256, 4), ex, 41),
+                fp32_tol, false);
+    check_ranks(nccl_four_ranks<MixtralSmallF32, moe::router::SoftmaxTopK>(
+                    {7, 0, 23, 3}, moe::placement::Table::round_robin(8, 4), ex, 42),
+                fp32_tol, false);
+  }
+}
 
 TEST_CASE("NCCL world size 1 through the same layer", "[cuda][layer][nccl]") {
   using moe::router::SigmoidGroupTopK;
