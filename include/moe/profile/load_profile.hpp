@@ -142,8 +142,9 @@ inline LoadProfile read_profile(core::TsvReader& in) {
   in.expect_fields(5);
   int version = in.get_int<int>(1, "version");
   check(version == 1, in.where(), ": unsupported load profile version ", version);
-  int B = in.get_int<int>(2, "batches"), L = in.get_int<int>(3, "layers"), E = in.get_int<int>(4, "experts");
-  check(B > 0 && L > 0 && E > 0, in.where(), ": batches, layers and experts must be positive");
+  int B = in.get_int_in<int>(2, "batches", 1, core::limits::batches);
+  int L = in.get_int_in<int>(3, "layers", 1, core::limits::layers);
+  int E = in.get_int_in<int>(4, "experts", 1, core::limits::experts);
   // The loads are collected as the lines arrive and the profile is sized only once they are all
   // there: a corrupt or truncated file with huge counts in its header is reported as truncated
   // instead of first allocating B * L * E doubles.
@@ -196,10 +197,11 @@ inline Marginals marginals_from_olmoe(std::string const& expert_counts_tsv) {
   while (in.next()) {
     if (in.is_header("layer")) continue;
     in.expect_fields(3);
-    int l = in.get_int<int>(0, "layer"), e = in.get_int<int>(1, "expert");
+    // Ids size the matrix: bounded before anything is allocated for them.
+    int l = in.get_int_in<int>(0, "layer", 0, core::limits::layers - 1);
+    int e = in.get_int_in<int>(1, "expert", 0, core::limits::experts - 1);
     double c = in.get_double(2, "count");
-    check(l >= 0 && e >= 0, in.where(), ": negative layer or expert id");
-    check(c >= 0, in.where(), ": negative count (", c, ")");
+    check(c >= 0, in.where(), ": column 3 (count): negative count (", c, ")");
     auto it = std::find(layer_ids.begin(), layer_ids.end(), l);
     if (it == layer_ids.end()) {
       layer_ids.push_back(l);
@@ -209,6 +211,8 @@ inline Marginals marginals_from_olmoe(std::string const& expert_counts_tsv) {
     auto& r = rows[static_cast<std::size_t>(it - layer_ids.begin())];
     if (r.size() <= static_cast<std::size_t>(e)) r.resize(static_cast<std::size_t>(e) + 1, 0.0);
     r[static_cast<std::size_t>(e)] += c;
+    check(std::isfinite(r[static_cast<std::size_t>(e)]), in.where(), ": column 3 (count): the counts of layer ", l,
+          " expert ", e, " sum to infinity");
   }
   check(!rows.empty(), expert_counts_tsv, ": no expert counts");
   std::size_t E = 0;

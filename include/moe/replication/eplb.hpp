@@ -5,8 +5,11 @@
 // same with one group and one node), and rebalance_experts which picks between them.
 //
 // The port follows the reference step by step, including its arithmetic in 32-bit floats, its
-// tie-breaking (a descending stable sort, the first of equal minima / maxima) and its fast path
-// when every pack receives exactly one item, so that it reproduces the published example exactly.
+// tie-breaking (torch's unstable CPU sort, reproduced by sorting the same (value, index) pairs
+// with std::sort; the first of equal minima / maxima) and its fast path when every pack receives
+// exactly one item. tests/planners/test_eplb_torch.cpp checks phy2log, log2phy and logcnt against
+// 96 cases recorded from eplb.py under torch (many with tied loads): all identical. The tie order
+// is libstdc++'s introsort; a build against another standard library may order ties differently.
 //
 // Result for each layer: phy2log (physical slot -> logical expert; slot p lives on GPU
 // p / (num_replicas / num_gpus)), log2phy (logical expert -> its slots, -1 padded) and logcnt
@@ -15,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 #include "moe/config.hpp"
@@ -38,6 +42,19 @@ struct Matrix {
     return std::vector<T>(v.begin() + static_cast<long>(r) * cols, v.begin() + static_cast<long>(r + 1) * cols);
   }
 };
+
+namespace detail {
+/// The order torch.sort(descending=True) gives on CPU (eplb.py's `weight.sort(-1, descending=True)`):
+/// torch sorts (value, index) pairs with std::sort and a value-only comparison, which is not
+/// stable, so equal loads (every copy of one expert has the same per-copy load) come out in
+/// introsort's order, not index order. The same algorithm on the same pairs gives the same order.
+inline void torch_sort_descending(Matrix<float> const& weight, int row, std::vector<int>& order) {
+  std::vector<std::pair<float, int>> kv(static_cast<std::size_t>(weight.cols));
+  for (int j = 0; j < weight.cols; ++j) kv[static_cast<std::size_t>(j)] = {weight(row, j), j};
+  std::sort(kv.begin(), kv.end(), [](auto const& a, auto const& b) { return a.first > b.first; });
+  for (int j = 0; j < weight.cols; ++j) order[static_cast<std::size_t>(j)] = kv[static_cast<std::size_t>(j)].second;
+}
+}  // namespace detail
 
 struct Packing {
   Matrix<int> pack_index, rank_in_pack;
@@ -63,8 +80,7 @@ inline Packing balanced_packing(Matrix<float> const& weight, int num_packs) {
   std::vector<float> pack_w(static_cast<std::size_t>(num_packs));
   std::vector<int> pack_n(static_cast<std::size_t>(num_packs));
   for (int i = 0; i < X; ++i) {
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return weight(i, a) > weight(i, b); });
+    detail::torch_sort_descending(weight, i, order);
     std::fill(pack_w.begin(), pack_w.end(), 0.0f);
     std::fill(pack_n.begin(), pack_n.end(), 0);
     for (int g : order) {
