@@ -51,8 +51,8 @@ Topology:  --topology KIND|FILE  fattree (default), dragonfly, fattree-sparse, d
            --leaves N --servers-per-leaf N --gpus-per-server N   (default 16, 4, 4: the ILP paper's cluster)
 Policies:  --policies LIST     comma list of rr, greedy, ilp, ilpload, eplb-pack, eplb, craft (default all)
            --c-layer N --c-exp N   ILP capacities (default ceil(E/G) and ceil(L*E/G) + 6)
-           --eplb-replicas N   EPLB redundant slots per layer (default: number of GPUs)
-           --eplb-groups N --eplb-nodes N   EPLB hierarchy (default: model groups, GPUs / gpus-per-server)
+           --eplb-replicas N   EPLB redundant slots per layer (default: GPUs, rounded up so E + N splits over them)
+           --eplb-groups N --eplb-nodes N   EPLB hierarchy (default: model groups, servers)
            --craft-r R         CRAFT replicas per GPU (default 0 = automatic)
 Output:    --out-dir DIR       write DIR/plan_<policy>.tsv for each policy
            --report FILE       also write the report there (TSV)
@@ -177,7 +177,10 @@ int run(int argc, char** argv) {
 
   // The default per-layer capacity is the least that can hold every expert: ceil(E / G).
   int c_layer = static_cast<int>(geti("c-layer", std::max<long long>(1, (s.experts + G - 1) / G)));
-  int c_exp = static_cast<int>(geti("c-exp", (static_cast<long long>(s.layers) * s.experts + G - 1) / G + 6));
+  // The default total capacity leaves the greedy order room too: when E does not split evenly,
+  // c_layer on every layer (L * c_layer) is allowed, so no default stops a policy.
+  int c_exp = static_cast<int>(geti("c-exp", std::max((static_cast<long long>(s.layers) * s.experts + G - 1) / G + 6,
+                                                      static_cast<long long>(s.layers) * c_layer)));
   auto problem = placement::make_problem(topo, s.layers, s.experts, c_layer, c_exp);
   double eb = placement::expert_bytes(s.hidden, s.ffn);
   std::string out_dir = get("out-dir", "");
@@ -217,7 +220,17 @@ int run(int argc, char** argv) {
     return a;
   };
 
+  // Without --policies every policy runs that can on this cluster; the others are named and skipped.
+  bool all_policies = !opt.count("policies");
   for (auto const& pol : split(get("policies", "rr,greedy,ilp,ilpload,eplb-pack,eplb,craft"), ',')) {
+    if (all_policies && pol == "eplb-pack" && s.experts % G != 0) {
+      std::cerr << "moe_plan: eplb-pack skipped: " << s.experts << " experts do not split over " << G << " GPUs\n";
+      continue;
+    }
+    if (all_policies && pol == "craft" && G < 2) {
+      std::cerr << "moe_plan: craft skipped: replication needs at least 2 GPUs\n";
+      continue;
+    }
     auto t0 = std::chrono::steady_clock::now();
     if (pol == "rr") {
       auto a = placement::round_robin(problem);
@@ -233,8 +246,10 @@ int run(int argc, char** argv) {
       single(pol, r.assignment, seconds_since(t0), "exact, objective " + std::to_string(r.objective));
     } else if (pol == "eplb-pack" || pol == "eplb") {
       int groups = static_cast<int>(geti("eplb-groups", s.groups));
-      int nodes = static_cast<int>(geti("eplb-nodes", std::max(1, G / gps)));
-      int extra = pol == "eplb" ? static_cast<int>(geti("eplb-replicas", G, 0)) : 0;
+      // Defaults EPLB can always use: one node per server when the GPUs split evenly over the
+      // servers, and at least G redundant slots, rounded up so that E + slots splits over G.
+      int nodes = static_cast<int>(geti("eplb-nodes", G % topo.servers() == 0 ? topo.servers() : 1));
+      int extra = pol == "eplb" ? static_cast<int>(geti("eplb-replicas", G + (G - (s.experts + G) % G) % G, 0)) : 0;
       auto r = replication::eplb::rebalance_experts(train_totals, s.layers, s.experts, s.experts + extra, groups, nodes, G);
       std::vector<placement::Table> prim;
       std::vector<replication::Table> tabs;
