@@ -40,6 +40,9 @@ public:
       : batches_(batches), layers_(layers), experts_(experts) {
     check(batches > 0 && layers > 0 && experts > 0, "load profile: batches (", batches, "), layers (",
           layers, ") and experts (", experts, ") must be positive");
+    check(static_cast<long long>(batches) * layers * experts <= core::limits::profile_values, "load profile: ",
+          batches, " batches x ", layers, " layers x ", experts, " experts is above the limit of ",
+          core::limits::profile_values, " loads (1 GiB)");
     data_.assign(static_cast<std::size_t>(batches) * static_cast<std::size_t>(layers) *
                      static_cast<std::size_t>(experts),
                  0.0);
@@ -190,8 +193,7 @@ struct Marginals {
 
 /// Reads the real OLMoE/Mixtral expert counts (`layer expert count`, with a header) of one
 /// MODEL/DOMAIN folder. Only the recorded layers appear; they are renumbered 0.. in file order.
-inline Marginals marginals_from_olmoe(std::string const& expert_counts_tsv) {
-  core::TsvReader in(expert_counts_tsv);
+inline Marginals marginals_from_olmoe(core::TsvReader& in) {
   std::vector<int> layer_ids;
   std::vector<std::vector<double>> rows;
   while (in.next()) {
@@ -214,7 +216,7 @@ inline Marginals marginals_from_olmoe(std::string const& expert_counts_tsv) {
     check(std::isfinite(r[static_cast<std::size_t>(e)]), in.where(), ": column 3 (count): the counts of layer ", l,
           " expert ", e, " sum to infinity");
   }
-  check(!rows.empty(), expert_counts_tsv, ": no expert counts");
+  check(!rows.empty(), in.name(), ": no expert counts");
   std::size_t E = 0;
   for (auto const& r : rows) E = std::max(E, r.size());
   Marginals m{static_cast<int>(rows.size()), static_cast<int>(E), {}};
@@ -223,6 +225,11 @@ inline Marginals marginals_from_olmoe(std::string const& expert_counts_tsv) {
     m.weight.insert(m.weight.end(), r.begin(), r.end());
   }
   return m;
+}
+
+inline Marginals marginals_from_olmoe(std::string const& expert_counts_tsv) {
+  core::TsvReader in(expert_counts_tsv);
+  return marginals_from_olmoe(in);
 }
 
 /// Small, portable, seeded generator (splitmix64): the same numbers on every platform.
