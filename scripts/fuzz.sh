@@ -2,7 +2,7 @@
 # Builds the libFuzzer targets of tests/fuzz (clang, -fsanitize=fuzzer,address,undefined) and runs
 # each from its seed corpus.
 #
-#   scripts/fuzz.sh                 CI mode: every target for MOE_FUZZ_SECONDS (default 20) seconds
+#   scripts/fuzz.sh                 CI mode: every target for MOE_FUZZ_SECONDS (default 10) seconds
 #   scripts/fuzz.sh --runs N        every target for N executions (the long runs of docs/fuzzing.md)
 #   scripts/fuzz.sh --only NAME ... one target only (combine with the above)
 #
@@ -15,7 +15,7 @@ MOE_DEBIAN_PACKAGES=(clang libclang-rt-dev)
 moe_install_missing_packages
 
 targets=(load_profile olmoe_counts topology plan route_counts token_table sequence_table perf_models cli_numbers)
-mode=(-max_total_time="${MOE_FUZZ_SECONDS:-20}")
+mode=(-max_total_time="${MOE_FUZZ_SECONDS:-10}")
 while [ $# -gt 0 ]; do
   case "$1" in
     --runs) mode=(-runs="$2"); shift 2 ;;
