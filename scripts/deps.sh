@@ -1,7 +1,7 @@
 # Sourced by the other scripts: installs the Debian packages moe-compose builds and tests with,
 # when they are missing. Nothing is fetched from anywhere but the Debian archive.
 MOE_DEBIAN_PACKAGES=(cmake g++ make catch2 libbenchmark-dev libopenmpi-dev openmpi-bin
-                     liblemon-dev libglpk-dev libmetis-dev)
+                     liblemon-dev libglpk-dev libmetis-dev nlohmann-json3-dev)
 
 moe_install_missing_packages() {
   local missing=()

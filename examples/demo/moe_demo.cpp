@@ -9,8 +9,10 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <string>
 
+#include "moe/core/cli.hpp"
 #include "moe/moe.hpp"
 
 namespace {
@@ -133,15 +135,15 @@ int main(int argc, char** argv) {
       if (a == "--model") {
         o.model = value();
       } else if (a == "--tokens") {
-        o.tokens = std::stoi(value());
+        o.tokens = static_cast<int>(moe::core::parse_int(value(), a, 1, 1 << 20));
       } else if (a == "--seed") {
-        o.seed = std::stoull(value());
+        o.seed = static_cast<std::uint64_t>(moe::core::parse_int(value(), a, 0, std::numeric_limits<long long>::max()));
       } else {
         std::fprintf(stderr, "usage: moe_demo [--model olmoe|deepseek-v3-small] [--tokens N] [--seed S]\n");
         return 2;
       }
-    } catch (std::exception const&) {
-      std::fprintf(stderr, "moe_demo: bad value for %s\n", a.c_str());
+    } catch (std::exception const& e) {
+      std::fprintf(stderr, "moe_demo: %s\n", e.what());
       return 2;
     }
   }

@@ -12,11 +12,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "moe/core/cli.hpp"
 #include "moe/models/models.hpp"
 #include "moe/placement/eplb_packing.hpp"
 #include "moe/placement/heuristics.hpp"
@@ -32,6 +34,8 @@ using namespace moe;
 
 namespace {
 
+constexpr long long kMaxSeed = std::numeric_limits<long long>::max() - 1000;
+
 char const* kHelp = R"(moe_plan - offline expert placement and replication planner
 
 Model:     --model NAME        deepseek-r1 (default), deepseek-v3, deepseek-v2, deepseek-moe-16b,
@@ -46,9 +50,9 @@ Profile:   --profile FILE      a load profile (docs/plan-format.md)
 Topology:  --topology KIND|FILE  fattree (default), dragonfly, fattree-sparse, dragonfly-sparse, or a file
            --leaves N --servers-per-leaf N --gpus-per-server N   (default 16, 4, 4: the ILP paper's cluster)
 Policies:  --policies LIST     comma list of rr, greedy, ilp, ilpload, eplb-pack, eplb, craft (default all)
-           --c-layer N --c-exp N   ILP capacities (default 1 and ceil(L*E/G) + 6)
-           --eplb-replicas N   EPLB redundant slots per layer (default: number of GPUs)
-           --eplb-groups N --eplb-nodes N   EPLB hierarchy (default: model groups, GPUs / gpus-per-server)
+           --c-layer N --c-exp N   ILP capacities (default ceil(E/G) and ceil(L*E/G) + 6)
+           --eplb-replicas N   EPLB redundant slots per layer (default: GPUs, rounded up so E + N splits over them)
+           --eplb-groups N --eplb-nodes N   EPLB hierarchy (default: model groups, servers)
            --craft-r R         CRAFT replicas per GPU (default 0 = automatic)
 Output:    --out-dir DIR       write DIR/plan_<policy>.tsv for each policy
            --report FILE       also write the report there (TSV)
@@ -111,23 +115,17 @@ int run(int argc, char** argv) {
     opt[a.substr(2)] = argv[++i];
   }
   auto get = [&](std::string const& k, std::string const& d) { return opt.count(k) ? opt[k] : d; };
-  auto geti = [&](std::string const& k, long long d) {
-    if (!opt.count(k)) return d;
-    char* end = nullptr;
-    long long v = std::strtoll(opt[k].c_str(), &end, 10);
-    check(end && *end == 0, "--", k, ": '", opt[k], "' is not an integer");
-    return v;
+  // Every number is parsed whole and range-checked (core/cli.hpp); ranges default to [1, INT_MAX].
+  auto geti = [&](std::string const& k, long long d, long long lo = 1,
+                  long long hi = std::numeric_limits<int>::max()) {
+    return opt.count(k) ? core::parse_int(opt[k], "--" + k, lo, hi) : d;
   };
-  auto getd = [&](std::string const& k, double d) {
-    if (!opt.count(k)) return d;
-    char* end = nullptr;
-    double v = std::strtod(opt[k].c_str(), &end);
-    check(end && *end == 0, "--", k, ": '", opt[k], "' is not a number");
-    return v;
+  auto getd = [&](std::string const& k, double d, double lo = 0, double hi = std::numeric_limits<double>::max()) {
+    return opt.count(k) ? core::parse_double(opt[k], "--" + k, lo, hi) : d;
   };
 
   Shape s = model_shape(get("model", "deepseek-r1"));
-  if (opt.count("layers")) s.layers = static_cast<int>(geti("layers", s.layers));
+  if (opt.count("layers")) s.layers = static_cast<int>(geti("layers", s.layers, 1, core::limits::layers));
 
   // Topology.
   std::string tk = get("topology", "fattree");
@@ -154,30 +152,35 @@ int run(int argc, char** argv) {
     } else {
       auto ab = split(get("synthetic-zipf", "0.3,0.8"), ',');
       check(ab.size() == 2, "--synthetic-zipf needs A,B");
-      m = profile::zipf_marginals(s.layers, s.experts, std::stod(ab[0]), std::stod(ab[1]),
-                                  static_cast<std::uint64_t>(geti("seed", 1)));
+      m = profile::zipf_marginals(s.layers, s.experts, core::parse_double(ab[0], "--synthetic-zipf A", 0, 100),
+                                  core::parse_double(ab[1], "--synthetic-zipf B", 0, 100),
+                                  static_cast<std::uint64_t>(geti("seed", 1, 0, kMaxSeed)));
       source = "synthetic Zipf-like marginals s in [" + ab[0] + ", " + ab[1] + "], seeded batches";
     }
     profile::SampleOptions so;
-    so.batches = static_cast<int>(geti("batches", 200));
-    so.tokens_per_batch = getd("tokens", 4096);
+    so.batches = static_cast<int>(geti("batches", 200, 1, core::limits::batches));
+    so.tokens_per_batch = getd("tokens", 4096, 1);
     so.top_k = s.top_k;
-    so.concentration = getd("concentration", 2000);
-    so.seed = static_cast<std::uint64_t>(geti("seed", 1)) + 1000;
+    so.concentration = getd("concentration", 2000, 1e-9);
+    so.seed = static_cast<std::uint64_t>(geti("seed", 1, 0, kMaxSeed)) + 1000;
     prof = profile::sample_profile(m, so);
   }
   check(prof.layers() == s.layers && prof.experts() == s.experts, "profile has ", prof.layers(), " layers x ",
         prof.experts(), " experts but the model has ", s.layers, " x ", s.experts, " (use --layers or another --model)");
   if (opt.count("write-profile")) profile::write_profile(opt["write-profile"], prof);
-  double tf = getd("train-fraction", 0.5);
+  double tf = getd("train-fraction", 0.5, 0, 1);
   int train_b = std::max(1, std::min(prof.batches() - 1, static_cast<int>(prof.batches() * tf)));
   if (prof.batches() == 1) train_b = 1;
   auto train = prof.slice(0, train_b);
   auto test = prof.batches() > 1 ? prof.slice(train_b, prof.batches()) : prof;
   auto train_totals = train.totals();
 
-  int c_layer = static_cast<int>(geti("c-layer", 1));
-  int c_exp = static_cast<int>(geti("c-exp", (static_cast<long long>(s.layers) * s.experts + G - 1) / G + 6));
+  // The default per-layer capacity is the least that can hold every expert: ceil(E / G).
+  int c_layer = static_cast<int>(geti("c-layer", std::max<long long>(1, (s.experts + G - 1) / G)));
+  // The default total capacity leaves the greedy order room too: when E does not split evenly,
+  // c_layer on every layer (L * c_layer) is allowed, so no default stops a policy.
+  int c_exp = static_cast<int>(geti("c-exp", std::max((static_cast<long long>(s.layers) * s.experts + G - 1) / G + 6,
+                                                      static_cast<long long>(s.layers) * c_layer)));
   auto problem = placement::make_problem(topo, s.layers, s.experts, c_layer, c_exp);
   double eb = placement::expert_bytes(s.hidden, s.ffn);
   std::string out_dir = get("out-dir", "");
@@ -217,7 +220,17 @@ int run(int argc, char** argv) {
     return a;
   };
 
+  // Without --policies every policy runs that can on this cluster; the others are named and skipped.
+  bool all_policies = !opt.count("policies");
   for (auto const& pol : split(get("policies", "rr,greedy,ilp,ilpload,eplb-pack,eplb,craft"), ',')) {
+    if (all_policies && pol == "eplb-pack" && s.experts % G != 0) {
+      std::cerr << "moe_plan: eplb-pack skipped: " << s.experts << " experts do not split over " << G << " GPUs\n";
+      continue;
+    }
+    if (all_policies && pol == "craft" && G < 2) {
+      std::cerr << "moe_plan: craft skipped: replication needs at least 2 GPUs\n";
+      continue;
+    }
     auto t0 = std::chrono::steady_clock::now();
     if (pol == "rr") {
       auto a = placement::round_robin(problem);
@@ -233,8 +246,10 @@ int run(int argc, char** argv) {
       single(pol, r.assignment, seconds_since(t0), "exact, objective " + std::to_string(r.objective));
     } else if (pol == "eplb-pack" || pol == "eplb") {
       int groups = static_cast<int>(geti("eplb-groups", s.groups));
-      int nodes = static_cast<int>(geti("eplb-nodes", std::max(1, G / gps)));
-      int extra = pol == "eplb" ? static_cast<int>(geti("eplb-replicas", G)) : 0;
+      // Defaults EPLB can always use: one node per server when the GPUs split evenly over the
+      // servers, and at least G redundant slots, rounded up so that E + slots splits over G.
+      int nodes = static_cast<int>(geti("eplb-nodes", G % topo.servers() == 0 ? topo.servers() : 1));
+      int extra = pol == "eplb" ? static_cast<int>(geti("eplb-replicas", G + (G - (s.experts + G) % G) % G, 0)) : 0;
       auto r = replication::eplb::rebalance_experts(train_totals, s.layers, s.experts, s.experts + extra, groups, nodes, G);
       std::vector<placement::Table> prim;
       std::vector<replication::Table> tabs;
@@ -253,7 +268,7 @@ int run(int argc, char** argv) {
       rows.back().replica_gib = static_cast<double>(physical) * eb / (1024.0 * 1024.0 * 1024.0);
     } else if (pol == "craft") {
       replication::craft::Options co;
-      co.replication_factor = static_cast<int>(geti("craft-r", 0));
+      co.replication_factor = static_cast<int>(geti("craft-r", 0, 0));
       auto p = replication::craft::plan(train, G, co);
       double secs = seconds_since(t0);
       record(pol, from_tables(p.placement), p.tables, placement::Shares::from_tables(p.tables, G), secs,

@@ -16,9 +16,11 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <limits>
 #include <string>
 #include <vector>
 
+#include "moe/core/cli.hpp"
 #include "host_ops.hpp"
 #include "moe/schedule/perf_model.hpp"
 
@@ -45,13 +47,13 @@ volatile float sink = 0;
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   std::string out_path = "findep_host_models.tsv", samples_path;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--out" && i + 1 < argc) out_path = argv[++i];
     else if (a == "--samples" && i + 1 < argc) samples_path = argv[++i];
-    else if (a == "--reps" && i + 1 < argc) reps = std::max(1, std::stoi(argv[++i]));
+    else if (a == "--reps" && i + 1 < argc) reps = static_cast<int>(moe::core::parse_int(argv[++i], a, 1, 1000000));
     else {
       std::cerr << "usage: findep_fit_host [--out models.tsv] [--samples samples.tsv] [--reps N]\n";
       return 2;
@@ -173,4 +175,7 @@ int main(int argc, char** argv) {
     std::printf("wrote %s\n", samples_path.c_str());
   }
   return 0;
+} catch (std::exception const& e) {  // bad options and files end with their message, not an abort
+  std::fprintf(stderr, "findep_fit_host: %s\n", e.what());
+  return 2;
 }

@@ -11,28 +11,31 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <limits>
 #include <string>
 
+#include "moe/core/cli.hpp"
+#include "moe/core/tsv.hpp"
 #include "moe/models/models.hpp"
 #include "moe/schedule/findep.hpp"
 
 using namespace moe::schedule;
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   PerfModels models = h100_cluster_reference();
   double memory_gb = 40;
   int layers_ds = 16, layers_qw = 48;  // the paper's reduced models on testbeds C and D
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--models" && i + 1 < argc) models = read_models(std::string(argv[++i]));
-    else if (a == "--memory-gb" && i + 1 < argc) memory_gb = std::stod(argv[++i]);
+    else if (a == "--memory-gb" && i + 1 < argc) memory_gb = moe::core::parse_double(argv[++i], a, 1e-9);
     else if (a == "--link-gbs" && i + 1 < argc) {
-      double gbs = std::stod(argv[++i]);
+      double gbs = moe::core::parse_double(argv[++i], a, 1e-9);
       models[Op::a2e].beta = models[Op::e2a].beta = 1.0 / (gbs * 1e3);  // us per byte
       models.source += "; link " + std::string(argv[i]) + " GB/s";
     }
-    else if (a == "--layers-deepseek" && i + 1 < argc) layers_ds = std::stoi(argv[++i]);
-    else if (a == "--layers-qwen" && i + 1 < argc) layers_qw = std::stoi(argv[++i]);
+    else if (a == "--layers-deepseek" && i + 1 < argc) layers_ds = static_cast<int>(moe::core::parse_int(argv[++i], a, 1, moe::core::limits::layers));
+    else if (a == "--layers-qwen" && i + 1 < argc) layers_qw = static_cast<int>(moe::core::parse_int(argv[++i], a, 1, moe::core::limits::layers));
     else {
       std::cerr << "usage: findep_grid [--models file.tsv] [--link-gbs B] [--memory-gb G] [--layers-deepseek L] [--layers-qwen L]\n";
       return 2;
@@ -84,4 +87,7 @@ int main(int argc, char** argv) {
   std::printf("# worst solver/exhaustive %.4f; FinDEP/PPPipe speedup %.3f-%.3f; failed checks %d\n", worst,
               min_speed, max_speed, fails);
   return fails == 0 ? 0 : 1;
+} catch (std::exception const& e) {  // bad options and files end with their message, not an abort
+  std::fprintf(stderr, "findep_grid: %s\n", e.what());
+  return 2;
 }

@@ -26,10 +26,13 @@
 #include <cstdio>
 #include <iostream>
 #include <sstream>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "moe/core/cli.hpp"
+#include "moe/core/tsv.hpp"
 #include "moe/placement/cocluster.hpp"
 #include "moe/placement/cocluster_metis.hpp"
 #include "moe/placement/plan_io.hpp"
@@ -66,20 +69,20 @@ int main(int argc, char** argv) try {
     if (a == "--data") data = v;
     else if (a == "--train") train = v;
     else if (a == "--eval") eval = v;
-    else if (a == "--devices") devices = std::stoi(v);
+    else if (a == "--devices") devices = static_cast<int>(moe::core::parse_int(v, a, 1, 32767));
     else if (a == "--layers") layers_arg = v;
-    else if (a == "--seed") seed = std::stoul(v);
-    else if (a == "--iterations") iterations = std::stoi(v);
-    else if (a == "--samples") samples = std::stoi(v);
-    else if (a == "--polish") polish = std::stoi(v);
-    else if (a == "--final-polish") final_polish = std::stoi(v);
-    else if (a == "--split") split_fraction = std::stod(v);
+    else if (a == "--seed") seed = static_cast<unsigned long>(moe::core::parse_int(v, a, 0, std::numeric_limits<long long>::max()));
+    else if (a == "--iterations") iterations = static_cast<int>(moe::core::parse_int(v, a, 1, 1000000));
+    else if (a == "--samples") samples = static_cast<int>(moe::core::parse_int(v, a, 1, 1000000));
+    else if (a == "--polish") polish = static_cast<int>(moe::core::parse_int(v, a, 0, 1000000));
+    else if (a == "--final-polish") final_polish = static_cast<int>(moe::core::parse_int(v, a, 0, 1000000));
+    else if (a == "--split") split_fraction = moe::core::parse_double(v, a, 0, 1);
     else if (a == "--out") out = v;
-    else if (a == "--elite") elite = std::stod(v);
-    else if (a == "--smoothing") smoothing = std::stod(v);
-    else if (a == "--balance-weight") balance_weight = std::stod(v);
-    else if (a == "--fit-gamma") fit_gamma = std::stod(v);
-    else if (a == "--cap") cap = std::stod(v);
+    else if (a == "--elite") elite = moe::core::parse_double(v, a, 0, 1);
+    else if (a == "--smoothing") smoothing = moe::core::parse_double(v, a, 0, 1);
+    else if (a == "--balance-weight") balance_weight = moe::core::parse_double(v, a, 0);
+    else if (a == "--fit-gamma") fit_gamma = moe::core::parse_double(v, a, 0);
+    else if (a == "--cap") cap = moe::core::parse_double(v, a, 0);
     else if (a == "--fallback") fallback = v;
     else if (a == "--methods") methods = v;
     else {
@@ -119,7 +122,7 @@ int main(int argc, char** argv) try {
               final_polish, seed);
   std::vector<double> shares(static_cast<std::size_t>(devices), 1.0 / devices);
   for (auto const& ls : split(layers_arg)) {
-    int layer = std::stoi(ls);
+    int layer = static_cast<int>(moe::core::parse_int(ls, "--layers", 0, moe::core::limits::layers - 1));
     auto const& tr = fit.layer(layer);
     auto const& ev = held.layer(layer);
     auto problem = placement::CoclusterProblem::from_counts(tr, ol::top_k, devices);
@@ -205,6 +208,6 @@ int main(int argc, char** argv) try {
   }
   return 0;
 } catch (std::exception const& e) {
-  std::cerr << "error: " << e.what() << "\n";
+  std::cerr << "olmoe_cocluster: " << e.what() << "\n";
   return 1;
 }

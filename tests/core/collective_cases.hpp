@@ -37,6 +37,26 @@ std::vector<std::string> run_collective_cases(Comm& c) {
     for (int i = 0; i < p + me; ++i) expect(recv[at++] == static_cast<std::byte>(16 * p + me), "all_to_all_v payload");
   std::size_t remote = std::accumulate(sc.begin(), sc.end(), std::size_t{0}) - sc[static_cast<std::size_t>(me)];
   expect(c.counters()[collective::Op::all_to_all_v] == remote, "all_to_all_v byte count");
+  // What the in-process backend really copies into this rank (a separate figure from the
+  // modelled counters): here the bytes the other ranks send to it, sum over p != me of p + me.
+  std::size_t copied_before = 0;
+  auto copied_since = [&]() -> std::size_t {
+    if constexpr (requires { c.bytes_copied_from_peers(); }) {
+      std::size_t now = c.bytes_copied_from_peers(), since = now - copied_before;
+      copied_before = now;
+      return since;
+    } else {
+      return 0;
+    }
+  };
+  constexpr bool counts_copies = requires { c.bytes_copied_from_peers(); };
+  {
+    std::size_t from_peers = 0;
+    for (int p = 0; p < n; ++p)
+      if (p != me) from_peers += static_cast<std::size_t>(p + me);
+    std::size_t got = copied_since();
+    if (counts_copies) expect(got == from_peers, "all_to_all_v bytes copied from peers");
+  }
 
   // reduce_scatter_v: rank p contributes value (p + 1) * (i + 1) at element i; rank q keeps q + 1 elements.
   std::vector<std::size_t> counts(N);
@@ -49,6 +69,11 @@ std::vector<std::string> run_collective_cases(Comm& c) {
   float ranks_sum = float(n * (n + 1) / 2);
   for (std::size_t i = 0; i < out.size(); ++i) expect(out[i] == ranks_sum * float(offset + i + 1), "reduce_scatter_v value");
   expect(c.counters()[collective::Op::reduce_scatter] == (total - out.size()) * sizeof(float), "reduce_scatter bytes");
+  // Copied: this rank's slice out of every other rank's input.
+  {
+    std::size_t got = copied_since();
+    if (counts_copies) expect(got == (N - 1) * out.size() * sizeof(float), "reduce_scatter bytes copied from peers");
+  }
 
   // all_gather_v: rank p contributes p + 2 bytes of value p.
   std::vector<std::size_t> gc(N);
@@ -60,6 +85,11 @@ std::vector<std::string> run_collective_cases(Comm& c) {
   for (int p = 0; p < n; ++p)
     for (int i = 0; i < p + 2; ++i) expect(all[at++] == static_cast<std::byte>(p), "all_gather_v payload");
   expect(c.counters()[collective::Op::all_gather] == static_cast<std::size_t>(n - 1) * mine.size(), "all_gather bytes");
+  // Copied: every other rank's contribution, p + 2 bytes from rank p.
+  {
+    std::size_t got = copied_since();
+    if (counts_copies) expect(got == all.size() - mine.size(), "all_gather bytes copied from peers");
+  }
 
   // all_reduce: sum of (p + 1) * (i + 1).
   std::vector<float> v(6);
@@ -67,6 +97,11 @@ std::vector<std::string> run_collective_cases(Comm& c) {
   c.all_reduce(v);
   for (std::size_t i = 0; i < v.size(); ++i) expect(v[i] == ranks_sum * float(i + 1), "all_reduce value");
   expect(c.counters()[collective::Op::all_reduce] == 2 * (N - 1) * v.size() * sizeof(float) / N, "all_reduce bytes");
+  // Copied: the whole vector of every other rank (not the ring model's 2 (N - 1) / N).
+  {
+    std::size_t got = copied_since();
+    if (counts_copies) expect(got == (N - 1) * v.size() * sizeof(float), "all_reduce bytes copied from peers");
+  }
 
   // send/recv around a ring, then a barrier.
   int next = (me + 1) % n, prev = (me + n - 1) % n;

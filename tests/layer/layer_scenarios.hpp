@@ -100,6 +100,8 @@ inline void check_case(Case c, int rank, std::vector<Outcome> const& o) {
   REQUIRE(!o.empty());
   double tolerance = c == Case::bf16 ? bf16_tolerance : fp32_tolerance;
   for (auto const& run : o) CHECK(run.error <= tolerance);
+  double book = c == Case::bf16 ? test::textbook::bf16_tolerance : test::textbook::fp32_tolerance;
+  for (auto const& run : o) CHECK(run.vs_textbook <= book);
   switch (c) {
     case Case::dedup_saving:
       CHECK(o[0].stats.dispatch_bytes == o[0].expected_dispatch);

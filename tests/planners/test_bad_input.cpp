@@ -2,6 +2,8 @@
 // moe::Error is thrown and that its message names the problem.
 #include <catch2/catch.hpp>
 
+#include <filesystem>
+#include <fstream>
 #include <limits>
 #include <sstream>
 
@@ -165,4 +167,45 @@ TEST_CASE("plan files and metrics name empty or mismatched input") {
   CHECK_THROWS_WITH(placement::hops_per_batch(p, far, right, 2), Contains("hops: assignment uses GPU 7 outside [0, 4)"));
   CHECK_THROWS_WITH(placement::balancedness(placement::Shares::from_assignment(far, 4), right),
                     Contains("layer 0 expert 0 has a copy on GPU 7, outside [0, 4)"));
+}
+
+// ------------------------------------------------------------------------------------------------
+// Hostile files: every number that sizes memory is bounded (core::limits) before anything is
+// allocated, and the error names file, line and column.
+// ------------------------------------------------------------------------------------------------
+namespace {
+std::string write_temp(std::string const& name, std::string const& text) {
+  std::string path = (std::filesystem::temp_directory_path() / ("moe_test_" + name)).string();
+  std::ofstream(path) << text;
+  return path;
+}
+}  // namespace
+
+TEST_CASE("OLMoE expert counts: ids that would size a huge matrix are rejected with file:line:column") {
+  // Resized one row to 2e9 experts (std::bad_alloc) before the bound.
+  auto big = write_temp("hostile_counts.tsv", "layer\texpert\tcount\n0\t1\t5\n0\t2000000000\t5\n");
+  CHECK_THROWS_WITH(profile::marginals_from_olmoe(big),
+                    Contains("moe_test_hostile_counts.tsv:3: column 2 (expert): 2000000000 outside [0, 65535]"));
+  auto layers = write_temp("hostile_layers.tsv", "0\t1\t5\n99999\t1\t5\n");
+  CHECK_THROWS_WITH(profile::marginals_from_olmoe(layers),
+                    Contains("moe_test_hostile_layers.tsv:2: column 1 (layer): 99999 outside [0, 4095]"));
+  auto inf = write_temp("hostile_inf.tsv", "0\t1\t1e308\n0\t1\t1e308\n");
+  CHECK_THROWS_WITH(profile::marginals_from_olmoe(inf), Contains("moe_test_hostile_inf.tsv:2: column 3 (count)"));
+  auto neg = write_temp("hostile_neg.tsv", "0\t1\t-1\n");
+  CHECK_THROWS_WITH(profile::marginals_from_olmoe(neg), Contains("moe_test_hostile_neg.tsv:1: column 3 (count): negative"));
+}
+
+TEST_CASE("load profile and plan headers are bounded before anything is sized from them") {
+  std::istringstream p1("moe-load-profile\t1\t1\t1\t100000\n");
+  core::TsvReader r1(p1, "prof.tsv");
+  CHECK_THROWS_WITH(profile::read_profile(r1), Contains("prof.tsv:1: column 5 (experts): 100000 outside [1, 65536]"));
+  std::istringstream p2("moe-load-profile\t1\t1\t0\t4\n");
+  core::TsvReader r2(p2, "prof.tsv");
+  CHECK_THROWS_WITH(profile::read_profile(r2), Contains("prof.tsv:1: column 4 (layers): 0 outside"));
+  std::istringstream q1(std::string(placement::kPlanMagic) + "\t1\t1\t4\t2000000000\n");
+  core::TsvReader s1(q1, "plan.tsv");
+  CHECK_THROWS_WITH(placement::read_plan(s1), Contains("plan.tsv:1: column 5 (gpus): 2000000000 outside [1, 4096]"));
+  std::istringstream q2(std::string(placement::kPlanMagic) + "\t1\t-3\t4\t2\n");
+  core::TsvReader s2(q2, "plan.tsv");
+  CHECK_THROWS_WITH(placement::read_plan(s2), Contains("plan.tsv:1: column 3 (layers): -3 outside"));
 }

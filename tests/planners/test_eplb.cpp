@@ -43,3 +43,33 @@ TEST_CASE("EPLB rejects bad shapes and loads") {
   std::vector<double> bad = {1, -2, 3, 4};
   CHECK_THROWS_AS(eplb::rebalance_experts(bad, 1, 4, 4, 1, 1, 2), moe::Error);
 }
+
+#if defined(__GLIBCXX__)
+#include <algorithm>
+#include <random>
+
+TEST_CASE("EPLB's sort replays libstdc++'s std::sort exactly, ties included") {
+  // eplb.py's tie order is that of std::sort in torch's (libstdc++) build; IntroSort must give the
+  // same permutation for heavily tied keys, sorted and reversed inputs, below and above 16 elements.
+  std::mt19937 rng(1);
+  using KV = std::pair<float, int>;
+  auto greater = [](KV const& a, KV const& b) { return a.first > b.first; };
+  int differ = 0, total = 0;
+  for (int n : {1, 2, 3, 5, 16, 17, 31, 64, 100, 160, 256, 288, 384, 1000}) {
+    for (int rep = 0; rep < 60; ++rep) {
+      int distinct = 1 + static_cast<int>(rng() % 8);
+      std::vector<KV> a(static_cast<std::size_t>(n));
+      for (int i = 0; i < n; ++i) a[static_cast<std::size_t>(i)] = {float(rng() % static_cast<unsigned>(distinct)), i};
+      if (rep % 3 == 1) std::sort(a.begin(), a.end(), greater);
+      if (rep % 3 == 2) std::sort(a.begin(), a.end(), [](KV const& x, KV const& y) { return x.first < y.first; });
+      auto b = a;
+      std::sort(a.begin(), a.end(), greater);
+      eplb::detail::IntroSort<KV, decltype(greater)>(b, greater).run();
+      differ += a != b;
+      ++total;
+    }
+  }
+  CHECK(total == 14 * 60);
+  CHECK(differ == 0);
+}
+#endif

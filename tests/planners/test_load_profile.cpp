@@ -43,10 +43,12 @@ TEST_CASE("load profile rejects malformed, truncated and invalid files") {
   CHECK_THROWS_WITH(read_string(head + "1\t0\t1\t2\t3\n0\t0\t1\t2\t3\n"), Catch::Contains("expected batch 0"));
   CHECK_THROWS_WITH(read_string(head + "0\t0\t1\t2\t3\n1\t0\t1\t2\t3\n1\t1\t1\t2\t3\n"), Catch::Contains("extra"));
   CHECK_NOTHROW(read_string(head + "0\t0\t1\t2\t3\n1\t0\t1\t2\t3\n"));
-  // A header with huge counts and no data is a truncated file, not a 10^27-double allocation (nor a
-  // B * L int overflow in the message).
+  // A header with huge counts is rejected field by field against core::limits (not a 10^27-double
+  // allocation, nor a B * L int overflow); one within the limits but without data is truncated.
   CHECK_THROWS_WITH(read_string("moe-load-profile\t1\t2000000000\t2000000000\t2000000000\n"),
-                    Catch::Contains("truncated") && Catch::Contains("4000000000000000000 data lines"));
+                    Catch::Contains("test.tsv:1: column 3 (batches): 2000000000 outside [1, 1048576]"));
+  CHECK_THROWS_WITH(read_string("moe-load-profile\t1\t1048576\t4096\t65536\n"),
+                    Catch::Contains("truncated") && Catch::Contains("4294967296 data lines"));
   LoadProfile p(1, 1, 2);
   p.at(0, 0, 1) = -1;
   CHECK_THROWS_AS(p.validate(), moe::Error);

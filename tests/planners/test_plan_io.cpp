@@ -58,8 +58,11 @@ TEST_CASE("bad plan files are reported") {
   CHECK_THROWS_WITH(parse(""), Catch::Contains("empty"));
   CHECK_THROWS_WITH(parse("plan\t1\t1\t2\t2\n"), Catch::Contains("header"));
   CHECK_THROWS_WITH(parse(head + "0\t0\t1\n"), Catch::Contains("truncated"));
-  // A corrupt header with a huge expert count is a truncated file, not a multi-gigabyte allocation.
+  // A corrupt header with a huge expert count is rejected before any allocation; one within the
+  // limits but without the lines is a truncated file.
   CHECK_THROWS_WITH(parse("moe-plan\t1\t1\t2000000000\t2\n0\t0\t1\n"),
+                    Catch::Contains("column 4 (experts): 2000000000 outside [1, 65536]"));
+  CHECK_THROWS_WITH(parse("moe-plan\t1\t1\t65536\t2\n0\t0\t1\n"),
                     Catch::Contains("truncated plan: expected layer 0 expert 1"));
   CHECK_THROWS_WITH(parse(""), Catch::Contains("empty plan file"));
   CHECK_THROWS_WITH(parse("moe-plan\t2\t1\t2\t2\n"), Catch::Contains("unsupported plan version 2"));

@@ -94,11 +94,25 @@ TEST_CASE("topology files: bad input is reported") {
   CHECK_THROWS_WITH(parse("server\ta\t1\nserver\tb\t1\nswitch\ts\nlink\ta\ts\n"), Catch::Contains("unreachable"));
   CHECK_THROWS_WITH(parse("server\ta\t1\nlink\ta\tb\n"), Catch::Contains("unknown vertex 'b'"));
   CHECK_THROWS_WITH(parse("server\ta\t1\nserver\ta\t2\n"), Catch::Contains("duplicate"));
-  CHECK_THROWS_WITH(parse("server\ta\t0\n"), Catch::Contains("at least one GPU"));
-  // Absurd GPU counts (a corrupt file) are errors, not gigabytes of per-GPU tables or an int overflow.
-  CHECK_THROWS_WITH(parse("server\ta\t2000000000\n"), Catch::Contains("topo.tsv:1") && Catch::Contains("above the limit"));
-  CHECK_THROWS_WITH(parse("server\ta\t600000\nserver\tb\t600000\n"),
-                    Catch::Contains("topo.tsv:2") && Catch::Contains("brings the cluster to 1200000 GPUs"));
+  CHECK_THROWS_WITH(parse("server\ta\t0\n"), Catch::Contains("topo.tsv:1: column 3 (gpus): 0 outside [1, 4096]"));
+  // Absurd GPU counts (a corrupt file) are errors, not gigabytes of hop matrix or an int overflow.
+  CHECK_THROWS_WITH(parse("server\ta\t2000000000\n"), Catch::Contains("topo.tsv:1: column 3 (gpus)"));
+  CHECK_THROWS_WITH(parse("server\ta\t1000000\n"), Catch::Contains("topo.tsv:1: column 3 (gpus): 1000000 outside"));
+  CHECK_THROWS_WITH(parse("server\ta\t3000\nserver\tb\t3000\n"),
+                    Catch::Contains("topo.tsv:2") && Catch::Contains("brings the cluster to 6000 GPUs"));
+  {
+    // 20,000 one-GPU servers: stopped at the 4097th GPU, before any S x S table is built.
+    std::string many;
+    for (int i = 0; i < 20000; ++i) many += "server\ts" + std::to_string(i) + "\t1\n";
+    CHECK_THROWS_WITH(parse(many), Catch::Contains("topo.tsv:4097") && Catch::Contains("above the limit of 4096"));
+    // Switches and links are bounded too (they size the breadth-first searches).
+    std::string switches = "server\ta\t1\n";
+    for (int i = 0; i < 20000; ++i) switches += "switch\tw" + std::to_string(i) + "\n";
+    CHECK_THROWS_WITH(parse(switches), Catch::Contains("topo.tsv:16385") && Catch::Contains("more than 16384"));
+    std::string links = "server\ta\t1\nswitch\tw\n";
+    for (int i = 0; i < 70000; ++i) links += "link\ta\tw\n";
+    CHECK_THROWS_WITH(parse(links), Catch::Contains("topo.tsv:65539") && Catch::Contains("more than 65536 links"));
+  }
   CHECK_THROWS_WITH(parse("router\ta\n"), Catch::Contains("unknown line kind"));
   CHECK_THROWS_WITH(parse("server\ta\n"), Catch::Contains("expected 3 fields"));
   CHECK_THROWS_WITH(parse("switch\ts\n"), Catch::Contains("no servers"));

@@ -72,6 +72,7 @@ std::vector<Result> run_disaggregated_cases(Comm& comm, int ag, std::uint64_t se
   std::size_t n = is_ag ? static_cast<std::size_t>(tokens_per_ag) * h : 0;
   std::vector<float> ref(n);
   if (is_ag) reference_forward<Router>(s, weights.view(), tokens_per_ag, x.data() + first, ref.data());
+  auto book = is_ag ? textbook::forward(s, weights.view(), tokens_per_ag, x.data() + first) : std::vector<double>{};
 
   std::vector<Result> out;
   for (Schedule const& sched : schedules<Schedule>(s, ag, world)) {
@@ -82,7 +83,10 @@ std::vector<Result> run_disaggregated_cases(Comm& comm, int ag, std::uint64_t se
     if (is_ag) a = {tokens_per_ag, x.data() + first, y.data()};
     layer.run(a, ws);
     Result r{(as_layer ? "Layer " : "DisaggregatedLayer ") + describe(sched.config(), ag, eg)};
-    if (is_ag) r.vs_reference = rel_error(y.data(), ref.data(), n);
+    if (is_ag) {
+      r.vs_reference = rel_error(y.data(), ref.data(), n);
+      r.vs_textbook = textbook::relative_error(y.data(), book.data(), n);
+    }
     out.push_back(r);
   }
   return out;

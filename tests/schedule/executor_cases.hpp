@@ -25,6 +25,7 @@
 #include "moe/layer/layer.hpp"
 #include "moe/layer/reference.hpp"
 #include "moe/models/models.hpp"
+#include "../support/textbook.hpp"
 #include "moe/schedule/findep_executor.hpp"
 
 namespace moe::test::findep {
@@ -85,6 +86,7 @@ inline std::string describe(Config const& c, int ag, int eg) {
 struct Result {
   std::string what;
   double vs_reference = 0;  ///< against moe::reference_forward
+  double vs_textbook = 0;   ///< against the independent fp64 textbook layer (tests/support/textbook.hpp)
   double vs_layer = 0;      ///< against the sequential moe::Layer on the same collective
 };
 
@@ -144,6 +146,7 @@ std::vector<Result> run_executor_cases(Comm& comm, int ag, std::uint64_t seed) {
   std::size_t n = is_ag ? static_cast<std::size_t>(tokens_per_ag) * h : 0;
   std::vector<float> ref(n);
   if (is_ag) reference_forward<Router>(s, weights.view(), tokens_per_ag, x.data() + first, ref.data());
+  auto book = is_ag ? textbook::forward(s, weights.view(), tokens_per_ag, x.data() + first) : std::vector<double>{};
 
   std::vector<Result> out;
   for (Config const& c : configs()) {
@@ -155,6 +158,7 @@ std::vector<Result> run_executor_cases(Comm& comm, int ag, std::uint64_t seed) {
     if (is_ag) {
       r.vs_reference = rel_error(y.data(), ref.data(), n);
       r.vs_layer = rel_error(y.data(), y_layer.data() + first, n);
+      r.vs_textbook = textbook::relative_error(y.data(), book.data(), n);
     }
     out.push_back(r);
   }

@@ -26,6 +26,7 @@ void check_split(int ag, std::uint64_t seed) {
     for (Result const& res : per_rank[static_cast<std::size_t>(r)]) {
       INFO(res.what << ", AG rank " << r);
       CHECK(res.vs_reference <= tolerance);
+      CHECK(res.vs_textbook <= moe::test::textbook::fp32_tolerance);
     }
   }
 }

@@ -30,6 +30,7 @@ void check_split(int ag, std::uint64_t seed) {
       INFO(res.what << ", AG rank " << r);
       CHECK(res.vs_reference <= tolerance);
       CHECK(res.vs_layer <= tolerance);
+      CHECK(res.vs_textbook <= moe::test::textbook::fp32_tolerance);
     }
 }
 

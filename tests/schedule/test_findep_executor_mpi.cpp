@@ -33,6 +33,7 @@ void check_all_splits(collective::Mpi& comm, std::uint64_t seed) {
       INFO(r.what << " on " << comm.size() << " MPI ranks (worst AG rank)");
       CHECK(ref <= tolerance);
       CHECK(layer <= tolerance);
+      CHECK(worst_over_ranks(r.vs_textbook) <= moe::test::textbook::fp32_tolerance);
     }
   }
 }
@@ -71,6 +72,7 @@ TEMPLATE_TEST_CASE("DisaggregatedLayer on MPI equals the sequential layer for ev
         double ref = worst_over_ranks(r.vs_reference);
         INFO(r.what << " on " << comm.size() << " MPI ranks (worst AG rank)");
         CHECK(ref <= tolerance);
+        CHECK(worst_over_ranks(r.vs_textbook) <= moe::test::textbook::fp32_tolerance);
       }
     };
     check(run_disaggregated_cases<DeepSeekSmall, TestType>(comm, ag, 900 + static_cast<std::uint64_t>(ag)));

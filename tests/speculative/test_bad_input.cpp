@@ -4,9 +4,11 @@
 
 #include <cstdint>
 #include <limits>
+#include <sstream>
 #include <vector>
 
 #include "moe/placement/cocluster.hpp"
+#include "moe/profile/route_profile.hpp"
 #include "moe/profile/route_split.hpp"
 #include "moe/profile/route_synthetic.hpp"
 #include "moe/speculative/comm_volume.hpp"
@@ -190,4 +192,36 @@ TEST_CASE("route recording, splitting and table building name their bad input", 
   CHECK_THROWS_WITH(sp::DeviceSequenceTable::from_paths(paths, placements, 2, 2), Contains("layer 1 has a different number of occurrences"));
   std::vector<moe::placement::Table const*> one_placement{&rr};
   CHECK_THROWS_WITH(sp::DeviceSequenceTable::from_paths(paths, one_placement, 2, 2), Contains("one placement per layer"));
+}
+
+TEST_CASE("route profile files: counts whose sums leave int64 are errors with file:line:column",
+          "[speculative][bad-input]") {
+  // Two lines of INT64_MAX for one (layer, token, expert) were merged into -2 (signed overflow).
+  std::istringstream same("0\t1\t2\t9223372036854775807\n0\t1\t2\t9223372036854775807\n");
+  moe::core::TsvReader r1(same, "routes.tsv");
+  moe::profile::RouteRecorder rec1(4, 0);
+  CHECK_THROWS_WITH(moe::profile::load_token_expert_counts(r1, rec1),
+                    Contains("routes.tsv:2: column 4 (count)") && Contains("overflows int64"));
+  // Different entries that only overflow in a row total or an expert load are caught the same way.
+  std::istringstream spread("0\t1\t2\t9223372036854775000\n0\t7\t2\t9223372036854775000\n");
+  moe::core::TsvReader r2(spread, "routes.tsv");
+  moe::profile::RouteRecorder rec2(4, 0);
+  CHECK_THROWS_WITH(moe::profile::load_token_expert_counts(r2, rec2), Contains("routes.tsv:2: column 4 (count)"));
+  std::istringstream cross("0\t1\t0\t0\t9223372036854775807\n0\t1\t1\t1\t1\n");
+  moe::core::TsvReader r3(cross, "cross.tsv");
+  moe::profile::RouteRecorder rec3(4, 0);
+  CHECK_THROWS_WITH(moe::profile::load_crosslayer_counts(r3, rec3),
+                    Contains("cross.tsv:2: column 5 (count)") && Contains("overflows int64"));
+  // Layer ids are bounded; distinct cross-layer pairs each hold an E x E matrix, so they are bounded too.
+  std::istringstream far("70000\t1\t0\t0\t1\n");
+  moe::core::TsvReader r4(far, "cross.tsv");
+  CHECK_THROWS_WITH(moe::profile::load_crosslayer_counts(r4, rec3), Contains("cross.tsv:1: column 1 (layer_a): 70000 outside"));
+  std::string many;
+  for (int a = 0; a < 40; ++a)
+    for (int b = 0; b < 40; ++b) many += std::to_string(a) + "\t" + std::to_string(b) + "\t0\t0\t1\n";
+  std::istringstream pairs(many);
+  moe::core::TsvReader r5(pairs, "cross.tsv");
+  moe::profile::RouteRecorder wide(128, 0);  // 128 x 128 counts per pair: 1024 pairs fit in 2^24
+  CHECK_THROWS_WITH(moe::profile::load_crosslayer_counts(r5, wide),
+                    Contains("cross.tsv:1025: column 5 (count)") && Contains("would exceed 16777216"));
 }

@@ -149,7 +149,7 @@ TEST_CASE("malformed TSV files give file:line errors", "[speculative][profile][e
                       Catch::Contains("mem.tsv:2") && Catch::Contains("token_id"));
   REQUIRE_THROWS_WITH(load_string("0\t1\t9\t1\n"), Catch::Contains("mem.tsv:1") && Catch::Contains("expert 9"));
   REQUIRE_THROWS_WITH(load_string("0\t1\t1\t-2\n"), Catch::Contains("negative"));
-  REQUIRE_THROWS_WITH(load_string("-1\t1\t1\t2\n"), Catch::Contains("negative"));
+  REQUIRE_THROWS_WITH(load_string("-1\t1\t1\t2\n"), Catch::Contains("mem.tsv:1: column 1 (layer): -1 outside [0, 4095]"));
   REQUIRE_THROWS_WITH(load_string("# only a comment\n"), Catch::Contains("empty file"));
   REQUIRE_THROWS_WITH(load_string("0\t1\t1\t3\n"), Catch::Contains("not a multiple of top_k"));
   RouteRecorder rec(4, 2);

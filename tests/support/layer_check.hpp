@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "moe/moe.hpp"
+#include "textbook.hpp"
 
 namespace moe::test {
 
@@ -43,7 +44,8 @@ struct Scenario {
 };
 
 struct Outcome {
-  double error = 0.0;                 // this rank's normwise relative error
+  double error = 0.0;                 // this rank's normwise relative error against reference_forward
+  double vs_textbook = 0.0;           // ... and against the independent fp64 textbook layer
   LayerStats stats;
   std::size_t expected_dispatch = 0;  // analytic bytes this rank sends in the dispatch
   std::size_t expected_combine = 0;   // analytic bytes this rank sends back in the combine
@@ -86,6 +88,9 @@ Outcome run_scenario(Comm& comm, Scenario const& sc, Replicas replicas) {
   std::vector<T> mine(ref.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(first) * h),
                       ref.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(first + counts[static_cast<std::size_t>(rank)]) * h));
   o.error = max_relative_error(y, mine);
+  auto book = textbook::forward(s, weights.view(), total, x.data());
+  if (!y.empty())
+    o.vs_textbook = textbook::relative_error(y.data(), book.data() + static_cast<std::size_t>(first) * h, y.size());
   o.stats = layer.stats();
 
   // Analytic volumes from the reference routes: one record per distinct remote serving rank.

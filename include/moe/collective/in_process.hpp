@@ -115,8 +115,17 @@ public:
 
   [[nodiscard]] int rank() const { return rank_; }
   [[nodiscard]] int size() const { return N; }
+  /// The modelled volume: what each operation would put on the wire (the textbook formulas of the
+  /// Ledger, the same for every backend).
   [[nodiscard]] Counters const& counters() const { return ledger_.counters(); }
-  void reset_counters() { ledger_.reset(); }
+  /// What this backend actually moved into this rank: bytes copied (or summed) out of other ranks'
+  /// buffers and messages since the last reset. A separate figure from counters(): e.g. an
+  /// all-reduce here reads (N - 1) x size from the peers, where the ring model counts 2 (N - 1) / N x size.
+  [[nodiscard]] std::size_t bytes_copied_from_peers() const { return copied_; }
+  void reset_counters() {
+    ledger_.reset();
+    copied_ = 0;
+  }
 
   void barrier() { world_->barrier(); }
 
@@ -145,6 +154,7 @@ public:
       }
       auto const* src = static_cast<float const*>(s.data) + slice.offset;
       for (std::size_t i = 0; i < slice.count; ++i) out[i] += src[i];
+      if (p != rank_) copied_ += slice.count * sizeof(float);
     }
     finish_reading(mismatch);
   }
@@ -163,6 +173,7 @@ public:
         break;
       }
       if (s.count) std::memcpy(out.data() + offset, s.data, s.count);
+      if (p != rank_) copied_ += s.count;
       offset += s.count;
     }
     finish_reading(mismatch);
@@ -182,6 +193,7 @@ public:
       }
       auto const* src = static_cast<float const*>(s.data);
       for (std::size_t i = 0; i < data.size(); ++i) total[i] += src[i];
+      if (p != rank_) copied_ += data.size_bytes();
     }
     finish_reading(mismatch);
     std::copy(total.begin(), total.end(), data.begin());
@@ -199,6 +211,7 @@ public:
     check(message.size() == out.size(), "recv: rank ", rank_, " expected ", out.size(), " bytes from rank ",
           peer, " (tag ", tag, ") but the message has ", message.size());
     if (!message.empty()) std::memcpy(out.data(), message.data(), message.size());
+    copied_ += message.size();
   }
 
 private:
@@ -220,6 +233,7 @@ private:
         break;
       }
       if (n) std::memcpy(out.data() + out_offset, static_cast<std::byte const*>(s.data) + in_offset, n);
+      if (p != rank_) copied_ += n;
       out_offset += n;
     }
     finish_reading(mismatch);
@@ -236,6 +250,7 @@ private:
   detail::InProcessWorld* world_;
   int rank_;
   detail::Ledger ledger_;
+  std::size_t copied_ = 0;
 };
 
 /// Runs `body(InProcess<N>&)` on N threads, one per rank, and waits for all of them. The first

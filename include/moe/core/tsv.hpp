@@ -10,6 +10,7 @@
 
 #include <charconv>
 #include <cmath>
+#include <cstdint>
 #include <fstream>
 #include <istream>
 #include <memory>
@@ -20,6 +21,27 @@
 #include "moe/config.hpp"
 
 namespace moe::core {
+
+/// Sizes a file may ask for. Each reader checks the numbers it reads against these before it
+/// allocates anything they size, so a corrupt or hostile file costs at most a bounded amount of
+/// memory (docs/plan-format.md lists them). They are far above every published model and cluster.
+namespace limits {
+inline constexpr int experts = 1 << 16;     ///< experts per layer (largest published: 384)
+inline constexpr int layers = 1 << 12;      ///< MoE layers (largest published: 61)
+inline constexpr int gpus = 1 << 12;        ///< GPUs (ranks) of a cluster or plan: hop matrix <= 64 MiB
+inline constexpr int vertices = 1 << 14;    ///< servers + switches of a topology file
+inline constexpr int links = 1 << 16;       ///< links of a topology file
+inline constexpr int batches = 1 << 20;     ///< batches of a load profile
+inline constexpr long long profile_values = 1LL << 27;  ///< batches x layers x experts of a load profile (1 GiB)
+}  // namespace limits
+
+/// a + b for non-negative counts read from a file; throws moe::Error naming `where` and `what`
+/// when the sum leaves int64 (every later sum of those counts then fits too).
+inline std::int64_t checked_add(std::int64_t a, std::int64_t b, std::string_view where, std::string_view what) {
+  std::int64_t s = 0;
+  if (__builtin_add_overflow(a, b, &s)) fail(where, ": ", what, ": sum ", a, " + ", b, " overflows int64");
+  return s;
+}
 
 class TsvReader {
 public:
@@ -69,6 +91,16 @@ public:
     auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
     if (ec != std::errc() || ptr != s.data() + s.size())
       fail(where(), ": column ", i + 1, " (", what, "): '", s, "' is not an integer in range");
+    return value;
+  }
+
+  /// An integer in [lo, hi]; throws moe::Error naming file:line, the column and `what` otherwise.
+  /// Readers use it for every number that sizes memory, so the bound is checked before allocating.
+  template <class Int>
+  [[nodiscard]] Int get_int_in(std::size_t i, std::string_view what, Int lo, Int hi) const {
+    Int value = get_int<Int>(i, what);
+    if (value < lo || value > hi)
+      fail(where(), ": column ", i + 1, " (", what, "): ", value, " outside [", lo, ", ", hi, "]");
     return value;
   }
 

@@ -80,8 +80,9 @@ inline LoadedPlan read_plan(core::TsvReader& in) {
   in.expect_fields(5);
   int version = in.get_int<int>(1, "version");
   check(version == 1, in.where(), ": unsupported plan version ", version);
-  int L = in.get_int<int>(2, "layers"), E = in.get_int<int>(3, "experts"), G = in.get_int<int>(4, "gpus");
-  check(L > 0 && E > 0 && G > 0, in.where(), ": layers, experts and gpus must be positive");
+  int L = in.get_int_in<int>(2, "layers", 1, core::limits::layers);
+  int E = in.get_int_in<int>(3, "experts", 1, core::limits::experts);
+  int G = in.get_int_in<int>(4, "gpus", 1, core::limits::gpus);
   LoadedPlan out;
   out.gpus = G;
   for (int l = 0; l < L; ++l) {

@@ -40,6 +40,9 @@ public:
       : batches_(batches), layers_(layers), experts_(experts) {
     check(batches > 0 && layers > 0 && experts > 0, "load profile: batches (", batches, "), layers (",
           layers, ") and experts (", experts, ") must be positive");
+    check(static_cast<long long>(batches) * layers * experts <= core::limits::profile_values, "load profile: ",
+          batches, " batches x ", layers, " layers x ", experts, " experts is above the limit of ",
+          core::limits::profile_values, " loads (1 GiB)");
     data_.assign(static_cast<std::size_t>(batches) * static_cast<std::size_t>(layers) *
                      static_cast<std::size_t>(experts),
                  0.0);
@@ -142,8 +145,9 @@ inline LoadProfile read_profile(core::TsvReader& in) {
   in.expect_fields(5);
   int version = in.get_int<int>(1, "version");
   check(version == 1, in.where(), ": unsupported load profile version ", version);
-  int B = in.get_int<int>(2, "batches"), L = in.get_int<int>(3, "layers"), E = in.get_int<int>(4, "experts");
-  check(B > 0 && L > 0 && E > 0, in.where(), ": batches, layers and experts must be positive");
+  int B = in.get_int_in<int>(2, "batches", 1, core::limits::batches);
+  int L = in.get_int_in<int>(3, "layers", 1, core::limits::layers);
+  int E = in.get_int_in<int>(4, "experts", 1, core::limits::experts);
   // The loads are collected as the lines arrive and the profile is sized only once they are all
   // there: a corrupt or truncated file with huge counts in its header is reported as truncated
   // instead of first allocating B * L * E doubles.
@@ -189,17 +193,17 @@ struct Marginals {
 
 /// Reads the real OLMoE/Mixtral expert counts (`layer expert count`, with a header) of one
 /// MODEL/DOMAIN folder. Only the recorded layers appear; they are renumbered 0.. in file order.
-inline Marginals marginals_from_olmoe(std::string const& expert_counts_tsv) {
-  core::TsvReader in(expert_counts_tsv);
+inline Marginals marginals_from_olmoe(core::TsvReader& in) {
   std::vector<int> layer_ids;
   std::vector<std::vector<double>> rows;
   while (in.next()) {
     if (in.is_header("layer")) continue;
     in.expect_fields(3);
-    int l = in.get_int<int>(0, "layer"), e = in.get_int<int>(1, "expert");
+    // Ids size the matrix: bounded before anything is allocated for them.
+    int l = in.get_int_in<int>(0, "layer", 0, core::limits::layers - 1);
+    int e = in.get_int_in<int>(1, "expert", 0, core::limits::experts - 1);
     double c = in.get_double(2, "count");
-    check(l >= 0 && e >= 0, in.where(), ": negative layer or expert id");
-    check(c >= 0, in.where(), ": negative count (", c, ")");
+    check(c >= 0, in.where(), ": column 3 (count): negative count (", c, ")");
     auto it = std::find(layer_ids.begin(), layer_ids.end(), l);
     if (it == layer_ids.end()) {
       layer_ids.push_back(l);
@@ -209,8 +213,10 @@ inline Marginals marginals_from_olmoe(std::string const& expert_counts_tsv) {
     auto& r = rows[static_cast<std::size_t>(it - layer_ids.begin())];
     if (r.size() <= static_cast<std::size_t>(e)) r.resize(static_cast<std::size_t>(e) + 1, 0.0);
     r[static_cast<std::size_t>(e)] += c;
+    check(std::isfinite(r[static_cast<std::size_t>(e)]), in.where(), ": column 3 (count): the counts of layer ", l,
+          " expert ", e, " sum to infinity");
   }
-  check(!rows.empty(), expert_counts_tsv, ": no expert counts");
+  check(!rows.empty(), in.name(), ": no expert counts");
   std::size_t E = 0;
   for (auto const& r : rows) E = std::max(E, r.size());
   Marginals m{static_cast<int>(rows.size()), static_cast<int>(E), {}};
@@ -219,6 +225,11 @@ inline Marginals marginals_from_olmoe(std::string const& expert_counts_tsv) {
     m.weight.insert(m.weight.end(), r.begin(), r.end());
   }
   return m;
+}
+
+inline Marginals marginals_from_olmoe(std::string const& expert_counts_tsv) {
+  core::TsvReader in(expert_counts_tsv);
+  return marginals_from_olmoe(in);
 }
 
 /// Small, portable, seeded generator (splitmix64): the same numbers on every platform.

@@ -200,6 +200,9 @@ public:
           experts_, ")");
     check(count >= 0, "route recorder: negative count ", count);
     if (count == 0) return;
+    // Every sum the profile forms later (merged counts, row totals, expert loads, total()) is a
+    // partial sum of these counts, so one checked running total keeps them all inside int64.
+    total_ = core::checked_add(total_, count, "route recorder", "total activation count");
     pending_.push_back({token_id, layer, expert, count});
     maybe_compact();
   }
@@ -211,7 +214,13 @@ public:
           "route recorder: cross-layer expert pair (", expert_a, ", ", expert_b, ") outside [0, ",
           experts_, ")");
     check(count >= 0, "route recorder: negative cross-layer count ", count);
-    auto& m = cross_[{layer_a, layer_b}];
+    cross_total_ = core::checked_add(cross_total_, count, "route recorder", "total cross-layer count");
+    auto key = std::pair{layer_a, layer_b};
+    if (cross_.find(key) == cross_.end())
+      check(static_cast<long long>(cross_.size() + 1) * experts_ * experts_ <= kMaxCrossEntries,
+            "route recorder: cross-layer pair (", layer_a, ", ", layer_b, ") would exceed ", kMaxCrossEntries,
+            " cross-layer counts in all (", cross_.size(), " layer pairs of ", experts_, " x ", experts_, ")");
+    auto& m = cross_[key];
     if (m.empty()) m.assign(static_cast<std::size_t>(experts_) * static_cast<std::size_t>(experts_), 0);
     m[static_cast<std::size_t>(expert_a) * static_cast<std::size_t>(experts_) +
       static_cast<std::size_t>(expert_b)] += count;
@@ -303,9 +312,13 @@ private:
     pending_.clear();
   }
 
+  /// Most cross-layer counts held (dense E x E per layer pair): 128 MiB.
+  static constexpr long long kMaxCrossEntries = 1LL << 24;
+
   int experts_;
   int top_k_;
   bool keep_paths_;
+  std::int64_t total_ = 0, cross_total_ = 0;
   std::vector<Entry> pending_;
   std::vector<Entry> merged_;
   std::map<std::pair<int, int>, std::vector<std::int64_t>> cross_;
@@ -331,7 +344,7 @@ std::size_t load_token_expert_counts(core::TsvReader& in, RouteRecorder& rec, Ke
     }
     first = false;
     in.expect_fields(4);
-    auto layer = in.get_int<int>(0, "layer");
+    auto layer = in.get_int_in<int>(0, "layer", 0, core::limits::layers - 1);
     auto token = in.get_int<int>(1, "token_id");
     auto expert = in.get_int<int>(2, "expert");
     auto count = in.get_int<std::int64_t>(3, "count");
@@ -344,7 +357,9 @@ std::size_t load_token_expert_counts(core::TsvReader& in, RouteRecorder& rec, Ke
     if constexpr (!std::is_same_v<KeepLayer, std::nullptr_t>) {
       if (!keep_layer(layer)) continue;
     }
-    rec.add(layer, token, expert, count);
+    try {
+      rec.add(layer, token, expert, count);
+    } catch (Error const& e) { fail(in.where(), ": column 4 (count): ", e.what()); }
   }
   check(lines > 0, in.name(), ": no token -> expert counts (empty file)");
   return lines;
@@ -366,8 +381,8 @@ inline std::size_t load_crosslayer_counts(core::TsvReader& in, RouteRecorder& re
     }
     first = false;
     in.expect_fields(5);
-    auto la = in.get_int<int>(0, "layer_a");
-    auto lb = in.get_int<int>(1, "layer_b");
+    auto la = in.get_int_in<int>(0, "layer_a", 0, core::limits::layers - 1);
+    auto lb = in.get_int_in<int>(1, "layer_b", 0, core::limits::layers - 1);
     auto ea = in.get_int<int>(2, "expert_a");
     auto eb = in.get_int<int>(3, "expert_b");
     auto count = in.get_int<std::int64_t>(4, "count");
@@ -375,7 +390,9 @@ inline std::size_t load_crosslayer_counts(core::TsvReader& in, RouteRecorder& re
     if (!(ea >= 0 && ea < rec.experts() && eb >= 0 && eb < rec.experts())) fail(in.where(), ": expert pair (",
           ea, ", ", eb, ") outside [0, ", rec.experts(), ")");
     if (!(count >= 0)) fail(in.where(), ": count ", count, " is negative");
-    rec.add_crosslayer(la, lb, ea, eb, count);
+    try {
+      rec.add_crosslayer(la, lb, ea, eb, count);
+    } catch (Error const& e) { fail(in.where(), ": column 5 (count): ", e.what()); }
     ++lines;
   }
   check(lines > 0, in.name(), ": no cross-layer counts (empty file)");

@@ -5,8 +5,12 @@
 // same with one group and one node), and rebalance_experts which picks between them.
 //
 // The port follows the reference step by step, including its arithmetic in 32-bit floats, its
-// tie-breaking (a descending stable sort, the first of equal minima / maxima) and its fast path
-// when every pack receives exactly one item, so that it reproduces the published example exactly.
+// tie-breaking (torch's unstable CPU sort, reproduced by sorting the same (value, index) pairs
+// with std::sort; the first of equal minima / maxima) and its fast path when every pack receives
+// exactly one item. tests/planners/test_eplb_torch.cpp checks phy2log, log2phy and logcnt against
+// 96 cases recorded from eplb.py under torch (many with tied loads): all identical. The tie order
+// is that of libstdc++'s introsort (torch's CPU builds use it), replayed by detail::IntroSort, so
+// it does not depend on the standard library the port is compiled with.
 //
 // Result for each layer: phy2log (physical slot -> logical expert; slot p lives on GPU
 // p / (num_replicas / num_gpus)), log2phy (logical expert -> its slots, -1 padded) and logcnt
@@ -15,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 #include "moe/config.hpp"
@@ -38,6 +43,149 @@ struct Matrix {
     return std::vector<T>(v.begin() + static_cast<long>(r) * cols, v.begin() + static_cast<long>(r + 1) * cols);
   }
 };
+
+namespace detail {
+
+/// libstdc++'s std::sort (introsort: median-of-three quicksort down to runs of 16, heapsort past
+/// 2 log2(n) levels, then one insertion sort), written out so that the order of equal keys does
+/// not depend on the standard library this is compiled against. `less(a, b)` compares elements.
+template <class T, class Less>
+class IntroSort {
+public:
+  IntroSort(std::vector<T>& v, Less less) : v_(v), less_(less) {}
+  void run() {
+    long n = static_cast<long>(v_.size());
+    if (n < 2) return;
+    long depth = 0;
+    for (long k = n; k > 1; k >>= 1) ++depth;
+    loop(0, n, 2 * depth);
+    if (n > kThreshold) {
+      insertion(0, kThreshold);
+      for (long i = kThreshold; i < n; ++i) linear_insert(i);
+    } else {
+      insertion(0, n);
+    }
+  }
+
+private:
+  static constexpr long kThreshold = 16;
+  T& at(long i) { return v_[static_cast<std::size_t>(i)]; }
+  bool less(long a, long b) { return less_(at(a), at(b)); }
+
+  void loop(long first, long last, long depth) {
+    while (last - first > kThreshold) {
+      if (depth == 0) {
+        heap_sort(first, last);
+        return;
+      }
+      --depth;
+      long cut = partition_pivot(first, last);
+      loop(cut, last, depth);
+      last = cut;
+    }
+  }
+  void median_to_first(long result, long a, long b, long c) {
+    if (less(a, b)) {
+      if (less(b, c)) std::swap(at(result), at(b));
+      else if (less(a, c)) std::swap(at(result), at(c));
+      else std::swap(at(result), at(a));
+    } else if (less(a, c)) {
+      std::swap(at(result), at(a));
+    } else if (less(b, c)) {
+      std::swap(at(result), at(c));
+    } else {
+      std::swap(at(result), at(b));
+    }
+  }
+  long partition_pivot(long first, long last) {
+    long mid = first + (last - first) / 2;
+    median_to_first(first, first + 1, mid, last - 1);
+    long lo = first + 1, hi = last, pivot = first;
+    while (true) {
+      while (less(lo, pivot)) ++lo;
+      --hi;
+      while (less(pivot, hi)) --hi;
+      if (!(lo < hi)) return lo;
+      std::swap(at(lo), at(hi));
+      ++lo;
+    }
+  }
+  void insertion(long first, long last) {
+    if (first == last) return;
+    for (long i = first + 1; i != last; ++i) {
+      if (less(i, first)) {
+        T value = std::move(at(i));
+        for (long j = i; j > first; --j) at(j) = std::move(at(j - 1));
+        at(first) = std::move(value);
+      } else {
+        linear_insert(i);
+      }
+    }
+  }
+  void linear_insert(long last) {
+    T value = std::move(at(last));
+    long next = last - 1;
+    while (less_(value, at(next))) {
+      at(last) = std::move(at(next));
+      last = next;
+      --next;
+    }
+    at(last) = std::move(value);
+  }
+  // Heapsort of [first, last) as std::__partial_sort(first, last, last): make_heap, then pop_heap
+  // from the back.
+  void adjust_heap(long first, long hole, long len, T value) {
+    long top = hole, child = hole;
+    while (child < (len - 1) / 2) {
+      child = 2 * (child + 1);
+      if (less(first + child, first + (child - 1))) --child;
+      at(first + hole) = std::move(at(first + child));
+      hole = child;
+    }
+    if ((len & 1) == 0 && child == (len - 2) / 2) {
+      child = 2 * (child + 1);
+      at(first + hole) = std::move(at(first + (child - 1)));
+      hole = child - 1;
+    }
+    long parent = (hole - 1) / 2;
+    while (hole > top && less_(at(first + parent), value)) {
+      at(first + hole) = std::move(at(first + parent));
+      hole = parent;
+      parent = (hole - 1) / 2;
+    }
+    at(first + hole) = std::move(value);
+  }
+  void heap_sort(long first, long last) {
+    long len = last - first;
+    if (len >= 2)
+      for (long parent = (len - 2) / 2;; --parent) {
+        adjust_heap(first, parent, len, std::move(at(first + parent)));
+        if (parent == 0) break;
+      }
+    while (last - first > 1) {
+      --last;
+      T value = std::move(at(last));
+      at(last) = std::move(at(first));
+      adjust_heap(first, 0, last - first, std::move(value));
+    }
+  }
+
+  std::vector<T>& v_;
+  Less less_;
+};
+
+/// The order torch.sort(descending=True) gives on CPU (eplb.py's `weight.sort(-1, descending=True)`):
+/// torch sorts (value, index) pairs with std::sort and a value-only comparison, which is not
+/// stable, so equal loads (every copy of one expert has the same per-copy load) come out in
+/// introsort's order, not index order. IntroSort replays that algorithm step by step.
+inline void torch_sort_descending(Matrix<float> const& weight, int row, std::vector<int>& order) {
+  std::vector<std::pair<float, int>> kv(static_cast<std::size_t>(weight.cols));
+  for (int j = 0; j < weight.cols; ++j) kv[static_cast<std::size_t>(j)] = {weight(row, j), j};
+  auto greater = [](std::pair<float, int> const& a, std::pair<float, int> const& b) { return a.first > b.first; };
+  IntroSort<std::pair<float, int>, decltype(greater)>(kv, greater).run();
+  for (int j = 0; j < weight.cols; ++j) order[static_cast<std::size_t>(j)] = kv[static_cast<std::size_t>(j)].second;
+}
+}  // namespace detail
 
 struct Packing {
   Matrix<int> pack_index, rank_in_pack;
@@ -63,8 +211,7 @@ inline Packing balanced_packing(Matrix<float> const& weight, int num_packs) {
   std::vector<float> pack_w(static_cast<std::size_t>(num_packs));
   std::vector<int> pack_n(static_cast<std::size_t>(num_packs));
   for (int i = 0; i < X; ++i) {
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return weight(i, a) > weight(i, b); });
+    detail::torch_sort_descending(weight, i, order);
     std::fill(pack_w.begin(), pack_w.end(), 0.0f);
     std::fill(pack_n.begin(), pack_n.end(), 0);
     for (int g : order) {

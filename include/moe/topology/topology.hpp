@@ -37,8 +37,10 @@ namespace moe::topology {
 class Topology {
 public:
   /// Adds a server with `gpus` GPUs; returns its vertex id.
-  /// Most GPUs in one topology (the G x G hop matrix of 2^20 GPUs would already be 4 TiB).
-  static constexpr long long max_gpus = 1 << 20;
+  /// Most GPUs in one topology: planners build a G x G hop matrix (64 MiB at this bound), and the
+  /// server-to-server table is S x S with S <= G. Files are also bounded in vertices and links
+  /// (core::limits), which bounds finalize() to S breadth-first searches of that size.
+  static constexpr long long max_gpus = core::limits::gpus;
 
   int add_server(std::string name, int gpus) {
     check(gpus > 0, "topology: server '", name, "' needs at least one GPU, has ", gpus);
@@ -54,6 +56,8 @@ public:
   int add_switch(std::string name) { return add_vertex(std::move(name)); }
   /// Adds an undirected link between two vertices.
   void add_link(int a, int b) {
+    check(links_ < core::limits::links, "topology: more than ", core::limits::links, " links");
+    ++links_;
     check(a >= 0 && b >= 0 && a < vertices() && b < vertices(), "topology: link between unknown vertices ", a,
           " and ", b);
     check(a != b, "topology: link from '", names_[static_cast<std::size_t>(a)], "' to itself");
@@ -146,6 +150,8 @@ private:
   int add_vertex(std::string name) {
     check(!name.empty(), "topology: empty vertex name");
     check(index_.find(name) == index_.end(), "topology: duplicate vertex name '", name, "'");
+    check(vertices() < core::limits::vertices, "topology: more than ", core::limits::vertices,
+          " servers and switches");
     int v = vertices();
     index_.emplace(name, v);
     names_.push_back(std::move(name));
@@ -158,6 +164,7 @@ private:
   std::map<std::string, int> index_;
   std::vector<std::vector<int>> adj_;
   std::vector<int> server_vertex_, server_gpus_, gpu_server_, server_dist_;
+  long long links_ = 0;
   bool finalized_ = false;
   long long total_gpus_ = 0;
 };
@@ -249,8 +256,7 @@ inline Topology read_topology(core::TsvReader& in) {
     std::string_view kind = in.field(0);
     if (kind == "server") {
       in.expect_fields(3);
-      int g = in.get_int<int>(2, "gpus");
-      check(g > 0, in.where(), ": server needs at least one GPU");
+      int g = in.get_int_in<int>(2, "gpus", 1, static_cast<int>(Topology::max_gpus));
       try {
         t.add_server(std::string(in.field(1)), g);
       } catch (Error const& e) { fail(in.where(), ": ", e.what()); }

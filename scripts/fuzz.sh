@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets of tests/fuzz (clang, -fsanitize=fuzzer,address,undefined) and runs
+# each from its seed corpus.
+#
+#   scripts/fuzz.sh                 CI mode: every target for MOE_FUZZ_SECONDS (default 10) seconds
+#   scripts/fuzz.sh --runs N        every target for N executions (the long runs of docs/fuzzing.md)
+#   scripts/fuzz.sh --only NAME ... one target only (combine with the above)
+#
+# Corpora grow in build-fuzz/corpus/<target>; a crash leaves build-fuzz/crash-* and stops the script
+# with a non-zero status. Each run's last status line is printed (executions, corpus size).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/deps.sh
+MOE_DEBIAN_PACKAGES=(clang libclang-rt-dev)
+moe_install_missing_packages
+
+targets=(load_profile olmoe_counts topology plan route_counts token_table sequence_table perf_models cli_numbers)
+mode=(-max_total_time="${MOE_FUZZ_SECONDS:-10}")
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --runs) mode=(-runs="$2"); shift 2 ;;
+    --only) targets=("$2"); shift 2 ;;
+    *) echo "fuzz.sh: unknown argument '$1'" >&2; exit 2 ;;
+  esac
+done
+
+out=${MOE_FUZZ_DIR:-build-fuzz}
+mkdir -p "$out/bin" "$out/corpus"
+cxx=${MOE_FUZZ_CXX:-clang++}
+flags=(-std=c++20 -O1 -g -Iinclude -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
+       -fno-omit-frame-pointer)
+$cxx -std=c++20 -O1 -Iinclude tests/fuzz/make_seeds.cpp -o "$out/bin/make_seeds"
+"$out/bin/make_seeds" "$out/seeds" tests/data
+
+for t in "${targets[@]}"; do
+  src=tests/fuzz/fuzz_targets.cpp
+  bin="$out/bin/fuzz_$t"
+  if [ ! -x "$bin" ] || [ "$src" -nt "$bin" ] || [ -n "$(find include -newer "$bin" -name '*.hpp' -print -quit)" ]; then
+    $cxx "${flags[@]}" -DMOE_FUZZ_TARGET="$t" "$src" -o "$bin"
+  fi
+  mkdir -p "$out/corpus/$t"
+  echo "== fuzz_$t ${mode[*]}"
+  export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+  "$bin" "${mode[@]}" -rss_limit_mb=2048 -timeout=10 -max_len=4096 -print_final_stats=1 \
+         -artifact_prefix="$out/crash-$t-" "$out/corpus/$t" "$out/seeds/$t" 2>"$out/$t.log" || {
+    tail -40 "$out/$t.log"
+    echo "fuzz.sh: fuzz_$t found a problem (see $out/$t.log and $out/crash-$t-*)" >&2
+    exit 1
+  }
+  grep -E "^(#[0-9]+.*DONE|stat::number_of_executed_units|stat::peak_rss_mb)" "$out/$t.log" | tr '\n' ' '
+  echo
+done

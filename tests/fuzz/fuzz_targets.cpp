@@ -1,0 +1,98 @@
+// libFuzzer targets for every file reader and the planner programs' option-number parser. One
+// source, one target per build: scripts/fuzz.sh compiles it with -DMOE_FUZZ_TARGET=<name> and
+// -fsanitize=fuzzer,address,undefined. A reader may reject its input only with moe::Error; any
+// other exception (std::bad_alloc, std::length_error, ...), a sanitizer report, a leak, an input
+// slower than the time limit or memory above the RSS limit is a finding.
+#include <cstddef>
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <string_view>
+
+#include "moe/config.hpp"
+#include "moe/core/cli.hpp"
+#include "moe/core/tsv.hpp"
+#include "moe/placement/plan_io.hpp"
+#include "moe/profile/load_profile.hpp"
+#include "moe/profile/route_profile.hpp"
+#include "moe/schedule/perf_model.hpp"
+#include "moe/speculative/table_io.hpp"
+#include "moe/topology/topology.hpp"
+
+namespace {
+
+#define MOE_FUZZ_IS(name) (std::string_view(MOE_FUZZ_TARGET_NAME) == #name)
+#define MOE_STR2(x) #x
+#define MOE_STR(x) MOE_STR2(x)
+#define MOE_FUZZ_TARGET_NAME MOE_STR(MOE_FUZZ_TARGET)
+
+void run(std::string const& text) {
+  std::istringstream in(text);
+  moe::core::TsvReader tsv(in, "fuzz.tsv");
+  if constexpr (MOE_FUZZ_IS(load_profile)) {
+    auto p = moe::profile::read_profile(tsv);
+    (void)p.totals();
+  } else if constexpr (MOE_FUZZ_IS(olmoe_counts)) {
+    (void)moe::profile::marginals_from_olmoe(tsv);
+  } else if constexpr (MOE_FUZZ_IS(topology)) {
+    auto t = moe::topology::read_topology(tsv);
+    (void)t.gpu_hops();
+  } else if constexpr (MOE_FUZZ_IS(plan)) {
+    (void)moe::placement::read_plan(tsv);
+  } else if constexpr (MOE_FUZZ_IS(route_counts)) {
+    // The first line of a token -> expert file, a cross-layer file, or both (the same text).
+    moe::profile::RouteRecorder rec(64, 8);
+    (void)moe::profile::load_token_expert_counts(tsv, rec);
+    std::istringstream again(text);
+    moe::core::TsvReader tsv2(again, "fuzz-cross.tsv");
+    try {
+      (void)moe::profile::load_crosslayer_counts(tsv2, rec);
+    } catch (moe::Error const&) {
+    }
+    auto p = rec.profile();
+    for (int l : p.layers()) (void)p.layer(l).expert_load();
+  } else if constexpr (MOE_FUZZ_IS(token_table)) {
+    (void)moe::speculative::read_token_table(tsv);
+  } else if constexpr (MOE_FUZZ_IS(sequence_table)) {
+    (void)moe::speculative::read_sequence_table(tsv);
+  } else if constexpr (MOE_FUZZ_IS(perf_models)) {
+    std::istringstream raw(text);
+    (void)moe::schedule::read_models(raw, "fuzz.tsv");
+  } else if constexpr (MOE_FUZZ_IS(cli_numbers)) {
+    // The option values of the planner programs: each line is "int|double lo hi text".
+    std::istringstream lines(text);
+    std::string kind, lo, hi, value;
+    while (lines >> kind >> lo >> hi) {
+      std::getline(lines, value);
+      if (!value.empty() && value.front() == ' ') value.erase(0, 1);
+      try {
+        if (kind == "int") {
+          long long a = moe::core::parse_int(lo, "--lo"), b = moe::core::parse_int(hi, "--hi");
+          long long v = moe::core::parse_int(value, "--value", a, b);
+          if (v < a || v > b) __builtin_trap();
+        } else {
+          double a = moe::core::parse_double(lo, "--lo"), b = moe::core::parse_double(hi, "--hi");
+          double v = moe::core::parse_double(value, "--value", a, b);
+          if (!(v >= a && v <= b)) __builtin_trap();
+        }
+      } catch (moe::Error const&) {
+      }
+    }
+  }
+}
+
+static_assert(MOE_FUZZ_IS(load_profile) || MOE_FUZZ_IS(olmoe_counts) || MOE_FUZZ_IS(topology) || MOE_FUZZ_IS(plan) ||
+                  MOE_FUZZ_IS(route_counts) || MOE_FUZZ_IS(token_table) || MOE_FUZZ_IS(sequence_table) ||
+                  MOE_FUZZ_IS(perf_models) || MOE_FUZZ_IS(cli_numbers),
+              "unknown MOE_FUZZ_TARGET");
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(std::uint8_t const* data, std::size_t size) {
+  try {
+    run(std::string(reinterpret_cast<char const*>(data), size));
+  } catch (moe::Error const&) {
+    // The documented way to reject input.
+  }
+  return 0;
+}

@@ -1,0 +1,74 @@
+// Writes the seed corpus of each fuzz target into DIR/<target>/: small valid files made with the
+// library's own writers, and the first lines of the real OLMoE routing files in tests/data.
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <string>
+
+#include "moe/placement/plan_io.hpp"
+#include "moe/profile/load_profile.hpp"
+#include "moe/schedule/perf_model.hpp"
+#include "moe/speculative/table_io.hpp"
+#include "moe/topology/topology.hpp"
+
+namespace fs = std::filesystem;
+using namespace moe;
+
+static void head(fs::path const& from, fs::path const& to, int lines) {
+  std::ifstream in(from);
+  std::ofstream out(to);
+  std::string line;
+  for (int i = 0; i < lines && std::getline(in, line); ++i) out << line << '\n';
+}
+
+int main(int argc, char** argv) {
+  if (argc != 3) {
+    std::cerr << "usage: make_seeds OUT_DIR TESTS_DATA_DIR\n";
+    return 2;
+  }
+  fs::path out = argv[1], data = argv[2];
+  for (char const* t : {"load_profile", "olmoe_counts", "topology", "plan", "route_counts", "token_table",
+                        "sequence_table", "perf_models", "cli_numbers"})
+    fs::create_directories(out / t);
+  {
+    profile::LoadProfile p(2, 2, 4);
+    for (int b = 0; b < 2; ++b)
+      for (int l = 0; l < 2; ++l)
+        for (int e = 0; e < 4; ++e) p.row(b, l)[e] = b + l + e * 0.5;
+    profile::write_profile((out / "load_profile" / "small.tsv").string(), p);
+  }
+  auto olmoe = data / "olmoe-routing" / "olmoe-1b-7b" / "arxiv";
+  head(olmoe / "expert_counts.tsv", out / "olmoe_counts" / "arxiv.tsv", 40);
+  head(olmoe / "token_expert_counts.tsv", out / "route_counts" / "tokens.tsv", 41);
+  head(olmoe / "crosslayer_counts.tsv", out / "route_counts" / "cross.tsv", 40);
+  {
+    std::ofstream f(out / "topology" / "fattree.tsv");
+    topology::fat_tree(2, 2, 2, 2).write(f);
+    std::ofstream g(out / "topology" / "dragonfly.tsv");
+    topology::dragonfly(3, 1, 1, 3).write(g);
+  }
+  {
+    std::vector<placement::LayerPlan> plan;
+    for (int l = 0; l < 2; ++l)
+      plan.push_back({placement::Table::round_robin(4, 2), replication::Table({{0, 1}, {1}, {0}, {1, 0}})});
+    placement::write_plan((out / "plan" / "small.tsv").string(), plan, 2);
+  }
+  {
+    speculative::TokenDeviceTable t(8, 2);
+    t.set(1, 1, 0.75);
+    t.set(5, 0, 0.5);
+    speculative::write_token_table((out / "token_table" / "small.tsv").string(), t);
+    speculative::DeviceSequenceTable s(2, 2);
+    std::vector<int> prev{0, 1};
+    s.set(prev, 1, 20000);
+    speculative::write_sequence_table((out / "sequence_table" / "small.tsv").string(), s);
+  }
+  {
+    schedule::PerfModels m;
+    for (std::size_t i = 0; i < m.ops.size(); ++i) m.ops[i] = {1.0 + double(i), 0.01};
+    m.source = "seed";
+    schedule::write_models((out / "perf_models" / "small.tsv").string(), m);
+  }
+  std::ofstream(out / "cli_numbers" / "small.txt") << "int 1 2147483647 200\ndouble 0 1 0.5\nint 0 9 12abc\n";
+  return 0;
+}
