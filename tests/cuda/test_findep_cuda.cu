@@ -420,6 +420,106 @@ TEST_CASE("DisaggregatedLayer over a device communicator (staged point-to-point,
   p2p_world<3, DeepSeekV2SmallBf16, moe::router::GroupLimitedTopK>(1, 48, 83, bf16_tol, Via::layer);
 }
 
+#if defined(MOE_TEST_NCCL)
+namespace {
+
+/// The point-to-point executor through collective::Nccl: `N` ranks, one thread, one device and one
+/// stream each, two communicators (A2E, E2A); `ag` AG ranks with `tokens` tokens each hold their
+/// tokens on their own device, EG ranks the weights of their experts. Every AG rank's output,
+/// gathered on the host, against the host reference, for FinDEP and PPPipe configurations.
+template <int N, class Model, class Router>
+void p2p_nccl_world(int ag, int tokens, std::uint64_t seed, double tolerance) {
+  using Ex = ms::FinDepCudaP2PExecutor<Model, Router, moe::collective::Nccl>;
+  using T = typename Ex::element_type;
+  constexpr moe::ShapeSpec s = Model::spec;
+  auto h = static_cast<std::size_t>(s.hidden);
+  int total = ag * tokens;
+  moe::RandomLayerWeights<T> weights(s, seed);
+  auto x = random_tokens<T>(total, s.hidden, seed + 1);
+  std::vector<T> ref(x.size()), y(x.size());
+  moe::reference_forward<Router>(s, weights.view(), total, x.data(), ref.data());
+  auto fragile = fragile_tokens<Router>(s, weights.view(), x, total, 1e-5f);
+  auto on_eg = moe::placement::Table::round_robin(s.experts, N - ag);
+  std::vector<ms::Config> cfgs{{ms::Pipeline::findep, ms::Order::aass, 2, 1, 3},
+                               {ms::Pipeline::findep, ms::Order::asas, 3, 1, 2},
+                               {ms::Pipeline::pppipe, ms::Order::aass, 2, 1, 1}};
+  std::vector<Errors> result(cfgs.size());
+  std::vector<std::string> failures(N);
+  std::vector<unsigned> device_errors(N, 0);
+  auto id_a2e = moe::collective::Nccl::unique_id(), id_e2a = moe::collective::Nccl::unique_id();
+  moe::collective::run_in_process<N>([&](moe::collective::InProcess<N>& host) {
+    int rank = host.rank();
+    auto& failed = failures[static_cast<std::size_t>(rank)];
+    try {
+      kc::check_cuda(cudaSetDevice(rank), "cudaSetDevice");
+      cudaStream_t st;
+      kc::check_cuda(cudaStreamCreate(&st), "cudaStreamCreate");
+      {
+        auto a2e = moe::collective::Nccl::create(rank, N, id_a2e, st);
+        auto e2a = moe::collective::Nccl::create(rank, N, id_e2a, st);
+        DeviceWeights<T> dw(s, weights.view());
+        auto view = dw.view();
+        std::vector<moe::ExpertWeights<T>> held(view.experts.begin(), view.experts.end());
+        if (rank >= ag)
+          for (int e = 0; e < s.experts; ++e)
+            if (on_eg.rank_of(e) != rank - ag) held[static_cast<std::size_t>(e)] = {};
+        view.experts = held;
+        bool is_ag = rank < ag;
+        auto first = is_ag ? static_cast<std::size_t>(rank) * static_cast<std::size_t>(tokens) * h : 0;
+        auto rows = static_cast<std::size_t>(tokens) * h;
+        Device<T> dx(std::vector<T>(x.begin() + static_cast<std::ptrdiff_t>(first),
+                                    x.begin() + static_cast<std::ptrdiff_t>(first + rows)));
+        Device<T> dy(rows);
+        Ex ex(a2e, e2a, ag, on_eg, view, ms::FinDepCudaOptions{.max_tokens = tokens});
+        Device<std::byte> ws(ex.workspace_size());
+        ws.poison();
+        for (std::size_t q = 0; q < cfgs.size(); ++q) {
+          dy.poison();
+          kc::check_cuda(cudaDeviceSynchronize(), "poison");
+          ex.run({.tokens = tokens, .x = is_ag ? dx.get() : nullptr, .y = is_ag ? dy.get() : nullptr, .stream = st},
+                 cfgs[q], ws.bytes());
+          if (is_ag) {
+            auto out = download_on(st, dy.get(), rows);
+            std::copy(out.begin(), out.end(), y.begin() + static_cast<std::ptrdiff_t>(first));
+          }
+          kc::check_cuda(cudaStreamSynchronize(st), "rank run");
+          device_errors[static_cast<std::size_t>(rank)] |= ex.errors();
+          host.barrier();
+          if (rank == 0) result[q] = compare(y, ref, fragile, total, s.hidden);
+          host.barrier();
+        }
+      }
+      cudaStreamDestroy(st);
+    } catch (std::exception const& e) {
+      failed = e.what();
+    }
+  });
+  for (int r = 0; r < N; ++r) {
+    INFO("rank " << r << ": " << failures[static_cast<std::size_t>(r)]);
+    CHECK(failures[static_cast<std::size_t>(r)].empty());
+    CHECK(device_errors[static_cast<std::size_t>(r)] == 0u);
+  }
+  for (std::size_t q = 0; q < cfgs.size(); ++q) {
+    INFO(N << " ranks through NCCL, " << ag << " AG, " << ms::pipeline_name(cfgs[q].pipeline) << " "
+           << ms::order_name(cfgs[q].order) << " r1 " << cfgs[q].r1 << " r2 " << cfgs[q].r2);
+    check_errors(result[q], tolerance, total);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("FinDEP point-to-point executor through collective::Nccl (one device per rank)", "[cuda][findep][p2p][nccl]") {
+  int devices = 0;
+  REQUIRE(cudaGetDeviceCount(&devices) == cudaSuccess);
+  if (devices < 4) {
+    WARN("needs 4 devices; skipped");
+    return;
+  }
+  p2p_nccl_world<2, DeepSeekSmallF32, moe::router::SigmoidGroupTopK>(1, 24, 91, fp32_tol);
+  p2p_nccl_world<4, MixtralSmallF32, moe::router::SoftmaxTopK>(2, 24, 92, fp32_tol);
+}
+#endif
+
 TEST_CASE("FinDEP point-to-point executor and device DisaggregatedLayer with replicated experts on the EG",
           "[cuda][findep][p2p][replicas]") {
   using moe::router::SigmoidGroupTopK;
