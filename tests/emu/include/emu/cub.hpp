@@ -101,6 +101,18 @@ bool overlap(P a, Q b, long long n) {
   return n > 0 && x < y + bytes && y < x + bytes;
 }
 
+/// The temporary storage belongs to the algorithm: it may not share bytes with an operand.
+template <class P>
+bool temp_apart(char const* api, void const* temp, std::size_t temp_bytes, char const* name, P p, long long n) {
+  auto t = reinterpret_cast<std::uintptr_t>(temp), x = reinterpret_cast<std::uintptr_t>(p);
+  auto bytes = static_cast<std::uintptr_t>(n) * sizeof(std::remove_pointer_t<P>);
+  if (n > 0 && t < x + bytes && x < t + temp_bytes) {
+    ::emu::diagnose(std::string(api) + ": d_temp_storage overlaps " + name);
+    return false;
+  }
+  return true;
+}
+
 /// The unsigned image CUB's radix sort orders: signed integers with the sign bit flipped.
 template <class K>
 std::uint64_t twiddle(K k) {
@@ -127,6 +139,13 @@ struct DeviceScan {
     std::size_t const required = 256 + 64 * (static_cast<std::size_t>(num_items) / 2048 + 1);
     if (cudaError_t e = emu_detail::temp_protocol(api, d_temp, temp_bytes, required); e != cudaSuccess || !d_temp) return e;
     if (!emu_detail::device_array(api, "d_in", in, num_items) || !emu_detail::device_array(api, "d_out", out, num_items))
+      return cudaErrorInvalidValue;
+    if (static_cast<void const*>(in) != static_cast<void const*>(out) && emu_detail::overlap(in, out, num_items)) {
+      ::emu::diagnose(std::string(api) + ": d_in and d_out overlap without being equal (only an exact in-place scan is allowed)");
+      return cudaErrorInvalidValue;
+    }
+    if (!emu_detail::temp_apart(api, d_temp, required, "d_in", in, num_items) ||
+        !emu_detail::temp_apart(api, d_temp, required, "d_out", out, num_items))
       return cudaErrorInvalidValue;
     using T = std::remove_cv_t<std::remove_pointer_t<In>>;
     return static_cast<cudaError_t>(::emu::enqueue(stream, api, [d_temp, required, in, out, num_items] {
@@ -166,6 +185,11 @@ struct DeviceRadixSort {
       ::emu::diagnose(std::string(api) + ": input and output buffers overlap (use a DoubleBuffer for in-place sorting)");
       return cudaErrorInvalidValue;
     }
+    if (!emu_detail::temp_apart(api, d_temp, required, "d_keys_in", keys_in, num_items) ||
+        !emu_detail::temp_apart(api, d_temp, required, "d_keys_out", keys_out, num_items) ||
+        !emu_detail::temp_apart(api, d_temp, required, "d_values_in", values_in, num_items) ||
+        !emu_detail::temp_apart(api, d_temp, required, "d_values_out", values_out, num_items))
+      return cudaErrorInvalidValue;
     return static_cast<cudaError_t>(::emu::enqueue(stream, api, [=] {
       std::memset(d_temp, 0xa5, required);
       std::uint64_t const mask = end_bit - begin_bit >= 64 ? ~std::uint64_t{0}

@@ -4,7 +4,8 @@
 // and computed once per warp. Which matrix element a lane's `x[i]` holds is deliberately a fixed
 // pseudo-random permutation, so code that assumes an element order fails: only fill, load, store
 // and mma give meaningful results (element-wise operations that ignore the position still work).
-// Loads check the documented contract: a 256-bit aligned pointer and ldm a multiple of 16 bytes.
+// Loads and stores check the documented contract: a 256-bit aligned pointer, ldm a multiple of 16
+// bytes (8 bf16 or 4 float elements).
 
 #include <array>
 #include <cstdint>
@@ -24,12 +25,21 @@ struct col_major {};
 enum layout_t { mem_row_major, mem_col_major };
 
 namespace detail {
-/// position (row * 16 + col) of element i of lane l: a fixed permutation of the 256 positions.
-inline std::array<std::uint16_t, 256> const& positions() {
+/// Which fragment kind a permutation is for: matrix_a, matrix_b and accumulator fragments each
+/// get their own, so that code that pairs x[i] of one kind with x[i] of another fails too.
+template <class Use> constexpr std::uint32_t seed = 0;
+template <> inline constexpr std::uint32_t seed<matrix_a> = 0x9e3779b9u;
+template <> inline constexpr std::uint32_t seed<matrix_b> = 0x7f4a7c15u;
+template <> inline constexpr std::uint32_t seed<accumulator> = 0x85ebca6bu;
+
+/// position (row * 16 + col) of element i of lane l: a fixed pseudo-random permutation of the 256
+/// positions of the tile, one per fragment kind.
+template <class Use>
+std::array<std::uint16_t, 256> const& positions() {
   static std::array<std::uint16_t, 256> const p = [] {
     std::array<std::uint16_t, 256> a{};
     for (int i = 0; i < 256; ++i) a[static_cast<std::size_t>(i)] = static_cast<std::uint16_t>(i);
-    std::uint32_t s = 0x9e3779b9u;
+    std::uint32_t s = seed<Use>;
     for (int i = 255; i > 0; --i) {
       s = s * 1664525u + 1013904223u;
       int j = static_cast<int>((s >> 8) % static_cast<std::uint32_t>(i + 1));
@@ -39,7 +49,10 @@ inline std::array<std::uint16_t, 256> const& positions() {
   }();
   return p;
 }
-inline int pos(int lane, int i) { return positions()[static_cast<std::size_t>(lane * 8 + i)]; }
+template <class Use>
+int pos(int lane, int i) {
+  return positions<Use>()[static_cast<std::size_t>(lane * 8 + i)];
+}
 }  // namespace detail
 
 template <class Use, int M, int N, int K, class T, class Layout = void>
@@ -80,6 +93,8 @@ void check_uniform(void* const* lanes, char const* what) {
     ::emu::kernel_fail(std::string(what) + ": the pointer is not 256-bit aligned");
   if ((first->ldm * sizeof(T)) % 16 != 0)
     ::emu::kernel_fail(std::string(what) + ": ldm = " + std::to_string(first->ldm) + " is not a multiple of 16 bytes");
+  // A tile that leaves its buffer is not checked here (the allocation registry's lock would order
+  // kernels for ThreadSanitizer): AddressSanitizer sees it, as device allocations are exact-size.
 }
 
 /// Element (r, c) of a 16x16 tile at p with leading dimension ldm.
@@ -89,21 +104,20 @@ T at(T const* p, unsigned ldm, bool col, int r, int c) {
              : p[static_cast<std::size_t>(r) * ldm + static_cast<std::size_t>(c)];
 }
 
-template <class T>
-void load(T* x, T const* p, unsigned ldm, int layout, bool b_operand, std::source_location where) {
+template <class Use, class T>
+void load(T* x, T const* p, unsigned ldm, int layout, std::source_location where) {
   Load mine{p, ldm, layout, x};
   ::emu::warp_collective(0xffffffffu, "wmma::load_matrix_sync", &mine,
-                         [b_operand](void* const* lanes) {
+                         [](void* const* lanes) {
                            check_uniform<T>(lanes, "wmma::load_matrix_sync");
                            auto const* f = static_cast<Load const*>(lanes[0]);
                            auto const* src = static_cast<T const*>(f->ptr);
                            for (int l = 0; l < 32; ++l) {
                              auto* dst = static_cast<T*>(static_cast<Load const*>(lanes[l])->x);
                              for (int i = 0; i < 8; ++i) {
-                               int q = pos(l, i), r = q / 16, c = q % 16;
-                               // matrix_b positions are (k, n); A's are (m, k)
+                               // (row, column): (m, k) for matrix_a, (k, n) for matrix_b
+                               int q = pos<Use>(l, i), r = q / 16, c = q % 16;
                                dst[i] = at(src, f->ldm, f->layout == 1, r, c);
-                               (void)b_operand;
                              }
                            }
                          },
@@ -115,26 +129,26 @@ void load(T* x, T const* p, unsigned ldm, int layout, bool b_operand, std::sourc
 template <class T>
 void load_matrix_sync(fragment<matrix_a, 16, 16, 16, T, row_major>& f, T const* p, unsigned ldm,
                       std::source_location where = std::source_location::current()) {
-  detail::load(f.x, p, ldm, 0, false, where);
+  detail::load<matrix_a>(f.x, p, ldm, 0, where);
 }
 template <class T>
 void load_matrix_sync(fragment<matrix_a, 16, 16, 16, T, col_major>& f, T const* p, unsigned ldm,
                       std::source_location where = std::source_location::current()) {
-  detail::load(f.x, p, ldm, 1, false, where);
+  detail::load<matrix_a>(f.x, p, ldm, 1, where);
 }
 template <class T>
 void load_matrix_sync(fragment<matrix_b, 16, 16, 16, T, row_major>& f, T const* p, unsigned ldm,
                       std::source_location where = std::source_location::current()) {
-  detail::load(f.x, p, ldm, 0, true, where);
+  detail::load<matrix_b>(f.x, p, ldm, 0, where);
 }
 template <class T>
 void load_matrix_sync(fragment<matrix_b, 16, 16, 16, T, col_major>& f, T const* p, unsigned ldm,
                       std::source_location where = std::source_location::current()) {
-  detail::load(f.x, p, ldm, 1, true, where);
+  detail::load<matrix_b>(f.x, p, ldm, 1, where);
 }
 inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float>& f, float const* p, unsigned ldm, layout_t l,
                              std::source_location where = std::source_location::current()) {
-  detail::load(f.x, p, ldm, l == mem_col_major ? 1 : 0, false, where);
+  detail::load<accumulator>(f.x, p, ldm, l == mem_col_major ? 1 : 0, where);
 }
 
 inline void store_matrix_sync(float* p, fragment<accumulator, 16, 16, 16, float> const& f, unsigned ldm, layout_t l,
@@ -148,7 +162,7 @@ inline void store_matrix_sync(float* p, fragment<accumulator, 16, 16, 16, float>
                            for (int l = 0; l < 32; ++l) {
                              auto const* x = static_cast<float const*>(static_cast<detail::Load const*>(lanes[l])->x);
                              for (int i = 0; i < 8; ++i) {
-                               int q = detail::pos(l, i), r = q / 16, c = q % 16;
+                               int q = detail::pos<accumulator>(l, i), r = q / 16, c = q % 16;
                                std::size_t at = first->layout == 1 ? static_cast<std::size_t>(c) * first->ldm + r
                                                                    : static_cast<std::size_t>(r) * first->ldm + c;
                                dst[at] = x[i];
@@ -179,10 +193,11 @@ void mma_sync(fragment<accumulator, 16, 16, 16, float>& d, fragment<matrix_a, 16
                            for (int l = 0; l < 32; ++l) {
                              auto const* g = static_cast<Args const*>(lanes[l]);
                              for (int i = 0; i < 8; ++i) {
-                               int q = detail::pos(l, i);
-                               A[q / 16][q % 16] = to_f(g->a[i]);
-                               B[q / 16][q % 16] = to_f(g->b[i]);
-                               C[q / 16][q % 16] = g->c[i];
+                               int qa = detail::pos<matrix_a>(l, i), qb = detail::pos<matrix_b>(l, i);
+                               int qc = detail::pos<accumulator>(l, i);
+                               A[qa / 16][qa % 16] = to_f(g->a[i]);
+                               B[qb / 16][qb % 16] = to_f(g->b[i]);
+                               C[qc / 16][qc % 16] = g->c[i];
                              }
                            }
                            float D[16][16];
@@ -195,7 +210,7 @@ void mma_sync(fragment<accumulator, 16, 16, 16, float>& d, fragment<matrix_a, 16
                            for (int l = 0; l < 32; ++l) {
                              auto const* g = static_cast<Args const*>(lanes[l]);
                              for (int i = 0; i < 8; ++i) {
-                               int q = detail::pos(l, i);
+                               int q = detail::pos<accumulator>(l, i);
                                g->d[i] = D[q / 16][q % 16];
                              }
                            }
