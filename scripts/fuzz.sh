@@ -11,10 +11,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh
-MOE_DEBIAN_PACKAGES=(clang libclang-rt-dev)
+MOE_DEBIAN_PACKAGES=(clang libclang-rt-dev nlohmann-json3-dev libyaml-cpp-dev libzip-dev)
 moe_install_missing_packages
 
-targets=(load_profile olmoe_counts topology plan route_counts token_table sequence_table perf_models cli_numbers)
+targets=(load_profile olmoe_counts topology plan route_counts token_table sequence_table perf_models cli_numbers
+         engine_plan torch_pickle safetensors)
 mode=(-max_total_time="${MOE_FUZZ_SECONDS:-10}")
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -29,14 +30,15 @@ mkdir -p "$out/bin" "$out/corpus"
 cxx=${MOE_FUZZ_CXX:-clang++}
 flags=(-std=c++20 -O1 -g -Iinclude -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
        -fno-omit-frame-pointer)
-$cxx -std=c++20 -O1 -Iinclude tests/fuzz/make_seeds.cpp -o "$out/bin/make_seeds"
+libs=(-lyaml-cpp -lzip)  # engine formats (placement/engine_plans.hpp, profile/torch_file.hpp)
+$cxx -std=c++20 -O1 -Iinclude tests/fuzz/make_seeds.cpp -o "$out/bin/make_seeds" "${libs[@]}"
 "$out/bin/make_seeds" "$out/seeds" tests/data
 
 for t in "${targets[@]}"; do
   src=tests/fuzz/fuzz_targets.cpp
   bin="$out/bin/fuzz_$t"
   if [ ! -x "$bin" ] || [ "$src" -nt "$bin" ] || [ -n "$(find include -newer "$bin" -name '*.hpp' -print -quit)" ]; then
-    $cxx "${flags[@]}" -DMOE_FUZZ_TARGET="$t" "$src" -o "$bin"
+    $cxx "${flags[@]}" -DMOE_FUZZ_TARGET="$t" "$src" -o "$bin" "${libs[@]}"
   fi
   mkdir -p "$out/corpus/$t"
   echo "== fuzz_$t ${mode[*]}"

@@ -12,6 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh
 moe_install_missing_packages
+moe_install_missing_python_packages
 jobs=$(moe_jobs)
 
 if [ "${1:-}" = "--sanitize" ]; then

@@ -29,6 +29,10 @@
 #include "moe/replication/craft.hpp"
 #include "moe/replication/eplb.hpp"
 #include "moe/topology/topology.hpp"
+#if MOE_PLAN_WITH_INTEROP
+#include "moe/placement/engine_plans.hpp"
+#include "moe/profile/engine_stats.hpp"
+#endif
 
 using namespace moe;
 
@@ -44,6 +48,10 @@ Model:     --model NAME        deepseek-r1 (default), deepseek-v3, deepseek-v2, 
 Profile:   --profile FILE      a load profile (docs/plan-format.md)
            --synthetic-zipf A,B  seeded Zipf-like marginals, exponent per layer in [A, B] (default 0.3,0.8)
            --olmoe DIR         real marginals from DIR/expert_counts.tsv (e.g. .../olmoe-1b-7b/arxiv)
+           --import-sglang FILE  an SGLang expert distribution recorder dump (stat mode, .pt): one batch per pass
+           --import-trtllm DIR   a TensorRT-LLM expert statistic dump (meta_info.json + rank<r>.safetensors):
+                               one batch per iteration
+           --import-vllm FILE  vLLM routed experts (JSON [tokens][moe layers][top_k]): one batch per request
            --batches N --tokens T --concentration C --seed S   per-batch sampling (synthetic batches)
            --train-fraction F  batches used for planning (default 0.5), the rest for the report
            --write-profile FILE  save the profile used
@@ -55,16 +63,21 @@ Policies:  --policies LIST     comma list of rr, greedy, ilp, ilpload, eplb-pack
            --eplb-groups N --eplb-nodes N   EPLB hierarchy (default: model groups, servers)
            --craft-r R         CRAFT replicas per GPU (default 0 = automatic)
 Output:    --out-dir DIR       write DIR/plan_<policy>.tsv for each policy
+           --format LIST       comma list of tsv (default), sglang, trtllm, vllm, vllm-ascend: the plan files
+                               written per policy (docs/engines.md; vllm and vllm-ascend are experimental)
+           --slots-per-gpu S   engine formats: expert slots per GPU (default: the fewest that hold the plan;
+                               EPLB keeps its own layout); the report notes P = GPUs x S and R = P - E
            --report FILE       also write the report there (TSV)
 )";
 
 struct Shape {
-  int layers, experts, top_k, hidden, ffn, groups;
+  int layers, experts, top_k, hidden, ffn, groups, dense;
 };
 
 template <class M>
 Shape shape_of() {
-  return {M::spec.moe_layers, M::spec.experts, M::spec.top_k, M::spec.hidden, M::spec.expert_ffn, M::spec.groups};
+  return {M::spec.moe_layers, M::spec.experts, M::spec.top_k,       M::spec.hidden,
+          M::spec.expert_ffn, M::spec.groups,  M::spec.dense_layers};
 }
 
 Shape model_shape(std::string const& name) {
@@ -141,9 +154,46 @@ int run(int argc, char** argv) {
   // Profile.
   profile::LoadProfile prof;
   std::string source;
+  int sources = static_cast<int>(opt.count("profile") + opt.count("olmoe") + opt.count("import-sglang") +
+                                 opt.count("import-trtllm") + opt.count("import-vllm"));
+  check(sources <= 1, "give at most one of --profile, --olmoe, --import-sglang, --import-trtllm, --import-vllm");
+  std::vector<int> decoder_layers;  // of an imported dump: the decoder layer of each MoE layer
   if (opt.count("profile")) {
     prof = profile::read_profile(opt["profile"]);
     source = "file " + opt["profile"];
+  } else if (opt.count("import-sglang") || opt.count("import-trtllm") || opt.count("import-vllm")) {
+#if MOE_PLAN_WITH_INTEROP
+    if (opt.count("import-sglang")) {
+      auto imp = profile::engine::import_sglang_stat(opt["import-sglang"], s.experts);
+      prof = std::move(imp.loads);
+      decoder_layers = std::move(imp.decoder_layers);
+      source = "SGLang recorder dump " + opt["import-sglang"] + " (" + std::to_string(prof.batches()) + " passes)";
+    } else if (opt.count("import-trtllm")) {
+      auto imp = profile::engine::import_trtllm_stat(opt["import-trtllm"], s.experts);
+      check(imp.top_k == s.top_k, opt["import-trtllm"], ": num_experts_per_token = ", imp.top_k, ", the model has top-",
+            s.top_k);
+      prof = std::move(imp.loads);
+      decoder_layers = std::move(imp.decoder_layers);
+      source = "TensorRT-LLM expert statistics " + opt["import-trtllm"] + " (" + std::to_string(prof.batches()) +
+               " iterations)";
+    } else {
+      auto imp = profile::engine::import_vllm_routed_experts(opt["import-vllm"], s.experts);
+      prof = std::move(imp.loads);
+      source = "vLLM routed experts " + opt["import-vllm"] + " (" + std::to_string(imp.tokens) + " tokens, " +
+               std::to_string(prof.batches()) + " requests)";
+    }
+    if (!decoder_layers.empty() && !opt.count("layers")) {
+      bool contiguous = true;
+      for (std::size_t l = 0; l < decoder_layers.size(); ++l)
+        contiguous = contiguous && decoder_layers[l] == s.dense + static_cast<int>(l);
+      check(contiguous && static_cast<int>(decoder_layers.size()) == s.layers, "the dump records decoder layers ",
+            decoder_layers.front(), "..", decoder_layers.back(), " (", decoder_layers.size(), " layers), but ",
+            get("model", "deepseek-r1"), " has MoE layers ", s.dense, "..", s.dense + s.layers - 1,
+            " (use the matching --model, or --layers)");
+    }
+#else
+    fail("this moe_plan was built without engine interop (nlohmann-json, yaml-cpp, libzip)");
+#endif
   } else {
     profile::Marginals m;
     if (opt.count("olmoe")) {
@@ -185,10 +235,30 @@ int run(int argc, char** argv) {
   double eb = placement::expert_bytes(s.hidden, s.ffn);
   std::string out_dir = get("out-dir", "");
   if (!out_dir.empty()) std::filesystem::create_directories(out_dir);
+  bool write_tsv = false;
+#if MOE_PLAN_WITH_INTEROP
+  std::vector<placement::engine::Format> formats;
+  placement::engine::LayerLayout layout{s.dense + s.layers, s.dense};
+#endif
+  for (auto const& f : split(get("format", "tsv"), ',')) {
+    if (f == "tsv") {
+      write_tsv = true;
+      continue;
+    }
+#if MOE_PLAN_WITH_INTEROP
+    formats.push_back(placement::engine::parse_format(f));
+#else
+    fail("--format ", f, ": this moe_plan was built without engine interop (nlohmann-json, yaml-cpp, libzip)");
+#endif
+  }
+  int slots_per_gpu = static_cast<int>(geti("slots-per-gpu", 0, 0, s.experts));
+  check(!opt.count("format") || opt.count("out-dir"), "--format needs --out-dir");
 
   std::vector<Row> rows;
-  auto record = [&](std::string name, placement::Assignment const& primary, std::vector<replication::Table> const& tables,
-                    placement::Shares const& shares, double secs, std::string note) {
+  // `own_slots`: a slot layout the policy made itself (EPLB), used when it has the requested size.
+  auto record = [&](std::string name, placement::Assignment const& primary,
+                    std::vector<replication::Table> const& tables, placement::Shares const& shares, double secs,
+                    std::string note, placement::SlotMap const* own_slots = nullptr) {
     Row r;
     r.policy = std::move(name);
     r.hops = placement::mean_std(placement::hops_per_batch(problem, primary, test, s.top_k));
@@ -201,7 +271,23 @@ int run(int argc, char** argv) {
     if (!out_dir.empty()) {
       std::vector<placement::LayerPlan> plan;
       for (int l = 0; l < s.layers; ++l) plan.push_back({primary.table(l), tables[static_cast<std::size_t>(l)]});
-      placement::write_plan(out_dir + "/plan_" + r.policy + ".tsv", plan, G);
+      if (write_tsv) placement::write_plan(out_dir + "/plan_" + r.policy + ".tsv", plan, G);
+#if MOE_PLAN_WITH_INTEROP
+      if (!formats.empty()) {
+        int S = slots_per_gpu > 0 ? slots_per_gpu
+                : own_slots       ? own_slots->slots_per_rank()
+                                  : placement::min_slots_per_gpu(plan, G);
+        auto slots = own_slots && own_slots->slots_per_rank() == S
+                         ? *own_slots
+                         : placement::slot_map_from_plan(plan, G, S, train_totals);
+        for (auto f : formats)
+          placement::engine::write(f, out_dir + "/plan_" + r.policy + placement::engine::file_suffix(f), slots, layout);
+        r.note += (r.note.empty() ? "" : ", ") + std::string("engine slots: S = ") + std::to_string(S) +
+                  " per GPU, P = " + std::to_string(slots.physical()) + ", R = " + std::to_string(slots.redundant());
+      }
+#else
+      (void)own_slots;
+#endif
     }
     rows.push_back(std::move(r));
   };
@@ -261,8 +347,9 @@ int run(int argc, char** argv) {
       double secs = seconds_since(t0);
       long long physical = 0;  // EPLB may put two copies of an expert on one GPU: count slots
       for (int c : r.logcnt.v) physical += c - 1;
+      auto own = replication::eplb::slot_map(r);
       record(pol, from_tables(prim), tabs, placement::Shares::from_eplb(r), secs,
-             std::to_string(s.experts + extra) + " slots/layer");
+             std::to_string(s.experts + extra) + " slots/layer", &own);
       rows.back().note += ", " + std::to_string(physical - rows.back().replicas) + " copies share a GPU with another copy";
       rows.back().replicas = physical;
       rows.back().replica_gib = static_cast<double>(physical) * eb / (1024.0 * 1024.0 * 1024.0);

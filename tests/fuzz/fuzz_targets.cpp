@@ -12,9 +12,11 @@
 #include "moe/config.hpp"
 #include "moe/core/cli.hpp"
 #include "moe/core/tsv.hpp"
+#include "moe/placement/engine_plans.hpp"
 #include "moe/placement/plan_io.hpp"
 #include "moe/profile/load_profile.hpp"
 #include "moe/profile/route_profile.hpp"
+#include "moe/profile/torch_file.hpp"
 #include "moe/schedule/perf_model.hpp"
 #include "moe/speculative/table_io.hpp"
 #include "moe/topology/topology.hpp"
@@ -58,6 +60,24 @@ void run(std::string const& text) {
   } else if constexpr (MOE_FUZZ_IS(perf_models)) {
     std::istringstream raw(text);
     (void)moe::schedule::read_models(raw, "fuzz.tsv");
+  } else if constexpr (MOE_FUZZ_IS(engine_plan)) {
+    // First byte: the format (SGLang, TensorRT-LLM, vLLM, vllm-ascend); the rest: the file, read for a
+    // model of 4 experts in 3 hidden layers (the first dense) on 2 EP ranks.
+    if (text.empty()) return;
+    constexpr moe::placement::engine::Format formats[] = {
+        moe::placement::engine::Format::sglang, moe::placement::engine::Format::trtllm,
+        moe::placement::engine::Format::vllm, moe::placement::engine::Format::vllm_ascend};
+    std::istringstream body(text.substr(1));
+    auto m = moe::placement::engine::read(formats[static_cast<unsigned char>(text[0]) % 4], body, "fuzz", {3, 1}, 2, 4);
+    auto plan = moe::placement::plan_from_slot_map(m);
+    if (static_cast<int>(plan.size()) != 2) __builtin_trap();
+  } else if constexpr (MOE_FUZZ_IS(torch_pickle)) {
+    std::vector<unsigned char> bytes(text.begin(), text.end());
+    (void)moe::profile::torch_file::detail::Unpickler(bytes, "fuzz.pkl").run();
+  } else if constexpr (MOE_FUZZ_IS(safetensors)) {
+    std::istringstream raw(text);
+    for (auto const& [name, t] : moe::profile::torch_file::read_safetensors(raw, "fuzz.safetensors"))
+      if (static_cast<std::int64_t>(t.values.size()) != t.numel()) __builtin_trap();
   } else if constexpr (MOE_FUZZ_IS(cli_numbers)) {
     // The option values of the planner programs: each line is "int|double lo hi text".
     std::istringstream lines(text);
@@ -83,7 +103,8 @@ void run(std::string const& text) {
 
 static_assert(MOE_FUZZ_IS(load_profile) || MOE_FUZZ_IS(olmoe_counts) || MOE_FUZZ_IS(topology) || MOE_FUZZ_IS(plan) ||
                   MOE_FUZZ_IS(route_counts) || MOE_FUZZ_IS(token_table) || MOE_FUZZ_IS(sequence_table) ||
-                  MOE_FUZZ_IS(perf_models) || MOE_FUZZ_IS(cli_numbers),
+                  MOE_FUZZ_IS(perf_models) || MOE_FUZZ_IS(cli_numbers) || MOE_FUZZ_IS(engine_plan) ||
+                  MOE_FUZZ_IS(torch_pickle) || MOE_FUZZ_IS(safetensors),
               "unknown MOE_FUZZ_TARGET");
 
 }  // namespace

@@ -5,8 +5,10 @@
 #include <iostream>
 #include <string>
 
+#include "moe/placement/engine_plans.hpp"
 #include "moe/placement/plan_io.hpp"
 #include "moe/profile/load_profile.hpp"
+#include "moe/profile/torch_file.hpp"
 #include "moe/schedule/perf_model.hpp"
 #include "moe/speculative/table_io.hpp"
 #include "moe/topology/topology.hpp"
@@ -28,7 +30,7 @@ int main(int argc, char** argv) {
   }
   fs::path out = argv[1], data = argv[2];
   for (char const* t : {"load_profile", "olmoe_counts", "topology", "plan", "route_counts", "token_table",
-                        "sequence_table", "perf_models", "cli_numbers"})
+                        "sequence_table", "perf_models", "cli_numbers", "engine_plan", "torch_pickle", "safetensors"})
     fs::create_directories(out / t);
   {
     profile::LoadProfile p(2, 2, 4);
@@ -68,6 +70,39 @@ int main(int argc, char** argv) {
     for (std::size_t i = 0; i < m.ops.size(); ++i) m.ops[i] = {1.0 + double(i), 0.01};
     m.source = "seed";
     schedule::write_models((out / "perf_models" / "small.tsv").string(), m);
+  }
+  {
+    // Each engine format of a 2-layer, 2-rank, 3-slot map of 4 experts (first byte: the format).
+    placement::SlotMap m(2, 2, 3, 4);
+    int rows[2][6] = {{0, 1, 1, 2, 3, 3}, {3, 2, 0, 1, 0, 1}};
+    for (int l = 0; l < 2; ++l)
+      for (int p = 0; p < 6; ++p) m.at(l, p) = rows[l][p];
+    char const* names[] = {"sglang.json", "trtllm.yaml", "vllm.json", "vllm-ascend.json"};
+    placement::engine::Format fs[] = {placement::engine::Format::sglang, placement::engine::Format::trtllm,
+                                      placement::engine::Format::vllm, placement::engine::Format::vllm_ascend};
+    for (int f = 0; f < 4; ++f) {
+      std::ofstream o(out / "engine_plan" / names[f], std::ios::binary);
+      o << static_cast<char>(f);
+      placement::engine::write(fs[f], o, m, {3, 1});
+    }
+  }
+  {
+    // The pickle of the real SGLang recorder dump, and a small safetensors file (two int tensors).
+    auto pt = data / "engine-formats" / "sglang-stat" / "expert_distribution_recorder_1763900000.123456.pt";
+    profile::torch_file::detail::Zip zip(pt.string());
+    auto pkl = zip.read("expert_distribution_recorder_1763900000.123456/data.pkl", 1 << 20);
+    std::ofstream(out / "torch_pickle" / "sglang_stat.pkl", std::ios::binary)
+        .write(reinterpret_cast<char const*>(pkl.data()), static_cast<std::streamsize>(pkl.size()));
+    std::string header = R"({"50_3":{"dtype":"I64","shape":[2],"data_offsets":[0,16]},)"
+                         R"("50_4":{"dtype":"I32","shape":[2],"data_offsets":[16,24]},"__metadata__":{}})";
+    std::string bytes(8, '\0');
+    for (int i = 0; i < 8; ++i)
+      bytes[static_cast<std::size_t>(i)] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+    bytes += header;
+    long long a[2] = {5, 7};
+    int b[2] = {1, 2};
+    bytes.append(reinterpret_cast<char const*>(a), 16).append(reinterpret_cast<char const*>(b), 8);
+    std::ofstream(out / "safetensors" / "small.safetensors", std::ios::binary) << bytes;
   }
   std::ofstream(out / "cli_numbers" / "small.txt") << "int 1 2147483647 200\ndouble 0 1 0.5\nint 0 9 12abc\n";
   return 0;

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "moe/config.hpp"
+#include "moe/placement/slot_map.hpp"
 #include "moe/placement/table.hpp"
 #include "moe/replication/table.hpp"
 
@@ -410,6 +411,16 @@ inline LayerTables layer_tables(Result const& r, int layer) {
     }
   }
   return {placement::Table(std::move(primary)), replication::Table(std::move(copies))};
+}
+
+/// EPLB's own slot layout (phy2log), as SGLang's and TensorRT-LLM's EPLB write it: slot p of a
+/// layer on GPU p / slots_per_gpu, two copies of one expert possibly on one GPU.
+inline placement::SlotMap slot_map(Result const& r) {
+  placement::SlotMap m(r.phy2log.rows, r.num_gpus, r.slots_per_gpu(), r.logcnt.cols);
+  for (int l = 0; l < r.phy2log.rows; ++l)
+    for (int p = 0; p < r.phy2log.cols; ++p) m.at(l, p) = r.phy2log(l, p);
+  m.validate();
+  return m;
 }
 
 }  // namespace moe::replication::eplb
