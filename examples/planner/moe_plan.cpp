@@ -23,6 +23,7 @@
 #include "moe/placement/eplb_packing.hpp"
 #include "moe/placement/heuristics.hpp"
 #include "moe/placement/ilp.hpp"
+#include "moe/placement/joint.hpp"
 #include "moe/placement/metrics.hpp"
 #include "moe/placement/plan_io.hpp"
 #include "moe/profile/load_profile.hpp"
@@ -57,11 +58,13 @@ Profile:   --profile FILE      a load profile (docs/plan-format.md)
            --write-profile FILE  save the profile used
 Topology:  --topology KIND|FILE  fattree (default), dragonfly, fattree-sparse, dragonfly-sparse, or a file
            --leaves N --servers-per-leaf N --gpus-per-server N   (default 16, 4, 4: the ILP paper's cluster)
-Policies:  --policies LIST     comma list of rr, greedy, ilp, ilpload, eplb-pack, eplb, craft (default all)
+Policies:  --policies LIST     comma list of rr, greedy, ilp, ilpload, eplb-pack, eplb, craft, joint (default all)
            --c-layer N --c-exp N   ILP capacities (default ceil(E/G) and ceil(L*E/G) + 6)
            --eplb-replicas N   EPLB redundant slots per layer (default: GPUs, rounded up so E + N splits over them)
            --eplb-groups N --eplb-nodes N   EPLB hierarchy (default: model groups, servers)
            --craft-r R         CRAFT replicas per GPU (default 0 = automatic)
+           --joint-slots S     joint: expert slots per GPU (default ceil((E + G) / G), EPLB's default memory)
+           --joint-eps X       joint: per-GPU load bound (1 + X) x mean (default 0.05)
 Output:    --out-dir DIR       write DIR/plan_<policy>.tsv for each policy
            --format LIST       comma list of tsv (default), sglang, trtllm, vllm, vllm-ascend: the plan files
                                written per policy (docs/engines.md; vllm and vllm-ascend are experimental)
@@ -308,7 +311,7 @@ int run(int argc, char** argv) {
 
   // Without --policies every policy runs that can on this cluster; the others are named and skipped.
   bool all_policies = !opt.count("policies");
-  for (auto const& pol : split(get("policies", "rr,greedy,ilp,ilpload,eplb-pack,eplb,craft"), ',')) {
+  for (auto const& pol : split(get("policies", "rr,greedy,ilp,ilpload,eplb-pack,eplb,craft,joint"), ',')) {
     if (all_policies && pol == "eplb-pack" && s.experts % G != 0) {
       std::cerr << "moe_plan: eplb-pack skipped: " << s.experts << " experts do not split over " << G << " GPUs\n";
       continue;
@@ -360,6 +363,27 @@ int run(int argc, char** argv) {
       double secs = seconds_since(t0);
       record(pol, from_tables(p.placement), p.tables, placement::Shares::from_tables(p.tables, G), secs,
              "R = " + std::to_string(p.replication_factor) + " replicas/GPU");
+    } else if (pol == "joint") {
+      placement::joint::Options jo;
+      jo.slots_per_gpu = static_cast<int>(geti("joint-slots", 0, 0, s.experts));
+      jo.eps = getd("joint-eps", 0.05, 0, 100);
+      auto j = placement::joint::plan(topo, train_totals, s.layers, s.experts, jo);
+      double secs = seconds_since(t0);
+      std::vector<placement::Table> prim;
+      std::vector<replication::Table> tabs;
+      double hops = 0, bound = 0, worst = 0;
+      for (int l = 0; l < s.layers; ++l) {
+        prim.push_back(j.plan[static_cast<std::size_t>(l)].placement);
+        tabs.push_back(j.plan[static_cast<std::size_t>(l)].replicas);
+        auto const& st = j.stats[static_cast<std::size_t>(l)];
+        hops += st.mean_hops / s.layers, bound += st.hops_bound / s.layers;
+        worst = std::max(worst, st.max_load_ratio);
+      }
+      char note[256];
+      std::snprintf(note, sizeof note,
+                    "S = %d slots/GPU, routed: %.3f hops to a copy (bound %.3f), planned max load %.3f x mean",
+                    j.slots_per_gpu, hops, bound, worst);
+      record(pol, from_tables(prim), tabs, placement::Shares::from_tables(tabs, G), secs, note);
     } else {
       fail("unknown policy '", pol, "' (see --help)");
     }

@@ -1,11 +1,11 @@
 // End to end: a CRAFT replication plan built from real OLMoE routing statistics is written to a
 // plan file, read back, and drives the expert-parallel layer of each planned MoE layer on 4 ranks;
 // the output equals the single-process reference, and replicas serve some tokens locally.
-#include <catch2/catch.hpp>
-
 #include <array>
+#include <catch2/catch.hpp>
 #include <sstream>
 
+#include "joint_layer_case.hpp"
 #include "layer_check.hpp"
 #include "moe/placement/plan_io.hpp"
 #include "moe/profile/load_profile.hpp"
@@ -68,6 +68,31 @@ TEST_CASE("a CRAFT plan file drives the expert-parallel layer", "[layer][plan]")
     CHECK(test::max_relative_error(y, ref) <= 1e-5);
     long long local = 0;
     for (auto const& st : stats) local += st.local_assignments;
+    CHECK(local > 0);
+  }
+}
+
+TEST_CASE("a joint plan file drives the expert-parallel layer with its routing", "[layer][plan][joint]") {
+  auto plan = test::joint_plan_from_file();
+  REQUIRE(plan.gpus == 4);
+  REQUIRE(plan.layers.size() == 3);
+  for (std::size_t l = 0; l < plan.layers.size(); ++l) {
+    int copies = 0;
+    for (auto const& c : plan.layers[l].replicas.replicas()) copies += static_cast<int>(c.size());
+    INFO("layer " << l << ": " << copies << " copies of 64 experts");
+    CHECK(copies == 4 * 17);  // S = ceil((64 + 4) / 4) slots on each GPU
+    std::array<test::Outcome, 4> out;
+    collective::run_in_process<4>(
+        [&](auto& comm) { out[std::size_t(comm.rank())] = test::run_joint_layer(comm, plan, l); });
+    long long local = 0;
+    for (int r = 0; r < 4; ++r) {
+      INFO("rank " << r);
+      CHECK(out[std::size_t(r)].error <= 1e-5);
+      CHECK(out[std::size_t(r)].vs_textbook <= 1e-4);
+      // The layer sends what the plan's routing predicts (records to each distinct remote rank).
+      CHECK(out[std::size_t(r)].stats.dispatch_bytes == out[std::size_t(r)].expected_dispatch);
+      local += out[std::size_t(r)].stats.local_assignments;
+    }
     CHECK(local > 0);
   }
 }

@@ -1,0 +1,312 @@
+#pragma once
+// The joint planner: replica counts, topology-aware placement of every copy, balance, and the
+// routing of tokens to copies, in one plan per layer.
+//
+// ILPLoad places for the network but replicates nothing. EPLB and CRAFT replicate for balance but
+// ignore the network, and their routing (any copy, whatever its distance) sends most tokens of a hot
+// expert across the fabric however its copies are placed. This planner combines them per layer:
+//
+//   1. Slots and counts. S slots per GPU (default ceil((E + G) / G): at least G redundant slots per
+//      layer, EPLB's default memory), so P = G x S copies. Each of the P - E extra copies goes to
+//      the expert with the largest load per copy (the replication rule of EPLB and CRAFT).
+//   2. Routing (transport). An expert's tokens come evenly from all GPUs. Each copy of an expert
+//      with c copies serves exactly 1/c of them, so the per-GPU load is what the placement plans.
+//      Subject to that, tokens go to the nearest copies: nearer distance levels fill first, each
+//      server's tokens to the copies at the current distance that still have room (transport()).
+//      On topologies whose server distances form an ultrametric (the fat trees), filling nearer
+//      levels first minimises the expected distance for a given placement.
+//   3. Placement. Copies go in order of load per copy, heaviest first. Each goes to a GPU with a
+//      free slot and no copy of the expert yet, chosen by:
+//        - balance: the GPU stays within (1 + eps) x mean load, when any GPU allows it;
+//        - spread: among those, the server that most shortens the distance from the tokens to the
+//          expert's nearest copy;
+//        - then the least loaded GPU, then the lowest index.
+//      A hot expert's copies thus spread over leaves first, then servers.
+//
+// replication::Routed (replication/routed.hpp) runs the routing in the host layer: per (source
+// server, expert), the copies and their shares.
+//
+// For each layer the result reports three things:
+//   - the expected distance: the load-weighted mean server hops from a token to its copy;
+//   - a lower bound on that distance for the same copy counts, valid for every placement and every
+//     routing that gives each copy 1/c of its expert's tokens (hops_lower_bound; it is exact on
+//     symmetric fat trees when c copies can spread evenly over the leaves and servers);
+//   - the largest GPU load over the mean.
+//
+// Infeasible input is a moe::Error naming the constraint:
+//   - S x G < E (too few slots for the experts);
+//   - eps < 0 (a balance bound that no plan meets);
+//   - loads of the wrong size, or negative loads;
+//   - a topology that is not finalized (finalize() also rejects unconnected servers).
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "moe/config.hpp"
+#include "moe/placement/plan_io.hpp"
+#include "moe/replication/routed.hpp"
+#include "moe/replication/table.hpp"
+#include "moe/topology/topology.hpp"
+
+namespace moe::placement::joint {
+
+struct Options {
+  int slots_per_gpu = 0;  ///< S; 0 = ceil((E + G) / G)
+  double eps = 0.05;      ///< per-GPU load <= (1 + eps) x mean where the slots allow it
+};
+
+struct LayerStats {
+  double mean_hops = 0;       ///< load-weighted expected server hops from a token to its copy
+  double hops_bound = 0;      ///< lower bound on mean_hops for the same copy counts
+  double max_load_ratio = 0;  ///< largest GPU load / mean GPU load
+  int replicas = 0;           ///< copies beyond one per expert
+};
+
+/// Routing of one layer: routes[s][e] = the copies serving server s's tokens of expert e.
+using LayerRoutes = std::vector<std::vector<std::vector<replication::RouteShare>>>;
+
+struct Result {
+  int slots_per_gpu = 0;
+  std::vector<LayerPlan> plan;      ///< per layer: primary = first copy; copies in placement order
+  std::vector<LayerRoutes> routes;  ///< per layer
+  std::vector<LayerStats> stats;
+  double seconds = 0;
+
+  /// The replica policy that runs layer l of this plan.
+  [[nodiscard]] replication::Routed policy(int l, topology::Topology const& topo) const {
+    return {plan[static_cast<std::size_t>(l)].replicas.replicas(), topo, routes[static_cast<std::size_t>(l)]};
+  }
+};
+
+/// Copies per expert: one each, then `extra` more, each to the largest load per copy (first of
+/// equals), at most `max_copies` of one expert.
+inline std::vector<int> copy_counts(double const* load, int experts, int extra, int max_copies) {
+  check(static_cast<long long>(experts) * max_copies >= static_cast<long long>(experts) + extra, "joint: ", extra,
+        " extra copies do not fit with at most ", max_copies, " copies of each of ", experts, " experts");
+  std::vector<int> c(static_cast<std::size_t>(experts), 1);
+  for (int i = 0; i < extra; ++i) {
+    int best = -1;
+    for (int e = 0; e < experts; ++e) {
+      if (c[static_cast<std::size_t>(e)] >= max_copies) continue;
+      if (best < 0 || load[e] * c[static_cast<std::size_t>(best)] > load[best] * c[static_cast<std::size_t>(e)])
+        best = e;
+    }
+    ++c[static_cast<std::size_t>(best)];
+  }
+  return c;
+}
+
+/// The distinct server distances of a topology, ascending (0 first).
+inline std::vector<int> distance_levels(topology::Topology const& topo) {
+  std::vector<int> d{0};
+  for (int a = 0; a < topo.servers(); ++a)
+    for (int b = 0; b < topo.servers(); ++b) d.push_back(topo.server_hops(a, b));
+  std::sort(d.begin(), d.end());
+  d.erase(std::unique(d.begin(), d.end()), d.end());
+  return d;
+}
+
+/// Routing of one expert (rules in the file comment): for each server, the copies (indices into
+/// `copies`) serving its tokens with their shares.
+inline std::vector<std::vector<replication::RouteShare>> transport(topology::Topology const& topo,
+                                                                   std::vector<int> const& copies,
+                                                                   std::vector<int> const& levels) {
+  int S = topo.servers(), G = topo.gpus();
+  auto c = static_cast<double>(copies.size());
+  std::vector<double> supply(static_cast<std::size_t>(S));  // in GPUs' worth of tokens
+  for (int s = 0; s < S; ++s) supply[static_cast<std::size_t>(s)] = topo.gpus_of_server(s);
+  std::vector<double> room(copies.size(), G / c);
+  std::vector<std::vector<replication::RouteShare>> out(static_cast<std::size_t>(S));
+  constexpr double tiny = 1e-12;
+  for (int d : levels)
+    for (int s = 0; s < S; ++s)
+      for (std::size_t i = 0; i < copies.size() && supply[static_cast<std::size_t>(s)] > tiny; ++i) {
+        if (room[i] <= tiny || topo.server_hops(s, topo.server_of(copies[i])) != d) continue;
+        double x = std::min(supply[static_cast<std::size_t>(s)], room[i]);
+        supply[static_cast<std::size_t>(s)] -= x;
+        room[i] -= x;
+        out[static_cast<std::size_t>(s)].push_back({copies[i], x / topo.gpus_of_server(s)});
+      }
+  // Rounding leftovers: scale each server's shares to sum to one.
+  for (auto& r : out) {
+    double sum = 0;
+    for (auto const& x : r) sum += x.share;
+    check(!r.empty() && sum > 0, "joint: internal error: a server's tokens have no copy");
+    for (auto& x : r) x.share /= sum;
+  }
+  return out;
+}
+
+/// Expected server hops of a routing: tokens spread evenly over the GPUs.
+inline double routed_hops(topology::Topology const& topo, std::vector<std::vector<replication::RouteShare>> const& r) {
+  double sum = 0;
+  for (int s = 0; s < topo.servers(); ++s)
+    for (auto const& x : r[static_cast<std::size_t>(s)])
+      sum += topo.gpus_of_server(s) * x.share * topo.server_hops(s, topo.server_of(x.gpu));
+  return sum / topo.gpus();
+}
+
+/// A lower bound on the expected hops of c copies of an expert over every placement and every
+/// routing giving each copy 1/c of the tokens. For each distance level d > 0, a copy serves
+/// at most min(1/c, ball(d) / G) of the tokens from closer than d, where ball(d) is the most GPUs
+/// within distance < d of one server; so a fraction of at least 1 - min(1, c ball(d) / G) of the
+/// tokens travels d or more. Summing the level steps gives the bound (exact on symmetric fat trees
+/// when the copies can spread evenly; test_joint checks it against brute force and GLPK).
+inline double hops_lower_bound(int c, int gpus, std::vector<int> const& levels, std::vector<int> const& balls) {
+  double bound = 0;
+  for (std::size_t k = 1; k < levels.size(); ++k) {
+    double near = std::min(1.0, static_cast<double>(c) * balls[k] / gpus);
+    bound += (levels[k] - levels[k - 1]) * (1.0 - near);
+  }
+  return bound;
+}
+
+/// ball(d) for each distance level d: the most GPUs within distance < d of one server.
+inline std::vector<int> level_balls(topology::Topology const& topo, std::vector<int> const& levels) {
+  int S = topo.servers();
+  std::vector<int> balls(levels.size(), 0);
+  for (std::size_t k = 0; k < levels.size(); ++k)
+    for (int s = 0; s < S; ++s) {
+      int n = 0;
+      for (int t = 0; t < S; ++t)
+        if (topo.server_hops(s, t) < levels[k]) n += topo.gpus_of_server(t);
+      balls[k] = std::max(balls[k], n);
+    }
+  return balls;
+}
+
+/// Placement of one layer (rules in the file comment): copies per expert, in placement order.
+inline std::vector<std::vector<int>> place_layer(topology::Topology const& topo, double const* load, int experts,
+                                                 int slots_per_gpu, double eps) {
+  int G = topo.gpus(), S = topo.servers(), E = experts;
+  auto counts = copy_counts(load, E, G * slots_per_gpu - E, G);
+  double total = 0;
+  for (int e = 0; e < E; ++e) total += load[e];
+  double cap = (1.0 + eps) * total / G;
+  std::vector<int> order(static_cast<std::size_t>(E));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    return load[a] * counts[static_cast<std::size_t>(b)] > load[b] * counts[static_cast<std::size_t>(a)];
+  });
+  int far = distance_levels(topo).back();
+  std::vector<double> gl(static_cast<std::size_t>(G), 0.0);
+  std::vector<int> left(static_cast<std::size_t>(G), slots_per_gpu);
+  std::vector<std::vector<int>> where(static_cast<std::size_t>(E));
+  std::vector<int> dist(static_cast<std::size_t>(S));
+  std::vector<char> has(static_cast<std::size_t>(G));
+  for (int e : order) {
+    int c = counts[static_cast<std::size_t>(e)];
+    double w = load[e] / c;
+    std::fill(dist.begin(), dist.end(), far + 1);  // no copy yet: farther than anything
+    std::fill(has.begin(), has.end(), 0);
+    for (int k = 0; k < c; ++k) {
+      // Per server, its least loaded GPU with a free slot and no copy of e; then the best server.
+      int best_gpu = -1;
+      bool best_fits = false;
+      double best_gain = -1;
+      for (int s = 0, g0 = 0; s < S; g0 += topo.gpus_of_server(s), ++s) {
+        int pick = -1;
+        for (int g = g0; g < g0 + topo.gpus_of_server(s); ++g)
+          if (left[static_cast<std::size_t>(g)] > 0 && !has[static_cast<std::size_t>(g)] &&
+              (pick < 0 || gl[static_cast<std::size_t>(g)] < gl[static_cast<std::size_t>(pick)]))
+            pick = g;
+        if (pick < 0) continue;
+        bool fits = gl[static_cast<std::size_t>(pick)] + w <= cap;
+        double gain = 0;
+        if (fits)
+          for (int t = 0; t < S; ++t)
+            gain += static_cast<double>(topo.gpus_of_server(t)) *
+                    std::max(0, dist[static_cast<std::size_t>(t)] - topo.server_hops(t, s));
+        bool better = best_gpu < 0 || (fits && !best_fits);
+        if (!better && fits == best_fits) {
+          double pl = gl[static_cast<std::size_t>(pick)], bl = gl[static_cast<std::size_t>(best_gpu)];
+          better = fits ? (gain > best_gain || (gain == best_gain && pl < bl)) : pl < bl;
+        }
+        if (better) best_gpu = pick, best_fits = fits, best_gain = gain;
+      }
+      check(best_gpu >= 0, "joint: no GPU has a free slot for a copy of expert ", e, " (", slots_per_gpu,
+            " slots per GPU)");
+      where[static_cast<std::size_t>(e)].push_back(best_gpu);
+      has[static_cast<std::size_t>(best_gpu)] = 1;
+      gl[static_cast<std::size_t>(best_gpu)] += w;
+      --left[static_cast<std::size_t>(best_gpu)];
+      int bs = topo.server_of(best_gpu);
+      for (int t = 0; t < S; ++t)
+        dist[static_cast<std::size_t>(t)] = std::min(dist[static_cast<std::size_t>(t)], topo.server_hops(t, bs));
+    }
+  }
+  return where;
+}
+
+/// The whole plan for `loads` (layers x experts, row-major; e.g. LoadProfile::totals()).
+inline Result plan(topology::Topology const& topo, std::vector<double> const& loads, int layers, int experts,
+                   Options const& o = {}) {
+  auto t0 = std::chrono::steady_clock::now();
+  check(topo.finalized(), "joint: the topology is not finalized");
+  int G = topo.gpus(), E = experts;
+  check(layers > 0 && E > 0, "joint: layers (", layers, ") and experts (", E, ") must be positive");
+  check(loads.size() == static_cast<std::size_t>(layers) * static_cast<std::size_t>(E), "joint: ", loads.size(),
+        " loads for ", layers, " layers x ", E, " experts");
+  for (double v : loads) check(std::isfinite(v) && v >= 0, "joint: load ", v, " is negative or not finite");
+  check(std::isfinite(o.eps) && o.eps >= 0, "joint: the balance bound eps = ", o.eps, " must be >= 0");
+  Result r;
+  r.slots_per_gpu = o.slots_per_gpu > 0 ? o.slots_per_gpu : (E + G + G - 1) / G;
+  check(static_cast<long long>(r.slots_per_gpu) * G >= E, "joint: ", r.slots_per_gpu, " slots on each of ", G,
+        " GPUs cannot hold ", E, " experts (S x G >= E is needed)");
+  check(r.slots_per_gpu <= E, "joint: ", r.slots_per_gpu, " slots per GPU is more than the ", E,
+        " experts (a GPU holds an expert once)");
+  auto levels = distance_levels(topo);
+  auto balls = level_balls(topo, levels);
+  for (int l = 0; l < layers; ++l) {
+    double const* w = loads.data() + static_cast<std::size_t>(l) * static_cast<std::size_t>(E);
+    auto where = place_layer(topo, w, E, r.slots_per_gpu, o.eps);
+    LayerStats st;
+    LayerRoutes routes(static_cast<std::size_t>(topo.servers()),
+                       std::vector<std::vector<replication::RouteShare>>(static_cast<std::size_t>(E)));
+    std::vector<double> gl(static_cast<std::size_t>(G), 0.0);
+    double total = 0;
+    for (int e = 0; e < E; ++e) {
+      auto const& c = where[static_cast<std::size_t>(e)];
+      auto re = transport(topo, c, levels);
+      total += w[e];
+      st.replicas += static_cast<int>(c.size()) - 1;
+      st.mean_hops += w[e] * routed_hops(topo, re);
+      st.hops_bound += w[e] * hops_lower_bound(static_cast<int>(c.size()), G, levels, balls);
+      for (int s = 0; s < topo.servers(); ++s) {
+        for (auto const& x : re[static_cast<std::size_t>(s)])
+          gl[static_cast<std::size_t>(x.gpu)] += w[e] * x.share * topo.gpus_of_server(s) / G;
+        routes[static_cast<std::size_t>(s)][static_cast<std::size_t>(e)] = std::move(re[static_cast<std::size_t>(s)]);
+      }
+    }
+    if (total > 0) st.mean_hops /= total, st.hops_bound /= total;
+    double mean = total / G;
+    st.max_load_ratio = mean > 0 ? *std::max_element(gl.begin(), gl.end()) / mean : 1.0;
+    std::vector<int> primary;
+    for (auto const& c : where) primary.push_back(c.front());
+    r.plan.push_back({Table(std::move(primary)), replication::Table(std::move(where))});
+    r.routes.push_back(std::move(routes));
+    r.stats.push_back(st);
+  }
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+/// The routing of a layer whose copies are given (e.g. read back from a plan file): the planner's
+/// transport rule for every expert, so a plan file plus the topology determine the routes.
+inline replication::Routed routed_policy(replication::Table const& copies, topology::Topology const& topo) {
+  auto levels = distance_levels(topo);
+  LayerRoutes routes(static_cast<std::size_t>(topo.servers()),
+                     std::vector<std::vector<replication::RouteShare>>(copies.replicas().size()));
+  for (std::size_t e = 0; e < copies.replicas().size(); ++e) {
+    auto re = transport(topo, copies.replicas()[e], levels);
+    for (int s = 0; s < topo.servers(); ++s)
+      routes[static_cast<std::size_t>(s)][e] = std::move(re[static_cast<std::size_t>(s)]);
+  }
+  return {copies.replicas(), topo, routes};
+}
+
+}  // namespace moe::placement::joint

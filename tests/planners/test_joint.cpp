@@ -1,0 +1,230 @@
+// The joint planner (placement/joint.hpp) and its routing policy (replication/routed.hpp).
+//
+// References: GLPK solves the balanced routing (a transportation LP) of every placement of c copies
+// on small topologies, independently of the planner's transport rule; brute force over those
+// placements gives the best achievable expected distance, which the planner's lower bound must not
+// exceed (and must equal on symmetric fat trees). Loads are synthetic (seeded Zipf-like).
+#include <glpk.h>
+
+#include <catch2/catch.hpp>
+#include <functional>
+#include <map>
+#include <numeric>
+#include <set>
+
+#include "moe/placement/joint.hpp"
+#include "moe/profile/load_profile.hpp"
+#include "moe/replication/eplb.hpp"
+#include "moe/replication/routed.hpp"
+
+using namespace moe;
+using namespace moe::placement;
+
+namespace {
+
+/// The least expected server hops over all routings that give each of the copies 1/c of the
+/// tokens (tokens spread evenly over the GPUs): a transportation LP solved by GLPK's simplex.
+double lp_balanced_hops(topology::Topology const& t, std::vector<int> const& copies) {
+  int S = t.servers(), C = static_cast<int>(copies.size()), G = t.gpus();
+  glp_prob* lp = glp_create_prob();
+  glp_set_obj_dir(lp, GLP_MIN);
+  glp_add_cols(lp, S * C);
+  for (int s = 0; s < S; ++s)
+    for (int i = 0; i < C; ++i) {
+      int j = s * C + i + 1;
+      glp_set_col_bnds(lp, j, GLP_LO, 0.0, 0.0);
+      glp_set_obj_coef(lp, j, t.server_hops(s, t.server_of(copies[static_cast<std::size_t>(i)])));
+    }
+  glp_add_rows(lp, S + C);
+  std::vector<int> ia{0}, ja{0};
+  std::vector<double> ar{0};
+  for (int s = 0; s < S; ++s) {
+    glp_set_row_bnds(lp, s + 1, GLP_FX, t.gpus_of_server(s), t.gpus_of_server(s));
+    for (int i = 0; i < C; ++i) ia.push_back(s + 1), ja.push_back(s * C + i + 1), ar.push_back(1);
+  }
+  for (int i = 0; i < C; ++i) {
+    glp_set_row_bnds(lp, S + i + 1, GLP_FX, double(G) / C, double(G) / C);
+    for (int s = 0; s < S; ++s) ia.push_back(S + i + 1), ja.push_back(s * C + i + 1), ar.push_back(1);
+  }
+  glp_load_matrix(lp, static_cast<int>(ia.size()) - 1, ia.data(), ja.data(), ar.data());
+  glp_smcp parm;
+  glp_init_smcp(&parm);
+  parm.msg_lev = GLP_MSG_OFF;
+  REQUIRE(glp_simplex(lp, &parm) == 0);
+  double v = glp_get_obj_val(lp) / G;
+  glp_delete_prob(lp);
+  return v;
+}
+
+/// Every set of c distinct GPUs, as sorted lists.
+void each_placement(int G, int c, std::function<void(std::vector<int> const&)> const& f) {
+  std::vector<int> pick(static_cast<std::size_t>(c));
+  std::iota(pick.begin(), pick.end(), 0);
+  while (true) {
+    f(pick);
+    int i = c - 1;
+    while (i >= 0 && pick[static_cast<std::size_t>(i)] == G - c + i) --i;
+    if (i < 0) return;
+    ++pick[static_cast<std::size_t>(i)];
+    for (int j = i + 1; j < c; ++j) pick[static_cast<std::size_t>(j)] = pick[static_cast<std::size_t>(j) - 1] + 1;
+  }
+}
+
+}  // namespace
+
+TEST_CASE("transport: a hand-worked fat tree") {
+  // 2 leaves x 2 servers x 1 GPU: servers 0,1 on leaf 0, servers 2,3 on leaf 1 (2 hops within a leaf,
+  // 4 across). Two copies, on GPUs 0 and 2: each serves its own leaf, so server 1 goes to GPU 0 and
+  // server 3 to GPU 2; expected hops (0 + 2 + 0 + 2) / 4 = 1.
+  auto t = topology::fat_tree(2, 2, 1, 1);
+  auto levels = joint::distance_levels(t);
+  CHECK(levels == std::vector<int>{0, 2, 4});
+  auto r = joint::transport(t, {0, 2}, levels);
+  REQUIRE(r[1].size() == 1);
+  CHECK(r[1][0].gpu == 0);
+  CHECK(r[3][0].gpu == 2);
+  CHECK(joint::routed_hops(t, r) == Approx(1.0));
+  // Copies on GPUs 0 and 1 (one leaf): each takes half the tokens; leaf 1's go across (4 hops).
+  auto r2 = joint::transport(t, {0, 1}, levels);
+  CHECK(joint::routed_hops(t, r2) == Approx((0 + 0 + 4 + 4) / 4.0));
+  auto balls = joint::level_balls(t, levels);
+  CHECK(balls == std::vector<int>{0, 1, 2});
+  CHECK(joint::hops_lower_bound(2, 4, levels, balls) == Approx(1.0));
+}
+
+TEST_CASE("transport is the optimal balanced routing, and the bound holds, against GLPK and brute force") {
+  // For every placement of c copies on small topologies: the planner's transport equals the LP optimum
+  // on the fat trees (their distances form an ultrametric) and is never below it elsewhere; the lower
+  // bound never exceeds the best placement's optimum, and equals it on symmetric fat trees when the
+  // copies can spread evenly over leaves and servers.
+  struct Case {
+    char const* name;
+    topology::Topology t;
+    bool ultrametric;
+    int leaves;  ///< symmetric fat trees: leaf switches (0: not a symmetric fat tree)
+  };
+  std::vector<Case> cases;
+  cases.push_back({"fat tree 2x2x2", topology::fat_tree(2, 2, 2, 2), true, 2});
+  cases.push_back({"fat tree 3x2x1", topology::fat_tree(3, 2, 1, 1), true, 3});
+  cases.push_back({"sparse fat tree 4x1x2", topology::fat_tree_sparse(4, 1, 2, 2), true, 4});
+  cases.push_back({"dragonfly 4x1x2", topology::dragonfly(4, 1, 2, 2), false, 0});
+  cases.push_back({"sparse dragonfly 6x1x1", topology::dragonfly_sparse(6, 1, 1, 3), false, 0});
+  for (auto& cs : cases) {
+    auto const& t = cs.t;
+    auto levels = joint::distance_levels(t);
+    auto balls = joint::level_balls(t, levels);
+    for (int c = 1; c <= std::min(4, t.gpus()); ++c) {
+      INFO(cs.name << ", " << c << " copies");
+      double best = 1e300;
+      each_placement(t.gpus(), c, [&](std::vector<int> const& copies) {
+        double lp = lp_balanced_hops(t, copies);
+        double ours = joint::routed_hops(t, joint::transport(t, copies, levels));
+        if (cs.ultrametric)
+          REQUIRE(ours == Approx(lp).margin(1e-9));
+        else
+          REQUIRE(ours >= lp - 1e-9);
+        best = std::min(best, lp);
+      });
+      double bound = joint::hops_lower_bound(c, t.gpus(), levels, balls);
+      CHECK(bound <= best + 1e-9);
+      // Exact when the copies can spread evenly: c divides the leaves, or is a multiple of them
+      // that divides the servers.
+      int L = cs.leaves, S = t.servers();
+      bool even = L > 0 && ((c <= L && L % c == 0) || (c > L && c % L == 0 && S % c == 0));
+      if (even) CHECK(bound == Approx(best).margin(1e-9));
+    }
+  }
+}
+
+TEST_CASE("routed policy: tokens follow the shares") {
+  // 1 leaf, 2 servers x 2 GPUs. Expert 0 on GPUs 0 and 3; server 0 sends 3/4 of its tokens to GPU 0.
+  auto t = topology::fat_tree(1, 2, 2, 1);
+  std::vector<std::vector<std::vector<replication::RouteShare>>> routes(
+      2, std::vector<std::vector<replication::RouteShare>>(2));
+  routes[0][0] = {{0, 0.75}, {3, 0.25}};
+  routes[1][0] = {{3, 1.0}};
+  routes[0][1] = {{1, 1.0}};
+  routes[1][1] = {{1, 1.0}};
+  replication::Routed r({{0, 3}, {1}}, t, routes);
+  std::map<int, int> got;
+  int n = 100000;
+  for (int k = 0; k < n; ++k) ++got[r.choose(0, 0, 1, k)];  // rank 1 is on server 0
+  CHECK(got[0] == Approx(0.75 * n).epsilon(0.01));
+  CHECK(got[3] == Approx(0.25 * n).epsilon(0.03));
+  for (int k = 0; k < 100; ++k) CHECK(r.choose(0, 0, 2, k) == 3);  // rank 2 is on server 1
+  CHECK(r.choose(1, 1, 3, 5) == 1);
+  CHECK_NOTHROW(r.validate(2, 4, std::vector<int>{0, 1}));
+  CHECK_THROWS_WITH(r.validate(2, 8, std::vector<int>{0, 1}), Catch::Contains("built for 4 GPUs"));
+  routes[1][0] = {{2, 1.0}};
+  CHECK_THROWS_WITH(replication::Routed({{0, 3}, {1}}, t, routes),
+                    Catch::Contains("server 1 routes expert 0 to GPU 2, which holds no copy"));
+  routes[1][0] = {{3, 0.5}};
+  CHECK_THROWS_WITH(replication::Routed({{0, 3}, {1}}, t, routes), Catch::Contains("shares sum to 0.5"));
+}
+
+TEST_CASE("joint plan: slots, balance, distance and the bound on DeepSeek-R1-like loads") {
+  for (auto kind : {topology::Kind::fat_tree, topology::Kind::dragonfly}) {
+    auto t = topology::paper_cluster(kind);
+    int L = 4, E = 256, G = t.gpus();
+    auto m = profile::zipf_marginals(L, E, 0.3, 0.8, 1);
+    profile::SampleOptions so;
+    so.batches = 10;
+    so.top_k = 8;
+    auto tot = profile::sample_profile(m, so).totals();
+    joint::Options o;
+    o.eps = 0.1;
+    auto r = joint::plan(t, tot, L, E, o);
+    REQUIRE(r.slots_per_gpu == 2);
+    for (int l = 0; l < L; ++l) {
+      INFO(topology::kind_name(kind) << " layer " << l);
+      auto const& copies = r.plan[static_cast<std::size_t>(l)].replicas.replicas();
+      std::vector<int> used(static_cast<std::size_t>(G), 0);
+      int total_copies = 0;
+      for (auto const& c : copies) {
+        std::set<int> distinct(c.begin(), c.end());
+        REQUIRE(distinct.size() == c.size());
+        for (int g : c) ++used[static_cast<std::size_t>(g)];
+        total_copies += static_cast<int>(c.size());
+      }
+      CHECK(total_copies == G * r.slots_per_gpu);
+      for (int u : used) CHECK(u == r.slots_per_gpu);
+      auto const& st = r.stats[static_cast<std::size_t>(l)];
+      CHECK(st.max_load_ratio <= 1.1 + 1e-9);
+      CHECK(st.hops_bound <= st.mean_hops + 1e-9);
+      // The policy the layer runs carries the planned loads: sum each rank's route shares.
+      auto pol = r.policy(l, t);
+      std::vector<double> load(static_cast<std::size_t>(G), 0.0);
+      double const* w = tot.data() + static_cast<std::size_t>(l) * E;
+      double total = 0;
+      for (int e = 0; e < E; ++e) {
+        total += w[e];
+        for (int src = 0; src < G; ++src) {
+          double prev = 0;
+          for (auto const& x : pol.route(e, src)) {
+            load[static_cast<std::size_t>(x.gpu)] += w[e] / G * (x.share - prev);
+            prev = x.share;
+          }
+        }
+      }
+      CHECK(*std::max_element(load.begin(), load.end()) / (total / G) == Approx(st.max_load_ratio).epsilon(1e-9));
+    }
+  }
+}
+
+TEST_CASE("joint plan: infeasible input names the constraint") {
+  auto t = topology::fat_tree(1, 2, 2, 1);
+  std::vector<double> tot(8, 1.0);
+  joint::Options o;
+  o.slots_per_gpu = 1;
+  CHECK_THROWS_WITH(joint::plan(t, std::vector<double>(16, 1.0), 2, 8, o),
+                    Catch::Contains("1 slots on each of 4 GPUs cannot hold 8 experts"));
+  o.slots_per_gpu = 9;
+  CHECK_THROWS_WITH(joint::plan(t, tot, 1, 8, o), Catch::Contains("more than the 8 experts"));
+  o.slots_per_gpu = 0;
+  o.eps = -0.5;
+  CHECK_THROWS_WITH(joint::plan(t, tot, 1, 8, o), Catch::Contains("eps = -0.5"));
+  o.eps = 0.1;
+  CHECK_THROWS_WITH(joint::plan(t, tot, 2, 8, o), Catch::Contains("8 loads for 2 layers x 8 experts"));
+  tot[3] = -1;
+  CHECK_THROWS_WITH(joint::plan(t, tot, 1, 8, o), Catch::Contains("load -1 is negative"));
+}
