@@ -3,7 +3,9 @@
 //    c_layer 1 and 8, c_exp 64 (the paper's CVXPY solve took 1397 s); greedy and, when LEMON is
 //    available, LEMON's NetworkSimplex on the GPU-grouped expert network in the same run;
 //  - CRAFT's whole plan for DeepSeek-R1 on 64 GPUs from 3000 profiled batches (the paper: about
-//    10 s), with EPLB (one replica per layer per GPU) in the same run.
+//    10 s), with EPLB (one replica per layer per GPU) in the same run;
+//  - the joint planner for DeepSeek-R1 on the 256-GPU FatTree and Dragonfly (target: under 1 s), with
+//    EPLB at the same memory (256 redundant slots per layer) in the same run.
 // Loads are synthetic (seeded Zipf-like marginals, exponents 0.3..0.8; seeded batches).
 #include <benchmark/benchmark.h>
 
@@ -15,6 +17,7 @@
 
 #include "moe/placement/heuristics.hpp"
 #include "moe/placement/ilp.hpp"
+#include "moe/placement/joint.hpp"
 #include "moe/profile/load_profile.hpp"
 #include "moe/replication/craft.hpp"
 #include "moe/replication/eplb.hpp"
@@ -405,5 +408,28 @@ BENCHMARK(BM_CRAFT_R1_64gpu_3000batches)
     ->Unit(benchmark::kMillisecond)
     ->MinTime(2.0)
     ->UseRealTime();
+
+// Argument: topology (0 = FatTree, 1 = Dragonfly), the ILP paper's 256-GPU cluster.
+static void BM_Joint_R1_256gpu(benchmark::State& st) {
+  auto kind = st.range(0) == 0 ? topology::Kind::fat_tree : topology::Kind::dragonfly;
+  auto topo = topology::paper_cluster(kind);
+  auto const& load = r1_load();
+  placement::joint::Result r;
+  for (auto _ : st) {
+    r = placement::joint::plan(topo, load, kLayers, kExperts);
+    benchmark::DoNotOptimize(r.stats.data());
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  auto e = replication::eplb::rebalance_experts(load, kLayers, kExperts, kExperts + 256, 8, topo.servers(), 256);
+  benchmark::DoNotOptimize(e.logcnt.v.data());
+  st.counters["eplb_s"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  double hops = 0, bound = 0, worst = 0;
+  for (auto const& x : r.stats) hops += x.mean_hops / kLayers, bound += x.hops_bound / kLayers, worst = std::max(worst, x.max_load_ratio);
+  st.counters["hops"] = hops;
+  st.counters["hops_bound"] = bound;
+  st.counters["max_load"] = worst;
+  st.counters["S"] = r.slots_per_gpu;
+}
+BENCHMARK(BM_Joint_R1_256gpu)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->MinTime(1.0);
 
 BENCHMARK_MAIN();
