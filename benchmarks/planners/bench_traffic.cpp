@@ -68,8 +68,8 @@ void BM_TrafficR1Batch(benchmark::State& state) {
   }
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   state.SetLabel(std::string(kind_name(kind)) + (replicate ? ", 32 hot experts x2" : ", one copy each"));
-  state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(kTokens) * static_cast<double>(state.iterations()),
-                                                  benchmark::Counter::kIsRate);
+  state.counters["tokens/s"] = benchmark::Counter(
+      static_cast<double>(kTokens) * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
   state.counters["ms_per_batch"] = seconds * 1e3 / static_cast<double>(state.iterations());
   state.counters["bottleneck_us"] = r.time() * 1e6;
   state.counters["dests/token"] = r.destinations_per_token;

@@ -3,7 +3,6 @@
 // combination of replica choices (it shares no code with the header), de-duplication, the aggregate
 // mode, and bad input. The random cases are synthetic (seeded std::mt19937).
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <functional>
 #include <map>
@@ -30,7 +29,8 @@ CopyLists one_copy_each(std::vector<int> const& gpu) {
 std::map<std::pair<int, int>, double> by_nodes(TrafficModel const& m, std::vector<double> const& bytes) {
   std::map<std::pair<int, int>, double> out;
   for (int i = 0; i < m.links(); ++i)
-    if (bytes[static_cast<std::size_t>(i)] != 0) out[{m.link(i).from, m.link(i).to}] += bytes[static_cast<std::size_t>(i)];
+    if (bytes[static_cast<std::size_t>(i)] != 0)
+      out[{m.link(i).from, m.link(i).to}] += bytes[static_cast<std::size_t>(i)];
   return out;
 }
 
@@ -214,9 +214,9 @@ TEST_CASE("traffic: 2-leaf fat tree with 2 spines splits equally", "[traffic]") 
   int V = t.vertices(), sv0 = t.vertex("server0"), sv1 = t.vertex("server1"), l0 = t.vertex("leaf0"),
       l1 = t.vertex("leaf1"), sp0 = t.vertex("spine0"), sp1 = t.vertex("spine1");
   auto r = m.evaluate(equal_shares(one_copy_each({1})), Batch{1, {0}, {0}}, small_opt());
-  std::map<std::pair<int, int>, double> d{{{V, sv0}, 2000},   {{sv0, l0}, 2000},  {{l0, sp0}, 1000},
-                                          {{l0, sp1}, 1000},  {{sp0, l1}, 1000},  {{sp1, l1}, 1000},
-                                          {{l1, sv1}, 2000},  {{sv1, V + 1}, 2000}};
+  std::map<std::pair<int, int>, double> d{{{V, sv0}, 2000},  {{sv0, l0}, 2000},   {{l0, sp0}, 1000},
+                                          {{l0, sp1}, 1000}, {{sp0, l1}, 1000},   {{sp1, l1}, 1000},
+                                          {{l1, sv1}, 2000}, {{sv1, V + 1}, 2000}};
   require_same(by_nodes(m, r.dispatch_bytes), d);
   CHECK(r.hop_bytes == 16000);
   // The NIC link (1 GPU: 50 GB/s) is the bottleneck; the spine links carry half at 200 GB/s.
@@ -246,9 +246,9 @@ TEST_CASE("traffic: equal split per path, not per link", "[traffic]") {
   o.hidden = 1500;
   o.bytes_per_element = 2;
   auto r = m.evaluate(equal_shares(one_copy_each({1})), Batch{1, {0}, {0}}, o);
-  std::map<std::pair<int, int>, double> d{{{V, A}, 3000}, {{A, x}, 2000}, {{A, y}, 1000}, {{x, p}, 1000},
-                                          {{x, q}, 1000}, {{y, p}, 1000}, {{p, B}, 2000}, {{q, B}, 1000},
-                                          {{B, V + 1}, 3000}};
+  std::map<std::pair<int, int>, double> d{{{V, A}, 3000}, {{A, x}, 2000}, {{A, y}, 1000},
+                                          {{x, p}, 1000}, {{x, q}, 1000}, {{y, p}, 1000},
+                                          {{p, B}, 2000}, {{q, B}, 1000}, {{B, V + 1}, 3000}};
   require_same(by_nodes(m, r.dispatch_bytes), d);
   CHECK(close(r.hop_bytes, 2 * 3 * 3000));
 }
@@ -296,7 +296,8 @@ TEST_CASE("traffic: equals brute-force path enumeration on random cases (synthet
     for (int s = 0; s < S; ++s) vs.push_back(t.add_server(std::string("s").append(std::to_string(s)), uni(1, 3)));
     for (int w = 0; w < W; ++w) vs.push_back(t.add_switch(std::string("w").append(std::to_string(w))));
     std::shuffle(vs.begin(), vs.end(), rng);
-    for (std::size_t i = 1; i < vs.size(); ++i) t.add_link(vs[i], vs[static_cast<std::size_t>(uni(0, static_cast<int>(i) - 1))]);
+    for (std::size_t i = 1; i < vs.size(); ++i)
+      t.add_link(vs[i], vs[static_cast<std::size_t>(uni(0, static_cast<int>(i) - 1))]);
     for (int extra = uni(0, 5); extra > 0; --extra) {
       int a = vs[static_cast<std::size_t>(uni(0, static_cast<int>(vs.size()) - 1))];
       int b = vs[static_cast<std::size_t>(uni(0, static_cast<int>(vs.size()) - 1))];
@@ -351,10 +352,12 @@ TEST_CASE("traffic: equals brute-force path enumeration on random cases (synthet
     require_same(by_nodes(m, r.combine_bytes), ref.combine);
     CHECK(close(r.hop_bytes, ref.hop_bytes));
     CHECK(close(r.destinations_per_token * T, ref.destinations));
-    for (int g = 0; g < G; ++g) CHECK(close(r.gpu_load[static_cast<std::size_t>(g)], ref.load[static_cast<std::size_t>(g)]));
+    for (int g = 0; g < G; ++g)
+      CHECK(close(r.gpu_load[static_cast<std::size_t>(g)], ref.load[static_cast<std::size_t>(g)]));
     // The bottleneck is the largest bytes / bandwidth over the report's links.
     double worst = 0;
-    for (int i = 0; i < m.links(); ++i) worst = std::max(worst, r.dispatch_bytes[static_cast<std::size_t>(i)] / m.link(i).bandwidth);
+    for (int i = 0; i < m.links(); ++i)
+      worst = std::max(worst, r.dispatch_bytes[static_cast<std::size_t>(i)] / m.link(i).bandwidth);
     CHECK(close(r.dispatch_transfer, worst));
   }
 }
@@ -385,7 +388,8 @@ TEST_CASE("traffic: aggregate mode equals top-1 tokens spread uniformly", "[traf
   require_same(by_nodes(m, ra.dispatch_bytes), by_nodes(m, rt.dispatch_bytes));
   require_same(by_nodes(m, ra.combine_bytes), by_nodes(m, rt.combine_bytes));
   CHECK(close(ra.hop_bytes, rt.hop_bytes));
-  for (int g = 0; g < 8; ++g) CHECK(close(ra.gpu_load[static_cast<std::size_t>(g)], rt.gpu_load[static_cast<std::size_t>(g)]));
+  for (int g = 0; g < 8; ++g)
+    CHECK(close(ra.gpu_load[static_cast<std::size_t>(g)], rt.gpu_load[static_cast<std::size_t>(g)]));
   CHECK(spread_tokens(7, att) == std::vector<int>{0, 0, 2, 2, 6, 6, 6});
 }
 

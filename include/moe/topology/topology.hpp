@@ -338,8 +338,8 @@ inline Topology read_topology(core::TsvReader& in) {
     } else if (kind == "level") {
       in.expect_fields(4);
       std::string_view name = in.field(1);
-      LinkLevel* l = name == "nvlink" ? &params.nvlink
-                     : name == "nic"  ? &params.nic
+      LinkLevel* l = name == "nvlink"   ? &params.nvlink
+                     : name == "nic"    ? &params.nic
                      : name == "fabric" ? &params.fabric
                                         : nullptr;
       check(l != nullptr, in.where(), ": unknown link level '", name, "' (expected nvlink, nic or fabric)");

@@ -58,9 +58,12 @@ enum class Level { nvlink, nic, fabric };
 
 inline char const* level_name(Level l) {
   switch (l) {
-    case Level::nvlink: return "nvlink";
-    case Level::nic: return "nic";
-    case Level::fabric: return "fabric";
+    case Level::nvlink:
+      return "nvlink";
+    case Level::nic:
+      return "nic";
+    case Level::fabric:
+      return "fabric";
   }
   return "?";
 }
@@ -90,7 +93,8 @@ inline LayerCopies equal_shares(replication::CopyLists copies) {
   for (int e = 0; e < out.experts(); ++e) {
     int n = out.copies.copies(e);
     check(n > 0, "equal_shares: expert ", e, " has no copy");
-    for (int i = out.copies.first[static_cast<std::size_t>(e)]; i < out.copies.first[static_cast<std::size_t>(e) + 1]; ++i)
+    for (int i = out.copies.first[static_cast<std::size_t>(e)]; i < out.copies.first[static_cast<std::size_t>(e) + 1];
+         ++i)
       out.share[static_cast<std::size_t>(i)] = 1.0 / n;
   }
   return out;
@@ -145,15 +149,15 @@ struct TrafficReport {
   double latency = 0;            ///< largest path latency among the GPU pairs that exchange bytes
   int dispatch_bottleneck = -1;  ///< link index of the dispatch maximum (-1: no traffic)
   int combine_bottleneck = -1;
-  double hop_bytes = 0;          ///< dispatch + combine bytes x server hops (ILP paper's metric)
-  double remote_crossings = 0;   ///< expected (token, destination GPU) pairs sent over a link
+  double hop_bytes = 0;               ///< dispatch + combine bytes x server hops (ILP paper's metric)
+  double remote_crossings = 0;        ///< expected (token, destination GPU) pairs sent over a link
   double destinations_per_token = 0;  ///< expected distinct GPUs a token's experts run on (token mode)
 
   [[nodiscard]] double time() const { return dispatch_time + combine_time; }
 };
 
 class TrafficModel {
-public:
+ public:
   explicit TrafficModel(Topology const& t) : TrafficModel(t, t.link_params()) {}
 
   /// Precomputes, for every ordered pair of servers, the fraction of their flow on each directed
@@ -315,8 +319,8 @@ public:
     int k = batch.top_k, E = placement.experts();
     check(k > 0, "traffic: top_k must be positive, got ", k);
     check(batch.experts.size() == batch.source.size() * static_cast<std::size_t>(k), "traffic: the batch has ",
-          batch.source.size(), " tokens and ", batch.experts.size(), " expert ids, expected tokens x top_k = ",
-          batch.source.size() * static_cast<std::size_t>(k));
+          batch.source.size(), " tokens and ", batch.experts.size(),
+          " expert ids, expected tokens x top_k = ", batch.source.size() * static_cast<std::size_t>(k));
     std::vector<double> gpu_gpu(static_cast<std::size_t>(G_) * static_cast<std::size_t>(G_), 0.0);
     TrafficReport r;
     r.gpu_load.assign(static_cast<std::size_t>(G_), 0.0);
@@ -382,7 +386,9 @@ public:
         double f = x * placement.share[static_cast<std::size_t>(c)];
         r.gpu_load[static_cast<std::size_t>(g)] += f;
         for (int a : attention_ranks)
-          if (a != g) gpu_gpu[static_cast<std::size_t>(a) * static_cast<std::size_t>(G_) + static_cast<std::size_t>(g)] += f * per_rank;
+          if (a != g)
+            gpu_gpu[static_cast<std::size_t>(a) * static_cast<std::size_t>(G_) + static_cast<std::size_t>(g)] +=
+                f * per_rank;
       }
     }
     accumulate(gpu_gpu, opt, r);
@@ -392,17 +398,19 @@ public:
   /// Writes the per-link table: from, to, level, bandwidth, dispatch and combine bytes and times.
   void write_links(std::ostream& os, Topology const& t, TrafficReport const& r) const {
     check(r.dispatch_bytes.size() == links_.size(), "traffic: the report is not from this model");
-    auto name = [&](int node) { return node < V_ ? t.vertex_name(node) : std::string("gpu").append(std::to_string(node - V_)); };
+    auto name = [&](int node) {
+      return node < V_ ? t.vertex_name(node) : std::string("gpu").append(std::to_string(node - V_));
+    };
     os << "# from\tto\tlevel\tbandwidth_GBps\tdispatch_bytes\tcombine_bytes\tdispatch_us\tcombine_us\n";
     for (std::size_t i = 0; i < links_.size(); ++i) {
       auto const& l = links_[i];
       os << name(l.from) << '\t' << name(l.to) << '\t' << level_name(l.level) << '\t' << l.bandwidth / 1e9 << '\t'
-         << r.dispatch_bytes[i] << '\t' << r.combine_bytes[i] << '\t' << r.dispatch_bytes[i] / l.bandwidth * 1e6
-         << '\t' << r.combine_bytes[i] / l.bandwidth * 1e6 << '\n';
+         << r.dispatch_bytes[i] << '\t' << r.combine_bytes[i] << '\t' << r.dispatch_bytes[i] / l.bandwidth * 1e6 << '\t'
+         << r.combine_bytes[i] / l.bandwidth * 1e6 << '\n';
     }
   }
 
-private:
+ private:
   struct Entry {
     int link;
     double fraction;
