@@ -457,4 +457,7 @@ TEST_CASE("traffic: bad input is a clear moe::Error", "[traffic]") {
   split.add_server("right", 1);
   CHECK_THROWS_WITH(split.finalize(), Catch::Contains("server 'right' is unreachable from server 'left'"));
   CHECK_THROWS_WITH(TrafficModel(split), Catch::Contains("not finalized"));
+  // Too many servers for the per-pair share lists.
+  auto big = fat_tree(TrafficModel::max_servers + 1, 1, 1, 1);
+  CHECK_THROWS_WITH(TrafficModel(big), Catch::Contains("1025 servers"));
 }

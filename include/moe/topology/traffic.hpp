@@ -158,6 +158,10 @@ struct TrafficReport {
 
 class TrafficModel {
  public:
+  /// Most servers: the model keeps a list of link shares for each of the S^2 server pairs (the
+  /// 64-server paper cluster: 4,096 lists, about 40k entries).
+  static constexpr int max_servers = 1024;
+
   explicit TrafficModel(Topology const& t) : TrafficModel(t, t.link_params()) {}
 
   /// Precomputes, for every ordered pair of servers, the fraction of their flow on each directed
@@ -168,6 +172,10 @@ class TrafficModel {
     V_ = t.vertices();
     S_ = t.servers();
     G_ = t.gpus();
+    check(S_ <= max_servers, "traffic model: the topology has ", S_,
+          " servers; the per-server-pair link shares (S^2 lists) "
+          "are kept for at most ",
+          max_servers);
     std::vector<int> server_of_vertex(static_cast<std::size_t>(V_), -1);
     for (int s = 0; s < S_; ++s) server_of_vertex[static_cast<std::size_t>(t.server_vertex(s))] = s;
     server_of_gpu_.resize(static_cast<std::size_t>(G_));
@@ -292,6 +300,8 @@ class TrafficModel {
   [[nodiscard]] int links() const { return static_cast<int>(links_.size()); }
   [[nodiscard]] Link const& link(int i) const { return links_[static_cast<std::size_t>(i)]; }
   [[nodiscard]] LinkParams const& params() const { return params_; }
+  /// Total (link, fraction) entries over all server pairs (the precomputed share vectors).
+  [[nodiscard]] std::size_t share_entries() const { return entries_.size(); }
   /// Server hops between two GPUs (0 inside a server), as Topology::hops.
   [[nodiscard]] int hops(int gpu_a, int gpu_b) const { return hops_[pair(server(gpu_a), server(gpu_b))]; }
   /// Sum of link latencies on the slowest shortest path between two distinct GPUs.
@@ -321,7 +331,7 @@ class TrafficModel {
     check(batch.experts.size() == batch.source.size() * static_cast<std::size_t>(k), "traffic: the batch has ",
           batch.source.size(), " tokens and ", batch.experts.size(),
           " expert ids, expected tokens x top_k = ", batch.source.size() * static_cast<std::size_t>(k));
-    std::vector<double> gpu_gpu(static_cast<std::size_t>(G_) * static_cast<std::size_t>(G_), 0.0);
+    Flows f(G_, S_);
     TrafficReport r;
     r.gpu_load.assign(static_cast<std::size_t>(G_), 0.0);
     std::vector<double> stay(static_cast<std::size_t>(G_), 1.0);  // prod (1 - share) per destination
@@ -348,16 +358,15 @@ class TrafficModel {
           q *= 1.0 - s;
         }
       }
-      double* row = gpu_gpu.data() + static_cast<std::size_t>(src) * static_cast<std::size_t>(G_);
       for (int g : touched) {
         double w = 1.0 - stay[static_cast<std::size_t>(g)];
         stay[static_cast<std::size_t>(g)] = 1.0;
         destinations += w;
-        if (g != src) row[g] += w;
+        if (g != src) add(f, src, g, w);
       }
     }
     r.destinations_per_token = batch.tokens() > 0 ? destinations / batch.tokens() : 0.0;
-    accumulate(gpu_gpu, opt, r);
+    accumulate(f, opt, r);
     return r;
   }
 
@@ -373,7 +382,7 @@ class TrafficModel {
     check(!attention_ranks.empty(), "traffic: no attention ranks");
     for (int a : attention_ranks)
       check(a >= 0 && a < G_, "traffic: attention rank on GPU ", a, ", outside the topology's [0, ", G_, ")");
-    std::vector<double> gpu_gpu(static_cast<std::size_t>(G_) * static_cast<std::size_t>(G_), 0.0);
+    Flows flows(G_, S_);
     TrafficReport r;
     r.gpu_load.assign(static_cast<std::size_t>(G_), 0.0);
     double per_rank = 1.0 / static_cast<double>(attention_ranks.size());
@@ -386,12 +395,10 @@ class TrafficModel {
         double f = x * placement.share[static_cast<std::size_t>(c)];
         r.gpu_load[static_cast<std::size_t>(g)] += f;
         for (int a : attention_ranks)
-          if (a != g)
-            gpu_gpu[static_cast<std::size_t>(a) * static_cast<std::size_t>(G_) + static_cast<std::size_t>(g)] +=
-                f * per_rank;
+          if (a != g) add(flows, a, g, f * per_rank);
       }
     }
-    accumulate(gpu_gpu, opt, r);
+    accumulate(flows, opt, r);
     return r;
   }
 
@@ -451,34 +458,41 @@ class TrafficModel {
     }
   }
 
-  /// Spreads the GPU -> GPU token matrix over the links (dispatch a -> b, combine b -> a).
-  void accumulate(std::vector<double> const& gpu_gpu, TrafficOptions const& opt, TrafficReport& r) const {
+  /// Dispatch flows in tokens: what each GPU sends and receives (its NVLink up and down links),
+  /// and server -> server totals (pairs of GPUs in one server on the diagonal). G + S^2 numbers, so
+  /// an evaluation needs no G x G matrix.
+  struct Flows {
+    std::vector<double> sent, received, server_server;
+    Flows(int G, int S)
+        : sent(static_cast<std::size_t>(G), 0.0),
+          received(static_cast<std::size_t>(G), 0.0),
+          server_server(static_cast<std::size_t>(S) * static_cast<std::size_t>(S), 0.0) {}
+  };
+  /// w tokens dispatched from GPU a to GPU b != a.
+  void add(Flows& f, int a, int b, double w) const {
+    f.sent[static_cast<std::size_t>(a)] += w;
+    f.received[static_cast<std::size_t>(b)] += w;
+    f.server_server[pair(server(a), server(b))] += w;
+  }
+
+  /// Spreads the flows over the links (dispatch a -> b, combine b -> a).
+  void accumulate(Flows const& f, TrafficOptions const& opt, TrafficReport& r) const {
     double bytes = opt.token_bytes();
     std::size_t L = links_.size();
     r.dispatch_bytes.assign(L, 0.0);
     r.combine_bytes.assign(L, 0.0);
-    std::vector<double> server_server(static_cast<std::size_t>(S_) * static_cast<std::size_t>(S_), 0.0);
-    bool intra = false;
-    for (int a = 0; a < G_; ++a) {
-      double const* row = gpu_gpu.data() + static_cast<std::size_t>(a) * static_cast<std::size_t>(G_);
-      for (int b = 0; b < G_; ++b) {
-        double w = row[b];
-        if (w == 0) continue;
-        double x = w * bytes;
-        r.remote_crossings += w;
-        r.dispatch_bytes[static_cast<std::size_t>(up_[static_cast<std::size_t>(a)])] += x;
-        r.dispatch_bytes[static_cast<std::size_t>(down_[static_cast<std::size_t>(b)])] += x;
-        r.combine_bytes[static_cast<std::size_t>(up_[static_cast<std::size_t>(b)])] += x;
-        r.combine_bytes[static_cast<std::size_t>(down_[static_cast<std::size_t>(a)])] += x;
-        int sa = server(a), sb = server(b);
-        if (sa == sb) intra = true;
-        server_server[pair(sa, sb)] += x;
-      }
+    for (int g = 0; g < G_; ++g) {
+      double out = f.sent[static_cast<std::size_t>(g)] * bytes, in = f.received[static_cast<std::size_t>(g)] * bytes;
+      r.remote_crossings += f.sent[static_cast<std::size_t>(g)];
+      r.dispatch_bytes[static_cast<std::size_t>(up_[static_cast<std::size_t>(g)])] += out;
+      r.dispatch_bytes[static_cast<std::size_t>(down_[static_cast<std::size_t>(g)])] += in;
+      r.combine_bytes[static_cast<std::size_t>(up_[static_cast<std::size_t>(g)])] += in;
+      r.combine_bytes[static_cast<std::size_t>(down_[static_cast<std::size_t>(g)])] += out;
     }
     for (int sa = 0; sa < S_; ++sa)
       for (int sb = 0; sb < S_; ++sb) {
         std::size_t ab = pair(sa, sb);
-        double x = server_server[ab];
+        double x = f.server_server[ab] * bytes;
         if (x == 0) continue;
         r.hop_bytes += 2 * x * hops_[ab];
         r.latency = std::max(r.latency, 2 * params_.nvlink.latency + path_latency_[ab]);
@@ -492,7 +506,6 @@ class TrafficModel {
           r.combine_bytes[static_cast<std::size_t>(en.link)] += x * en.fraction;
         }
       }
-    if (intra) r.latency = std::max(r.latency, 2 * params_.nvlink.latency);
     for (std::size_t i = 0; i < L; ++i) {
       double d = r.dispatch_bytes[i] / links_[i].bandwidth, c = r.combine_bytes[i] / links_[i].bandwidth;
       if (r.dispatch_bytes[i] > 0 && d > r.dispatch_transfer) {
