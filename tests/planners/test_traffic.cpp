@@ -202,6 +202,12 @@ TEST_CASE("traffic: two servers on one switch, worked by hand", "[traffic]") {
   CHECK(close(r.latency, 6e-6));
   CHECK(close(r.dispatch_time, 6e-6 + 2e-8));
   CHECK(close(r.time(), 2 * (6e-6 + 2e-8)));
+  std::ostringstream table;
+  m.write_links(table, t, r);
+  std::string text = table.str();
+  CHECK(std::count(text.begin(), text.end(), '\n') == m.links() + 1);
+  CHECK(text.find("gpu0\ts0\tnvlink\t450\t4000\t2000\t") != std::string::npos);
+  CHECK(text.find("s0\tsw\tnic\t100\t2000\t2000\t0.02\t0.02\n") != std::string::npos);
 }
 
 TEST_CASE("traffic: 2-leaf fat tree with 2 spines splits equally", "[traffic]") {
