@@ -289,6 +289,66 @@ TEST_CASE("traffic: a token crosses once to a GPU holding several of its experts
   CHECK(close(r2.destinations_per_token, 1.5));
 }
 
+/// Random placement and batch on topology t, model against the brute-force reference.
+static void compare_with_brute(Topology const& t, std::mt19937& rng, int max_experts, int max_tokens) {
+  auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  int G = t.gpus();
+  // Random placement: 2..max_experts experts, 1..3 copies each on distinct GPUs, random shares.
+  int E = uni(2, max_experts);
+  CopyLists c;
+  std::vector<double> share;
+  for (int e = 0; e < E; ++e) {
+    std::vector<int> gs(static_cast<std::size_t>(G));
+    for (int g = 0; g < G; ++g) gs[static_cast<std::size_t>(g)] = g;
+    std::shuffle(gs.begin(), gs.end(), rng);
+    int n = std::min(G, uni(1, 3));
+    std::vector<double> w;
+    double sum = 0;
+    for (int i = 0; i < n; ++i) {
+      w.push_back(uni(1, 4));
+      sum += w.back();
+    }
+    for (int i = 0; i < n; ++i) {
+      c.ranks.push_back(gs[static_cast<std::size_t>(i)]);
+      share.push_back(w[static_cast<std::size_t>(i)] / sum);
+    }
+    // Make the shares sum to 1 to the last bit so validation's tolerance is not what is tested.
+    double s = 0;
+    for (int i = 0; i + 1 < n; ++i) s += share[share.size() - static_cast<std::size_t>(n - i)];
+    share.back() = 1.0 - s;
+    c.first.push_back(static_cast<int>(c.ranks.size()));
+  }
+  LayerCopies p{c, share};
+  // Random batch: 1..max_tokens tokens on random attention GPUs, top-k distinct experts.
+  int k = uni(1, std::min(3, E)), T = uni(1, max_tokens);
+  Batch b;
+  b.top_k = k;
+  Brute ref(t);
+  auto opt = small_opt();
+  for (int tok = 0; tok < T; ++tok) {
+    b.source.push_back(uni(0, G - 1));
+    std::vector<int> ex(static_cast<std::size_t>(E));
+    for (int e = 0; e < E; ++e) ex[static_cast<std::size_t>(e)] = e;
+    std::shuffle(ex.begin(), ex.end(), rng);
+    ex.resize(static_cast<std::size_t>(k));
+    b.experts.insert(b.experts.end(), ex.begin(), ex.end());
+    ref.token(b.source.back(), ex, p, opt.token_bytes());
+  }
+  TrafficModel m(t);
+  auto r = m.evaluate(p, b, opt);
+  require_same(by_nodes(m, r.dispatch_bytes), ref.dispatch);
+  require_same(by_nodes(m, r.combine_bytes), ref.combine);
+  CHECK(close(r.hop_bytes, ref.hop_bytes));
+  CHECK(close(r.destinations_per_token * T, ref.destinations));
+  for (int g = 0; g < G; ++g)
+    CHECK(close(r.gpu_load[static_cast<std::size_t>(g)], ref.load[static_cast<std::size_t>(g)]));
+  // The bottleneck is the largest bytes / bandwidth over the report's links.
+  double worst = 0;
+  for (int i = 0; i < m.links(); ++i)
+    worst = std::max(worst, r.dispatch_bytes[static_cast<std::size_t>(i)] / m.link(i).bandwidth);
+  CHECK(close(r.dispatch_transfer, worst));
+}
+
 TEST_CASE("traffic: equals brute-force path enumeration on random cases (synthetic)", "[traffic]") {
   std::mt19937 rng(20261124);
   auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
@@ -310,62 +370,22 @@ TEST_CASE("traffic: equals brute-force path enumeration on random cases (synthet
       if (a != b) t.add_link(a, b);
     }
     t.finalize();
-    int G = t.gpus();
-    // Random placement: 2..6 experts, 1..3 copies each on distinct GPUs, random shares.
-    int E = uni(2, 6);
-    CopyLists c;
-    std::vector<double> share;
-    for (int e = 0; e < E; ++e) {
-      std::vector<int> gs(static_cast<std::size_t>(G));
-      for (int g = 0; g < G; ++g) gs[static_cast<std::size_t>(g)] = g;
-      std::shuffle(gs.begin(), gs.end(), rng);
-      int n = std::min(G, uni(1, 3));
-      std::vector<double> w;
-      double sum = 0;
-      for (int i = 0; i < n; ++i) {
-        w.push_back(uni(1, 4));
-        sum += w.back();
-      }
-      for (int i = 0; i < n; ++i) {
-        c.ranks.push_back(gs[static_cast<std::size_t>(i)]);
-        share.push_back(w[static_cast<std::size_t>(i)] / sum);
-      }
-      // Make the shares sum to 1 to the last bit so validation's tolerance is not what is tested.
-      double s = 0;
-      for (int i = 0; i + 1 < n; ++i) s += share[share.size() - static_cast<std::size_t>(n - i)];
-      share.back() = 1.0 - s;
-      c.first.push_back(static_cast<int>(c.ranks.size()));
-    }
-    LayerCopies p{c, share};
-    // Random batch: 1..12 tokens on random attention GPUs, top-k distinct experts.
-    int k = uni(1, std::min(3, E)), T = uni(1, 12);
-    Batch b;
-    b.top_k = k;
-    Brute ref(t);
-    auto opt = small_opt();
-    for (int tok = 0; tok < T; ++tok) {
-      b.source.push_back(uni(0, G - 1));
-      std::vector<int> ex(static_cast<std::size_t>(E));
-      for (int e = 0; e < E; ++e) ex[static_cast<std::size_t>(e)] = e;
-      std::shuffle(ex.begin(), ex.end(), rng);
-      ex.resize(static_cast<std::size_t>(k));
-      b.experts.insert(b.experts.end(), ex.begin(), ex.end());
-      ref.token(b.source.back(), ex, p, opt.token_bytes());
-    }
-    TrafficModel m(t);
-    auto r = m.evaluate(p, b, opt);
-    require_same(by_nodes(m, r.dispatch_bytes), ref.dispatch);
-    require_same(by_nodes(m, r.combine_bytes), ref.combine);
-    CHECK(close(r.hop_bytes, ref.hop_bytes));
-    CHECK(close(r.destinations_per_token * T, ref.destinations));
-    for (int g = 0; g < G; ++g)
-      CHECK(close(r.gpu_load[static_cast<std::size_t>(g)], ref.load[static_cast<std::size_t>(g)]));
-    // The bottleneck is the largest bytes / bandwidth over the report's links.
-    double worst = 0;
-    for (int i = 0; i < m.links(); ++i)
-      worst = std::max(worst, r.dispatch_bytes[static_cast<std::size_t>(i)] / m.link(i).bandwidth);
-    CHECK(close(r.dispatch_transfer, worst));
+    compare_with_brute(t, rng, 6, 12);
   }
+}
+
+TEST_CASE("traffic: built-in topologies equal brute force (synthetic placements)", "[traffic]") {
+  std::mt19937 rng(17);
+  std::vector<std::pair<char const*, Topology>> topos{{"fat_tree(3, 2, 2, 3)", fat_tree(3, 2, 2, 3)},
+                                                      {"fat_tree_sparse(4, 1, 2, 2)", fat_tree_sparse(4, 1, 2, 2)},
+                                                      {"dragonfly(4, 1, 2, 2)", dragonfly(4, 1, 2, 2)},
+                                                      {"dragonfly(6, 1, 1, 3)", dragonfly(6, 1, 1, 3)},
+                                                      {"dragonfly_sparse(8, 1, 1, 4)", dragonfly_sparse(8, 1, 1, 4)}};
+  for (auto const& [name, t] : topos)
+    for (int trial = 0; trial < 3; ++trial) {
+      INFO(name << ", trial " << trial);
+      compare_with_brute(t, rng, 8, 30);
+    }
 }
 
 TEST_CASE("traffic: aggregate mode equals top-1 tokens spread uniformly", "[traffic]") {

@@ -258,25 +258,25 @@ class TrafficModel {
         std::size_t ab = pair(a, b);
         hops_[ab] = dist[static_cast<std::size_t>(dst)];
         path_latency_[ab] = lat[static_cast<std::size_t>(dst)];
-        // Vertices on a shortest a -> b path, by decreasing distance from a (order is by increasing
-        // distance, so scan it backwards from dst's position).
+        // Vertices on a shortest a -> b path: a breadth-first walk back from dst over DAG links
+        // (u -> v with dist(u) = dist(v) - 1), so on_path is ordered by increasing distance to dst.
+        // tau(v), the number of shortest v -> dst paths, is final when v is read: every successor
+        // of v is one step closer to dst and was read (and added its tau to v's) before v.
         on_path.clear();
         tau[static_cast<std::size_t>(dst)] = 1;
         on_path.push_back(dst);
         std::size_t mark = entries_.size();
         for (std::size_t i = 0; i < on_path.size(); ++i) {
-          // on_path grows level by level; predecessors of v are u with dist(u) = dist(v) - 1.
           int v = on_path[i];
           for (int li : out_[static_cast<std::size_t>(v)]) {
-            int u = links_[static_cast<std::size_t>(li)].to;  // reverse link v -> u; use link u -> v
+            int u = links_[static_cast<std::size_t>(li)].to;  // a neighbour; links are symmetric
             if (dist[static_cast<std::size_t>(u)] != dist[static_cast<std::size_t>(v)] - 1) continue;
             if (tau[static_cast<std::size_t>(u)] == 0) on_path.push_back(u);
             tau[static_cast<std::size_t>(u)] += tau[static_cast<std::size_t>(v)];
           }
         }
-        // tau is complete only once every successor has been processed: on_path is in BFS order
-        // from dst over the DAG, i.e. by increasing distance to dst, so each u is appended after
-        // all v at the smaller distance and receives all their contributions before it is read.
+        // Every DAG link u -> v between two vertices of on_path lies on sigma(u) tau(v) of the
+        // sigma(dst) shortest paths.
         double total = sigma[static_cast<std::size_t>(dst)];
         for (int u : on_path)
           for (int li : out_[static_cast<std::size_t>(u)]) {
