@@ -9,6 +9,7 @@
 #include <random>
 #include <sstream>
 
+#include "moe/replication/table.hpp"
 #include "moe/topology/traffic.hpp"
 
 using namespace moe::topology;
@@ -120,6 +121,18 @@ struct Brute {
         combine[{p[i + 1], p[i]}] += each;
       }
     hop_bytes += 2 * bytes * (len - 2);  // server hops = GPU path length minus the two NVLink links
+  }
+
+  /// One token whose experts run on the given GPUs (repeats allowed): it crosses once to each.
+  void routed(int src, std::vector<int> const& gpus, double bytes) {
+    std::vector<int> dests;
+    for (int g : gpus) {
+      load[static_cast<std::size_t>(g)] += 1;
+      if (std::find(dests.begin(), dests.end(), g) == dests.end()) dests.push_back(g);
+    }
+    destinations += static_cast<double>(dests.size());
+    for (int g : dests)
+      if (g != src) send(src, g, bytes);
   }
 
   /// One token: every combination of copy choices, weighted by its probability.
@@ -486,4 +499,52 @@ TEST_CASE("traffic: bad input is a clear moe::Error", "[traffic]") {
   // Too many servers for the per-pair share lists.
   auto big = fat_tree(TrafficModel::max_servers + 1, 1, 1, 1);
   CHECK_THROWS_WITH(TrafficModel(big), Catch::Contains("1025 servers"));
+}
+
+TEST_CASE("traffic: Choice::like_layer picks copies as replication::Table does (synthetic)", "[traffic]") {
+  // The reference is the layer's own rule, replication::Table::choose(expert, primary, source,
+  // token), which the model does not call; tokens spread over the ranks as the layer does.
+  std::mt19937 rng(5);
+  auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  for (auto const& t : {fat_tree(2, 2, 2, 2), dragonfly(4, 1, 2, 2)}) {
+    int G = t.gpus(), E = 12, k = 3, T = 40;
+    std::vector<std::vector<int>> replicas(static_cast<std::size_t>(E));
+    CopyLists c;
+    std::vector<int> primary;
+    for (auto& r : replicas) {
+      std::vector<int> gs(static_cast<std::size_t>(G));
+      for (int g = 0; g < G; ++g) gs[static_cast<std::size_t>(g)] = g;
+      std::shuffle(gs.begin(), gs.end(), rng);
+      r.assign(gs.begin(), gs.begin() + uni(1, 3));
+      primary.push_back(r[static_cast<std::size_t>(uni(0, static_cast<int>(r.size()) - 1))]);
+      c.ranks.insert(c.ranks.end(), r.begin(), r.end());
+      c.first.push_back(static_cast<int>(c.ranks.size()));
+    }
+    moe::replication::Table table(replicas);
+    table.validate(E, G, primary);
+    std::vector<int> ranks(static_cast<std::size_t>(G));
+    for (int g = 0; g < G; ++g) ranks[static_cast<std::size_t>(g)] = g;
+    Batch b{k, spread_tokens(T, ranks), {}};
+    Brute ref(t);
+    auto opt = small_opt();
+    opt.choice = Choice::like_layer;
+    for (int tok = 0; tok < T; ++tok) {
+      std::vector<int> ex(static_cast<std::size_t>(E));
+      for (int e = 0; e < E; ++e) ex[static_cast<std::size_t>(e)] = e;
+      std::shuffle(ex.begin(), ex.end(), rng);
+      ex.resize(static_cast<std::size_t>(k));
+      b.experts.insert(b.experts.end(), ex.begin(), ex.end());
+      std::vector<int> gpus;
+      int src = b.source[static_cast<std::size_t>(tok)];
+      for (int e : ex) gpus.push_back(table.choose(e, primary[static_cast<std::size_t>(e)], src, tok));
+      ref.routed(src, gpus, opt.token_bytes());
+    }
+    TrafficModel m(t);
+    auto r = m.evaluate(equal_shares(c), b, opt);
+    require_same(by_nodes(m, r.dispatch_bytes), ref.dispatch);
+    require_same(by_nodes(m, r.combine_bytes), ref.combine);
+    CHECK(close(r.hop_bytes, ref.hop_bytes));
+    CHECK(close(r.destinations_per_token * T, ref.destinations));
+    for (int g = 0; g < G; ++g) CHECK(r.gpu_load[static_cast<std::size_t>(g)] == ref.load[static_cast<std::size_t>(g)]);
+  }
 }

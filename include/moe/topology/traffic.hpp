@@ -17,7 +17,8 @@
 //
 // The placement. For each expert of a layer, the GPUs holding a copy and the share of the expert's
 // tokens each copy serves (LayerCopies; equal shares by default). A token's expert e is served by
-// copy c with probability share(c), independently per expert.
+// copy c with probability share(c), independently per expert (Choice::by_share), or by the copy
+// moe::Layer picks with replication::Table (Choice::like_layer: own GPU first, then spread).
 //
 // Token-level mode (evaluate): a batch lists each token's source GPU (its attention rank; use
 // spread_tokens to place tokens as the layer does: each rank holds a contiguous block) and its
@@ -132,9 +133,18 @@ inline std::vector<int> spread_tokens(int tokens, std::span<int const> attention
   return out;
 }
 
+/// How the token-level mode picks the copy that serves a (token, expert) pair.
+enum class Choice {
+  by_share,    ///< copy c with probability share(c), independently per expert (expected bytes)
+  like_layer,  ///< replication::Table::choose, as moe::Layer does: the copy on the token's own GPU
+               ///< if there is one, else copy (source + token) mod copies, token = index in the
+               ///< batch (the global index when each rank passes first_token); shares are ignored
+};
+
 struct TrafficOptions {
   int hidden = 7168;               ///< elements per token vector (DeepSeek-V3/R1: 7168)
   double bytes_per_element = 2.0;  ///< 2 for BF16 (dispatch and combine alike)
+  Choice choice = Choice::by_share;
   [[nodiscard]] double token_bytes() const { return hidden * bytes_per_element; }
 };
 
@@ -348,10 +358,18 @@ class TrafficModel {
         check(e >= 0 && e < E, "traffic: token ", t, " routes to expert ", e, ", outside [0, ", E, ")");
         for (int i = 0; i < j; ++i)
           check(ex[i] != e, "traffic: token ", t, " lists expert ", e, " twice among its top-", k);
-        for (int c = placement.copies.first[static_cast<std::size_t>(e)];
-             c < placement.copies.first[static_cast<std::size_t>(e) + 1]; ++c) {
+        int lo = placement.copies.first[static_cast<std::size_t>(e)];
+        int hi = placement.copies.first[static_cast<std::size_t>(e) + 1];
+        if (opt.choice == Choice::like_layer) {
+          int pick = lo + static_cast<int>((static_cast<long long>(src) + t) % (hi - lo));
+          for (int c = lo; c < hi; ++c)
+            if (placement.copies.ranks[static_cast<std::size_t>(c)] == src) pick = c;
+          lo = pick;
+          hi = pick + 1;
+        }
+        for (int c = lo; c < hi; ++c) {
           int g = placement.copies.ranks[static_cast<std::size_t>(c)];
-          double s = placement.share[static_cast<std::size_t>(c)];
+          double s = opt.choice == Choice::like_layer ? 1.0 : placement.share[static_cast<std::size_t>(c)];
           r.gpu_load[static_cast<std::size_t>(g)] += s;
           auto& q = stay[static_cast<std::size_t>(g)];
           if (q == 1.0 && std::find(touched.begin(), touched.end(), g) == touched.end()) touched.push_back(g);
