@@ -2,9 +2,8 @@
 // layer actually sends: 4 ranks on InProcess<4>, each rank one GPU of a 2-server cluster; per GPU,
 // the model's dispatch tokens on its NVLink up link equal the layer's remote dispatch records, and
 // its combine bytes equal the layer's combine bytes. Routes and weights are synthetic (seeded).
-#include <catch2/catch.hpp>
-
 #include <array>
+#include <catch2/catch.hpp>
 
 #include "layer_check.hpp"
 #include "moe/topology/traffic.hpp"
