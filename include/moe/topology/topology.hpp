@@ -344,8 +344,10 @@ inline Topology read_topology(core::TsvReader& in) {
                                         : nullptr;
       check(l != nullptr, in.where(), ": unknown link level '", name, "' (expected nvlink, nic or fabric)");
       double bw = in.get_double(2, "bandwidth GB/s"), lat = in.get_double(3, "latency us");
-      check(bw > 0, in.where(), ": link level ", name, ": bandwidth must be positive, got ", bw, " GB/s");
-      check(lat >= 0, in.where(), ": link level ", name, ": latency must be >= 0, got ", lat, " us");
+      check(bw > 0 && std::isfinite(bw * 1e9), in.where(), ": link level ", name,
+            ": bandwidth must be positive and finite in bytes/s, got ", bw, " GB/s");
+      check(lat >= 0 && std::isfinite(lat * 1e-6), in.where(), ": link level ", name, ": latency must be >= 0, got ",
+            lat, " us");
       *l = LinkLevel{bw * 1e9, lat * 1e-6};
     } else {
       fail(in.where(), ": unknown line kind '", kind, "' (expected server, switch, link or level)");

@@ -288,6 +288,8 @@ class TrafficModel {
         // Every DAG link u -> v between two vertices of on_path lies on sigma(u) tau(v) of the
         // sigma(dst) shortest paths.
         double total = sigma[static_cast<std::size_t>(dst)];
+        check(std::isfinite(total), "traffic model: too many shortest paths from server '", t.server_name(a),
+              "' to server '", t.server_name(b), "' to count in double precision");
         for (int u : on_path)
           for (int li : out_[static_cast<std::size_t>(u)]) {
             int v = links_[static_cast<std::size_t>(li)].to;
