@@ -31,8 +31,10 @@
 //
 // Aggregate mode (evaluate_expected): from expected per-expert loads (token-expert pairs) instead
 // of tokens; each expert's load comes uniformly from the given attention ranks and is split over
-// its copies by share, WITHOUT de-duplication (the loads carry no co-activation), so it is an
-// upper bound on what the token-level mode gives for the same routing.
+// its copies by share, WITHOUT de-duplication (the loads carry no co-activation): every
+// token-expert pair crosses on its own, as in the ILP paper's cost model. Its totals are therefore
+// at least what de-duplication would send for the same pairs; per link it can differ either way,
+// since real sources are not uniform.
 //
 // Report: bytes per directed link (dispatch and combine), the bottleneck time of each phase
 // (max over links of bytes / bandwidth, plus the largest path latency among the used GPU pairs:
