@@ -20,6 +20,7 @@
 #include "moe/schedule/perf_model.hpp"
 #include "moe/speculative/table_io.hpp"
 #include "moe/topology/topology.hpp"
+#include "moe/topology/traffic.hpp"
 
 namespace {
 
@@ -39,6 +40,7 @@ void run(std::string const& text) {
   } else if constexpr (MOE_FUZZ_IS(topology)) {
     auto t = moe::topology::read_topology(tsv);
     (void)t.gpu_hops();
+    (void)moe::topology::TrafficModel(t).share_entries();
   } else if constexpr (MOE_FUZZ_IS(plan)) {
     (void)moe::placement::read_plan(tsv);
   } else if constexpr (MOE_FUZZ_IS(route_counts)) {

@@ -48,6 +48,12 @@ int main(int argc, char** argv) {
     topology::fat_tree(2, 2, 2, 2).write(f);
     std::ofstream g(out / "topology" / "dragonfly.tsv");
     topology::dragonfly(3, 1, 1, 3).write(g);
+    auto slow = topology::fat_tree(2, 1, 2, 1);  // with traffic-model link parameters (level lines)
+    topology::LinkParams lp;
+    lp.nic = {25e9, 3e-6};
+    slow.set_link_params(lp);
+    std::ofstream h(out / "topology" / "levels.tsv");
+    slow.write(h);
   }
   {
     std::vector<placement::LayerPlan> plan;

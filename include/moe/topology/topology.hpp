@@ -21,6 +21,7 @@
 // 16 leaves.
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <map>
 #include <ostream>
@@ -33,6 +34,46 @@
 #include "moe/core/tsv.hpp"
 
 namespace moe::topology {
+
+/// Bandwidth (bytes per second, per direction) and latency (seconds) of one class of link.
+struct LinkLevel {
+  double bandwidth = 0;
+  double latency = 0;
+  friend bool operator==(LinkLevel const&, LinkLevel const&) = default;
+};
+
+/// Per-level link parameters of the traffic model (moe/topology/traffic.hpp). Defaults describe an
+/// H100 cluster with one 400 Gb/s NIC per GPU:
+///   nvlink: GPU <-> its server (the NVSwitch fabric), per GPU: 450 GB/s per direction (NVIDIA H100
+///           SXM datasheet: NVLink 4, 900 GB/s bidirectional per GPU), 1 us;
+///   nic:    server <-> switch (or server <-> server), per GPU of the server: 50 GB/s per direction
+///           (DGX H100 user guide: eight ConnectX-7 400 Gb/s InfiniBand/Ethernet ports, one per
+///           GPU; 400 Gb/s = 50 GB/s), 2 us (NIC + one switch traversal, RDMA small-message scale);
+///           a server link carries `nic.bandwidth x GPUs of the server` (the smaller server for a
+///           server <-> server link);
+///   fabric: switch <-> switch, per link: 200 GB/s per direction (four bundled 400 Gb/s NDR ports,
+///           which makes a leaf of the paper cluster, 16 GPU ports down and 4 spines up,
+///           non-blocking; NVIDIA Quantum-2 QM9700 has 64 such ports), 1 us.
+/// The latencies are order-of-magnitude per-hop figures, not measurements; override them.
+struct LinkParams {
+  LinkLevel nvlink{450e9, 1e-6};
+  LinkLevel nic{50e9, 2e-6};
+  LinkLevel fabric{200e9, 1e-6};
+  friend bool operator==(LinkParams const&, LinkParams const&) = default;
+
+  /// Throws moe::Error unless every bandwidth is positive and finite and every latency >= 0.
+  void validate() const {
+    auto one = [](char const* name, LinkLevel const& l) {
+      check(std::isfinite(l.bandwidth) && l.bandwidth > 0, "link parameters: ", name,
+            " bandwidth must be positive and finite, got ", l.bandwidth, " bytes/s");
+      check(std::isfinite(l.latency) && l.latency >= 0, "link parameters: ", name,
+            " latency must be >= 0 and finite, got ", l.latency, " s");
+    };
+    one("nvlink", nvlink);
+    one("nic", nic);
+    one("fabric", fabric);
+  }
+};
 
 class Topology {
 public:
@@ -119,6 +160,17 @@ public:
   /// Hops between two GPUs (0 inside one server).
   [[nodiscard]] int hops(int gpu_a, int gpu_b) const { return server_hops(server_of(gpu_a), server_of(gpu_b)); }
   [[nodiscard]] bool finalized() const { return finalized_; }
+  /// Vertex id of server s.
+  [[nodiscard]] int server_vertex(int s) const { return server_vertex_[static_cast<std::size_t>(s)]; }
+  [[nodiscard]] std::string const& vertex_name(int v) const { return names_[static_cast<std::size_t>(v)]; }
+  /// Vertices linked to v (a vertex appears once per link).
+  [[nodiscard]] std::vector<int> const& neighbors(int v) const { return adj_[static_cast<std::size_t>(v)]; }
+  /// Link parameters for the traffic model (defaults unless set or read from the topology file).
+  [[nodiscard]] LinkParams const& link_params() const { return link_params_; }
+  void set_link_params(LinkParams const& p) {
+    p.validate();
+    link_params_ = p;
+  }
 
   /// G x G GPU hop matrix, row-major.
   [[nodiscard]] std::vector<int> gpu_hops() const {
@@ -144,6 +196,16 @@ public:
     for (int v = 0; v < vertices(); ++v)
       for (int w : adj_[static_cast<std::size_t>(v)])
         if (v < w) os << "link\t" << names_[static_cast<std::size_t>(v)] << '\t' << names_[static_cast<std::size_t>(w)] << '\n';
+    if (link_params_ != LinkParams{}) {
+      auto level = [&](char const* name, LinkLevel const& l) {
+        os << "level\t" << name << '\t' << l.bandwidth / 1e9 << '\t' << l.latency * 1e6 << '\n';
+      };
+      auto old = os.precision(17);
+      level("nvlink", link_params_.nvlink);
+      level("nic", link_params_.nic);
+      level("fabric", link_params_.fabric);
+      os.precision(old);
+    }
   }
 
 private:
@@ -164,6 +226,7 @@ private:
   std::map<std::string, int> index_;
   std::vector<std::vector<int>> adj_;
   std::vector<int> server_vertex_, server_gpus_, gpu_server_, server_dist_;
+  LinkParams link_params_;
   long long links_ = 0;
   bool finalized_ = false;
   long long total_gpus_ = 0;
@@ -248,10 +311,12 @@ inline Topology dragonfly_sparse(int leaves, int servers_per_leaf, int gpus_per_
 }
 
 /// Reads `server NAME GPUS`, `switch NAME` and `link A B` lines (any order, except that a link
-/// names vertices declared above it). Throws moe::Error naming file:line for a malformed line and
-/// naming the servers when one cannot reach another.
+/// names vertices declared above it), and optional `level LEVEL GB_PER_S LATENCY_US` lines
+/// (LEVEL: nvlink, nic or fabric) overriding the traffic model's link parameters. Throws moe::Error
+/// naming file:line for a malformed line and naming the servers when one cannot reach another.
 inline Topology read_topology(core::TsvReader& in) {
   Topology t;
+  LinkParams params;
   while (in.next()) {
     std::string_view kind = in.field(0);
     if (kind == "server") {
@@ -270,10 +335,25 @@ inline Topology read_topology(core::TsvReader& in) {
       try {
         t.add_link(t.vertex(in.field(1)), t.vertex(in.field(2)));
       } catch (Error const& e) { fail(in.where(), ": ", e.what()); }
+    } else if (kind == "level") {
+      in.expect_fields(4);
+      std::string_view name = in.field(1);
+      LinkLevel* l = name == "nvlink"   ? &params.nvlink
+                     : name == "nic"    ? &params.nic
+                     : name == "fabric" ? &params.fabric
+                                        : nullptr;
+      check(l != nullptr, in.where(), ": unknown link level '", name, "' (expected nvlink, nic or fabric)");
+      double bw = in.get_double(2, "bandwidth GB/s"), lat = in.get_double(3, "latency us");
+      check(bw > 0 && std::isfinite(bw * 1e9), in.where(), ": link level ", name,
+            ": bandwidth must be positive and finite in bytes/s, got ", bw, " GB/s");
+      check(lat >= 0 && std::isfinite(lat * 1e-6), in.where(), ": link level ", name, ": latency must be >= 0, got ",
+            lat, " us");
+      *l = LinkLevel{bw * 1e9, lat * 1e-6};
     } else {
-      fail(in.where(), ": unknown line kind '", kind, "' (expected server, switch or link)");
+      fail(in.where(), ": unknown line kind '", kind, "' (expected server, switch, link or level)");
     }
   }
+  t.set_link_params(params);
   try {
     t.finalize();
   } catch (Error const& e) { fail(in.name(), ": ", e.what()); }
