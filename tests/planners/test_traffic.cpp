@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "moe/replication/table.hpp"
+#include "moe/replication/routed.hpp"
 #include "moe/topology/traffic.hpp"
 
 using namespace moe::topology;
@@ -546,5 +547,38 @@ TEST_CASE("traffic: Choice::like_layer picks copies as replication::Table does (
     CHECK(close(r.hop_bytes, ref.hop_bytes));
     CHECK(close(r.destinations_per_token * T, ref.destinations));
     for (int g = 0; g < G; ++g) CHECK(r.gpu_load[static_cast<std::size_t>(g)] == ref.load[static_cast<std::size_t>(g)]);
+    // evaluate_policy with the table itself gives the same bytes.
+    auto p = m.evaluate_policy(table, primary, b, opt);
+    require_same(by_nodes(m, p.dispatch_bytes), ref.dispatch);
+    require_same(by_nodes(m, p.combine_bytes), ref.combine);
+    CHECK(close(p.destinations_per_token * T, ref.destinations));
+
+    // A source-dependent policy (replication::Routed with random shares per source server): the
+    // brute force routes each pair where the policy's choose() says.
+    std::vector<std::vector<std::vector<moe::replication::RouteShare>>> routes(
+        static_cast<std::size_t>(t.servers()), std::vector<std::vector<moe::replication::RouteShare>>(static_cast<std::size_t>(E)));
+    for (int s = 0; s < t.servers(); ++s)
+      for (int e = 0; e < E; ++e) {
+        auto const& cp = replicas[static_cast<std::size_t>(e)];
+        std::vector<double> w(cp.size());
+        double sum = 0;
+        for (auto& x : w) sum += (x = uni(1, 5));
+        for (std::size_t i = 0; i < cp.size(); ++i) routes[static_cast<std::size_t>(s)][static_cast<std::size_t>(e)].push_back({cp[i], w[i] / sum});
+      }
+    moe::replication::Routed routed(replicas, t, routes);
+    Brute ref2(t);
+    for (int tok = 0; tok < T; ++tok) {
+      std::vector<int> gpus;
+      int src = b.source[static_cast<std::size_t>(tok)];
+      for (int j = 0; j < k; ++j) {
+        int e = b.experts[static_cast<std::size_t>(tok) * k + static_cast<std::size_t>(j)];
+        gpus.push_back(routed.choose(e, primary[static_cast<std::size_t>(e)], src, tok));
+      }
+      ref2.routed(src, gpus, opt.token_bytes());
+    }
+    auto q = m.evaluate_policy(routed, primary, b, opt);
+    require_same(by_nodes(m, q.dispatch_bytes), ref2.dispatch);
+    require_same(by_nodes(m, q.combine_bytes), ref2.combine);
+    CHECK(close(q.hop_bytes, ref2.hop_bytes));
   }
 }

@@ -392,6 +392,47 @@ class TrafficModel {
     return r;
   }
 
+  /// Token-level mode with a replica policy (replication::Table, replication::Routed, ...): each
+  /// (token, expert) pair goes to replicas.choose(e, primary[e], source, first_token + t), exactly as
+  /// moe::Layer routes it with that policy; no shares are involved, so the bytes are those of this
+  /// batch, not expectations.
+  template <class Replicas>
+  [[nodiscard]] TrafficReport evaluate_policy(Replicas const& replicas, std::span<int const> primary,
+                                              Batch const& batch, TrafficOptions const& opt = {},
+                                              long long first_token = 0) const {
+    int k = batch.top_k, E = static_cast<int>(primary.size());
+    check(k > 0, "traffic: top_k must be positive, got ", k);
+    check(opt.hidden > 0 && std::isfinite(opt.bytes_per_element) && opt.bytes_per_element > 0,
+          "traffic: token size must be positive");
+    check(batch.experts.size() == batch.source.size() * static_cast<std::size_t>(k), "traffic: the batch has ",
+          batch.source.size(), " tokens and ", batch.experts.size(), " expert ids, expected tokens x top_k");
+    Flows f(G_, S_);
+    TrafficReport r;
+    r.gpu_load.assign(static_cast<std::size_t>(G_), 0.0);
+    std::vector<int> dest;
+    double destinations = 0;
+    for (int t = 0; t < batch.tokens(); ++t) {
+      int src = batch.source[static_cast<std::size_t>(t)];
+      check(src >= 0 && src < G_, "traffic: token ", t, " comes from GPU ", src, ", outside [0, ", G_, ")");
+      dest.clear();
+      for (int j = 0; j < k; ++j) {
+        int e = batch.experts[static_cast<std::size_t>(t) * static_cast<std::size_t>(k) + static_cast<std::size_t>(j)];
+        check(e >= 0 && e < E, "traffic: token ", t, " routes to expert ", e, ", outside [0, ", E, ")");
+        int g = replicas.choose(e, primary[static_cast<std::size_t>(e)], src, first_token + t);
+        check(g >= 0 && g < G_, "traffic: the replica policy sends expert ", e, " to GPU ", g, ", outside [0, ", G_,
+              ")");
+        r.gpu_load[static_cast<std::size_t>(g)] += 1;
+        if (std::find(dest.begin(), dest.end(), g) == dest.end()) dest.push_back(g);
+      }
+      destinations += static_cast<double>(dest.size());
+      for (int g : dest)
+        if (g != src) add(f, src, g, 1.0);
+    }
+    r.destinations_per_token = batch.tokens() > 0 ? destinations / batch.tokens() : 0.0;
+    accumulate(f, opt, r);
+    return r;
+  }
+
   /// Aggregate mode: expected loads (token-expert pairs per expert of this layer) arriving
   /// uniformly from the attention ranks, no de-duplication (see the header comment).
   [[nodiscard]] TrafficReport evaluate_expected(LayerCopies const& placement, std::span<double const> load,
