@@ -225,6 +225,16 @@ TEST_CASE("joint plan: infeasible input names the constraint") {
   CHECK_THROWS_WITH(joint::plan(t, tot, 1, 8, o), Catch::Contains("eps = -0.5"));
   o.eps = 0.1;
   CHECK_THROWS_WITH(joint::plan(t, tot, 2, 8, o), Catch::Contains("8 loads for 2 layers x 8 experts"));
+  // 8 experts, 4 GPUs x 2 slots: no slot to spare, so every expert has one copy. Loads 10 and seven
+  // 1s: mean 17 / 4 = 4.25 per GPU, and expert 2's copy alone carries 10 > 1.1 x 4.25.
+  std::vector<double> skew(8, 1.0);
+  skew[2] = 10;
+  o.slots_per_gpu = 2;
+  CHECK_THROWS_WITH(joint::plan(t, skew, 1, 8, o), Catch::Contains("expert 2 needs more than 1 copies") &&
+                                                       Catch::Contains("eps is too tight"));
+  o.slots_per_gpu = 0;  // 3 slots: expert 2 may have up to 4 copies, 2.5 each: feasible
+  CHECK_NOTHROW(joint::plan(t, skew, 1, 8, o));
+  o.eps = 0.1;
   tot[3] = -1;
   CHECK_THROWS_WITH(joint::plan(t, tot, 1, 8, o), Catch::Contains("load -1 is negative"));
 }

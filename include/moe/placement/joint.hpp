@@ -35,7 +35,10 @@
 //
 // Infeasible input is a moe::Error naming the constraint:
 //   - S x G < E (too few slots for the experts);
-//   - eps < 0 (a balance bound that no plan meets);
+//   - eps < 0, or an eps that no plan can meet: an expert whose load, over the most copies the
+//     slots allow it (min(G, P - E + 1)), still exceeds (1 + eps) x the mean per copy. Otherwise eps
+//     is a target the greedy placement keeps where the slots allow, and the result reports the
+//     largest GPU load reached (max_load_ratio);
 //   - loads of the wrong size, or negative loads;
 //   - a topology that is not finalized (finalize() also rejects unconnected servers).
 
@@ -55,7 +58,7 @@
 namespace moe::placement::joint {
 
 struct Options {
-  int slots_per_gpu = 0;  ///< S; 0 = ceil((E + G) / G)
+  int slots_per_gpu = 0;  ///< S; 0 = min(E, ceil((E + G) / G))
   double eps = 0.05;      ///< per-GPU load <= (1 + eps) x mean where the slots allow it
 };
 
@@ -187,6 +190,14 @@ inline std::vector<std::vector<int>> place_layer(topology::Topology const& topo,
   double total = 0;
   for (int e = 0; e < E; ++e) total += load[e];
   double cap = (1.0 + eps) * total / G;
+  // An expert has at most min(G, P - E + 1) copies (one per GPU; every other expert needs a slot),
+  // so its heaviest copy carries at least load / that: above the cap, no plan meets the bound.
+  int most = std::min(G, G * slots_per_gpu - E + 1);
+  for (int e = 0; e < E; ++e)
+    check(load[e] / most <= cap * (1 + 1e-12), "joint: expert ", e, " needs more than ", most,
+          " copies to stay within (1 + eps) x the mean GPU load (1 + eps = ", 1.0 + eps, ", its copies carry ",
+          load[e] / most / (total / G), " x the mean with ", most,
+          "): eps is too tight for these loads and slots (raise eps or the slots per GPU)");
   std::vector<int> order(static_cast<std::size_t>(E));
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
@@ -254,7 +265,7 @@ inline Result plan(topology::Topology const& topo, std::vector<double> const& lo
   for (double v : loads) check(std::isfinite(v) && v >= 0, "joint: load ", v, " is negative or not finite");
   check(std::isfinite(o.eps) && o.eps >= 0, "joint: the balance bound eps = ", o.eps, " must be >= 0");
   Result r;
-  r.slots_per_gpu = o.slots_per_gpu > 0 ? o.slots_per_gpu : (E + G + G - 1) / G;
+  r.slots_per_gpu = o.slots_per_gpu > 0 ? o.slots_per_gpu : std::min(E, (E + G + G - 1) / G);
   check(static_cast<long long>(r.slots_per_gpu) * G >= E, "joint: ", r.slots_per_gpu, " slots on each of ", G,
         " GPUs cannot hold ", E, " experts (S x G >= E is needed)");
   check(r.slots_per_gpu <= E, "joint: ", r.slots_per_gpu, " slots per GPU is more than the ", E,

@@ -41,8 +41,10 @@ class SlotMap {
           "]");
     check(experts > 0 && experts <= core::limits::experts, "slot map: experts = ", experts, " outside [1, ",
           core::limits::experts, "]");
-    check(slots_per_rank > 0 && slots_per_rank <= experts, "slot map: slots per rank = ", slots_per_rank,
-          " outside [1, experts = ", experts, "]");
+    // A rank may hold two slots of one expert (EPLB does), so S may exceed E a little; 4 E is far
+    // beyond any plan and bounds the allocation.
+    check(slots_per_rank > 0 && slots_per_rank <= 4LL * experts, "slot map: slots per rank = ", slots_per_rank,
+          " outside [1, 4 x experts = ", 4LL * experts, "]");
     check(static_cast<long long>(ranks) * slots_per_rank >= experts, "slot map: ", ranks, " ranks x ", slots_per_rank,
           " slots cannot hold ", experts, " experts");
     slot_.assign(static_cast<std::size_t>(layers) * static_cast<std::size_t>(physical()), -1);
