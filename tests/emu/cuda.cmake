@@ -33,12 +33,15 @@ endif()
 # build, the ASan build runs the other cases. Under ThreadSanitizer the executor test takes over
 # 5 minutes even filtered, so it is not in the TSan pass yet (docs/cuda.md).
 set(_findep_args "")
-if(MOE_SANITIZE)
+if(MOE_SANITIZE STREQUAL "thread")
+  set(_findep_args "*fewer tokens*,*captured in a CUDA graph*,*through collective::Nccl*")
+elseif(MOE_SANITIZE)
   set(_findep_args "~*(bf16)")
 endif()
 moe_emu_cuda_test(NAME test_findep_cuda_emu SOURCE test_findep_cuda.cu ARGS ${_findep_args})
 if(MOE_SANITIZE STREQUAL "thread")
-  # Built on request only (scripts/emu_mutations.py runs single cases of it under TSan).
-  set_target_properties(test_findep_cuda_emu PROPERTIES EXCLUDE_FROM_ALL TRUE)
-  set_tests_properties(test_findep_cuda_emu PROPERTIES LABELS emu_manual DISABLED TRUE)
+  # Under ThreadSanitizer the whole executor test takes over 5 minutes; the stream-ordering cases
+  # run (about 30 s): short batches on the streams, graph capture and replay, and the point-to-point
+  # executor through collective::Nccl on 2 and 4 ranks.
+  set_tests_properties(test_findep_cuda_emu PROPERTIES LABELS "emu;emu_tsan")
 endif()

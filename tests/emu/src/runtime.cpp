@@ -158,6 +158,10 @@ Runtime& rt() {
   static Runtime* r = new Runtime();  // never destroyed: workers may outlive static destruction
   return *r;
 }
+// Built before main, on the main thread: the first CUDA call of a rank thread may come inside a
+// region where ThreadSanitizer ignores synchronisation, which would hide the guard of the
+// function-local static from it and report the construction as a race.
+[[maybe_unused]] Runtime& runtime_at_start = rt();
 
 thread_local int tl_device = 0;
 thread_local cudaError_t tl_last = cudaSuccess;
