@@ -119,22 +119,26 @@ void retire_copies(Block& b, std::vector<Copy> const& group, int thread) {
   }
 }
 
+std::string at(char const* what, std::source_location const& where) {
+  std::string f = where.file_name();
+  auto slash = f.rfind('/');
+  if (slash != std::string::npos) f = f.substr(slash + 1);
+  return std::string(what) + " (" + f + ":" + std::to_string(where.line()) + ")";
+}
+
 /// The bf16 element at a shared address, read by the async proxy (wgmma): the bytes must have no
 /// pending cp.async and no retired-but-unfenced one.
 float async_read_bf16(Block const& b, std::uint32_t addr, char const* operand, std::source_location const& where) {
   if (std::size_t{addr} + 2 > b.smem_bytes)
-    ::emu::kernel_fail(std::string("wgmma.mma_async (") + where.file_name() + ":" + std::to_string(where.line()) +
-                       "): operand " + operand + " reads shared address " + hex32(addr) + ", outside the " +
+    ::emu::kernel_fail(at("wgmma.mma_async", where) + ": operand " + operand + " reads shared address " + hex32(addr) + ", outside the " +
                        std::to_string(b.smem_bytes) + " bytes of dynamic shared memory");
   std::size_t const chunk = addr / 16;
   if (b.pending[chunk] != 0)
-    ::emu::kernel_fail(std::string("wgmma.mma_async (") + where.file_name() + ":" + std::to_string(where.line()) +
-                       "): operand " + operand + " reads shared address " + hex32(addr) +
+    ::emu::kernel_fail(at("wgmma.mma_async", where) + ": operand " + operand + " reads shared address " + hex32(addr) +
                        " while a cp.async of thread " + std::to_string(b.pending_by[chunk]) +
                        " to it is still pending (no cp.async.wait_group retired it)");
   if (b.unfenced_by[chunk] >= 0)
-    ::emu::kernel_fail(std::string("wgmma.mma_async (") + where.file_name() + ":" + std::to_string(where.line()) +
-                       "): operand " + operand + " reads shared address " + hex32(addr) +
+    ::emu::kernel_fail(at("wgmma.mma_async", where) + ": operand " + operand + " reads shared address " + hex32(addr) +
                        " written by a cp.async of thread " + std::to_string(b.unfenced_by[chunk]) +
                        " that has not executed fence.proxy.async since");
   std::uint16_t bits;
@@ -169,13 +173,6 @@ void give_back(Acc const& acc) {
     for (int i = 0; i < n / 2; ++i)
       acc.regs[t][i] = acc.tile[static_cast<std::size_t>(fragment_row(t / 32, t % 32, i)) * static_cast<std::size_t>(n) +
                                 static_cast<std::size_t>(fragment_col(t % 32, i))];
-}
-
-std::string at(char const* what, std::source_location const& where) {
-  std::string f = where.file_name();
-  auto slash = f.rfind('/');
-  if (slash != std::string::npos) f = f.substr(slash + 1);
-  return std::string(what) + " (" + f + ":" + std::to_string(where.line()) + ")";
 }
 
 }  // namespace
