@@ -20,11 +20,24 @@ moe_install_missing_packages() {
 }
 
 # Python packages the tests use (from PyPI when the python3 on PATH lacks them): PyYAML, the
-# independent reader of the TensorRT-LLM plan files in tests/planners/engine_load_check.py.
+# independent reader of the TensorRT-LLM plan files in tests/planners/engine_load_check.py; and
+# nvidia-cutlass, whose CuTe headers are the oracle of the emulator's sm_90 swizzle, descriptor and
+# fragment models (tests/emu/hopper.cmake; CuTe also needs libcu++ and <cuda_fp16.h>: from the CUDA
+# toolkit where there is one, else from the PyPI packages nvidia-cuda-cccl and nvidia-cuda-runtime).
+moe_pip_install() {
+  python3 -m pip install -q "$@" || python3 -m pip install -q --break-system-packages "$@"
+}
 moe_install_missing_python_packages() {
-  python3 -c "import yaml" >/dev/null 2>&1 && return 0
-  echo "moe: installing missing Python packages: pyyaml"
-  python3 -m pip install -q pyyaml || python3 -m pip install -q --break-system-packages pyyaml
+  local missing=()
+  python3 -c "import yaml" >/dev/null 2>&1 || missing+=(pyyaml)
+  python3 -c "import cutlass_library" >/dev/null 2>&1 || missing+=(nvidia-cutlass)
+  if [ ! -e /usr/local/cuda/include/cccl/cuda/std/utility ] && [ ! -e /usr/local/cuda/include/cuda/std/utility ] &&
+     ! python3 -c "import nvidia, os, sys; sys.exit(not any(os.path.exists(os.path.join(p, d, 'include', s, 'cuda/std/utility')) for p in nvidia.__path__ for d in os.listdir(p) for s in ('', 'cccl')))" >/dev/null 2>&1; then
+    missing+=(nvidia-cuda-cccl nvidia-cuda-runtime)
+  fi
+  [ ${#missing[@]} -eq 0 ] && return 0
+  echo "moe: installing missing Python packages: ${missing[*]}"
+  moe_pip_install "${missing[@]}"
 }
 
 moe_jobs() {

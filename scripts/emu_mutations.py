@@ -15,6 +15,7 @@ filter, and classifies the result:
     scripts/emu_mutations.py                 # all mutations, prints a markdown table
     scripts/emu_mutations.py --only lda,cub  # some of them
     scripts/emu_mutations.py --list
+    scripts/emu_mutations.py --work /tmp/mine --jobs 1   # another scratch worktree, one build job
 
 The baseline (no mutation) must pass in every flavour used, or the table means nothing; the script
 checks it first. Results are recorded in docs/cuda.md ("Mutation evidence").
@@ -36,6 +37,7 @@ class Mutation:
 
 
 GG = "include/moe/kernels/grouped_gemm.cuh"
+SM90 = "include/moe/kernels/grouped_gemm_sm90.cuh"
 MUTATIONS = [
     Mutation("barrier", "removed the per-slice `__syncthreads` of the WMMA grouped GEMM", GG,
              "      if (more) stash(cur ^ 1);\n      __syncthreads();\n    }\n    // The stage buffers are dead now",
@@ -52,6 +54,20 @@ MUTATIONS = [
              "          C0s[off + (idx / 16) * ldc + idx % 16] = acc0[i][j].x[e];\n"
              "        }\n"
              "        __syncwarp();",
+             "plain", "test_cuda_kernels_emu", "grouped GEMM*"),
+    Mutation("sm90-swizzle", "wrong swizzle XOR in the Hopper kernel's shared-memory stores (`r mod 4` for `r mod 8`)",
+             SM90, "((ch ^ (r0 & 7)) << 4)", "((ch ^ (r0 & 3)) << 4)",
+             "plain", "test_cuda_kernels_emu", "grouped GEMM*"),
+    Mutation("sm90-wait", "`cp.async.wait_group` one too weak in the Hopper kernel (2 for 1: slice kt's copies may be in flight)",
+             SM90, "    cp_async_wait<ahead - 1>();", "    cp_async_wait<ahead>();",
+             "plain", "test_cuda_kernels_emu", "grouped GEMM*"),
+    Mutation("sm90-ring-slot", "wrong ring slot in the Hopper kernel: slice t is staged into slot (t + 1) mod 4, "
+             "the slot of a slice whose wgmma may still run", SM90,
+             "    std::uint32_t sa = smem0 + static_cast<std::uint32_t>(kt % stages) * stage_bytes;",
+             "    std::uint32_t sa = smem0 + static_cast<std::uint32_t>((kt + 1) % stages) * stage_bytes;",
+             "plain", "test_cuda_kernels_emu", "grouped GEMM*"),
+    Mutation("sm90-wgmma-wait", "`wgmma.wait_group` one too weak in the Hopper kernel (2 for 1: a slot is refilled "
+             "while its wgmma runs)", SM90, "    wgmma_wait<1>();", "    wgmma_wait<2>();",
              "plain", "test_cuda_kernels_emu", "grouped GEMM*"),
     Mutation("bound", "off-by-one kernel bound in `combine_records_kernel` (`q <= vecs`)",
              "include/moe/kernels/combine.cuh",
@@ -121,9 +137,12 @@ def build_dir(work, flavour):
     return b
 
 
+JOBS = 2
+
+
 def run(work, flavour, target, filt):
     b = build_dir(work, flavour)
-    rc, out = sh(["cmake", "--build", b, "-j2", "--target", target], work)
+    rc, out = sh(["cmake", "--build", b, f"-j{JOBS}", "--target", target], work)
     if rc:
         return "build failed", out
     env = dict(os.environ)
@@ -156,7 +175,10 @@ def main():
     ap.add_argument("--work", default="/tmp/moe-mutations")
     ap.add_argument("--only", default="")
     ap.add_argument("--list", action="store_true")
+    ap.add_argument("--jobs", type=int, default=2, help="parallel build jobs (default 2)")
     args = ap.parse_args()
+    global JOBS
+    JOBS = args.jobs
     chosen = [m for m in MUTATIONS if not args.only or m.key in args.only.split(",")]
     if args.list:
         for m in chosen:

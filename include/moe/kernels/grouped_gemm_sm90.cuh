@@ -31,6 +31,9 @@
 
 #include "moe/kernels/grouped_gemm_args.cuh"
 #include "moe/kernels/tile_map.hpp"
+#if defined(MOE_CUDA_EMULATOR)
+#include "emu/hopper.hpp"  // the test-only CPU emulator's models of the sm_90a PTX used below
+#endif
 
 namespace moe::kernels::cuda::sm90 {
 
@@ -50,6 +53,12 @@ static_assert(bm == grouped_gemm_tile_m, "the Hopper kernel computes one tile_st
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define MOE_SM90A_DEVICE_CODE 1
+#endif
+// The kernel body exists where the sm_90a instructions do: in sm_90a device code, and in the
+// project's tests built for the CPU emulator (tests/emu), whose models of these PTX instructions
+// (tests/emu/include/emu/hopper.hpp) stand behind the wrappers below.
+#if defined(MOE_SM90A_DEVICE_CODE) || defined(MOE_CUDA_EMULATOR)
+#define MOE_SM90A_KERNEL_BODY 1
 #endif
 
 namespace detail {
@@ -77,16 +86,6 @@ template <int R>
 __device__ __forceinline__ void pin(float (&d)[R]) {
 #pragma unroll
   for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-/// Shared-memory matrix descriptor of a K-major bf16 tile in the 128-byte swizzle: rows of 128
-/// bytes, groups of 8 rows 1024 bytes apart (stride byte offset), leading byte offset unused (1).
-__device__ __forceinline__ std::uint64_t desc_sw128(std::uint32_t smem_addr) {
-  std::uint64_t d = (smem_addr & 0x3FFFFu) >> 4;
-  d |= std::uint64_t{1} << 16;
-  d |= std::uint64_t{1024 >> 4} << 32;
-  d |= std::uint64_t{1} << 62;
-  return d;
 }
 
 /// D (64 x 128, fp32 registers) += A (64 x 16, smem descriptor) * B (128 x 16, K-major smem descriptor)^T.
@@ -147,16 +146,55 @@ __device__ __forceinline__ void mma_m64n256k16(float (&d)[128], std::uint64_t a,
       : "l"(a), "l"(b));
 }
 
+#elif defined(MOE_CUDA_EMULATOR)
 
-#endif  // MOE_SM90A_DEVICE_CODE
+// The emulator's models of the same instructions (semantics and their PTX ISA sections:
+// tests/emu/include/emu/hopper.hpp). Only the project's tests compile this branch.
+inline void cp_async16(std::uint32_t dst, void const* src, bool full) {
+  ::emu::sm90::cp_async16(dst, src, full ? 16 : 0);
+}
+inline void cp_async_commit() { ::emu::sm90::cp_async_commit(); }
+template <int N>
+inline void cp_async_wait() {
+  ::emu::sm90::cp_async_wait(N);
+}
+inline void fence_proxy_async() { ::emu::sm90::fence_proxy_async(); }
+inline void wgmma_fence() { ::emu::sm90::wgmma_fence(); }
+inline void wgmma_commit() { ::emu::sm90::wgmma_commit(); }
+template <int N>
+inline void wgmma_wait() {
+  ::emu::sm90::wgmma_wait(N);
+}
+template <int R>
+inline void pin(float (&)[R]) {}
+inline void mma_m64n128k16(float (&d)[64], std::uint64_t a, std::uint64_t b) {
+  ::emu::sm90::wgmma_mma_bf16(128, d, a, b, true);
+}
+inline void mma_m64n256k16(float (&d)[128], std::uint64_t a, std::uint64_t b) {
+  ::emu::sm90::wgmma_mma_bf16(256, d, a, b, true);
+}
+
+#endif  // MOE_SM90A_DEVICE_CODE, MOE_CUDA_EMULATOR
+
+#if defined(MOE_SM90A_KERNEL_BODY)
+/// Shared-memory matrix descriptor of a K-major bf16 tile in the 128-byte swizzle: rows of 128
+/// bytes, groups of 8 rows 1024 bytes apart (stride byte offset), leading byte offset unused (1).
+__device__ __forceinline__ std::uint64_t desc_sw128(std::uint32_t smem_addr) {
+  std::uint64_t d = (smem_addr & 0x3FFFFu) >> 4;
+  d |= std::uint64_t{1} << 16;
+  d |= std::uint64_t{1024 >> 4} << 32;
+  d |= std::uint64_t{1} << 62;
+  return d;
+}
+#endif  // MOE_SM90A_KERNEL_BODY
 
 template <Epilogue Ep>
 __global__ void __launch_bounds__(threads, 1) grouped_gemm_kernel(GroupedGemmArgs<moe::bf16> const p) {
-#if defined(MOE_SM90A_DEVICE_CODE)
+#if defined(MOE_SM90A_KERNEL_BODY)
   constexpr bool two = Ep == Epilogue::swiglu;
   constexpr int BN = bn<Ep>;
   constexpr int acc_regs = two ? 64 : 128;
-  extern __shared__ unsigned char smem_raw[];
+  MOE_EXTERN_SHARED(unsigned char, smem_raw);
   std::uint32_t const smem0 = (static_cast<std::uint32_t>(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
 
   int const tid = static_cast<int>(threadIdx.x);
@@ -299,6 +337,8 @@ template <int = 0>
 __global__ void feature_probe(int* flag) {
 #if defined(MOE_SM90A_DEVICE_CODE)
   *flag = 1;
+#elif defined(MOE_CUDA_EMULATOR)
+  *flag = ::emu::sm90::sm90a_code() ? 1 : 0;  // the emulated H100 runs the kernel (unless MOE_EMU_SM90A=0)
 #else
   *flag = 0;
 #endif

@@ -164,6 +164,7 @@ struct Worker {
   unsigned bar_phase = 0;
   char bar_hb[2] = {};
   char start_hb = 0, end_hb = 0;
+  std::uint64_t block_serial = 0;  // the block in progress (unique in the process; see emu::block_serial)
   // warp rendezvous: one per warp at a time (disjoint masks of one warp use extra slots)
   std::vector<Rendezvous> warp_rv;   // [warps * 4]
   std::vector<Rendezvous> group_rv;  // [threads / 128 + 1]
@@ -439,6 +440,10 @@ bool run_kernel(KernelRun const& k, std::string* error) {
     for (unsigned by = 0; by < k.grid.y && !w.failed; ++by)
       for (unsigned bx = 0; bx < k.grid.x && !w.failed; ++bx) {
         ++blocks;
+        {
+          static std::atomic<std::uint64_t> serials{0};
+          w.block_serial = serials.fetch_add(1, std::memory_order_relaxed) + 1;
+        }
         // Fresh shared memory contents are undefined on the GPU: fill them with a pattern that
         // is NaN as float and bf16 and -1 as an integer.
         std::memset(w.smem.get(), 0xff, w.smem_bytes);
@@ -708,6 +713,11 @@ void group_collective(int count, char const* what, void* mine, std::function<voi
     rv.where = where;
   }
   rendezvous(w, f, rv, count, mine, fn);
+}
+
+std::uint64_t block_serial() {
+  if (!tl_fiber) kernel_fail("block_serial outside a kernel");
+  return worker().block_serial;
 }
 
 void* dynamic_shared() {

@@ -91,6 +91,11 @@ void warp_collective(unsigned mask, char const* what, void* mine,
 void group_collective(int count, char const* what, void* mine, std::function<void(void* const* threads)> const& fn,
                       std::source_location where);
 
+/// A number that identifies the block in progress on this worker, unique in the process (shims keep
+/// per-block state, e.g. the sm_90 models' pending cp.async and wgmma groups, and reset it when the
+/// number changes).
+std::uint64_t block_serial();
+
 /// The launch's dynamic shared memory (the bytes given to the launch; 0 bytes gives a valid pointer
 /// to an empty buffer). Its first byte is at shared-window address 0 (see shared_address()).
 void* dynamic_shared();
