@@ -1,5 +1,6 @@
 # Sourced by the other scripts: installs the Debian packages moe-compose builds and tests with,
-# when they are missing. Nothing is fetched from anywhere but the Debian archive.
+# when they are missing, and the Python packages the tests use. Nothing is fetched from anywhere but
+# the Debian archive and PyPI.
 MOE_DEBIAN_PACKAGES=(cmake g++ make catch2 libbenchmark-dev libopenmpi-dev openmpi-bin
                      liblemon-dev libglpk-dev libmetis-dev nlohmann-json3-dev
                      libyaml-cpp-dev libzip-dev python3 python3-pip)
