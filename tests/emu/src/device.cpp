@@ -591,7 +591,7 @@ namespace {
 /// Common arrival logic of warp and group rendezvous. Returns after every participant arrived and
 /// `fn` ran once.
 void rendezvous(Worker& w, Fiber& f, Rendezvous& rv, int participants, void* mine,
-                std::function<void(void* const*)> const& fn) {
+                CollectiveFn fn) {
   int const slot = rv.count == 32 ? f.info.lane : f.info.linear - rv.first;
   rv.ptrs[slot] = mine;
   unsigned const phase = rv.phase;
@@ -602,7 +602,7 @@ void rendezvous(Worker& w, Fiber& f, Rendezvous& rv, int participants, void* min
     // The operation reads every participant's contribution and writes their results: it runs
     // after all their arrivals and before any of them continues.
     san::acquire(&rv.hb[phase & 1]);
-    if (fn) fn(rv.ptrs);
+    fn(rv.ptrs);
     san::release(&rv.hb[phase & 1]);
     ++rv.phase;
     rv.active = false;
@@ -623,7 +623,7 @@ void rendezvous(Worker& w, Fiber& f, Rendezvous& rv, int participants, void* min
 
 }  // namespace
 
-void warp_collective(unsigned mask, char const* what, void* mine, std::function<void(void* const* lanes)> const& fn,
+void warp_collective(unsigned mask, char const* what, void* mine, CollectiveFn fn,
                      std::source_location where) {
   if (!tl_fiber) kernel_fail(std::string(what) + " outside a kernel");
   Worker& w = worker();
@@ -681,7 +681,7 @@ void warp_collective(unsigned mask, char const* what, void* mine, std::function<
   rendezvous(w, f, *rv, std::popcount(mask), mine, fn);
 }
 
-void group_collective(int count, char const* what, void* mine, std::function<void(void* const* threads)> const& fn,
+void group_collective(int count, char const* what, void* mine, CollectiveFn fn,
                       std::source_location where) {
   if (!tl_fiber) kernel_fail(std::string(what) + " outside a kernel");
   Worker& w = worker();

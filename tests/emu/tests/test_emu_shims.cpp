@@ -767,12 +767,14 @@ TEST_CASE("cuBLAS workspace: device memory, 256-byte aligned, used by the call, 
     auto h = download(ws, ws_bytes);
     return std::all_of(h.begin(), h.end(), [](unsigned char c) { return c == 0; });
   };
-  REQUIRE(cudaMemset(ws, 0, ws_bytes) == cudaSuccess);
+  // The handle's stream is non-blocking: a cudaMemset on the legacy default stream would not be
+  // ordered before the GEMM, so the zeroing goes on the same stream.
+  REQUIRE(cudaMemsetAsync(ws, 0, ws_bytes, b.s) == cudaSuccess);
   REQUIRE(cublasSetWorkspace(b.h, ws, ws_bytes) == CUBLAS_STATUS_SUCCESS);
   REQUIRE(gemm() == CUBLAS_STATUS_SUCCESS);
   REQUIRE(cudaStreamSynchronize(b.s) == cudaSuccess);
   CHECK_FALSE(untouched());  // the library owns it during the call
-  REQUIRE(cudaMemset(ws, 0, ws_bytes) == cudaSuccess);
+  REQUIRE(cudaMemsetAsync(ws, 0, ws_bytes, b.s) == cudaSuccess);
   REQUIRE(cublasSetStream(b.h, b.s) == CUBLAS_STATUS_SUCCESS);  // resets the workspace
   REQUIRE(gemm() == CUBLAS_STATUS_SUCCESS);
   REQUIRE(cudaStreamSynchronize(b.s) == cudaSuccess);

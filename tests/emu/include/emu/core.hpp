@@ -76,6 +76,25 @@ bool in_kernel();
 /// __syncthreads() with the call site used to detect threads waiting at different barriers.
 void block_barrier(std::source_location where);
 
+/// A non-owning reference to a callable taking the participants' pointers. The collectives run it
+/// before they return, so the referenced lambda outlives every use. Unlike std::function it never
+/// allocates: when a kernel fails, the emulator abandons its waiting fibers without unwinding them,
+/// and an owning wrapper on such a fiber's stack would leak (LeakSanitizer reported exactly that for
+/// a capture too large for std::function's inline buffer).
+class CollectiveFn {
+ public:
+  template <class F>
+    requires(!std::is_same_v<std::remove_cvref_t<F>, CollectiveFn> && std::is_invocable_v<F&, void* const*>)
+  CollectiveFn(F&& f) noexcept  // NOLINT(google-explicit-constructor): built from a lambda at each call
+      : obj_(const_cast<void*>(static_cast<void const*>(&f))),
+        call_([](void* o, void* const* p) { (*static_cast<std::remove_reference_t<F>*>(o))(p); }) {}
+  void operator()(void* const* p) const { call_(obj_, p); }
+
+ private:
+  void* obj_;
+  void (*call_)(void*, void* const*);
+};
+
 /// A warp-level rendezvous. Every lane named in `mask` calls it (the caller must be in `mask`; every
 /// lane in `mask` must exist and must not have exited). `mine` is this lane's contribution. When
 /// the last lane arrives, `fn(lanes)` runs once, on that lane's fiber, with `lanes[l]` = the `mine`
@@ -83,12 +102,12 @@ void block_barrier(std::source_location where);
 /// the operation in error messages (lanes meeting at different operations, or the same operation
 /// with different masks, are a divergence error).
 void warp_collective(unsigned mask, char const* what, void* mine,
-                     std::function<void(void* const* lanes)> const& fn, std::source_location where);
+                     CollectiveFn fn, std::source_location where);
 
 /// The same for a group of `count` consecutive threads starting at a multiple of `count` (count =
 /// 128: a Hopper warpgroup). Every thread of the group must call it. `threads[i]` is the pointer of
 /// the group's i-th thread.
-void group_collective(int count, char const* what, void* mine, std::function<void(void* const* threads)> const& fn,
+void group_collective(int count, char const* what, void* mine, CollectiveFn fn,
                       std::source_location where);
 
 /// A number that identifies the block in progress on this worker, unique in the process (shims keep
