@@ -661,7 +661,9 @@ TEST_CASE("cuBLAS contract: leading dimensions, types, handles, pointers", "[shi
   Blas b;
   int const m = 8, n = 4, k = 6;
   float *dA = device_alloc<float>(64), *dB = device_alloc<float>(64), *dC = device_alloc<float>(64);
-  REQUIRE(cudaMemset(dC, 0, 64 * sizeof(float)) == cudaSuccess);
+  // The GEMMs below run on the handle's non-blocking stream, which does not wait for the legacy
+  // default stream: zero C on that stream so the zeroing is ordered before them.
+  REQUIRE(cudaMemsetAsync(dC, 0, 64 * sizeof(float), b.s) == cudaSuccess);
   float const one = 1, zero = 0;
   auto gemm = [&](cublasOperation_t ta, cublasOperation_t tb, int lda, int ldb, int ldc) {
     return cublasGemmEx(b.h, ta, tb, m, n, k, &one, dA, CUDA_R_32F, lda, dB, CUDA_R_32F, ldb, &zero, dC, CUDA_R_32F, ldc,
