@@ -265,13 +265,11 @@ enum class Via { executor, layer, layer_two_comms };
 
 /// One forward pass of `c` through a DisaggregatedLayer made for it; the rank's device error bits.
 /// Runs on a rank's thread, so it reports through `role_ok` rather than Catch2 (not thread-safe).
-template <class Sched, class Model, class Router, int N, class T>
-unsigned through_layer(moe::test::StagedDevice<N>& a2e, moe::test::StagedDevice<N>& e2a, Via via, int ag,
-                       moe::placement::Table const& on_eg, moe::replication::Table const& replicas,
-                       moe::LayerWeights<T> weights, ms::Config const& c, int tokens, int max_tokens, T const* x, T* y,
-                       cudaStream_t st, char& role_ok) {
-  using L = moe::DisaggregatedLayer<Model, Router, moe::placement::Table, moe::replication::Table, Sched,
-                                    moe::test::StagedDevice<N>>;
+template <class Sched, class Model, class Router, class Comm, class T>
+unsigned through_layer(Comm& a2e, Comm& e2a, Via via, int ag, moe::placement::Table const& on_eg,
+                       moe::replication::Table const& replicas, moe::LayerWeights<T> weights, ms::Config const& c,
+                       int tokens, int max_tokens, T const* x, T* y, cudaStream_t st, char& role_ok) {
+  using L = moe::DisaggregatedLayer<Model, Router, moe::placement::Table, moe::replication::Table, Sched, Comm>;
   static_assert(std::is_same_v<typename L::element_type, T>);
   Sched sched = Sched::from(c, ag);
   ms::FinDepCudaOptions options{.max_tokens = max_tokens};
@@ -426,9 +424,12 @@ namespace {
 /// The point-to-point executor through collective::Nccl: `N` ranks, one thread, one device and one
 /// stream each, two communicators (A2E, E2A); `ag` AG ranks with `tokens` tokens each hold their
 /// tokens on their own device, EG ranks the weights of their experts. Every AG rank's output,
-/// gathered on the host, against the host reference, for FinDEP and PPPipe configurations.
+/// gathered on the host, against the host reference, for FinDEP and PPPipe configurations. With
+/// `via` a layer mode, each configuration runs through a device moe::DisaggregatedLayer instead,
+/// made from the A2E communicator alone (the layer splits its own E2A one with
+/// `Nccl::duplicate`) or from both.
 template <int N, class Model, class Router>
-void p2p_nccl_world(int ag, int tokens, std::uint64_t seed, double tolerance) {
+void p2p_nccl_world(int ag, int tokens, std::uint64_t seed, double tolerance, Via via = Via::executor) {
   using Ex = ms::FinDepCudaP2PExecutor<Model, Router, moe::collective::Nccl>;
   using T = typename Ex::element_type;
   constexpr moe::ShapeSpec s = Model::spec;
@@ -446,6 +447,8 @@ void p2p_nccl_world(int ag, int tokens, std::uint64_t seed, double tolerance) {
   std::vector<Errors> result(cfgs.size());
   std::vector<std::string> failures(N);
   std::vector<unsigned> device_errors(N, 0);
+  std::vector<char> role_ok(N, 1);  // each layer knew whether its rank is an AG rank
+  auto one_copy = p2p_replicas(on_eg, N - ag, false);
   auto id_a2e = moe::collective::Nccl::unique_id(), id_e2a = moe::collective::Nccl::unique_id();
   moe::collective::run_in_process<N>([&](moe::collective::InProcess<N>& host) {
     int rank = host.rank();
@@ -470,20 +473,35 @@ void p2p_nccl_world(int ag, int tokens, std::uint64_t seed, double tolerance) {
         Device<T> dx(std::vector<T>(x.begin() + static_cast<std::ptrdiff_t>(first),
                                     x.begin() + static_cast<std::ptrdiff_t>(first + rows)));
         Device<T> dy(rows);
-        Ex ex(a2e, e2a, ag, on_eg, view, ms::FinDepCudaOptions{.max_tokens = tokens});
-        Device<std::byte> ws(ex.workspace_size());
-        ws.poison();
+        std::optional<Ex> ex;
+        std::optional<Device<std::byte>> ws;
+        if (via == Via::executor) {
+          ex.emplace(a2e, e2a, ag, on_eg, view, ms::FinDepCudaOptions{.max_tokens = tokens});
+          ws.emplace(ex->workspace_size());
+          ws->poison();
+        }
         for (std::size_t q = 0; q < cfgs.size(); ++q) {
           dy.poison();
           kc::check_cuda(cudaDeviceSynchronize(), "poison");
-          ex.run({.tokens = tokens, .x = is_ag ? dx.get() : nullptr, .y = is_ag ? dy.get() : nullptr, .stream = st},
-                 cfgs[q], ws.bytes());
+          T const* xr = is_ag ? dx.get() : nullptr;
+          T* yr = is_ag ? dy.get() : nullptr;
+          unsigned& errors = device_errors[static_cast<std::size_t>(rank)];
+          char& role = role_ok[static_cast<std::size_t>(rank)];
+          if (via == Via::executor) {
+            ex->run({.tokens = tokens, .x = xr, .y = yr, .stream = st}, cfgs[q], ws->bytes());
+            errors |= ex->errors();
+          } else if (cfgs[q].pipeline == ms::Pipeline::findep) {
+            errors |= through_layer<ms::FinDep, Model, Router>(a2e, e2a, via, ag, on_eg, one_copy, view, cfgs[q],
+                                                               tokens, tokens, xr, yr, st, role);
+          } else {
+            errors |= through_layer<ms::PPPipe, Model, Router>(a2e, e2a, via, ag, on_eg, one_copy, view, cfgs[q],
+                                                               tokens, tokens, xr, yr, st, role);
+          }
           if (is_ag) {
             auto out = download_on(st, dy.get(), rows);
             std::copy(out.begin(), out.end(), y.begin() + static_cast<std::ptrdiff_t>(first));
           }
           kc::check_cuda(cudaStreamSynchronize(st), "rank run");
-          device_errors[static_cast<std::size_t>(rank)] |= ex.errors();
           host.barrier();
           if (rank == 0) result[q] = compare(y, ref, fragile, total, s.hidden);
           host.barrier();
@@ -498,10 +516,12 @@ void p2p_nccl_world(int ag, int tokens, std::uint64_t seed, double tolerance) {
     INFO("rank " << r << ": " << failures[static_cast<std::size_t>(r)]);
     CHECK(failures[static_cast<std::size_t>(r)].empty());
     CHECK(device_errors[static_cast<std::size_t>(r)] == 0u);
+    CHECK(role_ok[static_cast<std::size_t>(r)]);
   }
   for (std::size_t q = 0; q < cfgs.size(); ++q) {
     INFO(N << " ranks through NCCL, " << ag << " AG, " << ms::pipeline_name(cfgs[q].pipeline) << " "
-           << ms::order_name(cfgs[q].order) << " r1 " << cfgs[q].r1 << " r2 " << cfgs[q].r2);
+           << ms::order_name(cfgs[q].order) << " r1 " << cfgs[q].r1 << " r2 " << cfgs[q].r2
+           << (via == Via::executor ? ", executor" : via == Via::layer ? ", layer (one communicator)" : ", layer (two)"));
     check_errors(result[q], tolerance, total);
   }
 }
@@ -517,6 +537,18 @@ TEST_CASE("FinDEP point-to-point executor through collective::Nccl (one device p
   }
   p2p_nccl_world<2, DeepSeekSmallF32, moe::router::SigmoidGroupTopK>(1, 24, 91, fp32_tol);
   p2p_nccl_world<4, MixtralSmallF32, moe::router::SoftmaxTopK>(2, 24, 92, fp32_tol);
+}
+
+TEST_CASE("device DisaggregatedLayer through collective::Nccl (one device per rank)",
+          "[cuda][findep][p2p][nccl][layer]") {
+  int devices = 0;
+  REQUIRE(cudaGetDeviceCount(&devices) == cudaSuccess);
+  if (devices < 4) {
+    WARN("needs 4 devices; skipped");
+    return;
+  }
+  p2p_nccl_world<3, DeepSeekSmallF32, moe::router::SigmoidGroupTopK>(1, 24, 94, fp32_tol, Via::layer);
+  p2p_nccl_world<4, MixtralSmallF32, moe::router::SoftmaxTopK>(2, 24, 95, fp32_tol, Via::layer_two_comms);
 }
 #endif
 
