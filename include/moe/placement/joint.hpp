@@ -60,6 +60,10 @@ namespace moe::placement::joint {
 struct Options {
   int slots_per_gpu = 0;  ///< S; 0 = min(E, ceil((E + G) / G))
   double eps = 0.05;      ///< per-GPU load <= (1 + eps) x mean where the slots allow it
+  /// Copies per expert, layers x experts row-major, instead of step 1's rule (e.g. EPLB's logcnt,
+  /// for the two-step baseline: someone else's counts, this planner's placement and routing).
+  /// Empty = step 1. Each count in [1, G]; a layer's counts sum to at most G x S.
+  std::vector<int> counts;
 };
 
 struct LayerStats {
@@ -183,17 +187,28 @@ inline std::vector<int> level_balls(topology::Topology const& topo, std::vector<
 }
 
 /// Placement of one layer (rules in the file comment): copies per expert, in placement order.
+/// `fixed` (optional, `experts` entries): the copy counts to place instead of copy_counts'.
 inline std::vector<std::vector<int>> place_layer(topology::Topology const& topo, double const* load, int experts,
-                                                 int slots_per_gpu, double eps) {
+                                                 int slots_per_gpu, double eps, int const* fixed = nullptr) {
   int G = topo.gpus(), S = topo.servers(), E = experts;
-  auto counts = copy_counts(load, E, G * slots_per_gpu - E, G);
+  auto counts = fixed ? std::vector<int>(fixed, fixed + E) : copy_counts(load, E, G * slots_per_gpu - E, G);
+  if (fixed) {
+    long long sum = 0;
+    for (int e = 0; e < E; ++e) {
+      check(counts[static_cast<std::size_t>(e)] >= 1 && counts[static_cast<std::size_t>(e)] <= G, "joint: expert ", e,
+            " is given ", counts[static_cast<std::size_t>(e)], " copies; each needs 1 to ", G, " (one per GPU)");
+      sum += counts[static_cast<std::size_t>(e)];
+    }
+    check(sum <= static_cast<long long>(G) * slots_per_gpu, "joint: the given counts make ", sum, " copies, more than the ",
+          static_cast<long long>(G) * slots_per_gpu, " slots");
+  }
   double total = 0;
   for (int e = 0; e < E; ++e) total += load[e];
   double cap = (1.0 + eps) * total / G;
   // An expert has at most min(G, P - E + 1) copies (one per GPU; every other expert needs a slot),
   // so its heaviest copy carries at least load / that: above the cap, no plan meets the bound.
   int most = std::min(G, G * slots_per_gpu - E + 1);
-  for (int e = 0; e < E; ++e)
+  for (int e = 0; e < E && !fixed; ++e)
     check(load[e] / most <= cap * (1 + 1e-12), "joint: expert ", e, " needs more than ", most,
           " copies to stay within (1 + eps) x the mean GPU load (1 + eps = ", 1.0 + eps, ", its copies carry ",
           load[e] / most / (total / G), " x the mean with ", most,
@@ -270,11 +285,14 @@ inline Result plan(topology::Topology const& topo, std::vector<double> const& lo
         " GPUs cannot hold ", E, " experts (S x G >= E is needed)");
   check(r.slots_per_gpu <= E, "joint: ", r.slots_per_gpu, " slots per GPU is more than the ", E,
         " experts (a GPU holds an expert once)");
+  check(o.counts.empty() || o.counts.size() == loads.size(), "joint: ", o.counts.size(), " copy counts for ", layers,
+        " layers x ", E, " experts");
   auto levels = distance_levels(topo);
   auto balls = level_balls(topo, levels);
   for (int l = 0; l < layers; ++l) {
     double const* w = loads.data() + static_cast<std::size_t>(l) * static_cast<std::size_t>(E);
-    auto where = place_layer(topo, w, E, r.slots_per_gpu, o.eps);
+    auto where = place_layer(topo, w, E, r.slots_per_gpu, o.eps,
+                             o.counts.empty() ? nullptr : o.counts.data() + static_cast<std::size_t>(l) * static_cast<std::size_t>(E));
     LayerStats st;
     LayerRoutes routes(static_cast<std::size_t>(topo.servers()),
                        std::vector<std::vector<replication::RouteShare>>(static_cast<std::size_t>(E)));
