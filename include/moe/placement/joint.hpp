@@ -22,6 +22,12 @@
 //          expert's nearest copy;
 //        - then the least loaded GPU, then the lowest index.
 //      A hot expert's copies thus spread over leaves first, then servers.
+//   4. Server cap (when Options::load_sd gives each expert's batch-to-batch load spread): a copy
+//      also keeps its server's expected load plus z standard deviations within (1 + server_eps)
+//      x the server's share; among servers within both caps the spread rule decides, ties going
+//      to the lower server score. Meant for NIC-bound clusters, where the busiest server's
+//      ingress follows how far its experts' loads drift from the plan.
+//   Options::counts replaces step 1 with given counts (e.g. EPLB's: the two-step baseline).
 //
 // replication::Routed (replication/routed.hpp) runs the routing in the host layer: per (source
 // server, expert), the copies and their shares.
