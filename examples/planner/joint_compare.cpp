@@ -133,18 +133,7 @@ int run(int argc, char** argv) {
     placement::joint::Options jo;
     auto t0 = std::chrono::steady_clock::now();
     // Batch-to-batch spread of each expert's load in the training batches, in the units of totals.
-    jo.load_sd.assign(totals.size(), 0.0);
-    for (int l = 0; l < L; ++l)
-      for (int e = 0; e < E; ++e) {
-        double s1 = 0, s2 = 0;
-        for (int b = 0; b < train.batches(); ++b) {
-          double x = train.row(b, l)[e];
-          s1 += x, s2 += x * x;
-        }
-        double n = train.batches(), mean = s1 / n;
-        jo.load_sd[static_cast<std::size_t>(l) * static_cast<std::size_t>(E) + static_cast<std::size_t>(e)] =
-            n * std::sqrt(std::max(0.0, s2 / n - mean * mean));
-      }
+    jo.load_sd = placement::joint::load_spread(train);
     auto joint = placement::joint::plan(sc.topo, totals, L, E, jo);
     double joint_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     int extra = G * joint.slots_per_gpu - E;  // redundant slots per layer

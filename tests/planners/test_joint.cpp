@@ -390,3 +390,15 @@ TEST_CASE("joint plan with given copy counts (the two-step baseline: EPLB's coun
   o.counts.pop_back();
   CHECK_THROWS_WITH(joint::plan(t, tot, L, E, o), Catch::Contains("copy counts for 2 layers"));
 }
+
+TEST_CASE("load_spread: per-batch deviation in the units of the totals, by hand") {
+  // 3 batches, 1 layer, 2 experts: expert 0 loads 1, 2, 6 (mean 3, population variance 14/3),
+  // expert 1 always 4. Totals sum the batches, so the deviation is scaled by 3.
+  profile::LoadProfile p(3, 1, 2);
+  double v0[] = {1, 2, 6};
+  for (int b = 0; b < 3; ++b) p.row(b, 0)[0] = v0[b], p.row(b, 0)[1] = 4;
+  auto sd = joint::load_spread(p);
+  REQUIRE(sd.size() == 2);
+  CHECK(sd[0] == Approx(3 * std::sqrt(14.0 / 3)));
+  CHECK(sd[1] == Approx(0.0).margin(1e-12));
+}

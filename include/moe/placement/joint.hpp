@@ -110,6 +110,28 @@ struct Result {
   }
 };
 
+/// Options::load_sd from a profile of batches whose totals are the planner's loads: for each layer
+/// and expert, the standard deviation of one batch's load over the batches (population form),
+/// times the number of batches (the scale of the totals). Any type with batches(), layers(),
+/// experts() and row(b, l) (e.g. profile::LoadProfile).
+template <class Profile>
+std::vector<double> load_spread(Profile const& p) {
+  int B = p.batches(), L = p.layers(), E = p.experts();
+  std::vector<double> sd(static_cast<std::size_t>(L) * static_cast<std::size_t>(E), 0.0);
+  for (int l = 0; l < L; ++l)
+    for (int e = 0; e < E; ++e) {
+      double s1 = 0, s2 = 0;
+      for (int b = 0; b < B; ++b) {
+        double x = p.row(b, l)[e];
+        s1 += x, s2 += x * x;
+      }
+      double mean = s1 / B;
+      sd[static_cast<std::size_t>(l) * static_cast<std::size_t>(E) + static_cast<std::size_t>(e)] =
+          B * std::sqrt(std::max(0.0, s2 / B - mean * mean));
+    }
+  return sd;
+}
+
 /// Copies per expert: one each, then `extra` more, each to the largest load per copy (first of
 /// equals), at most `max_copies` of one expert.
 inline std::vector<int> copy_counts(double const* load, int experts, int extra, int max_copies) {
