@@ -1,6 +1,7 @@
 // joint_compare: every planner judged by the link-level traffic model on the same held-out batches
 // (docs/planners.md, "The joint planner"). Per scenario: plans from the first batches of a profile
-// (contiguous, EPLB, CRAFT, ILPLoad, joint at equal replica memory), then, on the held-out batches,
+// (contiguous, EPLB, EPLB counts + the joint placement, CRAFT, ILPLoad, joint at equal replica
+// memory), then, on the held-out batches,
 // each layer's tokens routed as moe::Layer routes them with the plan's replica policy.
 //
 //   joint_compare                 all scenarios of the docs' table
@@ -131,6 +132,8 @@ int run(int argc, char** argv) {
     // Joint first: its slot count sets the replica memory every replicating policy gets.
     placement::joint::Options jo;
     auto t0 = std::chrono::steady_clock::now();
+    // Batch-to-batch spread of each expert's load in the training batches, in the units of totals.
+    jo.load_sd = placement::joint::load_spread(train);
     auto joint = placement::joint::plan(sc.topo, totals, L, E, jo);
     double joint_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     int extra = G * joint.slots_per_gpu - E;  // redundant slots per layer
@@ -189,6 +192,27 @@ int run(int argc, char** argv) {
       auto const& lt = eplb_layers[static_cast<std::size_t>(l)];
       return model.evaluate_policy(lt.replicas, lt.placement.ranks(), batch, to);
     });
+
+    // Two-step baseline: EPLB's copy counts, then the joint planner's placement (same per-GPU
+    // load cap, same slots) and routing for those counts.
+    {
+      placement::joint::Options two = jo;
+      two.slots_per_gpu = joint.slots_per_gpu;
+      two.counts.assign(er.logcnt.v.begin(), er.logcnt.v.end());
+      t0 = std::chrono::steady_clock::now();
+      auto tp = placement::joint::plan(sc.topo, totals, L, E, two);
+      double tp_s = eplb_s + std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::vector<replication::Routed> tr;
+      long long treps = 0;
+      for (int l = 0; l < L; ++l) {
+        tr.push_back(tp.policy(l, sc.topo));
+        treps += tp.stats[static_cast<std::size_t>(l)].replicas;
+      }
+      evaluate("eplb+place", tp_s, treps, [&](int l, topology::Batch const& batch) {
+        return model.evaluate_policy(tr[static_cast<std::size_t>(l)], tp.plan[static_cast<std::size_t>(l)].placement.ranks(),
+                                     batch, to);
+      });
+    }
 
     // CRAFT with the same total replica memory (replicas per GPU over all layers).
     if (E >= G) {

@@ -65,6 +65,9 @@ Policies:  --policies LIST     comma list of rr, greedy, ilp, ilpload, eplb-pack
            --craft-r R         CRAFT replicas per GPU (default 0 = automatic)
            --joint-slots S     joint: expert slots per GPU (default ceil((E + G) / G), EPLB's default memory)
            --joint-eps X       joint: per-GPU load bound (1 + X) x mean (default 0.05)
+           --joint-server-cap on|off   joint: cap each server's load + z sd, sd from the training
+                               batches (default on when there are 2 or more training batches)
+           --joint-z X --joint-server-eps X   joint: the server cap's z (default 2) and bound (default 0.02)
 Output:    --out-dir DIR       write DIR/plan_<policy>.tsv for each policy
            --format LIST       comma list of tsv (default), sglang, trtllm, vllm, vllm-ascend: the plan files
                                written per policy (docs/engines.md; vllm and vllm-ascend are experimental)
@@ -367,6 +370,11 @@ int run(int argc, char** argv) {
       placement::joint::Options jo;
       jo.slots_per_gpu = static_cast<int>(geti("joint-slots", 0, 0, s.experts));
       jo.eps = getd("joint-eps", 0.05, 0, 100);
+      std::string cap = get("joint-server-cap", "on");
+      check(cap == "on" || cap == "off", "--joint-server-cap takes on or off, got '", cap, "'");
+      if (cap == "on" && train.batches() >= 2) jo.load_sd = placement::joint::load_spread(train);
+      jo.z = getd("joint-z", 2.0, 0, 100);
+      jo.server_eps = getd("joint-server-eps", 0.02, 0, 100);
       auto j = placement::joint::plan(topo, train_totals, s.layers, s.experts, jo);
       double secs = seconds_since(t0);
       std::vector<placement::Table> prim;

@@ -7,7 +7,9 @@
 #include <glpk.h>
 
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <functional>
+#include <random>
 #include <map>
 #include <numeric>
 #include <set>
@@ -237,4 +239,166 @@ TEST_CASE("joint plan: infeasible input names the constraint") {
   o.eps = 0.1;
   tot[3] = -1;
   CHECK_THROWS_WITH(joint::plan(t, tot, 1, 8, o), Catch::Contains("load -1 is negative"));
+}
+
+namespace {
+
+/// Brute force over every placement of the given copy counts on the GPUs (at most `slots` copies on
+/// a GPU, one copy of an expert per GPU): calls f with the GPU of each copy, expert by expert.
+void each_copy_placement(int G, int slots, std::vector<int> const& counts,
+                         std::function<void(std::vector<std::vector<int>> const&)> const& f) {
+  std::vector<std::vector<int>> where(counts.size());
+  std::vector<int> used(static_cast<std::size_t>(G), 0);
+  std::function<void(std::size_t)> rec = [&](std::size_t e) {
+    if (e == counts.size()) return f(where);
+    // Expert e's copies as an increasing GPU list (the order of one expert's copies does not matter).
+    std::function<void(int, int)> pick = [&](int from, int left) {
+      if (left == 0) return rec(e + 1);
+      for (int g = from; g < G; ++g) {
+        if (used[static_cast<std::size_t>(g)] >= slots) continue;
+        ++used[static_cast<std::size_t>(g)];
+        where[e].push_back(g);
+        pick(g + 1, left - 1);
+        where[e].pop_back();
+        --used[static_cast<std::size_t>(g)];
+      }
+    };
+    pick(0, counts[e]);
+  };
+  rec(0);
+}
+
+/// Largest server score over its cap (score = expected load + z sd; the cap as documented for
+/// Options::load_sd), and whether every GPU stays within (1 + eps) x the mean: computed here from
+/// the definitions, not from the planner's bookkeeping.
+struct ServerCheck {
+  double worst = 0;  ///< max over servers of score / cap
+  bool gpus_fit = true;
+};
+ServerCheck server_check(topology::Topology const& t, std::vector<std::vector<int>> const& where,
+                         std::vector<double> const& load, std::vector<double> const& sd, double z, double seps,
+                         double eps) {
+  int G = t.gpus(), S = t.servers();
+  double total = 0, var = 0;
+  for (std::size_t e = 0; e < load.size(); ++e) {
+    total += load[e];
+    var += sd[e] * sd[e] / static_cast<double>(where[e].size());
+  }
+  std::vector<double> gl(static_cast<std::size_t>(G), 0.0), sl(static_cast<std::size_t>(S), 0.0),
+      sv(static_cast<std::size_t>(S), 0.0);
+  for (std::size_t e = 0; e < load.size(); ++e) {
+    auto c = static_cast<double>(where[e].size());
+    for (int g : where[e]) {
+      gl[static_cast<std::size_t>(g)] += load[e] / c;
+      sl[static_cast<std::size_t>(t.server_of(g))] += load[e] / c;
+      sv[static_cast<std::size_t>(t.server_of(g))] += sd[e] * sd[e] / (c * c);
+    }
+  }
+  ServerCheck r;
+  for (int g = 0; g < G; ++g) r.gpus_fit = r.gpus_fit && gl[static_cast<std::size_t>(g)] <= (1 + eps) * total / G + 1e-9;
+  for (int s = 0; s < S; ++s) {
+    double f = static_cast<double>(t.gpus_of_server(s)) / G;
+    double cap = (1 + seps) * (f * total + z * std::sqrt(f * var));
+    r.worst = std::max(r.worst, (sl[static_cast<std::size_t>(s)] + z * std::sqrt(sv[static_cast<std::size_t>(s)])) / cap);
+  }
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("joint server cap: against brute force over every placement on small instances") {
+  // 3 servers x 2 GPUs on one leaf, 2 slots per GPU, 5 experts with 12 copies (counts by the
+  // planner's rule). Random loads and spreads (seeded). Brute force finds the least achievable
+  // worst server score / cap among placements that keep every GPU within its cap; the planner with
+  // the server cap must stay close to it and do better than without the cap.
+  auto t = topology::fat_tree(1, 3, 2, 1);
+  int G = t.gpus(), E = 5, slots = 2;
+  double z = 2.0, seps = 0.02, eps = 0.3;
+  std::mt19937_64 rng(17);
+  std::uniform_real_distribution<double> U(0.0, 1.0);
+  int instances = 0, capped_within = 0, plain_within = 0, feasible = 0;
+  double sum_capped = 0, sum_plain = 0;
+  for (int it = 0; it < 120; ++it) {
+    std::vector<double> load(static_cast<std::size_t>(E)), sd(static_cast<std::size_t>(E));
+    for (int e = 0; e < E; ++e) {
+      load[static_cast<std::size_t>(e)] = 1 + 9 * U(rng);
+      sd[static_cast<std::size_t>(e)] = load[static_cast<std::size_t>(e)] * (0.05 + 0.6 * U(rng));
+    }
+    auto counts = joint::copy_counts(load.data(), E, G * slots - E, G);
+    double best = 1e300;
+    each_copy_placement(G, slots, counts, [&](std::vector<std::vector<int>> const& w) {
+      auto c = server_check(t, w, load, sd, z, seps, eps);
+      if (c.gpus_fit) best = std::min(best, c.worst);
+    });
+    if (best > 1e299) continue;  // no placement keeps the GPUs within the cap
+    ++instances;
+    auto capped = joint::place_layer(t, load.data(), E, slots, eps, counts.data(), joint::ServerCap{sd.data(), z, seps});
+    auto plain = joint::place_layer(t, load.data(), E, slots, eps, counts.data());
+    for (std::size_t e = 0; e < counts.size(); ++e) REQUIRE(capped[e].size() == static_cast<std::size_t>(counts[e]));
+    auto cc = server_check(t, capped, load, sd, z, seps, eps);
+    auto pc = server_check(t, plain, load, sd, z, seps, eps);
+    INFO("instance " << it << ": best " << best << ", capped " << cc.worst << ", plain " << pc.worst);
+    REQUIRE(cc.worst >= best - 1e-9);  // nothing beats the brute force
+    if (pc.gpus_fit) CHECK(cc.gpus_fit);  // the GPU cap comes first
+    if (best <= 1.0) {
+      ++feasible;
+      capped_within += cc.worst <= 1.0 + 1e-9;
+      plain_within += pc.worst <= 1.0 + 1e-9;
+    }
+    sum_capped += cc.worst / best;
+    sum_plain += pc.worst / best;
+  }
+  WARN("server cap: " << instances << " instances, " << feasible << " where a placement meets every cap; the planner meets them in "
+                      << capped_within << " (" << plain_within << " without the cap); mean worst / best "
+                      << sum_capped / instances << " (" << sum_plain / instances << " without)");
+  REQUIRE(instances >= 60);
+  // Measured on this seed: 94 instances where some placement meets every cap, the planner meets
+  // them in 35 (18 without the cap); mean worst / best 1.020 (1.036 without). Greedy, not exact:
+  // the checks are that the cap helps and stays near the brute-force optimum.
+  CHECK(capped_within >= plain_within + feasible / 10);
+  CHECK(sum_capped / instances <= 1.025);
+  CHECK(sum_capped < sum_plain);
+}
+
+TEST_CASE("joint plan with given copy counts (the two-step baseline: EPLB's counts, this placement)") {
+  auto t = topology::fat_tree(2, 2, 2, 1);  // 8 GPUs
+  int L = 2, E = 12, G = t.gpus();
+  auto m = profile::zipf_marginals(L, E, 0.5, 1.0, 3);
+  profile::SampleOptions so;
+  so.batches = 6;
+  so.top_k = 2;
+  auto tot = profile::sample_profile(m, so).totals();
+  auto er = replication::eplb::rebalance_experts(tot, L, E, 3 * G, 1, t.servers(), G);  // 3 slots per GPU
+  joint::Options o;
+  o.eps = 1.0;
+  o.slots_per_gpu = 3;
+  o.counts.assign(er.logcnt.v.begin(), er.logcnt.v.end());
+  auto r = joint::plan(t, tot, L, E, o);
+  for (int l = 0; l < L; ++l)
+    for (int e = 0; e < E; ++e)
+      CHECK(static_cast<int>(r.plan[static_cast<std::size_t>(l)].replicas.replicas()[static_cast<std::size_t>(e)].size()) ==
+            er.logcnt(l, e));
+  // Counts unlike the planner's own rule (which gives the hot experts more): two copies each.
+  o.counts.assign(tot.size(), 2);
+  auto r2 = joint::plan(t, tot, L, E, o);
+  for (int l = 0; l < L; ++l)
+    for (auto const& c : r2.plan[static_cast<std::size_t>(l)].replicas.replicas()) CHECK(c.size() == 2);
+  o.counts[3] = 0;
+  CHECK_THROWS_WITH(joint::plan(t, tot, L, E, o), Catch::Contains("expert 3 is given 0 copies"));
+  o.counts.assign(tot.size(), 3);
+  CHECK_THROWS_WITH(joint::plan(t, tot, L, E, o), Catch::Contains("more than the 24 slots"));
+  o.counts.pop_back();
+  CHECK_THROWS_WITH(joint::plan(t, tot, L, E, o), Catch::Contains("copy counts for 2 layers"));
+}
+
+TEST_CASE("load_spread: per-batch deviation in the units of the totals, by hand") {
+  // 3 batches, 1 layer, 2 experts: expert 0 loads 1, 2, 6 (mean 3, population variance 14/3),
+  // expert 1 always 4. Totals sum the batches, so the deviation is scaled by 3.
+  profile::LoadProfile p(3, 1, 2);
+  double v0[] = {1, 2, 6};
+  for (int b = 0; b < 3; ++b) p.row(b, 0)[0] = v0[b], p.row(b, 0)[1] = 4;
+  auto sd = joint::load_spread(p);
+  REQUIRE(sd.size() == 2);
+  CHECK(sd[0] == Approx(3 * std::sqrt(14.0 / 3)));
+  CHECK(sd[1] == Approx(0.0).margin(1e-12));
 }

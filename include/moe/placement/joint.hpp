@@ -22,6 +22,12 @@
 //          expert's nearest copy;
 //        - then the least loaded GPU, then the lowest index.
 //      A hot expert's copies thus spread over leaves first, then servers.
+//   4. Server cap (when Options::load_sd gives each expert's batch-to-batch load spread): a copy
+//      also keeps its server's expected load plus z standard deviations within (1 + server_eps)
+//      x the server's share; among servers within both caps the spread rule decides, ties going
+//      to the lower server score. Meant for NIC-bound clusters, where the busiest server's
+//      ingress follows how far its experts' loads drift from the plan.
+//   Options::counts replaces step 1 with given counts (e.g. EPLB's: the two-step baseline).
 //
 // replication::Routed (replication/routed.hpp) runs the routing in the host layer: per (source
 // server, expert), the copies and their shares.
@@ -60,6 +66,25 @@ namespace moe::placement::joint {
 struct Options {
   int slots_per_gpu = 0;  ///< S; 0 = min(E, ceil((E + G) / G))
   double eps = 0.05;      ///< per-GPU load <= (1 + eps) x mean where the slots allow it
+  /// Copies per expert, layers x experts row-major, instead of step 1's rule (e.g. EPLB's logcnt,
+  /// for the two-step baseline: someone else's counts, this planner's placement and routing).
+  /// Empty = step 1. Each count in [1, G]; a layer's counts sum to at most G x S.
+  std::vector<int> counts;
+  /// Batch-to-batch standard deviation of each expert's load, layers x experts in the units of
+  /// `loads` (e.g. the sd of one batch's load times the number of batches summed into `loads`).
+  /// Non-empty turns on the server cap: a copy goes to a server only if the server's expected load
+  /// plus z standard deviations stays within (1 + server_eps) x its share of the layer's total
+  /// (mean plus z sd of the total variance spread evenly), where a server allows it.
+  std::vector<double> load_sd;
+  double z = 2.0;
+  double server_eps = 0.02;
+};
+
+/// The server cap of Options (load_sd, z, server_eps) for one layer.
+struct ServerCap {
+  double const* sd = nullptr;  ///< per expert; nullptr = no server cap
+  double z = 2.0;
+  double eps = 0.02;
 };
 
 struct LayerStats {
@@ -84,6 +109,28 @@ struct Result {
     return {plan[static_cast<std::size_t>(l)].replicas.replicas(), topo, routes[static_cast<std::size_t>(l)]};
   }
 };
+
+/// Options::load_sd from a profile of batches whose totals are the planner's loads: for each layer
+/// and expert, the standard deviation of one batch's load over the batches (population form),
+/// times the number of batches (the scale of the totals). Any type with batches(), layers(),
+/// experts() and row(b, l) (e.g. profile::LoadProfile).
+template <class Profile>
+std::vector<double> load_spread(Profile const& p) {
+  int B = p.batches(), L = p.layers(), E = p.experts();
+  std::vector<double> sd(static_cast<std::size_t>(L) * static_cast<std::size_t>(E), 0.0);
+  for (int l = 0; l < L; ++l)
+    for (int e = 0; e < E; ++e) {
+      double s1 = 0, s2 = 0;
+      for (int b = 0; b < B; ++b) {
+        double x = p.row(b, l)[e];
+        s1 += x, s2 += x * x;
+      }
+      double mean = s1 / B;
+      sd[static_cast<std::size_t>(l) * static_cast<std::size_t>(E) + static_cast<std::size_t>(e)] =
+          B * std::sqrt(std::max(0.0, s2 / B - mean * mean));
+    }
+  return sd;
+}
 
 /// Copies per expert: one each, then `extra` more, each to the largest load per copy (first of
 /// equals), at most `max_copies` of one expert.
@@ -183,17 +230,29 @@ inline std::vector<int> level_balls(topology::Topology const& topo, std::vector<
 }
 
 /// Placement of one layer (rules in the file comment): copies per expert, in placement order.
+/// `fixed` (optional, `experts` entries): the copy counts to place instead of copy_counts'.
 inline std::vector<std::vector<int>> place_layer(topology::Topology const& topo, double const* load, int experts,
-                                                 int slots_per_gpu, double eps) {
+                                                 int slots_per_gpu, double eps, int const* fixed = nullptr,
+                                                 ServerCap const& sc = {}) {
   int G = topo.gpus(), S = topo.servers(), E = experts;
-  auto counts = copy_counts(load, E, G * slots_per_gpu - E, G);
+  auto counts = fixed ? std::vector<int>(fixed, fixed + E) : copy_counts(load, E, G * slots_per_gpu - E, G);
+  if (fixed) {
+    long long sum = 0;
+    for (int e = 0; e < E; ++e) {
+      check(counts[static_cast<std::size_t>(e)] >= 1 && counts[static_cast<std::size_t>(e)] <= G, "joint: expert ", e,
+            " is given ", counts[static_cast<std::size_t>(e)], " copies; each needs 1 to ", G, " (one per GPU)");
+      sum += counts[static_cast<std::size_t>(e)];
+    }
+    check(sum <= static_cast<long long>(G) * slots_per_gpu, "joint: the given counts make ", sum, " copies, more than the ",
+          static_cast<long long>(G) * slots_per_gpu, " slots");
+  }
   double total = 0;
   for (int e = 0; e < E; ++e) total += load[e];
   double cap = (1.0 + eps) * total / G;
   // An expert has at most min(G, P - E + 1) copies (one per GPU; every other expert needs a slot),
   // so its heaviest copy carries at least load / that: above the cap, no plan meets the bound.
   int most = std::min(G, G * slots_per_gpu - E + 1);
-  for (int e = 0; e < E; ++e)
+  for (int e = 0; e < E && !fixed; ++e)
     check(load[e] / most <= cap * (1 + 1e-12), "joint: expert ", e, " needs more than ", most,
           " copies to stay within (1 + eps) x the mean GPU load (1 + eps = ", 1.0 + eps, ", its copies carry ",
           load[e] / most / (total / G), " x the mean with ", most,
@@ -204,6 +263,21 @@ inline std::vector<std::vector<int>> place_layer(topology::Topology const& topo,
     return load[a] * counts[static_cast<std::size_t>(b)] > load[b] * counts[static_cast<std::size_t>(a)];
   });
   int far = distance_levels(topo).back();
+  // Server cap: expected load + z sd of each server against its share of the total plus z times
+  // the sd it would have if the copies' variance were spread evenly over the GPUs.
+  std::vector<double> sl(static_cast<std::size_t>(S), 0.0), sv(static_cast<std::size_t>(S), 0.0),
+      scap(static_cast<std::size_t>(S), std::numeric_limits<double>::infinity());
+  if (sc.sd) {
+    double var = 0;
+    for (int e = 0; e < E; ++e) var += sc.sd[e] * sc.sd[e] / counts[static_cast<std::size_t>(e)];
+    for (int s = 0; s < S; ++s) {
+      double f = static_cast<double>(topo.gpus_of_server(s)) / G;
+      scap[static_cast<std::size_t>(s)] = (1.0 + sc.eps) * (f * total + sc.z * std::sqrt(f * var));
+    }
+  }
+  auto score = [&](int s, double w, double v) {
+    return sl[static_cast<std::size_t>(s)] + w + sc.z * std::sqrt(sv[static_cast<std::size_t>(s)] + v);
+  };
   std::vector<double> gl(static_cast<std::size_t>(G), 0.0);
   std::vector<int> left(static_cast<std::size_t>(G), slots_per_gpu);
   std::vector<std::vector<int>> where(static_cast<std::size_t>(E));
@@ -212,13 +286,14 @@ inline std::vector<std::vector<int>> place_layer(topology::Topology const& topo,
   for (int e : order) {
     int c = counts[static_cast<std::size_t>(e)];
     double w = load[e] / c;
+    double v = sc.sd ? sc.sd[e] * sc.sd[e] / (static_cast<double>(c) * c) : 0.0;
     std::fill(dist.begin(), dist.end(), far + 1);  // no copy yet: farther than anything
     std::fill(has.begin(), has.end(), 0);
     for (int k = 0; k < c; ++k) {
       // Per server, its least loaded GPU with a free slot and no copy of e; then the best server.
-      int best_gpu = -1;
-      bool best_fits = false;
-      double best_gain = -1;
+      // Tiers: 2 = within the GPU and the server cap, 1 = within the GPU cap, 0 = neither.
+      int best_gpu = -1, best_tier = -1;
+      double best_gain = -1, best_score = 0;
       for (int s = 0, g0 = 0; s < S; g0 += topo.gpus_of_server(s), ++s) {
         int pick = -1;
         for (int g = g0; g < g0 + topo.gpus_of_server(s); ++g)
@@ -227,17 +302,26 @@ inline std::vector<std::vector<int>> place_layer(topology::Topology const& topo,
             pick = g;
         if (pick < 0) continue;
         bool fits = gl[static_cast<std::size_t>(pick)] + w <= cap;
+        double sco = score(s, w, v);
+        int tier = fits ? (sco <= scap[static_cast<std::size_t>(s)] ? 2 : 1) : 0;
         double gain = 0;
-        if (fits)
+        if (tier == 2)
           for (int t = 0; t < S; ++t)
             gain += static_cast<double>(topo.gpus_of_server(t)) *
                     std::max(0, dist[static_cast<std::size_t>(t)] - topo.server_hops(t, s));
-        bool better = best_gpu < 0 || (fits && !best_fits);
-        if (!better && fits == best_fits) {
+        bool better = tier > best_tier;
+        if (!better && tier == best_tier) {
           double pl = gl[static_cast<std::size_t>(pick)], bl = gl[static_cast<std::size_t>(best_gpu)];
-          better = fits ? (gain > best_gain || (gain == best_gain && pl < bl)) : pl < bl;
+          if (tier == 2 && sc.sd)  // equal gain: the server with the lower score, then the GPU
+            better = gain > best_gain || (gain == best_gain && (sco < best_score || (sco == best_score && pl < bl)));
+          else if (tier == 2)
+            better = gain > best_gain || (gain == best_gain && pl < bl);
+          else if (tier == 1)  // over the server cap: the least loaded server (score), then GPU
+            better = sco < best_score || (sco == best_score && pl < bl);
+          else
+            better = pl < bl;
         }
-        if (better) best_gpu = pick, best_fits = fits, best_gain = gain;
+        if (better) best_gpu = pick, best_tier = tier, best_gain = gain, best_score = sco;
       }
       check(best_gpu >= 0, "joint: no GPU has a free slot for a copy of expert ", e, " (", slots_per_gpu,
             " slots per GPU)");
@@ -246,6 +330,8 @@ inline std::vector<std::vector<int>> place_layer(topology::Topology const& topo,
       gl[static_cast<std::size_t>(best_gpu)] += w;
       --left[static_cast<std::size_t>(best_gpu)];
       int bs = topo.server_of(best_gpu);
+      sl[static_cast<std::size_t>(bs)] += w;
+      sv[static_cast<std::size_t>(bs)] += v;
       for (int t = 0; t < S; ++t)
         dist[static_cast<std::size_t>(t)] = std::min(dist[static_cast<std::size_t>(t)], topo.server_hops(t, bs));
     }
@@ -270,11 +356,21 @@ inline Result plan(topology::Topology const& topo, std::vector<double> const& lo
         " GPUs cannot hold ", E, " experts (S x G >= E is needed)");
   check(r.slots_per_gpu <= E, "joint: ", r.slots_per_gpu, " slots per GPU is more than the ", E,
         " experts (a GPU holds an expert once)");
+  check(o.load_sd.empty() || o.load_sd.size() == loads.size(), "joint: ", o.load_sd.size(), " load deviations for ",
+        layers, " layers x ", E, " experts");
+  for (double v : o.load_sd) check(std::isfinite(v) && v >= 0, "joint: load deviation ", v, " is negative or not finite");
+  check(std::isfinite(o.z) && o.z >= 0 && std::isfinite(o.server_eps) && o.server_eps >= 0, "joint: z (", o.z,
+        ") and server_eps (", o.server_eps, ") must be >= 0");
+  check(o.counts.empty() || o.counts.size() == loads.size(), "joint: ", o.counts.size(), " copy counts for ", layers,
+        " layers x ", E, " experts");
   auto levels = distance_levels(topo);
   auto balls = level_balls(topo, levels);
   for (int l = 0; l < layers; ++l) {
     double const* w = loads.data() + static_cast<std::size_t>(l) * static_cast<std::size_t>(E);
-    auto where = place_layer(topo, w, E, r.slots_per_gpu, o.eps);
+    auto where = place_layer(topo, w, E, r.slots_per_gpu, o.eps,
+                             o.counts.empty() ? nullptr : o.counts.data() + static_cast<std::size_t>(l) * static_cast<std::size_t>(E),
+                             ServerCap{o.load_sd.empty() ? nullptr : o.load_sd.data() + static_cast<std::size_t>(l) * static_cast<std::size_t>(E),
+                                       o.z, o.server_eps});
     LayerStats st;
     LayerRoutes routes(static_cast<std::size_t>(topo.servers()),
                        std::vector<std::vector<replication::RouteShare>>(static_cast<std::size_t>(E)));
