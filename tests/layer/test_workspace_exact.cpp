@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "moe/moe.hpp"
+#include "moe/schedule/findep_executor.hpp"
 #include "textbook.hpp"
 
 using namespace moe;
@@ -318,4 +319,62 @@ TEST_CASE("moe::Layer: ranks with different options cannot overrun the exact buf
     message = e.what();
   }
   CHECK_THAT(message, Catch::Contains("rank 0 received 18 token-expert assignments but its workspace holds 12"));
+}
+
+TEST_CASE("FinDepExecutor: the worst case writes every byte of an AG and an EG rank's workspace",
+          "[schedule][workspace]") {
+  // 2 AG and 2 EG ranks; experts 0..3 on EG rank 0, 4..7 on EG rank 1. Worst cases:
+  //   all to EG 0, one chunk    every token of both AG ranks picks experts 0 and 1: an AG rank packs
+  //                             its whole batch for one EG rank and gets one partial per token
+  //                             back; EG rank 0 receives every token, and expert 0 gets them all;
+  //                             the micro-batch is the whole batch (logits, shared expert);
+  //   spread, one chunk         the AG tokens pick experts 0 and 4: each goes to both EG ranks;
+  //   either, r1 * r2 = tokens  one token per chunk: the most (chunk, EG rank) lists.
+  // (moe::DisaggregatedLayer's workspace_size() is this executor's.)
+  constexpr int R = 4, ag = 2, m = 4;
+  constexpr ShapeSpec s = SharedWide::spec;
+  using schedule::Config;
+  using schedule::Pipeline;
+  std::vector<Finding> found(R);
+  collective::run_in_process<R>([&](auto& comm) {
+    using Comm = std::remove_cvref_t<decltype(comm)>;
+    using Ex = schedule::FinDepExecutor<router::SoftmaxTopK, float, Comm>;
+    int rank = comm.rank();
+    bool is_ag = rank < ag;
+    RandomLayerWeights<float> weights(s, 13);
+    auto router = identity_router<float>(s);
+    auto view = weights.view();
+    view.router = router.data();
+    Ex ex(comm, s, ag, placement::Table({0, 0, 0, 0, 1, 1, 1, 1}), view, m);
+    auto [size, pieces] = measure([&] { return ex.workspace_size(); });
+    Finding& f = found[static_cast<std::size_t>(rank)];
+    if (size != carver_used(pieces)) f.problems.push_back("workspace_size() is not the end of its pieces + slack");
+
+    std::vector<std::vector<int>> inputs = {{0, 1}, {0, 4}};
+    std::vector<Config> configs = {{.pipeline = Pipeline::findep, .r1 = 1, .r2 = 1},
+                                   {.pipeline = Pipeline::findep, .r1 = 2, .r2 = 2}};
+    Buffer ws(size, 16);
+    bool record = true;
+    auto runs = [&] {
+      for (std::size_t i = 0; i < inputs.size(); ++i) {
+        for (Config const& c : configs) {
+          auto x = routed_tokens<float>(s, std::vector<std::vector<int>>(m, inputs[i]), 50 + i);
+          std::vector<float> y(x.size());
+          typename Ex::Arguments a;
+          if (is_ag) a = {m, x.data(), y.data()};
+          ex.run(a, c, ws.span);
+          if (record && is_ag) {
+            auto book = textbook::forward(s, view, m, x.data());
+            f.errors.push_back(textbook::relative_error(y.data(), book.data(), y.size()));
+          }
+        }
+      }
+      record = false;
+    };
+    auto written = written_bytes(ws.span, runs);
+    if (rank == 0 || rank == ag)
+      check_pieces(pieces, carver_start(ws.span, 0), written, is_ag ? "FinDepExecutor (AG)" : "FinDepExecutor (EG)", f);
+  });
+  expect_clean(found, tolerance<float>());
+  CHECK(found[ag].pieces > 0);
 }
