@@ -110,7 +110,7 @@ int main(int argc, char** argv) {
     bytes.append(reinterpret_cast<char const*>(a), 16).append(reinterpret_cast<char const*>(b), 8);
     std::ofstream(out / "safetensors" / "small.safetensors", std::ios::binary) << bytes;
   }
-  // moe_plan command lines from docs/planners.md and docs/engines.md (words cut at spaces).
+  // moe_plan command lines from docs/planners.md and docs/engines.md, and a few more (words cut at spaces).
   char const* command_lines[] = {
       "--model deepseek-r1 --topology fattree --c-layer 8 --out-dir plans",
       "--model olmoe-1b-7b --layers 3 --olmoe ../shared/data/olmoe-routing/olmoe-1b-7b/arxiv --leaves 4 "
@@ -128,7 +128,10 @@ int main(int argc, char** argv) {
       "--train-fraction 0.25 --write-profile p.tsv --report r.tsv",
       "--policies joint --joint-slots 3 --joint-eps 0.1 --eplb-replicas 4 --eplb-groups 2 --eplb-nodes 1 "
       "--c-exp 99 --profile p.tsv",
-      "--model kimi-k2 --help"};
+      "--model kimi-k2 --help",
+      // Values at the edges of their ranges, one mutation away from the outside.
+      "--model mixtral-8x7b --slots-per-gpu 8 --joint-slots 8 --train-fraction 1 --joint-eps 100 --craft-r 0 "
+      "--seed 9223372036854774807 --layers 1 --synthetic-zipf 0,100 --eplb-replicas 0"};
   int n = 0;
   for (char const* line : command_lines)
     std::ofstream(out / "plan_cli" / ("line" + std::to_string(n++) + ".txt")) << line;
