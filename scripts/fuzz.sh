@@ -15,7 +15,7 @@ MOE_DEBIAN_PACKAGES=(clang libclang-rt-dev nlohmann-json3-dev libyaml-cpp-dev li
 moe_install_missing_packages
 
 targets=(load_profile olmoe_counts topology plan route_counts token_table sequence_table perf_models cli_numbers
-         engine_plan torch_pickle safetensors)
+         engine_plan torch_pickle safetensors plan_cli)
 mode=(-max_total_time="${MOE_FUZZ_SECONDS:-10}")
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -37,7 +37,7 @@ $cxx -std=c++20 -O1 -Iinclude tests/fuzz/make_seeds.cpp -o "$out/bin/make_seeds"
 for t in "${targets[@]}"; do
   src=tests/fuzz/fuzz_targets.cpp
   bin="$out/bin/fuzz_$t"
-  if [ ! -x "$bin" ] || [ "$src" -nt "$bin" ] || [ -n "$(find include -newer "$bin" -name '*.hpp' -print -quit)" ]; then
+  if [ ! -x "$bin" ] || [ "$src" -nt "$bin" ] || [ -n "$(find include examples/planner -newer "$bin" -name '*.hpp' -print -quit)" ]; then
     $cxx "${flags[@]}" -DMOE_FUZZ_TARGET="$t" "$src" -o "$bin" "${libs[@]}"
   fi
   mkdir -p "$out/corpus/$t"

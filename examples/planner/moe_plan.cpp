@@ -13,7 +13,6 @@
 #include <filesystem>
 #include <iostream>
 #include <limits>
-#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -34,12 +33,11 @@
 #include "moe/placement/engine_plans.hpp"
 #include "moe/profile/engine_stats.hpp"
 #endif
+#include "plan_options.hpp"
 
 using namespace moe;
 
 namespace {
-
-constexpr long long kMaxSeed = std::numeric_limits<long long>::max() - 1000;
 
 char const* kHelp = R"(moe_plan - offline expert placement and replication planner
 
@@ -76,38 +74,6 @@ Output:    --out-dir DIR       write DIR/plan_<policy>.tsv for each policy
            --report FILE       also write the report there (TSV)
 )";
 
-struct Shape {
-  int layers, experts, top_k, hidden, ffn, groups, dense;
-};
-
-template <class M>
-Shape shape_of() {
-  return {M::spec.moe_layers, M::spec.experts, M::spec.top_k,       M::spec.hidden,
-          M::spec.expert_ffn, M::spec.groups,  M::spec.dense_layers};
-}
-
-Shape model_shape(std::string const& name) {
-  if (name == "deepseek-r1") return shape_of<models::DeepSeekR1>();
-  if (name == "deepseek-v3") return shape_of<models::DeepSeekV3>();
-  if (name == "deepseek-v2") return shape_of<models::DeepSeekV2>();
-  if (name == "deepseek-moe-16b") return shape_of<models::DeepSeekMoE16B>();
-  if (name == "mixtral-8x7b") return shape_of<models::Mixtral8x7B>();
-  if (name == "qwen3-30b-a3b") return shape_of<models::Qwen3_30B_A3B>();
-  if (name == "qwen3-235b-a22b") return shape_of<models::Qwen3_235B_A22B>();
-  if (name == "olmoe-1b-7b") return shape_of<models::OLMoE_1B_7B>();
-  if (name == "kimi-k2") return shape_of<models::KimiK2>();
-  fail("unknown model '", name, "' (see --help)");
-}
-
-std::vector<std::string> split(std::string const& s, char sep) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, sep))
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
-
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -123,33 +89,17 @@ struct Row {
 };
 
 int run(int argc, char** argv) {
-  std::map<std::string, std::string> opt;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--help" || a == "-h") {
-      std::cout << kHelp;
-      return 0;
-    }
-    check(a.rfind("--", 0) == 0 && i + 1 < argc, "bad argument '", a, "' (options take a value; see --help)");
-    opt[a.substr(2)] = argv[++i];
+  std::vector<std::string> words(argv + 1, argv + argc);
+  plan_cli::PlanOptions const o = plan_cli::parse_plan_options(words);
+  if (o.help) {
+    std::cout << kHelp;
+    return 0;
   }
-  auto get = [&](std::string const& k, std::string const& d) { return opt.count(k) ? opt[k] : d; };
-  // Every number is parsed whole and range-checked (core/cli.hpp); ranges default to [1, INT_MAX].
-  auto geti = [&](std::string const& k, long long d, long long lo = 1,
-                  long long hi = std::numeric_limits<int>::max()) {
-    return opt.count(k) ? core::parse_int(opt[k], "--" + k, lo, hi) : d;
-  };
-  auto getd = [&](std::string const& k, double d, double lo = 0, double hi = std::numeric_limits<double>::max()) {
-    return opt.count(k) ? core::parse_double(opt[k], "--" + k, lo, hi) : d;
-  };
-
-  Shape s = model_shape(get("model", "deepseek-r1"));
-  if (opt.count("layers")) s.layers = static_cast<int>(geti("layers", s.layers, 1, core::limits::layers));
+  plan_cli::Shape s = o.shape;
 
   // Topology.
-  std::string tk = get("topology", "fattree");
-  int leaves = static_cast<int>(geti("leaves", 16)), spl = static_cast<int>(geti("servers-per-leaf", 4)),
-      gps = static_cast<int>(geti("gpus-per-server", 4));
+  std::string const& tk = o.topology;
+  int leaves = o.leaves, spl = o.servers_per_leaf, gps = o.gpus_per_server;
   topology::Topology topo = tk == "fattree"            ? topology::fat_tree(leaves, spl, gps)
                             : tk == "dragonfly"        ? topology::dragonfly(leaves, spl, gps)
                             : tk == "fattree-sparse"   ? topology::fat_tree_sparse(leaves, spl, gps)
@@ -160,71 +110,62 @@ int run(int argc, char** argv) {
   // Profile.
   profile::LoadProfile prof;
   std::string source;
-  int sources = static_cast<int>(opt.count("profile") + opt.count("olmoe") + opt.count("import-sglang") +
-                                 opt.count("import-trtllm") + opt.count("import-vllm"));
-  check(sources <= 1, "give at most one of --profile, --olmoe, --import-sglang, --import-trtllm, --import-vllm");
   std::vector<int> decoder_layers;  // of an imported dump: the decoder layer of each MoE layer
-  if (opt.count("profile")) {
-    prof = profile::read_profile(opt["profile"]);
-    source = "file " + opt["profile"];
-  } else if (opt.count("import-sglang") || opt.count("import-trtllm") || opt.count("import-vllm")) {
+  if (o.profile) {
+    prof = profile::read_profile(*o.profile);
+    source = "file " + *o.profile;
+  } else if (o.import_sglang || o.import_trtllm || o.import_vllm) {
 #if MOE_PLAN_WITH_INTEROP
-    if (opt.count("import-sglang")) {
-      auto imp = profile::engine::import_sglang_stat(opt["import-sglang"], s.experts);
+    if (o.import_sglang) {
+      auto imp = profile::engine::import_sglang_stat(*o.import_sglang, s.experts);
       prof = std::move(imp.loads);
       decoder_layers = std::move(imp.decoder_layers);
-      source = "SGLang recorder dump " + opt["import-sglang"] + " (" + std::to_string(prof.batches()) + " passes)";
-    } else if (opt.count("import-trtllm")) {
-      auto imp = profile::engine::import_trtllm_stat(opt["import-trtllm"], s.experts);
-      check(imp.top_k == s.top_k, opt["import-trtllm"], ": num_experts_per_token = ", imp.top_k, ", the model has top-",
+      source = "SGLang recorder dump " + *o.import_sglang + " (" + std::to_string(prof.batches()) + " passes)";
+    } else if (o.import_trtllm) {
+      auto imp = profile::engine::import_trtllm_stat(*o.import_trtllm, s.experts);
+      check(imp.top_k == s.top_k, *o.import_trtllm, ": num_experts_per_token = ", imp.top_k, ", the model has top-",
             s.top_k);
       prof = std::move(imp.loads);
       decoder_layers = std::move(imp.decoder_layers);
-      source = "TensorRT-LLM expert statistics " + opt["import-trtllm"] + " (" + std::to_string(prof.batches()) +
+      source = "TensorRT-LLM expert statistics " + *o.import_trtllm + " (" + std::to_string(prof.batches()) +
                " iterations)";
     } else {
-      auto imp = profile::engine::import_vllm_routed_experts(opt["import-vllm"], s.experts);
+      auto imp = profile::engine::import_vllm_routed_experts(*o.import_vllm, s.experts);
       prof = std::move(imp.loads);
-      source = "vLLM routed experts " + opt["import-vllm"] + " (" + std::to_string(imp.tokens) + " tokens, " +
+      source = "vLLM routed experts " + *o.import_vllm + " (" + std::to_string(imp.tokens) + " tokens, " +
                std::to_string(prof.batches()) + " requests)";
     }
-    if (!decoder_layers.empty() && !opt.count("layers")) {
+    if (!decoder_layers.empty() && !o.layers_given) {
       bool contiguous = true;
       for (std::size_t l = 0; l < decoder_layers.size(); ++l)
         contiguous = contiguous && decoder_layers[l] == s.dense + static_cast<int>(l);
       check(contiguous && static_cast<int>(decoder_layers.size()) == s.layers, "the dump records decoder layers ",
             decoder_layers.front(), "..", decoder_layers.back(), " (", decoder_layers.size(), " layers), but ",
-            get("model", "deepseek-r1"), " has MoE layers ", s.dense, "..", s.dense + s.layers - 1,
+            o.model, " has MoE layers ", s.dense, "..", s.dense + s.layers - 1,
             " (use the matching --model, or --layers)");
     }
-#else
-    fail("this moe_plan was built without engine interop (nlohmann-json, yaml-cpp, libzip)");
 #endif
   } else {
     profile::Marginals m;
-    if (opt.count("olmoe")) {
-      m = profile::marginals_from_olmoe(opt["olmoe"] + "/expert_counts.tsv");
-      source = "real OLMoE marginals (" + opt["olmoe"] + "), synthetic seeded batches";
+    if (o.olmoe) {
+      m = profile::marginals_from_olmoe(*o.olmoe + "/expert_counts.tsv");
+      source = "real OLMoE marginals (" + *o.olmoe + "), synthetic seeded batches";
     } else {
-      auto ab = split(get("synthetic-zipf", "0.3,0.8"), ',');
-      check(ab.size() == 2, "--synthetic-zipf needs A,B");
-      m = profile::zipf_marginals(s.layers, s.experts, core::parse_double(ab[0], "--synthetic-zipf A", 0, 100),
-                                  core::parse_double(ab[1], "--synthetic-zipf B", 0, 100),
-                                  static_cast<std::uint64_t>(geti("seed", 1, 0, kMaxSeed)));
-      source = "synthetic Zipf-like marginals s in [" + ab[0] + ", " + ab[1] + "], seeded batches";
+      m = profile::zipf_marginals(s.layers, s.experts, o.zipf_lo, o.zipf_hi, o.seed);
+      source = "synthetic Zipf-like marginals s in [" + o.zipf_a + ", " + o.zipf_b + "], seeded batches";
     }
     profile::SampleOptions so;
-    so.batches = static_cast<int>(geti("batches", 200, 1, core::limits::batches));
-    so.tokens_per_batch = getd("tokens", 4096, 1);
+    so.batches = o.batches;
+    so.tokens_per_batch = o.tokens;
     so.top_k = s.top_k;
-    so.concentration = getd("concentration", 2000, 1e-9);
-    so.seed = static_cast<std::uint64_t>(geti("seed", 1, 0, kMaxSeed)) + 1000;
+    so.concentration = o.concentration;
+    so.seed = o.seed + 1000;
     prof = profile::sample_profile(m, so);
   }
   check(prof.layers() == s.layers && prof.experts() == s.experts, "profile has ", prof.layers(), " layers x ",
         prof.experts(), " experts but the model has ", s.layers, " x ", s.experts, " (use --layers or another --model)");
-  if (opt.count("write-profile")) profile::write_profile(opt["write-profile"], prof);
-  double tf = getd("train-fraction", 0.5, 0, 1);
+  if (o.write_profile) profile::write_profile(*o.write_profile, prof);
+  double tf = o.train_fraction;
   int train_b = std::max(1, std::min(prof.batches() - 1, static_cast<int>(prof.batches() * tf)));
   if (prof.batches() == 1) train_b = 1;
   auto train = prof.slice(0, train_b);
@@ -232,33 +173,22 @@ int run(int argc, char** argv) {
   auto train_totals = train.totals();
 
   // The default per-layer capacity is the least that can hold every expert: ceil(E / G).
-  int c_layer = static_cast<int>(geti("c-layer", std::max<long long>(1, (s.experts + G - 1) / G)));
+  int c_layer = o.c_layer ? *o.c_layer : static_cast<int>(std::max<long long>(1, (s.experts + G - 1) / G));
   // The default total capacity leaves the greedy order room too: when E does not split evenly,
   // c_layer on every layer (L * c_layer) is allowed, so no default stops a policy.
-  int c_exp = static_cast<int>(geti("c-exp", std::max((static_cast<long long>(s.layers) * s.experts + G - 1) / G + 6,
-                                                      static_cast<long long>(s.layers) * c_layer)));
+  int c_exp = o.c_exp ? *o.c_exp
+                      : static_cast<int>(std::max((static_cast<long long>(s.layers) * s.experts + G - 1) / G + 6,
+                                                  static_cast<long long>(s.layers) * c_layer));
   auto problem = placement::make_problem(topo, s.layers, s.experts, c_layer, c_exp);
   double eb = placement::expert_bytes(s.hidden, s.ffn);
-  std::string out_dir = get("out-dir", "");
+  std::string const& out_dir = o.out_dir;
   if (!out_dir.empty()) std::filesystem::create_directories(out_dir);
-  bool write_tsv = false;
+  bool const write_tsv = o.write_tsv;
 #if MOE_PLAN_WITH_INTEROP
-  std::vector<placement::engine::Format> formats;
+  std::vector<placement::engine::Format> const& formats = o.formats;
   placement::engine::LayerLayout layout{s.dense + s.layers, s.dense};
 #endif
-  for (auto const& f : split(get("format", "tsv"), ',')) {
-    if (f == "tsv") {
-      write_tsv = true;
-      continue;
-    }
-#if MOE_PLAN_WITH_INTEROP
-    formats.push_back(placement::engine::parse_format(f));
-#else
-    fail("--format ", f, ": this moe_plan was built without engine interop (nlohmann-json, yaml-cpp, libzip)");
-#endif
-  }
-  int slots_per_gpu = static_cast<int>(geti("slots-per-gpu", 0, 0, s.experts));
-  check(!opt.count("format") || opt.count("out-dir"), "--format needs --out-dir");
+  int slots_per_gpu = o.slots_per_gpu;
 
   std::vector<Row> rows;
   // `own_slots`: a slot layout the policy made itself (EPLB), used when it has the requested size.
@@ -313,8 +243,8 @@ int run(int argc, char** argv) {
   };
 
   // Without --policies every policy runs that can on this cluster; the others are named and skipped.
-  bool all_policies = !opt.count("policies");
-  for (auto const& pol : split(get("policies", "rr,greedy,ilp,ilpload,eplb-pack,eplb,craft,joint"), ',')) {
+  bool all_policies = o.all_policies;
+  for (auto const& pol : o.policies) {
     if (all_policies && pol == "eplb-pack" && s.experts % G != 0) {
       std::cerr << "moe_plan: eplb-pack skipped: " << s.experts << " experts do not split over " << G << " GPUs\n";
       continue;
@@ -337,11 +267,13 @@ int run(int argc, char** argv) {
       auto r = placement::ilp_load(problem, train_totals);
       single(pol, r.assignment, seconds_since(t0), "exact, objective " + std::to_string(r.objective));
     } else if (pol == "eplb-pack" || pol == "eplb") {
-      int groups = static_cast<int>(geti("eplb-groups", s.groups));
+      int groups = o.eplb_groups ? *o.eplb_groups : s.groups;
       // Defaults EPLB can always use: one node per server when the GPUs split evenly over the
       // servers, and at least G redundant slots, rounded up so that E + slots splits over G.
-      int nodes = static_cast<int>(geti("eplb-nodes", G % topo.servers() == 0 ? topo.servers() : 1));
-      int extra = pol == "eplb" ? static_cast<int>(geti("eplb-replicas", G + (G - (s.experts + G) % G) % G, 0)) : 0;
+      int nodes = o.eplb_nodes ? *o.eplb_nodes : G % topo.servers() == 0 ? topo.servers() : 1;
+      int extra = pol != "eplb"        ? 0
+                  : o.eplb_replicas ? *o.eplb_replicas
+                                    : G + (G - (s.experts + G) % G) % G;
       auto r = replication::eplb::rebalance_experts(train_totals, s.layers, s.experts, s.experts + extra, groups, nodes, G);
       std::vector<placement::Table> prim;
       std::vector<replication::Table> tabs;
@@ -361,20 +293,18 @@ int run(int argc, char** argv) {
       rows.back().replica_gib = static_cast<double>(physical) * eb / (1024.0 * 1024.0 * 1024.0);
     } else if (pol == "craft") {
       replication::craft::Options co;
-      co.replication_factor = static_cast<int>(geti("craft-r", 0, 0));
+      co.replication_factor = o.craft_r;
       auto p = replication::craft::plan(train, G, co);
       double secs = seconds_since(t0);
       record(pol, from_tables(p.placement), p.tables, placement::Shares::from_tables(p.tables, G), secs,
              "R = " + std::to_string(p.replication_factor) + " replicas/GPU");
     } else if (pol == "joint") {
       placement::joint::Options jo;
-      jo.slots_per_gpu = static_cast<int>(geti("joint-slots", 0, 0, s.experts));
-      jo.eps = getd("joint-eps", 0.05, 0, 100);
-      std::string cap = get("joint-server-cap", "on");
-      check(cap == "on" || cap == "off", "--joint-server-cap takes on or off, got '", cap, "'");
-      if (cap == "on" && train.batches() >= 2) jo.load_sd = placement::joint::load_spread(train);
-      jo.z = getd("joint-z", 2.0, 0, 100);
-      jo.server_eps = getd("joint-server-eps", 0.02, 0, 100);
+      jo.slots_per_gpu = o.joint_slots;
+      jo.eps = o.joint_eps;
+      if (o.joint_server_cap && train.batches() >= 2) jo.load_sd = placement::joint::load_spread(train);
+      jo.z = o.joint_z;
+      jo.server_eps = o.joint_server_eps;
       auto j = placement::joint::plan(topo, train_totals, s.layers, s.experts, jo);
       double secs = seconds_since(t0);
       std::vector<placement::Table> prim;
@@ -398,7 +328,7 @@ int run(int argc, char** argv) {
   }
 
   std::ostringstream rep;
-  rep << "# moe_plan report: " << get("model", "deepseek-r1") << " (" << s.layers << " MoE layers x " << s.experts
+  rep << "# moe_plan report: " << o.model << " (" << s.layers << " MoE layers x " << s.experts
       << " experts, top-" << s.top_k << "), " << G << " GPUs on " << tk << ", c_layer " << c_layer << ", c_exp "
       << c_exp << "\n# profile: " << source << "; planned on " << train.batches() << " batches, measured on "
       << test.batches() << "\n";
@@ -411,9 +341,9 @@ int run(int argc, char** argv) {
     rep << buf;
   }
   std::cout << rep.str();
-  if (opt.count("report")) {
-    std::ofstream f(opt["report"]);
-    check(f.is_open(), "cannot open '", opt["report"], "' for writing");
+  if (o.report) {
+    std::ofstream f(*o.report);
+    check(f.is_open(), "cannot open '", *o.report, "' for writing");
     f << rep.str();
   }
   return 0;

@@ -1,4 +1,5 @@
-// libFuzzer targets for every file reader and the planner programs' option-number parser. One
+// libFuzzer targets for every file reader, the planner programs' option-number parser and moe_plan's
+// whole command line. One
 // source, one target per build: scripts/fuzz.sh compiles it with -DMOE_FUZZ_TARGET=<name> and
 // -fsanitize=fuzzer,address,undefined. A reader may reject its input only with moe::Error; any
 // other exception (std::bad_alloc, std::length_error, ...), a sanitizer report, a leak, an input
@@ -21,6 +22,9 @@
 #include "moe/speculative/table_io.hpp"
 #include "moe/topology/topology.hpp"
 #include "moe/topology/traffic.hpp"
+// moe_plan's option parser, with the engine formats (this build links yaml-cpp and libzip).
+#define MOE_PLAN_WITH_INTEROP 1
+#include "../../examples/planner/plan_options.hpp"
 
 namespace {
 
@@ -100,13 +104,43 @@ void run(std::string const& text) {
       } catch (moe::Error const&) {
       }
     }
+  } else if constexpr (MOE_FUZZ_IS(plan_cli)) {
+    // moe_plan's argv: the input cut at every space and newline (empty words kept, so an empty
+    // value is reachable). What the parser accepts must be inside the documented ranges.
+    std::vector<std::string> words;
+    std::string word;
+    for (char c : text) {
+      if (c == ' ' || c == '\n') {
+        words.push_back(word);
+        word.clear();
+      } else {
+        word += c;
+      }
+    }
+    if (!word.empty()) words.push_back(word);
+    auto o = moe::plan_cli::parse_plan_options(words);
+    if (o.help) return;
+    auto const& s = o.shape;
+    bool ok = s.layers >= 1 && s.layers <= moe::core::limits::layers && s.experts >= 1 && o.leaves >= 1 &&
+              o.servers_per_leaf >= 1 && o.gpus_per_server >= 1 && o.batches >= 1 &&
+              o.batches <= moe::core::limits::batches && o.tokens >= 1 && o.concentration > 0 &&
+              o.train_fraction >= 0 && o.train_fraction <= 1 && o.zipf_lo >= 0 && o.zipf_lo <= 100 &&
+              o.zipf_hi >= 0 && o.zipf_hi <= 100 && o.seed <= static_cast<std::uint64_t>(moe::plan_cli::kMaxSeed) &&
+              o.craft_r >= 0 && o.joint_slots >= 0 && o.joint_slots <= s.experts && o.joint_eps >= 0 &&
+              o.joint_eps <= 100 && o.slots_per_gpu >= 0 && o.slots_per_gpu <= s.experts &&
+              (!o.c_layer || *o.c_layer >= 1) && (!o.c_exp || *o.c_exp >= 1) &&
+              (!o.eplb_replicas || *o.eplb_replicas >= 0) && (!o.eplb_groups || *o.eplb_groups >= 1) &&
+              (!o.eplb_nodes || *o.eplb_nodes >= 1);
+    int sources = o.profile.has_value() + o.olmoe.has_value() + o.import_sglang.has_value() +
+                  o.import_trtllm.has_value() + o.import_vllm.has_value();
+    if (!ok || sources > 1) __builtin_trap();
   }
 }
 
 static_assert(MOE_FUZZ_IS(load_profile) || MOE_FUZZ_IS(olmoe_counts) || MOE_FUZZ_IS(topology) || MOE_FUZZ_IS(plan) ||
                   MOE_FUZZ_IS(route_counts) || MOE_FUZZ_IS(token_table) || MOE_FUZZ_IS(sequence_table) ||
                   MOE_FUZZ_IS(perf_models) || MOE_FUZZ_IS(cli_numbers) || MOE_FUZZ_IS(engine_plan) ||
-                  MOE_FUZZ_IS(torch_pickle) || MOE_FUZZ_IS(safetensors),
+                  MOE_FUZZ_IS(torch_pickle) || MOE_FUZZ_IS(safetensors) || MOE_FUZZ_IS(plan_cli),
               "unknown MOE_FUZZ_TARGET");
 
 }  // namespace

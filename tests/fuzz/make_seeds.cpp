@@ -30,7 +30,7 @@ int main(int argc, char** argv) {
   }
   fs::path out = argv[1], data = argv[2];
   for (char const* t : {"load_profile", "olmoe_counts", "topology", "plan", "route_counts", "token_table",
-                        "sequence_table", "perf_models", "cli_numbers", "engine_plan", "torch_pickle", "safetensors"})
+                        "sequence_table", "perf_models", "cli_numbers", "engine_plan", "torch_pickle", "safetensors", "plan_cli"})
     fs::create_directories(out / t);
   {
     profile::LoadProfile p(2, 2, 4);
@@ -110,6 +110,31 @@ int main(int argc, char** argv) {
     bytes.append(reinterpret_cast<char const*>(a), 16).append(reinterpret_cast<char const*>(b), 8);
     std::ofstream(out / "safetensors" / "small.safetensors", std::ios::binary) << bytes;
   }
+  // moe_plan command lines from docs/planners.md and docs/engines.md, and a few more (words cut at spaces).
+  char const* command_lines[] = {
+      "--model deepseek-r1 --topology fattree --c-layer 8 --out-dir plans",
+      "--model olmoe-1b-7b --layers 3 --olmoe ../shared/data/olmoe-routing/olmoe-1b-7b/arxiv --leaves 4 "
+      "--servers-per-leaf 1 --gpus-per-server 4 --c-layer 4 --out-dir plans-olmoe",
+      "--topology dragonfly-sparse --c-layer 1 --policies rr,greedy,ilp,ilpload",
+      "--leaves 4 --servers-per-leaf 4 --gpus-per-server 4 --batches 3000 --c-layer 4 --policies "
+      "eplb-pack,eplb,craft --craft-r 8",
+      "--model deepseek-v3 --import-sglang /data/stats/expert_distribution_recorder_1.pt --leaves 2 "
+      "--servers-per-leaf 2 --gpus-per-server 8 --policies eplb,craft,ilpload --format sglang --out-dir plans",
+      "--model deepseek-v3 --import-trtllm /data/trtllm-stats --leaves 4 --servers-per-leaf 2 --gpus-per-server 8 "
+      "--policies craft --format trtllm --out-dir plans",
+      "--model qwen3-235b-a22b --import-vllm routes.json --format vllm,vllm-ascend,tsv --out-dir plans "
+      "--slots-per-gpu 9",
+      "--model mixtral-8x7b --synthetic-zipf 0.1,1.5 --batches 20 --tokens 512 --concentration 0.5 --seed 7 "
+      "--train-fraction 0.25 --write-profile p.tsv --report r.tsv",
+      "--policies joint --joint-slots 3 --joint-eps 0.1 --eplb-replicas 4 --eplb-groups 2 --eplb-nodes 1 "
+      "--c-exp 99 --profile p.tsv",
+      "--model kimi-k2 --help",
+      // Values at the edges of their ranges, one mutation away from the outside.
+      "--model mixtral-8x7b --slots-per-gpu 8 --joint-slots 8 --train-fraction 1 --joint-eps 100 --craft-r 0 "
+      "--seed 9223372036854774807 --layers 1 --synthetic-zipf 0,100 --eplb-replicas 0"};
+  int n = 0;
+  for (char const* line : command_lines)
+    std::ofstream(out / "plan_cli" / ("line" + std::to_string(n++) + ".txt")) << line;
   std::ofstream(out / "cli_numbers" / "small.txt") << "int 1 2147483647 200\ndouble 0 1 0.5\nint 0 9 12abc\n";
   return 0;
 }

@@ -7,10 +7,39 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "moe/config.hpp"
 
 namespace moe::core {
+
+/// One piece a measuring Carver counted: its offset from the carver's aligned start, and its bytes.
+struct CarvePiece {
+  std::size_t offset = 0;
+  std::size_t bytes = 0;
+};
+
+/// For tests: while a CarveLog lives, every take() of a measuring Carver on the same thread appends
+/// its piece, so a test can tell each buffer a workspace_size() counted (tests/layer/
+/// test_workspace_exact.cpp checks that the worst case writes every one of them whole).
+class CarveLog {
+public:
+  CarveLog() : outer_(current()) { current() = this; }
+  ~CarveLog() { current() = outer_; }
+  CarveLog(CarveLog const&) = delete;
+  CarveLog& operator=(CarveLog const&) = delete;
+
+  std::vector<CarvePiece> pieces;
+
+  /// The innermost live log of this thread, or null.
+  static CarveLog*& current() {
+    thread_local CarveLog* log = nullptr;
+    return log;
+  }
+
+private:
+  CarveLog* outer_;
+};
 
 class Carver {
 public:
@@ -32,7 +61,10 @@ public:
     offset_ = (offset_ + alignment - 1) / alignment * alignment;
     std::size_t start = offset_;
     offset_ += n * sizeof(T);
-    if (measuring_) return {};
+    if (measuring_) {
+      if (CarveLog* log = CarveLog::current()) log->pieces.push_back({start, n * sizeof(T)});
+      return {};
+    }
     check(offset_ <= capacity_, "workspace too small: ", capacity_, " usable bytes, needs at least ", offset_);
     return {reinterpret_cast<T*>(base_ + start), n};
   }

@@ -224,13 +224,25 @@ private:
     std::size_t per_peer = static_cast<std::size_t>(options_.max_tokens) * (options_.deduplicate ? 1 : static_cast<std::size_t>(k));
     return per_peer * static_cast<std::size_t>(comm_->size());
   }
+  /// Token-expert assignments a rank can receive: k per token of every rank, whether a record
+  /// carries one of them or several.
+  [[nodiscard]] std::size_t max_recv_assignments() const {
+    return static_cast<std::size_t>(options_.max_tokens) * static_cast<std::size_t>(comm_->size()) * k;
+  }
+  /// Rows one local expert can get: a token picks an expert at most once, so one per token of every rank.
+  [[nodiscard]] std::size_t max_expert_rows() const {
+    return static_cast<std::size_t>(options_.max_tokens) * static_cast<std::size_t>(comm_->size());
+  }
 
   void carve(core::Carver& c, Buffers& b) const {
     auto m = static_cast<std::size_t>(options_.max_tokens);
     auto ranks = static_cast<std::size_t>(comm_->size());
     std::size_t rec = meta_bytes_ + payload_bytes_;
-    std::size_t rows = std::max(max_recv_records(), m);
-    std::size_t ffn = static_cast<std::size_t>(std::max(shape.expert_ffn, shape.shared_ffn));
+    std::size_t rows = max_expert_rows();  // >= m, the rows of the shared experts
+    // The routed experts run on at most `rows` rows, the shared ones on at most m.
+    std::size_t scratch = kernels::host::swiglu_scratch(static_cast<int>(rows), shape.expert_ffn);
+    if (shape.shared_experts > 0)
+      scratch = std::max(scratch, kernels::host::swiglu_scratch(static_cast<int>(m), shape.shared_ffn));
     b.logits = c.take<float>(m * E);
     b.ids = c.take<int>(m * k);
     b.gate = c.take<float>(m * k);
@@ -246,11 +258,11 @@ private:
     b.returned = c.take<T>(max_send_records() * h);
     b.bucket_start = c.take<int>(E + 1);
     b.bucket_fill = c.take<int>(E);
-    b.bucket_record = c.take<int>(max_recv_records() * k);
-    b.bucket_weight = c.take<float>(max_recv_records() * k);
+    b.bucket_record = c.take<int>(max_recv_assignments());
+    b.bucket_weight = c.take<float>(max_recv_assignments());
     b.rows = c.take<T>(rows * h);
     b.out = c.take<float>(rows * h);
-    b.scratch = c.take<float>(kernels::host::swiglu_scratch(static_cast<int>(rows), static_cast<int>(ffn)));
+    b.scratch = c.take<float>(scratch);
     b.y = c.take<float>(m * h);
   }
 
@@ -350,6 +362,15 @@ private:
         }
       }
       std::partial_sum(starts.begin(), starts.end(), starts.begin());
+      // Ranks that agree on the options send at most k assignments per token, each expert at most
+      // once per token; the workspace holds no more (max_recv_assignments, max_expert_rows).
+      check(static_cast<std::size_t>(starts[E]) <= L.max_recv_assignments(), "moe::Layer: rank ", rank_,
+            " received ", starts[E], " token-expert assignments but its workspace holds ", L.max_recv_assignments(),
+            " (do all ranks use the same LayerOptions?)");
+      for (std::size_t e = 0; e < E; ++e)
+        check(static_cast<std::size_t>(starts[e + 1] - starts[e]) <= L.max_expert_rows(), "moe::Layer: rank ", rank_,
+              " received ", starts[e + 1] - starts[e], " rows for expert ", e, " but its workspace holds ",
+              L.max_expert_rows(), " (do all ranks use the same LayerOptions?)");
       auto fill = b_.bucket_fill;
       std::copy(starts.begin(), starts.end() - 1, fill.begin());
       for (std::size_t r = 0; r < received_; ++r) {

@@ -1,0 +1,107 @@
+// moe_plan's command line (examples/planner/plan_options.hpp): accepted lines give the documented
+// values, and each bad line gives a moe::Error that names the option at fault. The plan_cli fuzz
+// target (tests/fuzz) runs the same parser on arbitrary words.
+#include <catch2/catch.hpp>
+#include <string>
+#include <vector>
+
+#include "../../examples/planner/plan_options.hpp"
+
+using Catch::Contains;
+using moe::plan_cli::parse_plan_options;
+
+namespace {
+moe::plan_cli::PlanOptions parse(std::vector<std::string> const& words) { return parse_plan_options(words); }
+
+/// The message of the moe::Error parsing `words` throws ("accepted" when it throws none; any other
+/// exception escapes and fails the test).
+std::string error_of(std::vector<std::string> const& words) {
+  try {
+    (void)parse(words);
+  } catch (moe::Error const& e) {
+    return e.what();
+  }
+  return "accepted";
+}
+}  // namespace
+
+TEST_CASE("moe_plan options: defaults and a documented command line") {
+  auto d = parse({});
+  CHECK(d.model == "deepseek-r1");
+  CHECK(d.shape.layers == 58);
+  CHECK(d.shape.experts == 256);
+  CHECK(d.leaves == 16);
+  CHECK(d.batches == 200);
+  CHECK(d.policies.size() == 8);
+  CHECK(d.all_policies);
+  CHECK(d.write_tsv);
+  CHECK_FALSE(d.c_layer.has_value());
+
+  auto o = parse({"--model",   "olmoe-1b-7b", "--layers",           "3",           "--olmoe",           "dir",
+                  "--leaves",  "4",           "--servers-per-leaf", "1",           "--gpus-per-server", "4",
+                  "--c-layer", "4",           "--out-dir",          "plans-olmoe", "--policies",        "rr,,joint",
+                  "--seed",    "0",           "--train-fraction",   "1",           "--synthetic-zipf",  "0,100"});
+  CHECK(o.model == "olmoe-1b-7b");
+  CHECK(o.shape.layers == 3);
+  CHECK(o.shape.experts == 64);
+  CHECK(o.layers_given);
+  CHECK(o.olmoe == "dir");
+  CHECK(o.c_layer == 4);
+  CHECK(o.out_dir == "plans-olmoe");
+  CHECK(o.policies == std::vector<std::string>{"rr", "joint"});
+  CHECK_FALSE(o.all_policies);
+  CHECK(o.seed == 0);
+  CHECK(o.train_fraction == 1.0);
+  CHECK(o.zipf_hi == 100.0);
+  CHECK(o.zipf_b == "100");
+  CHECK(d.joint_server_cap);
+  auto j = parse({"--joint-server-cap", "off", "--joint-z", "1.5", "--joint-server-eps", "0"});
+  CHECK_FALSE(j.joint_server_cap);
+  CHECK(j.joint_z == 1.5);
+  CHECK(j.joint_server_eps == 0.0);
+
+  // A later option replaces an earlier one; --help stops the scan before any later word.
+  CHECK(parse({"--batches", "5", "--batches", "6"}).batches == 6);
+  CHECK(parse({"--batches", "12abc", "--help"}).help);
+  CHECK(parse({"-h", "not-an-option"}).help);
+}
+
+TEST_CASE("moe_plan options: a bad command line names the option") {
+  struct Bad {
+    std::vector<std::string> words;
+    char const* message;
+  };
+  std::vector<Bad> bad = {
+      {{"--batches", "3000000000"}, "--batches: 3000000000 is outside [1, "},
+      {{"--batches", "12abc"}, "--batches: '12abc' is not an integer"},
+      {{"--leaves", "-1"}, "--leaves: -1 is outside [1, "},
+      {{"--train-fraction", "nan"}, "--train-fraction: nan is outside [0, 1]"},
+      {{"--tokens", ""}, "--tokens: '' is not a number"},
+      {{"--c-layer", "0"}, "--c-layer: 0 is outside [1, "},
+      {{"--eplb-replicas", "-3"}, "--eplb-replicas: -3 is outside [0, "},
+      {{"--seed", "-1"}, "--seed: -1 is outside [0, "},
+      {{"--layers", "0"}, "--layers: 0 is outside [1, "},
+      {{"--model", "mixtral-8x7b", "--slots-per-gpu", "9"}, "--slots-per-gpu: 9 is outside [0, 8]"},
+      {{"--joint-slots", "257"}, "--joint-slots: 257 is outside [0, 256]"},
+      {{"--joint-eps", "1e999"}, "--joint-eps: 1e999 is outside [0, 100]"},
+      {{"--synthetic-zipf", "0.3"}, "--synthetic-zipf needs A,B"},
+      {{"--synthetic-zipf", "0.3,x"}, "--synthetic-zipf B: 'x' is not a number"},
+      {{"--model", "gpt-5"}, "unknown model 'gpt-5'"},
+      {{"--policies", "rr,ilp2"}, "unknown policy 'ilp2'"},
+      {{"--format", "sglang"}, "--format"},
+      {{"--format", "tsv"}, "--format needs --out-dir"},
+      {{"--profile", "a", "--olmoe", "b"}, "give at most one of --profile, --olmoe"},
+      {{"--batches"}, "bad argument '--batches' (options take a value"},
+      {{"plans"}, "bad argument 'plans'"},
+      {{"--polices", "rr"}, "unknown option '--polices'"},
+      {{"--joint-server-cap", "yes"}, "--joint-server-cap takes on or off, got 'yes'"},
+      {{"--joint-z", "-1"}, "--joint-z: -1 is outside [0, 100]"},
+      {{"--joint-server-eps", "x"}, "--joint-server-eps: 'x' is not a number"},
+  };
+  for (auto const& b : bad) {
+    std::string line;
+    for (auto const& w : b.words) line += w + " ";
+    INFO(line);
+    CHECK_THAT(error_of(b.words), Contains(b.message));
+  }
+}
