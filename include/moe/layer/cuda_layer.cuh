@@ -25,7 +25,8 @@
 //                         graph-capturable.
 //     Exchange::padded    no host synchronisation, graph-capturable: every rank sends every peer a
 //                         fixed region of worst-case size (max_tokens records with de-duplication,
-//                         max_tokens * top_k without) with a plain all_to_all; the real counts travel
+//                         max_tokens * min(top_k, most experts one rank holds) without) with a
+//                         plain all_to_all; the real counts travel
 //                         in a separate 8-byte-per-peer all_to_all and only the device reads them.
 //                         Costs bandwidth: each region is sent whole.
 //
@@ -139,10 +140,12 @@ public:
     replication::CopyLists copies = replication::copy_lists(primary, replicas_);
     std::vector<unsigned char> served(E);
     std::vector<T const*> gate(E), up(E), down(E);
+    std::vector<int> held(static_cast<std::size_t>(ranks), 0);  // experts each rank holds a copy of
     for (int e = 0; e < shape.experts; ++e) {
       auto ue = static_cast<std::size_t>(e);
       served[ue] = copies.holds(e, rank) ? 1 : 0;
       served_count_ += served[ue];
+      for (int r = 0; r < ranks; ++r) held[static_cast<std::size_t>(r)] += copies.holds(e, r) ? 1 : 0;
       auto const& w = weights_.experts[ue];
       if (served[ue]) {
         check_aligned(w.gate, "gate", e);
@@ -153,6 +156,7 @@ public:
         down[ue] = w.down;
       }
     }
+    max_held_ = *std::max_element(held.begin(), held.end());
     for (int e = 0; e < shape.shared_experts; ++e) {
       auto const& w = weights_.shared[static_cast<std::size_t>(e)];
       check_aligned(w.gate, "shared gate", e);
@@ -242,7 +246,7 @@ public:
       }
     }
     int const ranks = comm_->size(), rank = comm_->rank(), t = a.tokens;
-    std::size_t const rec = meta_bytes_ + payload_bytes_;
+    std::size_t const rec = record_bytes();
     long long const cap = padded() ? per_peer() : 0;
     stats_ = {};
     stats_.tokens = t;
@@ -432,9 +436,17 @@ private:
   };
 
   [[nodiscard]] bool padded() const { return !local && options_.exchange == cuda::Exchange::padded; }
-  /// Most records one rank can send one peer.
+  /// Bytes of one dispatch record: metadata, then the token row, except on one GPU (metadata only).
+  [[nodiscard]] std::size_t record_bytes() const { return local ? meta_bytes_ : meta_bytes_ + payload_bytes_; }
+  /// Records one token sends one peer at most: 1 with de-duplication, else one per expert of the
+  /// token that the peer holds.
+  [[nodiscard]] static long long records_per_token(int experts_held, bool deduplicate) {
+    return deduplicate ? 1 : std::max(1, std::min(k, experts_held));
+  }
+  /// Most records one rank can send one peer (the padded exchange's region): the peer holding the
+  /// most experts bounds every peer, so that all ranks agree on the stride.
   [[nodiscard]] long long per_peer() const {
-    return static_cast<long long>(options_.max_tokens) * (options_.deduplicate ? 1 : k);
+    return static_cast<long long>(options_.max_tokens) * records_per_token(max_held_, options_.deduplicate);
   }
   [[nodiscard]] std::size_t send_capacity() const {
     auto ranks = static_cast<long long>(comm_->size());
@@ -449,14 +461,17 @@ private:
   }
   [[nodiscard]] std::size_t recv_capacity() const {
     if (local) return send_capacity();
-    return static_cast<std::size_t>(comm_->size()) * static_cast<std::size_t>(per_peer());
+    if (padded()) return static_cast<std::size_t>(comm_->size()) * static_cast<std::size_t>(per_peer());
+    // Exact: each source sends this rank at most its own bound (the experts this rank holds).
+    return static_cast<std::size_t>(comm_->size()) * static_cast<std::size_t>(options_.max_tokens) *
+           static_cast<std::size_t>(records_per_token(served_count_, options_.deduplicate));
   }
 
   void carve(core::Carver& c, Buffers& b) const {
     namespace kc = kernels::cuda;
     auto m = static_cast<std::size_t>(options_.max_tokens);
     auto ranks = static_cast<std::size_t>(comm_->size());
-    std::size_t rec = meta_bytes_ + payload_bytes_;
+    std::size_t rec = record_bytes();
     std::size_t slots = recv_capacity(), items = slots * static_cast<std::size_t>(k);
     b.logits = c.take<float>(m * E);
     b.ids = c.take<int>(m * k);
@@ -465,7 +480,7 @@ private:
     b.rec_count = c.take<int>(ranks * m);
     b.rec_pos = c.take<int>(ranks * m);
     b.scan_temp = c.take<std::byte>(scan_bytes_ ? scan_bytes_ : (scan_bytes_ = kc::exclusive_sum_bytes(static_cast<long long>(ranks * m))));
-    b.counts = c.take<std::uint64_t>(2 * ranks);
+    b.counts = c.take<std::uint64_t>(local ? ranks : 2 * ranks);  // one GPU receives no counts
     b.send_base = c.take<long long>(ranks);
     b.recv_base = c.take<long long>(ranks);
     b.recv_n = c.take<int>(ranks);
@@ -498,6 +513,7 @@ private:
   kernels::cuda::DeviceArray<int> replica_offsets_, replica_ranks_, primary_;
   kernels::cuda::DeviceArray<unsigned char> served_;
   int served_count_ = 0;  // experts this rank holds a copy of
+  int max_held_ = 0;      // most experts any rank holds a copy of
   kernels::cuda::DeviceArray<T const*> gate_, up_, down_;
   kernels::cuda::DeviceArray<unsigned> errors_;
   cublasHandle_t cublas_ = nullptr;

@@ -1,0 +1,471 @@
+// Exact workspace sizes of the device components (issue 15; the host ones are
+// tests/layer/test_workspace_exact.cpp): moe::CudaLayer on one GPU (cuda::SingleGpu) and on several
+// ranks of one GPU (moe::test::StagedDevice, both exchanges), and the co-located
+// schedule::FinDepCudaExecutor. For each component and shape the test
+//   1. records, with core::CarveLog, every piece workspace_size() counts (offset and bytes), and
+//      names them in carve order (the count must match, so a new piece needs a name here);
+//   2. fills the device workspace with a poison byte (cudaMemset), runs the worst-case inputs one
+//      after the other (the most tokens the component was built for, every token routed by the
+//      biased gate so that each buffer reaches its bound in at least one input), downloads the
+//      workspace and marks each byte that no longer holds the poison; twice, with two poison bytes;
+//   3. requires every byte of every piece to be written, except the few listed as not written in
+//      the worst case, each with the reason, and workspace_size() to be the end of the last piece
+//      plus the Carver's slack (nothing counted after the pieces);
+//   4. requires each run's output to match the host reference forward (moe::reference_forward).
+// The routes are far from ties (chosen logits 6, 5, 4; the others about -2), so the GPU and the
+// host pick the same experts. Exits 77 (skipped) without a GPU; runs on the CUDA emulator.
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda_test_support.cuh"
+#include "layer_test_support.cuh"
+#include "moe/layer/cuda_layer.cuh"
+#include "moe/moe.hpp"
+#include "moe/schedule/findep_cuda.cuh"
+#include "staged_collective.cuh"
+
+using moe::test::Device;
+using moe::test::DeviceWeights;
+namespace kc = moe::kernels::cuda;
+
+namespace {
+
+constexpr std::array<unsigned char, 2> kPoison = {0xA5, 0x5A};
+
+// Shapes: every width a multiple of 16 bytes of the storage type and hidden >= experts (the
+// router weights copy the first `experts` coordinates of a token into its logits).
+// Softmax top-2 of 8 experts with a shared expert wider than a routed one.
+struct SharedWide {
+  static constexpr std::string_view name = "shared-wide";
+  static constexpr moe::ShapeSpec spec = {.hidden = 32,
+                                          .expert_ffn = 24,
+                                          .experts = 8,
+                                          .top_k = 2,
+                                          .shared_experts = 1,
+                                          .shared_ffn = 48,
+                                          .moe_layers = 1,
+                                          .scoring = moe::Scoring::softmax,
+                                          .renormalize = true,
+                                          .dtype = moe::DType::f32};
+};
+// Softmax top-3 of 4 experts in bf16, no shared expert.
+struct Top3Bf16 {
+  static constexpr std::string_view name = "top3-bf16";
+  static constexpr moe::ShapeSpec spec = {
+      .hidden = 64, .expert_ffn = 16, .experts = 4, .top_k = 3, .moe_layers = 1, .dtype = moe::DType::bf16};
+};
+
+using Router = moe::router::SoftmaxTopK;
+
+template <class T>
+constexpr double tolerance() {
+  return std::is_same_v<T, float> ? 1e-4 : 3e-2;
+}
+
+/// workspace_size() (called by `size`) and the pieces it counted.
+template <class F>
+std::pair<std::size_t, std::vector<moe::core::CarvePiece>> measure(F&& size) {
+  moe::core::CarveLog log;
+  std::size_t bytes = size();
+  return {bytes, log.pieces};
+}
+
+/// A device buffer of exactly `bytes` bytes whose address is `misalign` past a 256-byte boundary.
+struct DeviceBuffer {
+  Device<std::byte> storage;
+  std::span<std::byte> span;
+  DeviceBuffer(std::size_t bytes, std::size_t misalign) : storage(bytes + 2 * moe::core::Carver::alignment) {
+    auto address = reinterpret_cast<std::uintptr_t>(storage.get());
+    std::size_t a = moe::core::Carver::alignment;
+    span = {storage.get() + (misalign + a - address % a) % a, bytes};
+  }
+  void fill(unsigned char v) { kc::check_cuda(cudaMemset(span.data(), v, span.size()), "cudaMemset (poison)"); }
+  std::vector<unsigned char> download() const {
+    std::vector<unsigned char> out(span.size());
+    kc::check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    kc::check_cuda(cudaMemcpy(out.data(), span.data(), span.size(), cudaMemcpyDeviceToHost), "download workspace");
+    return out;
+  }
+  /// Index in `span` of the Carver's first piece.
+  [[nodiscard]] std::size_t carver_start() const {
+    auto address = reinterpret_cast<std::uintptr_t>(span.data());
+    std::size_t a = moe::core::Carver::alignment;
+    return (a - address % a) % a;
+  }
+};
+
+/// Says whether byte `b` of the piece named `name` may stay unwritten in the worst case.
+using MayStayUnwritten = std::function<bool(std::string const& name, std::size_t b)>;
+
+/// Problems of one rank: the pieces with bytes never written, a wrong total, output errors.
+struct Finding {
+  std::vector<std::string> problems;
+  std::vector<double> errors;  // one per worst-case input, against the host reference
+  std::size_t pieces_checked = 0;
+};
+
+void check_pieces(char const* who, std::vector<moe::core::CarvePiece> const& pieces,
+                  std::vector<std::string> const& names, std::size_t size, std::size_t start,
+                  std::vector<bool> const& written, MayStayUnwritten const& exempt, Finding& f) {
+  if (pieces.size() != names.size()) {
+    f.problems.push_back(std::string(who) + ": workspace_size() counted " + std::to_string(pieces.size()) +
+                         " pieces, the test names " + std::to_string(names.size()));
+    return;
+  }
+  std::size_t used = pieces.empty() ? moe::core::Carver::alignment
+                                    : pieces.back().offset + pieces.back().bytes + moe::core::Carver::alignment;
+  if (size != used)
+    f.problems.push_back(std::string(who) + ": workspace_size() = " + std::to_string(size) +
+                         " is not the end of its pieces + slack (" + std::to_string(used) + ")");
+  for (std::size_t i = 0; i < pieces.size(); ++i) {
+    std::size_t missing = 0, first = 0;
+    for (std::size_t b = 0; b < pieces[i].bytes; ++b)
+      if (!written[start + pieces[i].offset + b] && !exempt(names[i], b) && missing++ == 0) first = b;
+    if (missing)
+      f.problems.push_back(std::string(who) + ": piece " + std::to_string(i) + " '" + names[i] + "' (" +
+                           std::to_string(pieces[i].bytes) + " bytes) has " + std::to_string(missing) +
+                           " bytes never written, the first at byte " + std::to_string(first));
+  }
+  f.pieces_checked += pieces.size();
+}
+
+/// Poisons `ws` with each poison byte in turn, calls `runs` (every worst-case input once) and
+/// returns the bytes written in either pass.
+std::vector<bool> written_bytes(DeviceBuffer& ws, std::function<void()> const& runs) {
+  std::vector<bool> written(ws.span.size(), false);
+  for (unsigned char p : kPoison) {
+    ws.fill(p);
+    runs();
+    auto bytes = ws.download();
+    for (std::size_t i = 0; i < bytes.size(); ++i) written[i] = written[i] || bytes[i] != p;
+  }
+  return written;
+}
+
+/// Tokens whose logits (under identity_router) pick `chosen[t]` in that order; other coordinates random.
+template <class T>
+std::vector<T> routed_tokens(moe::ShapeSpec const& s, std::vector<std::vector<int>> const& chosen, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.0f, 0.5f);
+  auto h = static_cast<std::size_t>(s.hidden);
+  std::vector<T> x(std::max<std::size_t>(chosen.size(), 1) * h);
+  for (std::size_t t = 0; t < chosen.size(); ++t) {
+    std::vector<float> row(h);
+    for (auto& v : row) v = d(rng);
+    for (int e = 0; e < s.experts; ++e) row[static_cast<std::size_t>(e)] = -2.0f + 0.1f * d(rng);
+    for (std::size_t j = 0; j < chosen[t].size(); ++j)
+      row[static_cast<std::size_t>(chosen[t][j])] = 6.0f - static_cast<float>(j);
+    for (std::size_t i = 0; i < h; ++i) x[t * h + i] = moe::from_float<T>(row[i]);
+  }
+  return x;
+}
+
+/// Router weights with logit_e = x_e (needs hidden >= experts).
+template <class T>
+std::vector<T> identity_router(moe::ShapeSpec const& s) {
+  std::vector<T> w(static_cast<std::size_t>(s.experts) * static_cast<std::size_t>(s.hidden), moe::from_float<T>(0.0f));
+  for (int e = 0; e < s.experts; ++e)
+    w[static_cast<std::size_t>(e) * static_cast<std::size_t>(s.hidden) + static_cast<std::size_t>(e)] =
+        moe::from_float<T>(1.0f);
+  return w;
+}
+
+/// Host weights with the identity router.
+template <class T>
+struct Weights {
+  moe::RandomLayerWeights<T> random;
+  std::vector<T> router;
+  moe::LayerWeights<T> view;
+  Weights(moe::ShapeSpec const& s, std::uint64_t seed) : random(s, seed), router(identity_router<T>(s)) {
+    view = random.view();
+    view.router = router.data();
+  }
+};
+
+/// Relative error (max |y - ref| / max |ref|) of the device output `y` against the host reference.
+template <class T>
+double error_against_reference(moe::ShapeSpec const& s, moe::LayerWeights<T> const& w, int tokens,
+                               std::vector<T> const& x, std::vector<T> const& y) {
+  std::vector<T> ref(static_cast<std::size_t>(tokens) * static_cast<std::size_t>(s.hidden));
+  moe::reference_forward<Router>(s, w, tokens, x.data(), ref.data());
+  double diff = 0, scale = 1e-6;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    double g = moe::to_float(y[i]), r = moe::to_float(ref[i]);
+    diff = std::isfinite(g) ? std::max(diff, std::abs(g - r)) : 1e30;
+    scale = std::max(scale, std::abs(r));
+  }
+  return diff / scale;
+}
+
+void expect_clean(std::vector<Finding> const& found, double tol) {
+  for (std::size_t r = 0; r < found.size(); ++r) {
+    INFO("rank " << r);
+    for (auto const& p : found[r].problems) FAIL_CHECK(p);
+    for (double e : found[r].errors) CHECK(e < tol);
+  }
+  CHECK(found[0].pieces_checked > 0);
+}
+
+/// The pieces of moe::CudaLayer::carve, in order.
+std::vector<std::string> const layer_pieces = {
+    "logits",      "ids",         "dest",          "weights",    "rec_count", "rec_pos",      "scan_temp",
+    "counts",      "send_base",   "recv_base",     "recv_n",     "send",      "recv",         "keys",
+    "values",      "sorted_keys", "sorted_values", "position",   "sort_temp", "offsets",      "tile_starts",
+    "inter",       "expert_out",  "back",          "returned",   "shared_inter", "shared_acc", "cublas"};
+
+/// Scratch whose size the component does not choose: CUB's temporary storage (the size its query
+/// returns, used as CUB sees fit) and the cuBLAS workspace (CudaLayerOptions::cublas_workspace,
+/// handed to the handle). Neither is a sizing of the layer's own buffers.
+bool library_scratch(std::string const& name) {
+  return name == "scan_temp" || name == "sort_temp" || name == "cublas";
+}
+
+/// `position` is the inverse of the grouping's sort, indexed by item = record * k + slot. Without
+/// de-duplication a record names one expert, so only slot 0 of each record is an item with a
+/// row; the entries of slots 1..k-1 are never written (nor read). The indexing, not the size, is
+/// what leaves them (keys and values hold a sentinel there instead).
+MayStayUnwritten layer_exemptions(bool dedup, int k) {
+  return [dedup, k](std::string const& name, std::size_t b) {
+    if (library_scratch(name)) return true;
+    if (name == "position" && !dedup) return (b / sizeof(int)) % static_cast<std::size_t>(k) != 0;
+    return false;
+  };
+}
+
+/// One GPU: every one of the max_tokens tokens picks experts 0..k-1 (all served here).
+template <class Model>
+Finding single_gpu_case(bool dedup, int m, std::size_t misalign) {
+  using L = moe::CudaLayer<Model, Router, moe::placement::Table, moe::replication::None, moe::cuda::SingleGpu>;
+  using T = typename L::element_type;
+  constexpr moe::ShapeSpec s = Model::spec;
+  Weights<T> w(s, 7);
+  DeviceWeights<T> dw(s, w.view);
+  moe::cuda::SingleGpu gpu;
+  L layer(gpu, moe::placement::Table::contiguous(s.experts, 1), {}, dw.view(), {.max_tokens = m, .deduplicate = dedup});
+  auto [size, pieces] = measure([&] { return layer.workspace_size(); });
+  Finding f;
+  std::vector<int> first(static_cast<std::size_t>(s.top_k));
+  std::iota(first.begin(), first.end(), 0);
+  auto x = routed_tokens<T>(s, std::vector<std::vector<int>>(static_cast<std::size_t>(m), first), 11);
+  Device<T> dx(x), dy(x.size());
+  DeviceBuffer ws(size, misalign);
+  bool record = true;
+  auto written = written_bytes(ws, [&] {
+    dy.poison();
+    layer.run({.tokens = m, .x = dx.get(), .y = dy.get()}, ws.span);
+    if (layer.errors() != 0u) f.problems.push_back("device error bits " + std::to_string(layer.errors()));
+    if (record) f.errors.push_back(error_against_reference(s, w.view, m, x, dy.download()));
+    record = false;
+  });
+  check_pieces("moe::CudaLayer<SingleGpu>", pieces, layer_pieces, size, ws.carver_start(), written,
+               layer_exemptions(dedup, s.top_k), f);
+  return f;
+}
+
+}  // namespace
+
+TEST_CASE("CudaLayer on one GPU: the worst case writes every byte its workspace_size() counts",
+          "[cuda][layer][workspace]") {
+  for (bool dedup : {true, false}) {
+    for (std::size_t misalign : {std::size_t{0}, std::size_t{16}}) {
+      INFO("deduplicate " << dedup << ", buffer " << misalign << " bytes past a 256-byte boundary");
+      {
+        INFO(SharedWide::name);
+        expect_clean({single_gpu_case<SharedWide>(dedup, 5, misalign)}, tolerance<float>());
+      }
+      {
+        INFO(Top3Bf16::name);
+        expect_clean({single_gpu_case<Top3Bf16>(dedup, 3, misalign)}, tolerance<moe::bf16>());
+      }
+    }
+  }
+}
+
+// -----------------------------------------------------------------------------------------------
+// Several ranks on one GPU (moe::test::StagedDevice), as test_cuda_layer.cu drives them.
+// -----------------------------------------------------------------------------------------------
+namespace {
+
+using Routing = std::function<std::vector<int>(int rank, int token)>;
+
+/// Worst cases on rank 0, for a placement that puts experts 0..k-1 on rank 0:
+///   all-to-rank-0  every token of every rank picks experts 0..k-1: rank 0 receives the most
+///                  records (recv, grouping, GEMM rows, back);
+///   spread         rank 0's tokens pick `spread` (experts on every rank): rank 0 sends the most
+///                  records (send, returned; with Exchange::padded every peer's region is full,
+///                  which needs top_k >= ranks).
+template <class Model, int R>
+std::vector<Finding> ranks_case(moe::placement::Table const& table, std::vector<int> const& spread, bool dedup,
+                                moe::cuda::Exchange exchange, int m) {
+  constexpr moe::ShapeSpec s = Model::spec;
+  using L = moe::CudaLayer<Model, Router, moe::placement::Table, moe::replication::None, moe::test::StagedDevice<R>>;
+  using T = typename L::element_type;
+  auto h = static_cast<std::size_t>(s.hidden);
+  Weights<T> w(s, 7);
+  DeviceWeights<T> dw(s, w.view);
+  std::vector<int> all_first(static_cast<std::size_t>(s.top_k));
+  std::iota(all_first.begin(), all_first.end(), 0);
+  std::vector<Routing> inputs = {[&](int, int) { return all_first; },
+                                 [&](int r, int) { return r == 0 ? spread : all_first; }};
+  // Every rank's tokens of each input, in rank order (the reference runs them as one batch).
+  std::vector<std::vector<T>> xs;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    std::vector<std::vector<int>> chosen;
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < m; ++t) chosen.push_back(inputs[i](r, t));
+    xs.push_back(routed_tokens<T>(s, chosen, 100 + i));
+  }
+  std::vector<Finding> found(R);
+  std::vector<std::vector<T>> ys(inputs.size(), std::vector<T>(static_cast<std::size_t>(R * m) * h));
+  moe::collective::run_in_process<R>([&](moe::collective::InProcess<R>& host) {
+    moe::test::StagedDevice<R> comm(host);
+    int rank = host.rank();
+    auto mine = static_cast<std::size_t>(rank * m) * h, n = static_cast<std::size_t>(m) * h;
+    L layer(comm, table, {}, dw.view(), {.max_tokens = m, .deduplicate = dedup, .exchange = exchange});
+    auto [size, pieces] = measure([&] { return layer.workspace_size(); });
+    Finding& f = found[static_cast<std::size_t>(rank)];
+    DeviceBuffer ws(size, 16);
+    cudaStream_t st;
+    kc::check_cuda(cudaStreamCreate(&st), "cudaStreamCreate");
+    bool record = true;
+    auto written = written_bytes(ws, [&] {
+      for (std::size_t i = 0; i < inputs.size(); ++i) {
+        Device<T> dx(std::vector<T>(xs[i].begin() + static_cast<std::ptrdiff_t>(mine),
+                                    xs[i].begin() + static_cast<std::ptrdiff_t>(mine + n))),
+            dy(n);
+        dy.poison();
+        layer.run({.tokens = m, .x = dx.get(), .y = dy.get(), .first_token = rank * m, .stream = st}, ws.span);
+        kc::check_cuda(cudaStreamSynchronize(st), "rank run");
+        if (layer.errors() != 0u) f.problems.push_back("device error bits " + std::to_string(layer.errors()));
+        if (record) {
+          auto y = dy.download();
+          std::copy(y.begin(), y.end(), ys[i].begin() + static_cast<std::ptrdiff_t>(mine));
+        }
+      }
+      record = false;
+    });
+    cudaStreamDestroy(st);
+    MayStayUnwritten exempt = layer_exemptions(dedup, s.top_k);
+    if (exchange == moe::cuda::Exchange::padded && !dedup) {
+      // Without de-duplication a token sends a peer one record per expert of the peer it picked:
+      // at most min(k, experts the peer holds). The padded exchange is one all_to_all, so every
+      // peer's region (send records, returned rows) has the stride of the peer holding the most
+      // experts; the tail of a region of a peer holding fewer is padding no input fills (nor can
+      // the rows it returns: they come from that peer's equally unfilled region).
+      std::vector<int> held(R, 0);
+      for (int e = 0; e < s.experts; ++e) ++held[static_cast<std::size_t>(table.rank_of(e))];
+      auto per_token = [&](int n) { return static_cast<std::size_t>(std::min(s.top_k, n)); };
+      std::size_t cap = static_cast<std::size_t>(m) * per_token(*std::max_element(held.begin(), held.end()));
+      std::size_t rec = layer.stats().record_bytes, row = h * sizeof(T);
+      exempt = [exempt, held, per_token, cap, rec, row, m](std::string const& name, std::size_t b) {
+        if (name != "send" && name != "returned") return exempt(name, b);
+        std::size_t stride = name == "send" ? rec : row;
+        std::size_t peer = b / (cap * stride), record = b % (cap * stride) / stride;
+        return record >= static_cast<std::size_t>(m) * per_token(held[peer]) || exempt(name, b);
+      };
+    }
+    if (rank == 0)
+      check_pieces("moe::CudaLayer<StagedDevice>", pieces, layer_pieces, size, ws.carver_start(), written, exempt, f);
+  });
+  for (std::size_t i = 0; i < inputs.size(); ++i)
+    found[0].errors.push_back(error_against_reference(s, w.view, R * m, xs[i], ys[i]));
+  return found;
+}
+
+}  // namespace
+
+TEST_CASE("CudaLayer on several ranks: the worst case writes every byte its workspace_size() counts",
+          "[cuda][layer][ranks][workspace]") {
+  using moe::cuda::Exchange;
+  for (Exchange ex : {Exchange::exact, Exchange::padded}) {
+    for (bool dedup : {true, false}) {
+      INFO("exchange " << (ex == Exchange::exact ? "exact" : "padded") << ", deduplicate " << dedup);
+      {
+        // top_k 3 >= 2 ranks: rank 0's spread tokens fill every peer's padded region.
+        INFO(Top3Bf16::name << " on 2 ranks, experts 0..2 on rank 0");
+        auto found = ranks_case<Top3Bf16, 2>(moe::placement::Table({0, 0, 0, 1}), {0, 3, 1}, dedup, ex, 3);
+        expect_clean(found, tolerance<moe::bf16>());
+      }
+      if (ex == Exchange::exact) {
+        // top_k 2 < 4 ranks: the padded regions of two peers cannot fill at once (not run padded).
+        INFO(SharedWide::name << " on 4 ranks, contiguous placement (rank 0 holds experts 0 and 1)");
+        auto found = ranks_case<SharedWide, 4>(moe::placement::Table::contiguous(8, 4), {0, 2}, dedup, ex, 5);
+        expect_clean(found, tolerance<float>());
+      }
+    }
+  }
+}
+
+// -----------------------------------------------------------------------------------------------
+// The co-located FinDEP executor.
+// -----------------------------------------------------------------------------------------------
+namespace {
+
+/// The pieces of schedule::FinDepCudaExecutor::carve, in order.
+std::vector<std::string> const findep_pieces = {
+    "logits",   "ids",       "gate_w",    "shared_inter", "shared_acc",  "returned", "cublas",
+    "eg_x",     "eg_ids",    "eg_w",      "back",         "dest",        "rec_count", "rec_pos",
+    "scan_temp", "count",    "send_base", "recv_base",    "recv_n",      "records",  "keys",
+    "values",   "sorted_keys", "sorted_values", "position", "sort_temp", "offsets",  "tile_starts",
+    "inter",    "expert_out"};
+
+template <class Model>
+Finding findep_case(int m, std::size_t misalign) {
+  using Ex = moe::schedule::FinDepCudaExecutor<Model, Router>;
+  using T = typename Ex::element_type;
+  namespace ms = moe::schedule;
+  constexpr moe::ShapeSpec s = Model::spec;
+  Weights<T> w(s, 13);
+  DeviceWeights<T> dw(s, w.view);
+  Ex ex(dw.view(), {.max_tokens = m});
+  auto [size, pieces] = measure([&] { return ex.workspace_size(); });
+  Finding f;
+  std::vector<int> first(static_cast<std::size_t>(s.top_k));
+  std::iota(first.begin(), first.end(), 0);
+  auto x = routed_tokens<T>(s, std::vector<std::vector<int>>(static_cast<std::size_t>(m), first), 17);
+  Device<T> dx(x), dy(x.size());
+  // One chunk: the EG scratch sized for the largest chunk (max_tokens) is full; then one token per
+  // chunk, as many chunks as tokens.
+  std::vector<ms::Config> configs = {{ms::Pipeline::findep, ms::Order::asas, 1, 1, 1},
+                                     {ms::Pipeline::findep, ms::Order::asas, m, 1, 1}};
+  DeviceBuffer ws(size, misalign);
+  bool record = true;
+  auto written = written_bytes(ws, [&] {
+    for (auto const& c : configs) {
+      dy.poison();
+      ex.run({.tokens = m, .x = dx.get(), .y = dy.get()}, c, ws.span);
+      if (ex.errors() != 0u) f.problems.push_back("device error bits " + std::to_string(ex.errors()));
+      if (record) f.errors.push_back(error_against_reference(s, w.view, m, x, dy.download()));
+    }
+    record = false;
+  });
+  check_pieces("FinDepCudaExecutor", pieces, findep_pieces, size, ws.carver_start(), written,
+               [](std::string const& name, std::size_t) { return library_scratch(name); }, f);
+  return f;
+}
+
+}  // namespace
+
+TEST_CASE("FinDepCudaExecutor: the worst case writes every byte its workspace_size() counts",
+          "[cuda][findep][workspace]") {
+  for (std::size_t misalign : {std::size_t{0}, std::size_t{16}}) {
+    INFO("buffer " << misalign << " bytes past a 256-byte boundary");
+    {
+      INFO(SharedWide::name);
+      expect_clean({findep_case<SharedWide>(5, misalign)}, tolerance<float>());
+    }
+    {
+      INFO(Top3Bf16::name);
+      expect_clean({findep_case<Top3Bf16>(3, misalign)}, tolerance<moe::bf16>());
+    }
+  }
+}
