@@ -229,14 +229,14 @@ bool library_scratch(std::string const& name) {
   return name == "scan_temp" || name == "sort_temp" || name == "cublas";
 }
 
-/// `position` is the inverse of the grouping's sort, indexed by item = record * k + slot. Without
-/// de-duplication a record names one expert, so only slot 0 of each record is an item with a
-/// row; the entries of slots 1..k-1 are never written (nor read). The indexing, not the size, is
-/// what leaves them (keys and values hold a sentinel there instead).
-MayStayUnwritten layer_exemptions(bool dedup, int k) {
-  return [dedup, k](std::string const& name, std::size_t b) {
+/// `position` is the inverse of the grouping's sort, indexed by item = record * k + slot. A
+/// record names at most `per_record` experts (1 without de-duplication; with it, min(k, experts
+/// this rank holds)), so the entries of slots per_record..k-1 are never written (nor read). The
+/// indexing, not the size, is what leaves them (keys and values hold a sentinel there instead).
+MayStayUnwritten layer_exemptions(int per_record, int k) {
+  return [per_record, k](std::string const& name, std::size_t b) {
     if (library_scratch(name)) return true;
-    if (name == "position" && !dedup) return (b / sizeof(int)) % static_cast<std::size_t>(k) != 0;
+    if (name == "position") return static_cast<int>((b / sizeof(int)) % static_cast<std::size_t>(k)) >= per_record;
     return false;
   };
 }
@@ -267,7 +267,7 @@ Finding single_gpu_case(bool dedup, int m, std::size_t misalign) {
     record = false;
   });
   check_pieces("moe::CudaLayer<SingleGpu>", pieces, layer_pieces, size, ws.carver_start(), written,
-               layer_exemptions(dedup, s.top_k), f);
+               layer_exemptions(dedup ? s.top_k : 1, s.top_k), f);
   return f;
 }
 
@@ -297,7 +297,7 @@ namespace {
 
 using Routing = std::function<std::vector<int>(int rank, int token)>;
 
-/// Worst cases on rank 0, for a placement that puts experts 0..k-1 on rank 0:
+/// Worst cases on rank 0, for a placement that puts experts 0..k-1 on rank 0 (or as many as it holds):
 ///   all-to-rank-0  every token of every rank picks experts 0..k-1: rank 0 receives the most
 ///                  records (recv, grouping, GEMM rows, back);
 ///   spread         rank 0's tokens pick `spread` (experts on every rank): rank 0 sends the most
@@ -354,7 +354,9 @@ std::vector<Finding> ranks_case(moe::placement::Table const& table, std::vector<
       record = false;
     });
     cudaStreamDestroy(st);
-    MayStayUnwritten exempt = layer_exemptions(dedup, s.top_k);
+    int held0 = 0;  // experts rank 0 holds
+    for (int e = 0; e < s.experts; ++e) held0 += table.rank_of(e) == 0 ? 1 : 0;
+    MayStayUnwritten exempt = layer_exemptions(dedup ? std::min(s.top_k, held0) : 1, s.top_k);
     if (exchange == moe::cuda::Exchange::padded && !dedup) {
       // Without de-duplication a token sends a peer one record per expert of the peer it picked:
       // at most min(k, experts the peer holds). The padded exchange is one all_to_all, so every
@@ -393,6 +395,13 @@ TEST_CASE("CudaLayer on several ranks: the worst case writes every byte its work
         // top_k 3 >= 2 ranks: rank 0's spread tokens fill every peer's padded region.
         INFO(Top3Bf16::name << " on 2 ranks, experts 0..2 on rank 0");
         auto found = ranks_case<Top3Bf16, 2>(moe::placement::Table({0, 0, 0, 1}), {0, 3, 1}, dedup, ex, 3);
+        expect_clean(found, tolerance<moe::bf16>());
+      }
+      {
+        // Each rank holds 2 experts, fewer than top_k 3: without de-duplication a token sends a
+        // peer at most 2 records (the padded region and the exact receive buffer follow that).
+        INFO(Top3Bf16::name << " on 2 ranks, experts 0 and 1 on rank 0");
+        auto found = ranks_case<Top3Bf16, 2>(moe::placement::Table({0, 0, 1, 1}), {2, 3, 0}, dedup, ex, 3);
         expect_clean(found, tolerance<moe::bf16>());
       }
       if (ex == Exchange::exact) {
