@@ -414,6 +414,33 @@ TEST_CASE("CudaLayer on several ranks: the worst case writes every byte its work
   }
 }
 
+TEST_CASE("CudaLayer on several ranks: ranks with different options cannot overrun the exact buffers",
+          "[cuda][layer][ranks][workspace]") {
+  // Rank 0 holds experts 0 and 1 and takes 2 tokens without de-duplication: its receive buffer
+  // holds 2 ranks x 2 tokens x 2 records (a token sends a peer at most one record per expert the
+  // peer holds). Rank 1 was built for 4 tokens and sends it 8 records; with rank 0's own 4 that is
+  // 12: the exact exchange stops with an error instead of writing past the buffer.
+  constexpr moe::ShapeSpec s = Top3Bf16::spec;
+  using L = moe::CudaLayer<Top3Bf16, Router, moe::placement::Table, moe::replication::None, moe::test::StagedDevice<2>>;
+  Weights<moe::bf16> w(s, 3);
+  DeviceWeights<moe::bf16> dw(s, w.view);
+  std::string message;
+  try {
+    moe::collective::run_in_process<2>([&](moe::collective::InProcess<2>& host) {
+      moe::test::StagedDevice<2> comm(host);
+      int m = host.rank() == 0 ? 2 : 4;
+      L layer(comm, moe::placement::Table({0, 0, 1, 1}), {}, dw.view(), {.max_tokens = m, .deduplicate = false});
+      Device<std::byte> ws(layer.workspace_size());
+      auto x = routed_tokens<moe::bf16>(s, std::vector<std::vector<int>>(static_cast<std::size_t>(m), {0, 1, 2}), 1);
+      Device<moe::bf16> dx(x), dy(x.size());
+      layer.run({.tokens = m, .x = dx.get(), .y = dy.get()}, ws.bytes());
+    });
+  } catch (moe::Error const& e) {
+    message = e.what();
+  }
+  CHECK_THAT(message, Catch::Contains("rank 0 would receive 12 records but its workspace holds 8"));
+}
+
 // -----------------------------------------------------------------------------------------------
 // The co-located FinDEP executor.
 // -----------------------------------------------------------------------------------------------
