@@ -7,16 +7,22 @@
 //   joint_compare                 all scenarios of the docs' table
 //   joint_compare --scenario r1-fattree --test-batches 2 --tokens 4096 --layers 8
 //
-// Loads: seeded Zipf-like marginals for the model shapes, the real OLMoE arxiv marginals (layers 0,
-// 7, 15 of tests/data/olmoe-routing) for OLMoE; per-batch loads drawn around them (seeded); tokens
-// of a held-out batch draw their top-k experts without replacement in proportion to that batch's
-// loads (seeded). All synthetic except the OLMoE marginals.
+// Batches. Model shapes (R1, Qwen3, Kimi-K2): seeded Zipf-like marginals, per-batch loads drawn
+// around them (seeded Dirichlet), and the tokens of a held-out batch draw their top-k experts without
+// replacement in proportion to that batch's loads: synthetic, with no co-activation. OLMoE: the
+// real arxiv token -> expert counts (layers 0, 7, 15 of tests/data/olmoe-routing), split in halves
+// by occurrence (seeded); training and held-out batches are tokens drawn from their half
+// (profile::TokenSampler: a token id by frequency, then its experts from the id's counts), so they
+// carry the co-activation of real routing, and the joint planner gets the training batches'
+// co-selection counts.
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <map>
+#include <numeric>
+#include <span>
 #include <random>
 #include <string>
 #include <vector>
@@ -27,6 +33,9 @@
 #include "moe/placement/joint.hpp"
 #include "moe/placement/metrics.hpp"
 #include "moe/profile/load_profile.hpp"
+#include "moe/profile/olmoe_tokens.hpp"
+#include "moe/profile/route_split.hpp"
+#include "moe/profile/token_batches.hpp"
 #include "moe/replication/craft.hpp"
 #include "moe/replication/eplb.hpp"
 #include "moe/replication/routed.hpp"
@@ -112,17 +121,57 @@ int run(int argc, char** argv) {
     int G = sc.topo.gpus(), E = sc.experts;
     if (max_layers > 0 && !sc.olmoe) sc.layers = std::min(sc.layers, max_layers);
     int L = sc.layers;
-    profile::Marginals m = sc.olmoe ? profile::marginals_from_olmoe(std::string(MOE_DATA_DIR) +
-                                                                   "/olmoe-routing/olmoe-1b-7b/arxiv/expert_counts.tsv")
-                                    : profile::zipf_marginals(L, E, 0.3, 0.8, 1);
-    profile::SampleOptions so;
-    so.batches = train_batches + test_batches;
-    so.tokens_per_batch = tokens;
-    so.top_k = sc.top_k;
-    so.seed = 11;
-    auto prof = profile::sample_profile(m, so);
-    auto train = prof.slice(0, train_batches);
-    auto test = prof.slice(train_batches, train_batches + test_batches);
+    // Training loads (and co-selections) and the held-out batches, per batch and layer.
+    profile::LoadProfile train;
+    std::vector<std::vector<topology::Batch>> test;
+    std::vector<double> coact;
+    std::vector<int> ranks(static_cast<std::size_t>(G));
+    std::iota(ranks.begin(), ranks.end(), 0);
+    auto sources = topology::spread_tokens(tokens, ranks);
+    if (sc.olmoe) {
+      auto all = profile::olmoe::load(MOE_DATA_DIR, {"arxiv"});
+      auto [fit, held] = profile::split_profile(all, 0.5, 5);
+      auto layer_ids = all.layers();
+      L = sc.layers = static_cast<int>(layer_ids.size());
+      train = profile::LoadProfile(train_batches, L, E);
+      coact.assign(static_cast<std::size_t>(L) * E * E, 0.0);
+      profile::Rng rng(17);
+      std::vector<int> chosen;
+      for (int l = 0; l < L; ++l) {
+        profile::TokenSampler fs(fit, layer_ids[static_cast<std::size_t>(l)]);
+        for (int b = 0; b < train_batches; ++b) {
+          chosen.clear();
+          fs.sample(tokens, rng, chosen);
+          for (int e : chosen) train.at(b, l, e) += 1;
+          placement::joint::add_coactivation(chosen, sc.top_k, E,
+                                             std::span(coact).subspan(static_cast<std::size_t>(l) * E * E, static_cast<std::size_t>(E) * E));
+        }
+      }
+      test.assign(static_cast<std::size_t>(test_batches), std::vector<topology::Batch>(static_cast<std::size_t>(L)));
+      for (int l = 0; l < L; ++l) {
+        profile::TokenSampler hs(held, layer_ids[static_cast<std::size_t>(l)]);
+        for (int b = 0; b < test_batches; ++b) {
+          auto& batch = test[static_cast<std::size_t>(b)][static_cast<std::size_t>(l)];
+          batch.top_k = sc.top_k;
+          batch.source = sources;
+          hs.sample(tokens, rng, batch.experts);
+        }
+      }
+    } else {
+      profile::SampleOptions so;
+      so.batches = train_batches + test_batches;
+      so.tokens_per_batch = tokens;
+      so.top_k = sc.top_k;
+      so.seed = 11;
+      auto prof = profile::sample_profile(profile::zipf_marginals(L, E, 0.3, 0.8, 1), so);
+      train = prof.slice(0, train_batches);
+      auto held = prof.slice(train_batches, train_batches + test_batches);
+      std::mt19937_64 rng(99);
+      test.assign(static_cast<std::size_t>(test_batches), {});
+      for (int b = 0; b < test_batches; ++b)
+        for (int l = 0; l < L; ++l)
+          test[static_cast<std::size_t>(b)].push_back(sample_tokens(held.row(b, l), E, sc.top_k, tokens, G, rng));
+    }
     auto totals = train.totals();
     topology::TrafficModel model(sc.topo);
     topology::TrafficOptions to;
@@ -134,6 +183,7 @@ int run(int argc, char** argv) {
     auto t0 = std::chrono::steady_clock::now();
     // Batch-to-batch spread of each expert's load in the training batches, in the units of totals.
     jo.load_sd = placement::joint::load_spread(train);
+    jo.coact = coact;
     auto joint = placement::joint::plan(sc.topo, totals, L, E, jo);
     double joint_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     int extra = G * joint.slots_per_gpu - E;  // redundant slots per layer
@@ -145,11 +195,10 @@ int run(int argc, char** argv) {
       r.solve_s = solve_s;
       r.replicas = replicas;
       r.replica_gib = static_cast<double>(replicas) * expert_gib;
-      std::mt19937_64 rng(99);  // the same tokens for every policy
       int n = 0;
-      for (int b = 0; b < test.batches(); ++b)
+      for (int b = 0; b < test_batches; ++b)
         for (int l = 0; l < L; ++l) {
-          auto batch = sample_tokens(test.row(b, l), E, sc.top_k, tokens, G, rng);
+          auto const& batch = test[static_cast<std::size_t>(b)][static_cast<std::size_t>(l)];
           auto rep = layer_policy(l, batch);
           r.time_us += (rep.dispatch_time + rep.combine_time) * 1e6;
           r.hop_gb += rep.hop_bytes / 1e9;
@@ -197,6 +246,7 @@ int run(int argc, char** argv) {
     // load cap, same slots) and routing for those counts.
     {
       placement::joint::Options two = jo;
+      two.coact.clear();  // the baseline places for the network and balance only
       two.slots_per_gpu = joint.slots_per_gpu;
       two.counts.assign(er.logcnt.v.begin(), er.logcnt.v.end());
       t0 = std::chrono::steady_clock::now();

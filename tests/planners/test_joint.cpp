@@ -402,3 +402,100 @@ TEST_CASE("load_spread: per-batch deviation in the units of the totals, by hand"
   CHECK(sd[0] == Approx(3 * std::sqrt(14.0 / 3)));
   CHECK(sd[1] == Approx(0.0).margin(1e-12));
 }
+
+TEST_CASE("joint co-location: planted expert groups, against brute force over every placement") {
+  // G servers of one GPU on one leaf, groups of `slots` experts, one group per GPU's worth of slots;
+  // every token chooses all experts of one group (seeded, groups of unequal popularity, random
+  // labels). The fewest sends (distinct GPUs per token, summed) over every placement that keeps
+  // each GPU within (1 + eps) x the mean load is found by brute force; with co-activation the
+  // planner must reach it, without it (the bug of ignoring Options::coact) it mostly does not.
+  std::mt19937_64 rng(23);
+  int coact_optimal = 0, plain_optimal = 0, instances = 0;
+  for (int it = 0; it < 40; ++it) {
+    int G = 3 + it % 2, slots = G == 3 ? 2 + (it / 2) % 2 : 2, E = G * slots;  // brute force: at most 2520 placements
+    auto t = topology::fat_tree(1, G, 1, 1);
+    std::vector<int> label(static_cast<std::size_t>(E));
+    std::iota(label.begin(), label.end(), 0);
+    std::shuffle(label.begin(), label.end(), rng);
+    std::vector<int> chosen;
+    for (int gr = 0; gr < G; ++gr)
+      for (int n = 0; n < 20 + 7 * gr; ++n)  // group gr chosen by 20 + 7 gr tokens
+        for (int j = 0; j < slots; ++j) chosen.push_back(label[static_cast<std::size_t>(gr * slots + j)]);
+    std::vector<double> load(static_cast<std::size_t>(E), 0.0), co(static_cast<std::size_t>(E) * E, 0.0);
+    for (int e : chosen) load[static_cast<std::size_t>(e)] += 1;
+    joint::add_coactivation(chosen, slots, E, co);
+    double eps = 0.6, cap = (1 + eps) * static_cast<double>(chosen.size()) / G;
+    auto sends = [&](std::vector<std::vector<int>> const& where) {
+      long long n = 0;
+      for (std::size_t tk = 0; tk < chosen.size(); tk += static_cast<std::size_t>(slots)) {
+        std::set<int> d;
+        for (int j = 0; j < slots; ++j) d.insert(where[static_cast<std::size_t>(chosen[tk + static_cast<std::size_t>(j)])][0]);
+        n += static_cast<long long>(d.size());
+      }
+      return n;
+    };
+    // Brute force: every assignment of experts to GPUs with `slots` experts each.
+    long long best = std::numeric_limits<long long>::max();
+    std::vector<std::vector<int>> w(static_cast<std::size_t>(E), std::vector<int>(1));
+    std::vector<int> fill(static_cast<std::size_t>(G), 0);
+    std::vector<double> gl(static_cast<std::size_t>(G), 0.0);
+    std::function<void(int)> rec = [&](int e) {
+      if (e == E) {
+        best = std::min(best, sends(w));
+        return;
+      }
+      for (int g = 0; g < G; ++g) {
+        if (fill[static_cast<std::size_t>(g)] == slots || gl[static_cast<std::size_t>(g)] + load[static_cast<std::size_t>(e)] > cap) continue;
+        w[static_cast<std::size_t>(e)][0] = g;
+        ++fill[static_cast<std::size_t>(g)], gl[static_cast<std::size_t>(g)] += load[static_cast<std::size_t>(e)];
+        rec(e + 1);
+        --fill[static_cast<std::size_t>(g)], gl[static_cast<std::size_t>(g)] -= load[static_cast<std::size_t>(e)];
+      }
+    };
+    rec(0);
+    REQUIRE(best < std::numeric_limits<long long>::max());
+    ++instances;
+    std::vector<int> ones(static_cast<std::size_t>(E), 1);
+    auto with = joint::place_layer(t, load.data(), E, slots, eps, ones.data(), {}, joint::Coactivation{co.data()});
+    auto without = joint::place_layer(t, load.data(), E, slots, eps, ones.data());
+    INFO("instance " << it << ": brute force " << best << ", with co-activation " << sends(with) << ", without "
+                     << sends(without));
+    REQUIRE(sends(with) >= best);
+    coact_optimal += sends(with) == best;
+    plain_optimal += sends(without) == best;
+    // Options::coact reaches the same placement through plan().
+    joint::Options o;
+    o.eps = eps;
+    o.slots_per_gpu = slots;
+    o.counts = ones;
+    o.coact = co;
+    auto r = joint::plan(t, load, 1, E, o);
+    CHECK(r.plan[0].replicas.replicas() == with);
+  }
+  WARN("co-location: optimal in " << coact_optimal << " of " << instances << " instances (" << plain_optimal
+                                  << " without co-activation)");
+  CHECK(coact_optimal == instances);
+  CHECK(plain_optimal < instances / 2);
+}
+
+TEST_CASE("add_coactivation and Options::coact: by hand and bad input") {
+  std::vector<double> co(16, 0.0);
+  std::vector<int> chosen{0, 1, 2, 1, 2, 3};  // tokens {0,1,2} and {1,2,3}
+  joint::add_coactivation(chosen, 3, 4, co);
+  std::vector<double> want{0, 1, 1, 0,  //
+                           1, 0, 2, 1,  //
+                           1, 2, 0, 1,  //
+                           0, 1, 1, 0};
+  CHECK(co == want);
+  CHECK_THROWS_WITH(joint::add_coactivation(std::vector<int>{0, 1, 2, 3}, 3, 4, co), Catch::Contains("top_k = 3"));
+  CHECK_THROWS_WITH(joint::add_coactivation(std::vector<int>{0, 4}, 2, 4, co), Catch::Contains("expert 4 outside [0, 4)"));
+  CHECK_THROWS_WITH(joint::add_coactivation(chosen, 3, 5, co), Catch::Contains("16 cells for 5 x 5"));
+  auto t = topology::fat_tree(1, 2, 2, 1);
+  std::vector<double> load{4, 3, 2, 1};
+  joint::Options o;
+  o.coact.assign(15, 0.0);
+  CHECK_THROWS_WITH(joint::plan(t, load, 1, 4, o), Catch::Contains("15 co-activation counts for 1 layers x 4 x 4"));
+  o.coact.assign(16, 0.0);
+  o.coact[5] = -1;
+  CHECK_THROWS_WITH(joint::plan(t, load, 1, 4, o), Catch::Contains("co-activation count -1 is negative"));
+}

@@ -21,7 +21,17 @@
 //        - spread: among those, the server that most shortens the distance from the tokens to the
 //          expert's nearest copy;
 //        - then the least loaded GPU, then the lowest index.
+//      (one key comparison per GPU: tier, value, server score, GPU load.)
 //      A hot expert's copies thus spread over leaves first, then servers.
+//   3b. Co-location (when Options::coact gives how many tokens chose each pair of experts
+//      together): a token crosses to a GPU once however many of its experts run there, so a copy
+//      placed next to copies of experts it is chosen with saves sends. Among the GPUs within the
+//      caps, the value of a GPU is then the token-hops the spread saves (spread gain x the
+//      expert's tokens per GPU) plus, for each partner f already on the GPU,
+//      coact(e, f) / max(copies of e, copies of f) saved sends, each worth the mean server hops
+//      to the GPU plus one. Routes list their copies in GPU order, so a token (one random point
+//      for all its experts, replication::Routed) tends to pick co-located copies of two
+//      replicated experts together.
 //   4. Server cap (when Options::load_sd gives each expert's batch-to-batch load spread): a copy
 //      also keeps its server's expected load plus z standard deviations within (1 + server_eps)
 //      x the server's share; among servers within both caps the spread rule decides, ties going
@@ -53,6 +63,8 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <span>
+#include <tuple>
 #include <vector>
 
 #include "moe/config.hpp"
@@ -78,13 +90,41 @@ struct Options {
   std::vector<double> load_sd;
   double z = 2.0;
   double server_eps = 0.02;
+  /// Token-level co-activation, layers x experts x experts row-major, symmetric: how many tokens
+  /// chose both experts, in the units of `loads` (e.g. summed over the same batches; see
+  /// add_coactivation). Non-empty turns on co-location: a copy's GPU is also scored by the tokens
+  /// it would share with the copies already there (step 3b of the file comment).
+  std::vector<double> coact;
 };
+
+/// Adds the co-selections of a batch of tokens to `out` (experts x experts, row-major): for every
+/// token and every ordered pair of distinct experts it chose, out[e * experts + f] += 1.
+/// `chosen`: tokens x top_k expert ids.
+inline void add_coactivation(std::span<int const> chosen, int top_k, int experts, std::span<double> out) {
+  check(top_k > 0 && chosen.size() % static_cast<std::size_t>(top_k) == 0, "coactivation: ", chosen.size(),
+        " expert ids do not split into tokens of top_k = ", top_k);
+  check(out.size() == static_cast<std::size_t>(experts) * static_cast<std::size_t>(experts), "coactivation: ",
+        out.size(), " cells for ", experts, " x ", experts, " experts");
+  for (std::size_t t = 0; t < chosen.size(); t += static_cast<std::size_t>(top_k))
+    for (int i = 0; i < top_k; ++i)
+      for (int j = 0; j < top_k; ++j) {
+        int e = chosen[t + static_cast<std::size_t>(i)], f = chosen[t + static_cast<std::size_t>(j)];
+        check(e >= 0 && e < experts && f >= 0 && f < experts, "coactivation: expert ", e < 0 || e >= experts ? e : f,
+              " outside [0, ", experts, ")");
+        if (e != f) out[static_cast<std::size_t>(e) * static_cast<std::size_t>(experts) + static_cast<std::size_t>(f)] += 1;
+      }
+}
 
 /// The server cap of Options (load_sd, z, server_eps) for one layer.
 struct ServerCap {
   double const* sd = nullptr;  ///< per expert; nullptr = no server cap
   double z = 2.0;
   double eps = 0.02;
+};
+
+/// Options::coact of one layer: experts x experts; nullptr = no co-location.
+struct Coactivation {
+  double const* tokens = nullptr;
 };
 
 struct LayerStats {
@@ -181,8 +221,11 @@ inline std::vector<std::vector<replication::RouteShare>> transport(topology::Top
         room[i] -= x;
         out[static_cast<std::size_t>(s)].push_back({copies[i], x / topo.gpus_of_server(s)});
       }
-  // Rounding leftovers: scale each server's shares to sum to one.
+  // Rounding leftovers: scale each server's shares to sum to one. Entries go in GPU order, so that
+  // a token (which draws one point for all its experts, replication::Routed) tends to pick
+  // co-located copies of two experts together.
   for (auto& r : out) {
+    std::sort(r.begin(), r.end(), [](auto const& a, auto const& b) { return a.gpu < b.gpu; });
     double sum = 0;
     for (auto const& x : r) sum += x.share;
     check(!r.empty() && sum > 0, "joint: internal error: a server's tokens have no copy");
@@ -233,7 +276,7 @@ inline std::vector<int> level_balls(topology::Topology const& topo, std::vector<
 /// `fixed` (optional, `experts` entries): the copy counts to place instead of copy_counts'.
 inline std::vector<std::vector<int>> place_layer(topology::Topology const& topo, double const* load, int experts,
                                                  int slots_per_gpu, double eps, int const* fixed = nullptr,
-                                                 ServerCap const& sc = {}) {
+                                                 ServerCap const& sc = {}, Coactivation const& co = {}) {
   int G = topo.gpus(), S = topo.servers(), E = experts;
   auto counts = fixed ? std::vector<int>(fixed, fixed + E) : copy_counts(load, E, G * slots_per_gpu - E, G);
   if (fixed) {
@@ -281,8 +324,15 @@ inline std::vector<std::vector<int>> place_layer(topology::Topology const& topo,
   std::vector<double> gl(static_cast<std::size_t>(G), 0.0);
   std::vector<int> left(static_cast<std::size_t>(G), slots_per_gpu);
   std::vector<std::vector<int>> where(static_cast<std::size_t>(E));
+  std::vector<std::vector<int>> on_gpu(static_cast<std::size_t>(G));  // experts placed on each GPU
   std::vector<int> dist(static_cast<std::size_t>(S));
   std::vector<char> has(static_cast<std::size_t>(G));
+  // What a send to server s costs: one for the GPU's own link plus the mean server hops from a token
+  // (spread over all GPUs) to s.
+  std::vector<double> reach(static_cast<std::size_t>(S), 0.0);
+  for (int s = 0; s < S; ++s)
+    for (int t = 0; t < S; ++t) reach[static_cast<std::size_t>(s)] += topo.gpus_of_server(t) * topo.server_hops(t, s);
+  for (auto& x : reach) x = 1 + x / G;
   for (int e : order) {
     int c = counts[static_cast<std::size_t>(e)];
     double w = load[e] / c;
@@ -290,42 +340,46 @@ inline std::vector<std::vector<int>> place_layer(topology::Topology const& topo,
     std::fill(dist.begin(), dist.end(), far + 1);  // no copy yet: farther than anything
     std::fill(has.begin(), has.end(), 0);
     for (int k = 0; k < c; ++k) {
-      // Per server, its least loaded GPU with a free slot and no copy of e; then the best server.
-      // Tiers: 2 = within the GPU and the server cap, 1 = within the GPU cap, 0 = neither.
-      int best_gpu = -1, best_tier = -1;
-      double best_gain = -1, best_score = 0;
-      for (int s = 0, g0 = 0; s < S; g0 += topo.gpus_of_server(s), ++s) {
-        int pick = -1;
-        for (int g = g0; g < g0 + topo.gpus_of_server(s); ++g)
-          if (left[static_cast<std::size_t>(g)] > 0 && !has[static_cast<std::size_t>(g)] &&
-              (pick < 0 || gl[static_cast<std::size_t>(g)] < gl[static_cast<std::size_t>(pick)]))
-            pick = g;
-        if (pick < 0) continue;
-        bool fits = gl[static_cast<std::size_t>(pick)] + w <= cap;
-        double sco = score(s, w, v);
-        int tier = fits ? (sco <= scap[static_cast<std::size_t>(s)] ? 2 : 1) : 0;
-        double gain = 0;
-        if (tier == 2)
+      // Candidates: every GPU with a free slot and no copy of e, ranked by the key
+      //   (tier, value, -server score, -GPU load), larger first, the lowest GPU among equals.
+      // Tier: 2 = within the GPU and the server cap, 1 = within the GPU cap, 0 = neither. Value
+      // (tier 2 only): the spread gain of the GPU's server; with co-activation, the token-hops it
+      // saves (spread gain x the expert's tokens per GPU) plus the cost (reach) of the sends that
+      // co-location saves. The server score breaks ties in tier 1, and in tier 2 when the server
+      // cap is on.
+      using Key = std::tuple<int, double, double, double>;
+      int best_gpu = -1;
+      Key best{};
+      double gain = 0;
+      for (int g = 0, gain_of = -1; g < G; ++g) {
+        if (left[static_cast<std::size_t>(g)] == 0 || has[static_cast<std::size_t>(g)]) continue;
+        int s = topo.server_of(g);
+        if (s != gain_of) {  // the spread gain is per server
+          gain = 0, gain_of = s;
           for (int t = 0; t < S; ++t)
             gain += static_cast<double>(topo.gpus_of_server(t)) *
                     std::max(0, dist[static_cast<std::size_t>(t)] - topo.server_hops(t, s));
-        bool better = tier > best_tier;
-        if (!better && tier == best_tier) {
-          double pl = gl[static_cast<std::size_t>(pick)], bl = gl[static_cast<std::size_t>(best_gpu)];
-          if (tier == 2 && sc.sd)  // equal gain: the server with the lower score, then the GPU
-            better = gain > best_gain || (gain == best_gain && (sco < best_score || (sco == best_score && pl < bl)));
-          else if (tier == 2)
-            better = gain > best_gain || (gain == best_gain && pl < bl);
-          else if (tier == 1)  // over the server cap: the least loaded server (score), then GPU
-            better = sco < best_score || (sco == best_score && pl < bl);
-          else
-            better = pl < bl;
         }
-        if (better) best_gpu = pick, best_tier = tier, best_gain = gain, best_score = sco;
+        double shared = 0;  // tokens choosing e and a partner here, routed to both copies: sends saved
+        if (co.tokens)
+          for (int f : on_gpu[static_cast<std::size_t>(g)])
+            shared += co.tokens[static_cast<std::size_t>(e) * static_cast<std::size_t>(E) + static_cast<std::size_t>(f)] /
+                      std::max(c, counts[static_cast<std::size_t>(f)]);
+        double sco = score(s, w, v);
+        bool fits = gl[static_cast<std::size_t>(g)] + w <= cap;
+        int tier = fits ? (sco <= scap[static_cast<std::size_t>(s)] ? 2 : 1) : 0;
+        double value = 0;
+        if (tier == 2 && co.tokens)
+          value = gain * load[e] / G + shared * reach[static_cast<std::size_t>(s)];
+        else if (tier == 2)
+          value = gain;
+        Key key{tier, value, tier == 1 || (tier == 2 && sc.sd) ? -sco : 0.0, -gl[static_cast<std::size_t>(g)]};
+        if (best_gpu < 0 || key > best) best_gpu = g, best = key;
       }
       check(best_gpu >= 0, "joint: no GPU has a free slot for a copy of expert ", e, " (", slots_per_gpu,
             " slots per GPU)");
       where[static_cast<std::size_t>(e)].push_back(best_gpu);
+      on_gpu[static_cast<std::size_t>(best_gpu)].push_back(e);
       has[static_cast<std::size_t>(best_gpu)] = 1;
       gl[static_cast<std::size_t>(best_gpu)] += w;
       --left[static_cast<std::size_t>(best_gpu)];
@@ -363,6 +417,10 @@ inline Result plan(topology::Topology const& topo, std::vector<double> const& lo
         ") and server_eps (", o.server_eps, ") must be >= 0");
   check(o.counts.empty() || o.counts.size() == loads.size(), "joint: ", o.counts.size(), " copy counts for ", layers,
         " layers x ", E, " experts");
+  auto cells = static_cast<std::size_t>(E) * static_cast<std::size_t>(E);
+  check(o.coact.empty() || o.coact.size() == static_cast<std::size_t>(layers) * cells, "joint: ", o.coact.size(),
+        " co-activation counts for ", layers, " layers x ", E, " x ", E, " experts");
+  for (double v : o.coact) check(std::isfinite(v) && v >= 0, "joint: co-activation count ", v, " is negative or not finite");
   auto levels = distance_levels(topo);
   auto balls = level_balls(topo, levels);
   for (int l = 0; l < layers; ++l) {
@@ -370,7 +428,8 @@ inline Result plan(topology::Topology const& topo, std::vector<double> const& lo
     auto where = place_layer(topo, w, E, r.slots_per_gpu, o.eps,
                              o.counts.empty() ? nullptr : o.counts.data() + static_cast<std::size_t>(l) * static_cast<std::size_t>(E),
                              ServerCap{o.load_sd.empty() ? nullptr : o.load_sd.data() + static_cast<std::size_t>(l) * static_cast<std::size_t>(E),
-                                       o.z, o.server_eps});
+                                       o.z, o.server_eps},
+                             Coactivation{o.coact.empty() ? nullptr : o.coact.data() + static_cast<std::size_t>(l) * cells});
     LayerStats st;
     LayerRoutes routes(static_cast<std::size_t>(topo.servers()),
                        std::vector<std::vector<replication::RouteShare>>(static_cast<std::size_t>(E)));
