@@ -186,6 +186,11 @@ int run(int argc, char** argv) {
     jo.coact = coact;
     auto joint = placement::joint::plan(sc.topo, totals, L, E, jo);
     double joint_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!coact.empty()) {
+      int co = 0;
+      for (auto const& st : joint.stats) co += st.co_location >= 0;
+      std::fprintf(stderr, "%s: joint co-locates in %d of %d layers\n", sc.name.c_str(), co, L);
+    }
     int extra = G * joint.slots_per_gpu - E;  // redundant slots per layer
 
     // Each policy: per layer a primary table and a replica policy; evaluated on the test batches.

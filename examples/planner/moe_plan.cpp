@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <iostream>
 #include <limits>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -26,6 +27,7 @@
 #include "moe/placement/metrics.hpp"
 #include "moe/placement/plan_io.hpp"
 #include "moe/profile/load_profile.hpp"
+#include "moe/profile/route_profile.hpp"
 #include "moe/replication/craft.hpp"
 #include "moe/replication/eplb.hpp"
 #include "moe/topology/topology.hpp"
@@ -66,6 +68,9 @@ Policies:  --policies LIST     comma list of rr, greedy, ilp, ilpload, eplb-pack
            --joint-server-cap on|off   joint: cap each server's load + z sd, sd from the training
                                batches (default on when there are 2 or more training batches)
            --joint-z X --joint-server-eps X   joint: the server cap's z (default 2) and bound (default 0.02)
+           --joint-coact on|off   joint: co-locate experts that tokens choose together, counted from the
+                               training requests' tokens (default on; needs a profile that records each
+                               token's experts: --import-vllm)
 Output:    --out-dir DIR       write DIR/plan_<policy>.tsv for each policy
            --format LIST       comma list of tsv (default), sglang, trtllm, vllm, vllm-ascend: the plan files
                                written per policy (docs/engines.md; vllm and vllm-ascend are experimental)
@@ -111,6 +116,8 @@ int run(int argc, char** argv) {
   profile::LoadProfile prof;
   std::string source;
   std::vector<int> decoder_layers;  // of an imported dump: the decoder layer of each MoE layer
+  profile::RouteProfile token_routes;  // each token's experts, when the source records them (vLLM)
+  std::vector<long long> request_end;  // of token_routes: one past each request's last token id
   if (o.profile) {
     prof = profile::read_profile(*o.profile);
     source = "file " + *o.profile;
@@ -132,6 +139,8 @@ int run(int argc, char** argv) {
     } else {
       auto imp = profile::engine::import_vllm_routed_experts(*o.import_vllm, s.experts);
       prof = std::move(imp.loads);
+      token_routes = std::move(imp.routes);
+      request_end = std::move(imp.request_end);
       source = "vLLM routed experts " + *o.import_vllm + " (" + std::to_string(imp.tokens) + " tokens, " +
                std::to_string(prof.batches()) + " requests)";
     }
@@ -305,22 +314,44 @@ int run(int argc, char** argv) {
       if (o.joint_server_cap && train.batches() >= 2) jo.load_sd = placement::joint::load_spread(train);
       jo.z = o.joint_z;
       jo.server_eps = o.joint_server_eps;
+      long long coact_tokens = 0;
+      if (o.joint_coact && !token_routes.empty()) {
+        // Co-selections of the training requests' tokens (ids below the first test request's).
+        coact_tokens = request_end[static_cast<std::size_t>(train_b) - 1];
+        auto cells = static_cast<std::size_t>(s.experts) * static_cast<std::size_t>(s.experts);
+        jo.coact.assign(static_cast<std::size_t>(s.layers) * cells, 0.0);
+        std::vector<int> chosen;
+        for (int l = 0; l < s.layers; ++l) {
+          auto const& lc = token_routes.layer(l);
+          chosen.clear();
+          for (std::size_t r = 0; r < lc.rows() && lc.tokens[r] < coact_tokens; ++r)
+            for (auto i = lc.offsets[r]; i < lc.offsets[r + 1]; ++i) chosen.push_back(lc.expert[static_cast<std::size_t>(i)]);
+          placement::joint::add_coactivation(chosen, token_routes.top_k(), s.experts,
+                                             std::span(jo.coact).subspan(static_cast<std::size_t>(l) * cells, cells));
+        }
+      }
       auto j = placement::joint::plan(topo, train_totals, s.layers, s.experts, jo);
       double secs = seconds_since(t0);
       std::vector<placement::Table> prim;
       std::vector<replication::Table> tabs;
       double hops = 0, bound = 0, worst = 0;
+      int co_layers = 0;
       for (int l = 0; l < s.layers; ++l) {
+        co_layers += j.stats[static_cast<std::size_t>(l)].co_location >= 0;
         prim.push_back(j.plan[static_cast<std::size_t>(l)].placement);
         tabs.push_back(j.plan[static_cast<std::size_t>(l)].replicas);
         auto const& st = j.stats[static_cast<std::size_t>(l)];
         hops += st.mean_hops / s.layers, bound += st.hops_bound / s.layers;
         worst = std::max(worst, st.max_load_ratio);
       }
-      char note[256];
+      char note[320];
       std::snprintf(note, sizeof note,
-                    "S = %d slots/GPU, routed: %.3f hops to a copy (bound %.3f), planned max load %.3f x mean",
-                    j.slots_per_gpu, hops, bound, worst);
+                    "S = %d slots/GPU, routed: %.3f hops to a copy (bound %.3f), planned max load %.3f x mean%s",
+                    j.slots_per_gpu, hops, bound, worst,
+                    coact_tokens > 0 ? (", co-location in " + std::to_string(co_layers) + " of " + std::to_string(s.layers) +
+                                        " layers (from " + std::to_string(coact_tokens) + " training tokens; the others broke the GPU cap)")
+                                           .c_str()
+                                     : "");
       record(pol, from_tables(prim), tabs, placement::Shares::from_tables(tabs, G), secs, note);
     } else {
       fail("unknown policy '", pol, "' (see --help)");

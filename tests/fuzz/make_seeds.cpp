@@ -123,7 +123,7 @@ int main(int argc, char** argv) {
       "--model deepseek-v3 --import-trtllm /data/trtllm-stats --leaves 4 --servers-per-leaf 2 --gpus-per-server 8 "
       "--policies craft --format trtllm --out-dir plans",
       "--model qwen3-235b-a22b --import-vllm routes.json --format vllm,vllm-ascend,tsv --out-dir plans "
-      "--slots-per-gpu 9",
+      "--slots-per-gpu 9 --policies joint --joint-coact on",
       "--model mixtral-8x7b --synthetic-zipf 0.1,1.5 --batches 20 --tokens 512 --concentration 0.5 --seed 7 "
       "--train-fraction 0.25 --write-profile p.tsv --report r.tsv",
       "--policies joint --joint-slots 3 --joint-eps 0.1 --eplb-replicas 4 --eplb-groups 2 --eplb-nodes 1 "

@@ -519,6 +519,7 @@ TEST_CASE("vLLM routed experts: tokens x layers x top_k into a route profile") {
   { std::ofstream(tmp) << j; }
   auto imp = profile::engine::import_vllm_routed_experts(tmp.string(), 4);
   CHECK(imp.tokens == 4);
+  CHECK(imp.request_end == std::vector<long long>{3, 4});  // request 0: tokens 0..2 (prompt, then generated)
   CHECK(imp.loads.batches() == 2);
   CHECK(imp.loads.layers() == 2);
   // Request 0, layer 0: experts 0,1 | 1,2 | 3,0 -> loads 2,2,1,1; layer 1: 2,3 | 0,3 | 1,2 -> 1,1,2,2.

@@ -31,7 +31,10 @@
 //      coact(e, f) / max(copies of e, copies of f) saved sends, each worth the mean server hops
 //      to the GPU plus one. Routes list their copies in GPU order, so a token (one random point
 //      for all its experts, replication::Routed) tends to pick co-located copies of two
-//      replicated experts together.
+//      replicated experts together. plan() keeps a layer's co-located placement only if its
+//      largest GPU load stays within the cap (or within the plain placement's, where that misses
+//      the cap too); otherwise it tries paced co-location (partners count only on a GPU at most one
+//      slot ahead of its share of the cap), then none (LayerStats::co_location).
 //   4. Server cap (when Options::load_sd gives each expert's batch-to-batch load spread): a copy
 //      also keeps its server's expected load plus z standard deviations within (1 + server_eps)
 //      x the server's share; among servers within both caps the spread rule decides, ties going
@@ -125,6 +128,9 @@ struct ServerCap {
 /// Options::coact of one layer: experts x experts; nullptr = no co-location.
 struct Coactivation {
   double const* tokens = nullptr;
+  /// 0: co-location counts on every GPU within the caps. k > 0: only on a GPU whose load after the
+  /// copy stays within cap x (slots filled + k - 1) / S (at most k - 1 slots ahead of its share).
+  int pace = 0;
 };
 
 struct LayerStats {
@@ -132,6 +138,7 @@ struct LayerStats {
   double hops_bound = 0;      ///< lower bound on mean_hops for the same copy counts
   double max_load_ratio = 0;  ///< largest GPU load / mean GPU load
   int replicas = 0;           ///< copies beyond one per expert
+  int co_location = -1;       ///< -1: none asked or none within the cap; else the pace used (0 = unpaced)
 };
 
 /// Routing of one layer: routes[s][e] = the copies serving server s's tokens of expert e.
@@ -361,7 +368,13 @@ inline std::vector<std::vector<int>> place_layer(topology::Topology const& topo,
                     std::max(0, dist[static_cast<std::size_t>(t)] - topo.server_hops(t, s));
         }
         double shared = 0;  // tokens choosing e and a partner here, routed to both copies: sends saved
-        if (co.tokens)
+        // With pacing, co-location counts only on a GPU that keeps up with its share of the cap for
+        // the slots it will have filled, so that grouping does not leave the last copies only
+        // overfull GPUs (plan() falls back to pacing when the unpaced placement breaks the cap).
+        bool pace = co.pace == 0 || gl[static_cast<std::size_t>(g)] + w <=
+                                        cap * static_cast<double>(slots_per_gpu - left[static_cast<std::size_t>(g)] + co.pace) /
+                                            slots_per_gpu;
+        if (co.tokens && pace)
           for (int f : on_gpu[static_cast<std::size_t>(g)])
             shared += co.tokens[static_cast<std::size_t>(e) * static_cast<std::size_t>(E) + static_cast<std::size_t>(f)] /
                       std::max(c, counts[static_cast<std::size_t>(f)]);
@@ -425,12 +438,34 @@ inline Result plan(topology::Topology const& topo, std::vector<double> const& lo
   auto balls = level_balls(topo, levels);
   for (int l = 0; l < layers; ++l) {
     double const* w = loads.data() + static_cast<std::size_t>(l) * static_cast<std::size_t>(E);
-    auto where = place_layer(topo, w, E, r.slots_per_gpu, o.eps,
-                             o.counts.empty() ? nullptr : o.counts.data() + static_cast<std::size_t>(l) * static_cast<std::size_t>(E),
-                             ServerCap{o.load_sd.empty() ? nullptr : o.load_sd.data() + static_cast<std::size_t>(l) * static_cast<std::size_t>(E),
-                                       o.z, o.server_eps},
-                             Coactivation{o.coact.empty() ? nullptr : o.coact.data() + static_cast<std::size_t>(l) * cells});
+    int const* fixed = o.counts.empty() ? nullptr : o.counts.data() + static_cast<std::size_t>(l) * static_cast<std::size_t>(E);
+    ServerCap scap{o.load_sd.empty() ? nullptr : o.load_sd.data() + static_cast<std::size_t>(l) * static_cast<std::size_t>(E),
+                   o.z, o.server_eps};
+    auto where = place_layer(topo, w, E, r.slots_per_gpu, o.eps, fixed, scap);
     LayerStats st;
+    if (!o.coact.empty()) {
+      // Co-location, unless it breaks the GPU cap that the plain placement meets: then paced
+      // co-location (at most one slot ahead of a GPU's share), then none.
+      auto worst = [&](std::vector<std::vector<int>> const& wh) {
+        std::vector<double> g(static_cast<std::size_t>(G), 0.0);
+        double tot = 0;
+        for (int e = 0; e < E; ++e) {
+          tot += w[e];
+          for (int x : wh[static_cast<std::size_t>(e)]) g[static_cast<std::size_t>(x)] += w[e] / static_cast<double>(wh[static_cast<std::size_t>(e)].size());
+        }
+        return tot > 0 ? *std::max_element(g.begin(), g.end()) / (tot / G) : 1.0;
+      };
+      double bound = (1 + o.eps) * (1 + 1e-9), plain = worst(where);
+      for (int pace : {0, 2}) {
+        auto co = place_layer(topo, w, E, r.slots_per_gpu, o.eps, fixed, scap,
+                              Coactivation{o.coact.data() + static_cast<std::size_t>(l) * cells, pace});
+        if (worst(co) <= std::max(bound, plain)) {
+          where = std::move(co);
+          st.co_location = pace;
+          break;
+        }
+      }
+    }
     LayerRoutes routes(static_cast<std::size_t>(topo.servers()),
                        std::vector<std::vector<replication::RouteShare>>(static_cast<std::size_t>(E)));
     std::vector<double> gl(static_cast<std::size_t>(G), 0.0);

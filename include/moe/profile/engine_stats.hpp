@@ -223,6 +223,9 @@ struct ImportedRoutes {
   RouteProfile routes;
   LoadProfile loads;  ///< one batch per request
   long long tokens = 0;
+  /// Per request, one past its last token: the route profile's token ids of request r are
+  /// [request_end[r - 1], request_end[r]) (each token occurrence has its own id).
+  std::vector<long long> request_end;
 };
 
 /// Reads vLLM routed experts (formats in the file comment) for a model with `experts` experts.
@@ -258,6 +261,7 @@ inline ImportedRoutes import_vllm_routed_experts(std::string const& path, int ex
   long long token = 0;
   std::unique_ptr<RouteRecorder> rec;
   std::vector<std::vector<double>> per_request;  // layers x experts, flattened, per request
+  std::vector<long long> ends;
   for (std::size_t r = 0; r < requests.size(); ++r) {
     std::vector<double> load;
     for (auto const* part : requests[r]) {
@@ -304,9 +308,11 @@ inline ImportedRoutes import_vllm_routed_experts(std::string const& path, int ex
           per_request.size() + 1, " requests x ", layers, " layers x ", experts,
           " experts is above the load profile limit");
     per_request.push_back(std::move(load));
+    ends.push_back(token);
   }
   check(token > 0, path, ": no tokens");
   ImportedRoutes out;
+  out.request_end = std::move(ends);
   out.tokens = token;
   out.routes = rec->profile();
   out.loads = LoadProfile(static_cast<int>(per_request.size()), layers, experts);
