@@ -335,21 +335,24 @@ int run(int argc, char** argv) {
       std::vector<placement::Table> prim;
       std::vector<replication::Table> tabs;
       double hops = 0, bound = 0, worst = 0;
-      int co_layers = 0;
+      int co_layers = 0, swaps = 0;
       for (int l = 0; l < s.layers; ++l) {
         co_layers += j.stats[static_cast<std::size_t>(l)].co_location >= 0;
+        swaps += j.stats[static_cast<std::size_t>(l)].regroup_swaps;
         prim.push_back(j.plan[static_cast<std::size_t>(l)].placement);
         tabs.push_back(j.plan[static_cast<std::size_t>(l)].replicas);
         auto const& st = j.stats[static_cast<std::size_t>(l)];
         hops += st.mean_hops / s.layers, bound += st.hops_bound / s.layers;
         worst = std::max(worst, st.max_load_ratio);
       }
-      char note[320];
+      char note[400];
       std::snprintf(note, sizeof note,
                     "S = %d slots/GPU, routed: %.3f hops to a copy (bound %.3f), planned max load %.3f x mean%s",
                     j.slots_per_gpu, hops, bound, worst,
                     coact_tokens > 0 ? (", co-location in " + std::to_string(co_layers) + " of " + std::to_string(s.layers) +
-                                        " layers (from " + std::to_string(coact_tokens) + " training tokens; the others broke the GPU cap)")
+                                        " layers (from " + std::to_string(coact_tokens) +
+                                        " training tokens; the others broke the GPU cap), " + std::to_string(swaps) +
+                                        " regrouping swaps inside servers")
                                            .c_str()
                                      : "");
       record(pol, from_tables(prim), tabs, placement::Shares::from_tables(tabs, G), secs, note);

@@ -35,6 +35,13 @@
 //      largest GPU load stays within the cap (or within the plain placement's, where that misses
 //      the cap too); otherwise it tries paced co-location (partners count only on a GPU at most one
 //      slot ahead of its share of the cap), then none (LayerStats::co_location).
+//   3c. Regrouping (with Options::coact, unless Options::regroup is off): swaps of two copies
+//      between GPUs of one server, taken when they co-locate more co-chosen experts (the sum of
+//      coact(e, f) / max(c_e, c_f) over the pairs sharing a GPU) and keep both GPUs within the
+//      cap (or the layer's largest load before, if that is above it). A swap inside a server
+//      changes neither server loads nor distances, so it only removes sends; the greedy of 3b
+//      chooses servers and GPUs at once, copy by copy, and can leave pairs split inside a server
+//      that a later copy made worth joining (regroup()).
 //   4. Server cap (when Options::load_sd gives each expert's batch-to-batch load spread): a copy
 //      also keeps its server's expected load plus z standard deviations within (1 + server_eps)
 //      x the server's share; among servers within both caps the spread rule decides, ties going
@@ -98,6 +105,9 @@ struct Options {
   /// add_coactivation). Non-empty turns on co-location: a copy's GPU is also scored by the tokens
   /// it would share with the copies already there (step 3b of the file comment).
   std::vector<double> coact;
+  /// With coact: after the placement, swap copies between the GPUs of each server where that
+  /// co-locates more co-chosen experts (step 3c of the file comment). false = steps 3 and 3b only.
+  bool regroup = true;
 };
 
 /// Adds the co-selections of a batch of tokens to `out` (experts x experts, row-major): for every
@@ -139,6 +149,9 @@ struct LayerStats {
   double max_load_ratio = 0;  ///< largest GPU load / mean GPU load
   int replicas = 0;           ///< copies beyond one per expert
   int co_location = -1;       ///< -1: none asked or none within the cap; else the pace used (0 = unpaced)
+  int regroup_swaps = 0;      ///< swaps step 3c made
+  double co_located_before = 0;  ///< sends co-location saves (regroup()) before step 3c, in coact's units
+  double co_located = 0;         ///< ... and after it
 };
 
 /// Routing of one layer: routes[s][e] = the copies serving server s's tokens of expert e.
@@ -406,6 +419,81 @@ inline std::vector<std::vector<int>> place_layer(topology::Topology const& topo,
   return where;
 }
 
+/// What regroup() did to one layer.
+struct Regrouping {
+  double saved_before = 0;  ///< co-located sends (see regroup) of the placement it was given
+  double saved_after = 0;   ///< ... and of the placement it returns
+  int swaps = 0;
+};
+
+/// Step 3c (file comment): swaps of two copies between GPUs of one server that raise the sends
+/// that co-location saves, sum over GPUs and over pairs of experts {e, f} on the GPU of
+/// coact(e, f) / max(c_e, c_f). A swap keeps every server's copies, so server loads, distances and
+/// routes between servers stay as they were; it is taken only if both GPUs stay within
+/// max((1 + eps) x the mean load, the largest GPU load before) and neither would hold an expert
+/// twice. First improvement, pass after pass until no swap improves (at most 100 passes).
+/// `where`: the copies of each expert (GPU ids), changed in place; `load`, `coact`: the layer's.
+inline Regrouping regroup(topology::Topology const& topo, std::vector<std::vector<int>>& where, double const* load,
+                          double eps, double const* coact) {
+  auto G = static_cast<std::size_t>(topo.gpus()), E = where.size();
+  std::vector<double> gpu_load(G, 0.0), per_copy(E);
+  std::vector<std::vector<int>> on(G);  // experts on each GPU
+  double total = 0;
+  for (std::size_t e = 0; e < E; ++e) {
+    total += load[e];
+    per_copy[e] = load[e] / static_cast<double>(where[e].size());
+    for (int g : where[e]) {
+      gpu_load[static_cast<std::size_t>(g)] += per_copy[e];
+      on[static_cast<std::size_t>(g)].push_back(static_cast<int>(e));
+    }
+  }
+  double cap = std::max((1 + eps) * total / static_cast<double>(G), *std::max_element(gpu_load.begin(), gpu_load.end()));
+  auto pair = [&](int e, int f) {
+    auto ue = static_cast<std::size_t>(e), uf = static_cast<std::size_t>(f);
+    return coact[ue * E + uf] / static_cast<double>(std::max(where[ue].size(), where[uf].size()));
+  };
+  auto shared = [&](int e, std::size_t g, int skip) {  // what e shares with the experts on g but e and skip
+    double x = 0;
+    for (int f : on[g])
+      if (f != skip && f != e) x += pair(e, f);
+    return x;
+  };
+  auto holds = [&](std::size_t g, int e) { return std::find(on[g].begin(), on[g].end(), e) != on[g].end(); };
+  auto saved = [&] {
+    double x = 0;
+    for (auto const& v : on)
+      for (std::size_t i = 0; i < v.size(); ++i)
+        for (std::size_t j = i + 1; j < v.size(); ++j) x += pair(v[i], v[j]);
+    return x;
+  };
+  Regrouping r;
+  r.saved_before = saved();
+  for (int pass = 0; pass < 100; ++pass) {
+    int before = r.swaps;
+    for (std::size_t g1 = 0; g1 < G; ++g1)
+      for (std::size_t g2 = g1 + 1; g2 < G; ++g2) {
+        if (topo.server_of(static_cast<int>(g2)) != topo.server_of(static_cast<int>(g1))) continue;
+        for (auto& e : on[g1])
+          for (auto& f : on[g2]) {
+            if (e == f || holds(g2, e) || holds(g1, f)) continue;
+            auto ue = static_cast<std::size_t>(e), uf = static_cast<std::size_t>(f);
+            double d = per_copy[uf] - per_copy[ue];
+            if (gpu_load[g1] + d > cap || gpu_load[g2] - d > cap) continue;
+            double gain = shared(e, g2, f) + shared(f, g1, e) - shared(e, g1, e) - shared(f, g2, f);
+            if (gain <= 1e-9 * (1 + r.saved_before)) continue;
+            std::replace(where[ue].begin(), where[ue].end(), static_cast<int>(g1), static_cast<int>(g2));
+            std::replace(where[uf].begin(), where[uf].end(), static_cast<int>(g2), static_cast<int>(g1));
+            gpu_load[g1] += d, gpu_load[g2] -= d;
+            std::swap(e, f);  // on[g1] now holds f where e was, on[g2] e where f was
+            ++r.swaps;
+          }
+      }
+    if (r.swaps == before) break;
+  }
+  r.saved_after = saved();
+  return r;
+}
+
 /// The whole plan for `loads` (layers x experts, row-major; e.g. LoadProfile::totals()).
 inline Result plan(topology::Topology const& topo, std::vector<double> const& loads, int layers, int experts,
                    Options const& o = {}) {
@@ -464,6 +552,12 @@ inline Result plan(topology::Topology const& topo, std::vector<double> const& lo
           st.co_location = pace;
           break;
         }
+      }
+      if (o.regroup) {
+        auto rg = regroup(topo, where, w, o.eps, o.coact.data() + static_cast<std::size_t>(l) * cells);
+        st.regroup_swaps = rg.swaps;
+        st.co_located_before = rg.saved_before;
+        st.co_located = rg.saved_after;
       }
     }
     LayerRoutes routes(static_cast<std::size_t>(topo.servers()),
