@@ -14,6 +14,9 @@
 #include <cmath>
 #include <ctime>
 #include <map>
+#include <span>
+#include <random>
+#include <numeric>
 
 #include "moe/placement/heuristics.hpp"
 #include "moe/placement/ilp.hpp"
@@ -44,6 +47,37 @@ placement::Problem const& r1_problem(int c_layer) {
 std::vector<double> const& r1_load() {
   static auto m = profile::zipf_marginals(kLayers, kExperts, 0.3, 0.8, 1);
   return m.weight;
+}
+/// Co-selections for the joint planner's steps 3b and 3c: per layer, 4096 seeded tokens each
+/// choosing 8 distinct experts in proportion to r1_load() (experts drawn independently: pairs only
+/// by popularity), counted by add_coactivation and scaled to the units of r1_load().
+std::vector<double> const& r1_coact() {
+  static auto co = [] {
+    auto const& w = r1_load();
+    int tokens = 4096, k = 8;
+    std::vector<double> c(static_cast<std::size_t>(kLayers) * kExperts * kExperts, 0.0);
+    std::mt19937_64 rng(41);
+    std::vector<int> chosen;
+    for (int l = 0; l < kLayers; ++l) {
+      auto first = w.begin() + static_cast<std::ptrdiff_t>(l) * kExperts;
+      std::discrete_distribution<int> pick(first, first + kExperts);
+      double sum = std::accumulate(first, first + kExperts, 0.0);
+      chosen.clear();
+      for (int t = 0; t < tokens; ++t)
+        for (int j = 0; j < k; ++j) {
+          int e;
+          do e = pick(rng);
+          while (std::find(chosen.end() - j, chosen.end(), e) != chosen.end());
+          chosen.push_back(e);
+        }
+      auto layer = std::span(c).subspan(static_cast<std::size_t>(l) * kExperts * kExperts,
+                                        static_cast<std::size_t>(kExperts) * kExperts);
+      placement::joint::add_coactivation(chosen, k, kExperts, layer);
+      for (auto& x : layer) x *= sum / (static_cast<double>(tokens) * k);
+    }
+    return c;
+  }();
+  return co;
 }
 profile::LoadProfile const& r1_profile_3000() {
   static auto p = [] {
@@ -411,7 +445,8 @@ BENCHMARK(BM_CRAFT_R1_64gpu_3000batches)
 
 // Arguments: topology (0 = FatTree, 1 = Dragonfly), the ILP paper's 256-GPU cluster; server cap
 // (1 = on, with each expert's load spread set to 20% of its load: the timing does not depend on
-// the values, joint_compare uses the training batches' spread).
+// the values, joint_compare uses the training batches' spread); co-activation (1 = r1_coact():
+// steps 3b and 3c, with the fallback placements they may need).
 static void BM_Joint_R1_256gpu(benchmark::State& st) {
   auto kind = st.range(0) == 0 ? topology::Kind::fat_tree : topology::Kind::dragonfly;
   auto topo = topology::paper_cluster(kind);
@@ -419,6 +454,7 @@ static void BM_Joint_R1_256gpu(benchmark::State& st) {
   placement::joint::Options o;
   if (st.range(1) == 1)
     for (double w : load) o.load_sd.push_back(0.2 * w);
+  if (st.range(2) == 1) o.coact = r1_coact();
   placement::joint::Result r;
   for (auto _ : st) {
     r = placement::joint::plan(topo, load, kLayers, kExperts, o);
@@ -434,12 +470,18 @@ static void BM_Joint_R1_256gpu(benchmark::State& st) {
   st.counters["hops_bound"] = bound;
   st.counters["max_load"] = worst;
   st.counters["S"] = r.slots_per_gpu;
+  int swaps = 0, co = 0;
+  for (auto const& x : r.stats) swaps += x.regroup_swaps, co += x.co_location >= 0;
+  st.counters["co_layers"] = co;
+  st.counters["swaps"] = swaps;
 }
 BENCHMARK(BM_Joint_R1_256gpu)
-    ->Args({0, 0})
-    ->Args({1, 0})
-    ->Args({0, 1})
-    ->Args({1, 1})
+    ->Args({0, 0, 0})
+    ->Args({1, 0, 0})
+    ->Args({0, 1, 0})
+    ->Args({1, 1, 0})
+    ->Args({0, 1, 1})
+    ->Args({1, 1, 1})
     ->Unit(benchmark::kMillisecond)
     ->MinTime(1.0);
 
