@@ -72,6 +72,18 @@ void each_placement(int G, int c, std::function<void(std::vector<int> const&)> c
   }
 }
 
+/// Appends one token's k distinct experts: each draw is, with probability p_in, a member of planted
+/// group gr (labels gr k .. gr k + k - 1 of `label`), else any of the E experts.
+void planted_token(std::mt19937_64& rng, std::vector<int> const& label, int gr, int k, int E, double p_in,
+                   std::vector<int>& chosen) {
+  std::uniform_real_distribution<double> U(0.0, 1.0);
+  std::set<int> tok;
+  while (static_cast<int>(tok.size()) < k)
+    tok.insert(U(rng) < p_in ? label[static_cast<std::size_t>(gr * k) + static_cast<std::size_t>(U(rng) * k) % k]
+                             : static_cast<int>(U(rng) * E) % E);
+  chosen.insert(chosen.end(), tok.begin(), tok.end());
+}
+
 }  // namespace
 
 TEST_CASE("transport: a hand-worked fat tree") {
@@ -530,11 +542,7 @@ TEST_CASE("joint co-location: plan() never breaks the GPU cap that the plain pla
       double x = U(rng) * std::accumulate(pop.begin(), pop.end(), 0.0);
       int gr = 0;
       while (gr + 1 < E / k && (x -= pop[static_cast<std::size_t>(gr)]) >= 0) ++gr;
-      std::set<int> tok;
-      while (static_cast<int>(tok.size()) < k)
-        tok.insert(U(rng) < 0.8 ? label[static_cast<std::size_t>(gr * k) + static_cast<std::size_t>(U(rng) * k) % k]
-                                : static_cast<int>(U(rng) * E) % E);
-      chosen.insert(chosen.end(), tok.begin(), tok.end());
+      planted_token(rng, label, gr, k, E, 0.8, chosen);
     }
     std::vector<double> load(static_cast<std::size_t>(E), 0.0), co(static_cast<std::size_t>(E) * E, 0.0);
     for (int e : chosen) load[static_cast<std::size_t>(e)] += 1;
@@ -594,11 +602,7 @@ TEST_CASE("joint regrouping (step 3c): invariants, local optimum and the best ar
     std::vector<int> chosen;
     for (int n = 0; n < 200; ++n) {
       int gr = static_cast<int>(std::pow(U(rng), 1.5) * (E / k)) % (E / k);
-      std::set<int> tok;
-      while (static_cast<int>(tok.size()) < k)
-        tok.insert(U(rng) < 0.85 ? label[static_cast<std::size_t>(gr * k) + static_cast<std::size_t>(U(rng) * k) % k]
-                                 : static_cast<int>(U(rng) * E) % E);
-      chosen.insert(chosen.end(), tok.begin(), tok.end());
+      planted_token(rng, label, gr, k, E, 0.85, chosen);
     }
     std::vector<double> load(static_cast<std::size_t>(E), 1.0), co(static_cast<std::size_t>(E) * E, 0.0);
     for (int e : chosen) load[static_cast<std::size_t>(e)] += 1;
