@@ -71,6 +71,8 @@ Policies:  --policies LIST     comma list of rr, greedy, ilp, ilpload, eplb-pack
            --joint-coact on|off   joint: co-locate experts that tokens choose together, counted from the
                                training requests' tokens (default on; needs a profile that records each
                                token's experts: --import-vllm)
+           --joint-regroup on|off   joint, with co-location: swap copies between the GPUs of a server
+                               where that groups more co-chosen experts (default on)
 Output:    --out-dir DIR       write DIR/plan_<policy>.tsv for each policy
            --format LIST       comma list of tsv (default), sglang, trtllm, vllm, vllm-ascend: the plan files
                                written per policy (docs/engines.md; vllm and vllm-ascend are experimental)
@@ -314,6 +316,7 @@ int run(int argc, char** argv) {
       if (o.joint_server_cap && train.batches() >= 2) jo.load_sd = placement::joint::load_spread(train);
       jo.z = o.joint_z;
       jo.server_eps = o.joint_server_eps;
+      jo.regroup = o.joint_regroup;
       long long coact_tokens = 0;
       if (o.joint_coact && !token_routes.empty()) {
         // Co-selections of the training requests' tokens (ids below the first test request's).

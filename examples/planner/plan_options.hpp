@@ -95,6 +95,7 @@ struct PlanOptions {
   double joint_eps = 0.05;
   bool joint_server_cap = true;  ///< used when the profile has 2 or more training batches
   bool joint_coact = true;       ///< co-location, when the profile records each token's experts
+  bool joint_regroup = true;     ///< with co-location: swaps inside servers (joint step 3c)
   double joint_z = 2.0, joint_server_eps = 0.02;
 
   std::string out_dir;  ///< empty: no plan files
@@ -113,7 +114,7 @@ inline constexpr std::string_view kOptionNames[] = {
     "batches",        "tokens",        "concentration", "seed",             "train-fraction",   "write-profile",
     "policies",       "c-layer",       "c-exp",         "eplb-replicas",    "eplb-groups",      "eplb-nodes",
     "craft-r",        "joint-slots",   "joint-eps",     "joint-server-cap", "joint-z",          "joint-server-eps",
-    "joint-coact",    "out-dir",       "format",        "slots-per-gpu",    "report"};
+    "joint-coact",    "joint-regroup", "out-dir",       "format",           "slots-per-gpu",    "report"};
 
 /// Parses moe_plan's words (argv without the program name). Options are `--name value` pairs; a
 /// later one replaces an earlier one of the same name. An unknown name (a typo such as --polices)
@@ -208,16 +209,15 @@ inline PlanOptions parse_plan_options(std::span<std::string const> words) {
   set_int(o.craft_r, "craft-r", 0);
   set_int(o.joint_slots, "joint-slots", 0, o.shape.experts);
   set_double(o.joint_eps, "joint-eps", 0, 100);
-  if (has("joint-coact")) {
-    std::string const& co = opt["joint-coact"];
-    check(co == "on" || co == "off", "--joint-coact takes on or off, got '", co, "'");
-    o.joint_coact = co == "on";
-  }
-  if (has("joint-server-cap")) {
-    std::string const& cap = opt["joint-server-cap"];
-    check(cap == "on" || cap == "off", "--joint-server-cap takes on or off, got '", cap, "'");
-    o.joint_server_cap = cap == "on";
-  }
+  auto on_off = [&](std::string const& k, bool& out) {
+    if (!has(k)) return;
+    std::string const& v = opt[k];
+    check(v == "on" || v == "off", "--", k, " takes on or off, got '", v, "'");
+    out = v == "on";
+  };
+  on_off("joint-coact", o.joint_coact);
+  on_off("joint-regroup", o.joint_regroup);
+  on_off("joint-server-cap", o.joint_server_cap);
   set_double(o.joint_z, "joint-z", 0, 100);
   set_double(o.joint_server_eps, "joint-server-eps", 0, 100);
 

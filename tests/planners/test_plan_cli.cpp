@@ -56,9 +56,12 @@ TEST_CASE("moe_plan options: defaults and a documented command line") {
   CHECK(o.zipf_b == "100");
   CHECK(d.joint_server_cap);
   CHECK(d.joint_coact);
-  auto j = parse({"--joint-server-cap", "off", "--joint-z", "1.5", "--joint-server-eps", "0", "--joint-coact", "off"});
+  CHECK(d.joint_regroup);
+  auto j = parse({"--joint-server-cap", "off", "--joint-z", "1.5", "--joint-server-eps", "0", "--joint-coact", "off",
+                  "--joint-regroup", "off"});
   CHECK_FALSE(j.joint_server_cap);
   CHECK_FALSE(j.joint_coact);
+  CHECK_FALSE(j.joint_regroup);
   CHECK(j.joint_z == 1.5);
   CHECK(j.joint_server_eps == 0.0);
 
@@ -98,6 +101,7 @@ TEST_CASE("moe_plan options: a bad command line names the option") {
       {{"--polices", "rr"}, "unknown option '--polices'"},
       {{"--joint-server-cap", "yes"}, "--joint-server-cap takes on or off, got 'yes'"},
       {{"--joint-coact", "1"}, "--joint-coact takes on or off, got '1'"},
+      {{"--joint-regroup", "On"}, "--joint-regroup takes on or off, got 'On'"},
       {{"--joint-z", "-1"}, "--joint-z: -1 is outside [0, 100]"},
       {{"--joint-server-eps", "x"}, "--joint-server-eps: 'x' is not a number"},
   };
