@@ -716,6 +716,13 @@ TEST_CASE("joint regrouping (step 3c): invariants, local optimum and the best ar
     CHECK(rg.saved_after <= best + 1e-9);
     optimal += rg.saved_after >= best - 1e-9;
   }
+  // Bad input names the problem.
+  std::vector<double> co(4, 0.0), load{1, 1};
+  std::vector<std::vector<int>> none{{0}, {}}, outside{{0}, {6}}, ok{{0}, {1}};
+  CHECK_THROWS_WITH(joint::regroup(t, none, load.data(), 0.05, co.data()), Catch::Contains("expert 1 has no copy"));
+  CHECK_THROWS_WITH(joint::regroup(t, outside, load.data(), 0.05, co.data()),
+                    Catch::Contains("expert 1 has a copy on GPU 6, outside [0, 6)"));
+  CHECK_THROWS_WITH(joint::regroup(t, ok, load.data(), -1, co.data()), Catch::Contains("eps = -1 must be >= 0"));
   WARN("regrouping: improved " << improved << " of " << instances << ", reached the best arrangement in " << optimal);
   CHECK(improved > instances / 2);
   CHECK(optimal >= instances * 3 / 4);  // a local search: 50 of 60 when written

@@ -435,18 +435,25 @@ struct Regrouping {
 /// `where`: the copies of each expert (GPU ids), changed in place; `load`, `coact`: the layer's.
 inline Regrouping regroup(topology::Topology const& topo, std::vector<std::vector<int>>& where, double const* load,
                           double eps, double const* coact) {
+  check(topo.finalized(), "regroup: the topology is not finalized");
+  check(std::isfinite(eps) && eps >= 0, "regroup: the balance bound eps = ", eps, " must be >= 0");
   auto G = static_cast<std::size_t>(topo.gpus()), E = where.size();
   std::vector<double> gpu_load(G, 0.0), per_copy(E);
   std::vector<std::vector<int>> on(G);  // experts on each GPU
   double total = 0;
   for (std::size_t e = 0; e < E; ++e) {
+    check(!where[e].empty(), "regroup: expert ", e, " has no copy");
     total += load[e];
     per_copy[e] = load[e] / static_cast<double>(where[e].size());
     for (int g : where[e]) {
+      check(g >= 0 && static_cast<std::size_t>(g) < G, "regroup: expert ", e, " has a copy on GPU ", g, ", outside [0, ",
+            G, ")");
       gpu_load[static_cast<std::size_t>(g)] += per_copy[e];
       on[static_cast<std::size_t>(g)].push_back(static_cast<int>(e));
     }
   }
+  std::vector<std::vector<std::size_t>> members(static_cast<std::size_t>(topo.servers()));  // GPUs of each server
+  for (std::size_t g = 0; g < G; ++g) members[static_cast<std::size_t>(topo.server_of(static_cast<int>(g)))].push_back(g);
   double cap = std::max((1 + eps) * total / static_cast<double>(G), *std::max_element(gpu_load.begin(), gpu_load.end()));
   auto pair = [&](int e, int f) {
     auto ue = static_cast<std::size_t>(e), uf = static_cast<std::size_t>(f);
@@ -470,24 +477,25 @@ inline Regrouping regroup(topology::Topology const& topo, std::vector<std::vecto
   r.saved_before = saved();
   for (int pass = 0; pass < 100; ++pass) {
     int before = r.swaps;
-    for (std::size_t g1 = 0; g1 < G; ++g1)
-      for (std::size_t g2 = g1 + 1; g2 < G; ++g2) {
-        if (topo.server_of(static_cast<int>(g2)) != topo.server_of(static_cast<int>(g1))) continue;
-        for (auto& e : on[g1])
-          for (auto& f : on[g2]) {
-            if (e == f || holds(g2, e) || holds(g1, f)) continue;
-            auto ue = static_cast<std::size_t>(e), uf = static_cast<std::size_t>(f);
-            double d = per_copy[uf] - per_copy[ue];
-            if (gpu_load[g1] + d > cap || gpu_load[g2] - d > cap) continue;
-            double gain = shared(e, g2, f) + shared(f, g1, e) - shared(e, g1, e) - shared(f, g2, f);
-            if (gain <= 1e-9 * (1 + r.saved_before)) continue;
-            std::replace(where[ue].begin(), where[ue].end(), static_cast<int>(g1), static_cast<int>(g2));
-            std::replace(where[uf].begin(), where[uf].end(), static_cast<int>(g2), static_cast<int>(g1));
-            gpu_load[g1] += d, gpu_load[g2] -= d;
-            std::swap(e, f);  // on[g1] now holds f where e was, on[g2] e where f was
-            ++r.swaps;
-          }
-      }
+    for (auto const& m : members)
+      for (std::size_t i = 0; i < m.size(); ++i)
+        for (std::size_t j = i + 1; j < m.size(); ++j) {
+          std::size_t g1 = m[i], g2 = m[j];
+          for (auto& e : on[g1])
+            for (auto& f : on[g2]) {
+              if (e == f || holds(g2, e) || holds(g1, f)) continue;
+              auto ue = static_cast<std::size_t>(e), uf = static_cast<std::size_t>(f);
+              double d = per_copy[uf] - per_copy[ue];
+              if (gpu_load[g1] + d > cap || gpu_load[g2] - d > cap) continue;
+              double gain = shared(e, g2, f) + shared(f, g1, e) - shared(e, g1, e) - shared(f, g2, f);
+              if (gain <= 1e-9 * (1 + r.saved_before)) continue;
+              std::replace(where[ue].begin(), where[ue].end(), static_cast<int>(g1), static_cast<int>(g2));
+              std::replace(where[uf].begin(), where[uf].end(), static_cast<int>(g2), static_cast<int>(g1));
+              gpu_load[g1] += d, gpu_load[g2] -= d;
+              std::swap(e, f);  // on[g1] now holds f where e was, on[g2] e where f was
+              ++r.swaps;
+            }
+        }
     if (r.swaps == before) break;
   }
   r.saved_after = saved();
