@@ -6,6 +6,7 @@
 // structure of every sampled token.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <set>
@@ -44,18 +45,26 @@ std::vector<double> inclusion(std::vector<double> const& w, int n) {
   return p;
 }
 
+/// `tokens` tokens drawn from layer 0 of `p` with a sampler seeded by `seed` (tokens x top_k).
+std::vector<int> draw_tokens(RouteProfile const& p, std::uint64_t seed, int tokens) {
+  TokenSampler ts(p, 0);
+  Rng rng(seed);
+  std::vector<int> out;
+  ts.sample(tokens, rng, out);
+  return out;
+}
+
+/// A sampled frequency within 5 binomial standard deviations of probability q over n trials.
+bool near(double frequency, double q, double n) { return std::abs(frequency - q) < 5 * std::sqrt(q * (1 - q) / n); }
+
 }  // namespace
 
 TEST_CASE("token sampler: ids that always route one way give exactly their sets, in proportion") {
   RouteRecorder rec(6, 2);
   for (int i = 0; i < 10; ++i) rec.record(5, 0, std::vector<int>{1, 3});
   for (int i = 0; i < 30; ++i) rec.record(7, 0, std::vector<int>{2, 0});
-  auto p = rec.profile();
-  TokenSampler ts(p, 0);
-  Rng rng(3);
-  std::vector<int> out;
   int const T = 20000;
-  ts.sample(T, rng, out);
+  auto out = draw_tokens(rec.profile(), 3, T);
   REQUIRE(out.size() == 2u * T);
   int second = 0;
   for (int t = 0; t < T; ++t) {
@@ -65,7 +74,7 @@ TEST_CASE("token sampler: ids that always route one way give exactly their sets,
     second += b;
   }
   // Id 7 holds 30 of the 40 occurrences: 0.75, binomial sd sqrt(0.75 * 0.25 / T) = 0.003.
-  CHECK(std::abs(second / static_cast<double>(T) - 0.75) < 5 * std::sqrt(0.75 * 0.25 / T));
+  CHECK(near(second / static_cast<double>(T), 0.75, T));
 }
 
 TEST_CASE("token sampler: experts of one id follow sequential draws without replacement (enumerated)") {
@@ -73,12 +82,8 @@ TEST_CASE("token sampler: experts of one id follow sequential draws without repl
   RouteRecorder rec(5, 3);
   std::vector<std::int64_t> counts{12, 9, 7, 5, 3};
   for (int e = 0; e < 5; ++e) rec.add(0, 42, e, counts[static_cast<std::size_t>(e)]);
-  auto p = rec.profile();
-  TokenSampler ts(p, 0);
-  Rng rng(11);
-  std::vector<int> out;
   int const T = 100000;
-  ts.sample(T, rng, out);
+  auto out = draw_tokens(rec.profile(), 11, T);
   std::vector<double> seen(5, 0.0);
   for (int t = 0; t < T; ++t) {
     std::set<int> s(out.begin() + 3 * t, out.begin() + 3 * t + 3);
@@ -87,9 +92,9 @@ TEST_CASE("token sampler: experts of one id follow sequential draws without repl
   }
   auto want = inclusion({12, 9, 7, 5, 3}, 3);
   for (int e = 0; e < 5; ++e) {
-    double q = want[static_cast<std::size_t>(e)], sd = std::sqrt(q * (1 - q) / T);
+    double q = want[static_cast<std::size_t>(e)];
     INFO("expert " << e << ": sampled " << seen[static_cast<std::size_t>(e)] / T << ", enumerated " << q);
-    CHECK(std::abs(seen[static_cast<std::size_t>(e)] / T - q) < 5 * sd);
+    CHECK(near(seen[static_cast<std::size_t>(e)] / T, q, T));
   }
 }
 
@@ -100,12 +105,8 @@ TEST_CASE("token sampler: a thinned row fills its token from the layer's loads")
   rec.add(0, 1, 0, 2);
   rec.add(0, 2, 2, 30);
   rec.add(0, 2, 3, 10);
-  auto p = rec.profile();
-  TokenSampler ts(p, 0);
-  Rng rng(5);
-  std::vector<int> out;
   int const T = 40000;
-  ts.sample(T, rng, out);
+  auto out = draw_tokens(rec.profile(), 5, T);
   int thinned = 0, with3 = 0;
   for (int t = 0; t < T; ++t) {
     REQUIRE(out[2 * t] != out[2 * t + 1]);
@@ -117,8 +118,8 @@ TEST_CASE("token sampler: a thinned row fills its token from the layer's loads")
   }
   REQUIRE(thinned > 0);
   // Id 1 holds 2 of 42 activations; its fill is expert 3 with probability 10 / 40.
-  CHECK(std::abs(thinned / static_cast<double>(T) - 2.0 / 42) < 5 * std::sqrt((2.0 / 42) * (40.0 / 42) / T));
-  CHECK(std::abs(with3 / static_cast<double>(thinned) - 0.25) < 5 * std::sqrt(0.25 * 0.75 / thinned));
+  CHECK(near(thinned / static_cast<double>(T), 2.0 / 42, T));
+  CHECK(near(with3 / static_cast<double>(thinned), 0.25, thinned));
 }
 
 TEST_CASE("token sampler: the real OLMoE arxiv counts give top-8 tokens of distinct experts") {

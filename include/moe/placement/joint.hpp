@@ -540,6 +540,7 @@ inline Result plan(topology::Topology const& topo, std::vector<double> const& lo
     auto where = place_layer(topo, w, E, r.slots_per_gpu, o.eps, fixed, scap);
     LayerStats st;
     if (!o.coact.empty()) {
+      double const* co_layer = o.coact.data() + static_cast<std::size_t>(l) * cells;
       // Co-location, unless it breaks the GPU cap that the plain placement meets: then paced
       // co-location (at most one slot ahead of a GPU's share), then none.
       auto worst = [&](std::vector<std::vector<int>> const& wh) {
@@ -553,8 +554,7 @@ inline Result plan(topology::Topology const& topo, std::vector<double> const& lo
       };
       double bound = (1 + o.eps) * (1 + 1e-9), plain = worst(where);
       for (int pace : {0, 2}) {
-        auto co = place_layer(topo, w, E, r.slots_per_gpu, o.eps, fixed, scap,
-                              Coactivation{o.coact.data() + static_cast<std::size_t>(l) * cells, pace});
+        auto co = place_layer(topo, w, E, r.slots_per_gpu, o.eps, fixed, scap, Coactivation{co_layer, pace});
         if (worst(co) <= std::max(bound, plain)) {
           where = std::move(co);
           st.co_location = pace;
@@ -562,7 +562,7 @@ inline Result plan(topology::Topology const& topo, std::vector<double> const& lo
         }
       }
       if (o.regroup) {
-        auto rg = regroup(topo, where, w, o.eps, o.coact.data() + static_cast<std::size_t>(l) * cells);
+        auto rg = regroup(topo, where, w, o.eps, co_layer);
         st.regroup_swaps = rg.swaps;
         st.co_located_before = rg.saved_before;
         st.co_located = rg.saved_after;
