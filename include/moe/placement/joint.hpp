@@ -420,6 +420,15 @@ inline std::vector<std::vector<int>> place_layer(topology::Topology const& topo,
 }
 
 /// What regroup() did to one layer.
+/// Each GPU's load when expert e's load[e] is split evenly over its copies `where[e]` (GPU ids in
+/// [0, gpus), every expert with at least one copy).
+inline std::vector<double> even_split_loads(std::vector<std::vector<int>> const& where, double const* load, int gpus) {
+  std::vector<double> g(static_cast<std::size_t>(gpus), 0.0);
+  for (std::size_t e = 0; e < where.size(); ++e)
+    for (int x : where[e]) g[static_cast<std::size_t>(x)] += load[e] / static_cast<double>(where[e].size());
+  return g;
+}
+
 struct Regrouping {
   double saved_before = 0;  ///< co-located sends (see regroup) of the placement it was given
   double saved_after = 0;   ///< ... and of the placement it returns
@@ -438,20 +447,18 @@ inline Regrouping regroup(topology::Topology const& topo, std::vector<std::vecto
   check(topo.finalized(), "regroup: the topology is not finalized");
   check(std::isfinite(eps) && eps >= 0, "regroup: the balance bound eps = ", eps, " must be >= 0");
   auto G = static_cast<std::size_t>(topo.gpus()), E = where.size();
-  std::vector<double> gpu_load(G, 0.0), per_copy(E);
   std::vector<std::vector<int>> on(G);  // experts on each GPU
   double total = 0;
   for (std::size_t e = 0; e < E; ++e) {
     check(!where[e].empty(), "regroup: expert ", e, " has no copy");
     total += load[e];
-    per_copy[e] = load[e] / static_cast<double>(where[e].size());
     for (int g : where[e]) {
       check(g >= 0 && static_cast<std::size_t>(g) < G, "regroup: expert ", e, " has a copy on GPU ", g, ", outside [0, ",
             G, ")");
-      gpu_load[static_cast<std::size_t>(g)] += per_copy[e];
       on[static_cast<std::size_t>(g)].push_back(static_cast<int>(e));
     }
   }
+  std::vector<double> gpu_load = even_split_loads(where, load, topo.gpus());
   std::vector<std::vector<std::size_t>> members(static_cast<std::size_t>(topo.servers()));  // GPUs of each server
   for (std::size_t g = 0; g < G; ++g) members[static_cast<std::size_t>(topo.server_of(static_cast<int>(g)))].push_back(g);
   double cap = std::max((1 + eps) * total / static_cast<double>(G), *std::max_element(gpu_load.begin(), gpu_load.end()));
@@ -485,7 +492,7 @@ inline Regrouping regroup(topology::Topology const& topo, std::vector<std::vecto
             for (auto& f : on[g2]) {
               if (e == f || holds(g2, e) || holds(g1, f)) continue;
               auto ue = static_cast<std::size_t>(e), uf = static_cast<std::size_t>(f);
-              double d = per_copy[uf] - per_copy[ue];
+              double d = load[uf] / static_cast<double>(where[uf].size()) - load[ue] / static_cast<double>(where[ue].size());
               if (gpu_load[g1] + d > cap || gpu_load[g2] - d > cap) continue;
               double gain = shared(e, g2, f) + shared(f, g1, e) - shared(e, g1, e) - shared(f, g2, f);
               if (gain <= 1e-9 * (1 + r.saved_before)) continue;
@@ -543,13 +550,9 @@ inline Result plan(topology::Topology const& topo, std::vector<double> const& lo
       double const* co_layer = o.coact.data() + static_cast<std::size_t>(l) * cells;
       // Co-location, unless it breaks the GPU cap that the plain placement meets: then paced
       // co-location (at most one slot ahead of a GPU's share), then none.
+      double tot = std::accumulate(w, w + E, 0.0);
       auto worst = [&](std::vector<std::vector<int>> const& wh) {
-        std::vector<double> g(static_cast<std::size_t>(G), 0.0);
-        double tot = 0;
-        for (int e = 0; e < E; ++e) {
-          tot += w[e];
-          for (int x : wh[static_cast<std::size_t>(e)]) g[static_cast<std::size_t>(x)] += w[e] / static_cast<double>(wh[static_cast<std::size_t>(e)].size());
-        }
+        auto g = even_split_loads(wh, w, G);
         return tot > 0 ? *std::max_element(g.begin(), g.end()) / (tot / G) : 1.0;
       };
       double bound = (1 + o.eps) * (1 + 1e-9), plain = worst(where);
