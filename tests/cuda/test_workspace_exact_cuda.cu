@@ -1,7 +1,8 @@
 // Exact workspace sizes of the device components (issue 15; the host ones are
 // tests/layer/test_workspace_exact.cpp): moe::CudaLayer on one GPU (cuda::SingleGpu) and on several
-// ranks of one GPU (moe::test::StagedDevice, both exchanges), and the co-located
-// schedule::FinDepCudaExecutor. For each component and shape the test
+// ranks of one GPU (moe::test::StagedDevice, both exchanges), the co-located
+// schedule::FinDepCudaExecutor, and schedule::FinDepCudaP2PExecutor on its AG and EG ranks (over
+// StagedDevice). For each component and shape the test
 //   1. records, with core::CarveLog, every piece workspace_size() counts (offset and bytes), and
 //      names them in carve order (the count must match, so a new piece needs a name here);
 //   2. fills the device workspace with a poison byte (cudaMemset), runs the worst-case inputs one
@@ -503,5 +504,146 @@ TEST_CASE("FinDepCudaExecutor: the worst case writes every byte its workspace_si
       INFO(Top3Bf16::name);
       expect_clean({findep_case<Top3Bf16>(3, misalign)}, tolerance<moe::bf16>());
     }
+  }
+}
+
+// -----------------------------------------------------------------------------------------------
+// The FinDEP executor with the AG and the EG on different ranks (moe::test::StagedDevice).
+// -----------------------------------------------------------------------------------------------
+namespace {
+
+/// The pieces of schedule::FinDepCudaP2PExecutor::carve, in order, on an AG and on an EG rank.
+std::vector<std::string> const p2p_ag_pieces = {"logits",  "ids",       "dest",       "gate_w",    "shared_inter",
+                                                "shared_acc", "cublas", "rec_count",  "rec_pos",   "scan_temp",
+                                                "send_count", "send_base", "send",    "returned"};
+std::vector<std::string> const p2p_eg_pieces = {"counts", "recv",          "back",     "recv_base", "recv_n",
+                                                "keys",   "values",        "sorted_keys", "sorted_values",
+                                                "position", "sort_temp",   "offsets",  "tile_starts", "inter",
+                                                "expert_out"};
+
+/// The ints of the AG's record-count regions (rec_count, rec_pos) that some run lays out: a run of
+/// q chunks of n tokens puts chunk j's eg x n ints at j times eg x n rounded up to 64 ints (256
+/// bytes, for the CUB scan). Runs of q = 1..chunks chunks of m / q tokens; the ints between the
+/// regions are that rounding, which no run writes.
+std::vector<bool> laid_out_count_ints(int eg, int m, int chunks) {
+  std::vector<bool> laid;
+  for (int q = 1; q <= chunks; ++q) {
+    auto n = static_cast<std::size_t>(m / q), w = static_cast<std::size_t>(eg) * n;
+    std::size_t stride = (w + 63) / 64 * 64;
+    for (std::size_t j = 0; j < static_cast<std::size_t>(q); ++j) {
+      if (laid.size() < j * stride + w) laid.resize(j * stride + w, false);
+      std::fill_n(laid.begin() + static_cast<std::ptrdiff_t>(j * stride), w, true);
+    }
+  }
+  return laid;
+}
+
+/// `N` ranks, the first `ag` AG ranks with up to `m` tokens each, the EG indices of the experts
+/// `on_eg`. Worst-case inputs: for each EG rank g, every token picks min(k, experts g holds) of
+/// g's experts (then experts of other ranks up to k): every AG token sends g a record naming the
+/// most experts a record to g can name. Each input runs at every chunk count q = 1..min(m,
+/// max_chunks) (r1 = q, m / q tokens per chunk), which together reach every per-chunk region.
+template <class Model, int N>
+std::vector<Finding> p2p_case(int ag, moe::placement::Table const& on_eg, int m) {
+  using Ex = moe::schedule::FinDepCudaP2PExecutor<Model, Router, moe::test::StagedDevice<N>>;
+  using T = typename Ex::element_type;
+  namespace ms = moe::schedule;
+  constexpr moe::ShapeSpec s = Model::spec;
+  auto h = static_cast<std::size_t>(s.hidden);
+  int eg = N - ag, k = s.top_k;
+  std::vector<std::vector<int>> held(static_cast<std::size_t>(eg));
+  for (int e = 0; e < s.experts; ++e) held[static_cast<std::size_t>(on_eg.rank_of(e))].push_back(e);
+  std::vector<std::vector<int>> routes;
+  for (auto const& mine : held) {
+    std::vector<int> r(mine.begin(), mine.begin() + std::min<std::ptrdiff_t>(k, std::ssize(mine)));
+    for (int e = 0; e < s.experts && std::ssize(r) < k; ++e)
+      if (std::find(r.begin(), r.end(), e) == r.end()) r.push_back(e);
+    routes.push_back(r);
+  }
+  Weights<T> w(s, 19);
+  DeviceWeights<T> dw(s, w.view);
+  ms::FinDepCudaOptions options{.max_tokens = m};  // max_chunks keeps its default (64), above m
+  int chunks = std::min(options.max_chunks, m);
+  // Every AG rank's m tokens of each input, in rank order, and the host reference on them.
+  std::vector<std::vector<T>> xs, refs;
+  for (std::size_t i = 0; i < routes.size(); ++i) {
+    xs.push_back(routed_tokens<T>(s, std::vector<std::vector<int>>(static_cast<std::size_t>(ag * m), routes[i]), 200 + i));
+    refs.emplace_back(xs.back().size());
+    moe::reference_forward<Router>(s, w.view, ag * m, xs.back().data(), refs.back().data());
+  }
+  std::vector<Finding> found(N);
+  moe::collective::run_in_process<N>([&](moe::collective::InProcess<N>& host) {
+    moe::test::StagedDevice<N> a2e(host), e2a(host);
+    int rank = host.rank();
+    bool is_ag = rank < ag;
+    Ex ex(a2e, e2a, ag, on_eg, dw.view(), options);
+    auto [size, pieces] = measure([&] { return ex.workspace_size(); });
+    Finding& f = found[static_cast<std::size_t>(rank)];
+    DeviceBuffer ws(size, 16);
+    cudaStream_t st;
+    kc::check_cuda(cudaStreamCreate(&st), "cudaStreamCreate");
+    bool record = true;
+    auto written = written_bytes(ws, [&] {
+      for (std::size_t i = 0; i < routes.size(); ++i)
+        for (int q = 1; q <= chunks; ++q) {
+          int t = q * (m / q);
+          auto first = static_cast<std::size_t>(rank * m) * h, n = static_cast<std::size_t>(t) * h;
+          Device<T> dx(is_ag ? std::vector<T>(xs[i].begin() + static_cast<std::ptrdiff_t>(first),
+                                              xs[i].begin() + static_cast<std::ptrdiff_t>(first + n))
+                             : std::vector<T>(h)),
+              dy(is_ag ? n : h);
+          dy.poison();
+          ex.run({.tokens = t, .x = is_ag ? dx.get() : nullptr, .y = is_ag ? dy.get() : nullptr, .stream = st},
+                 {ms::Pipeline::findep, ms::Order::asas, q, 1, 1}, ws.span);
+          kc::check_cuda(cudaStreamSynchronize(st), "rank run");
+          if (!is_ag && ex.errors() != 0u) f.problems.push_back("device error bits " + std::to_string(ex.errors()));
+          if (record && is_ag) {
+            // This rank's t tokens against the reference rows of the same tokens.
+            auto y = dy.download();
+            double diff = 0, scale = 1e-6;
+            for (std::size_t j = 0; j < n; ++j) {
+              double g = moe::to_float(y[j]), r = moe::to_float(refs[i][first + j]);
+              diff = std::isfinite(g) ? std::max(diff, std::abs(g - r)) : 1e30;
+              scale = std::max(scale, std::abs(r));
+            }
+            f.errors.push_back(diff / scale);
+          }
+        }
+      record = false;
+    });
+    cudaStreamDestroy(st);
+    if (is_ag) {
+      auto laid = laid_out_count_ints(eg, m, chunks);
+      check_pieces("FinDepCudaP2PExecutor (AG rank)", pieces, p2p_ag_pieces, size, ws.carver_start(), written,
+                   [&laid](std::string const& name, std::size_t b) {
+                     if (library_scratch(name)) return true;
+                     // The rounding between two chunks' regions; past the last region nothing is exempt.
+                     if (name == "rec_count" || name == "rec_pos")
+                       return b / sizeof(int) < laid.size() && !laid[b / sizeof(int)];
+                     return false;
+                   },
+                   f);
+    } else {
+      int rows = std::max(1, std::min(k, static_cast<int>(held[static_cast<std::size_t>(rank - ag)].size())));
+      check_pieces("FinDepCudaP2PExecutor (EG rank)", pieces, p2p_eg_pieces, size, ws.carver_start(), written,
+                   layer_exemptions(rows, k), f);
+    }
+  });
+  return found;
+}
+
+}  // namespace
+
+TEST_CASE("FinDepCudaP2PExecutor: the worst case writes every byte its workspace_size() counts, on AG and EG ranks",
+          "[cuda][findep][p2p][workspace]") {
+  {
+    // Two AG ranks (shared expert on each), two EG ranks holding 4 experts each (>= top_k 2).
+    INFO(SharedWide::name << ": 2 AG + 2 EG ranks, experts 0..3 and 4..7");
+    expect_clean(p2p_case<SharedWide, 4>(2, moe::placement::Table::contiguous(8, 2), 5), tolerance<float>());
+  }
+  {
+    // One AG rank; EG rank 1 holds one expert, fewer than top_k 3: a record to it yields one row.
+    INFO(Top3Bf16::name << ": 1 AG + 2 EG ranks, experts 0..2 and 3");
+    expect_clean(p2p_case<Top3Bf16, 3>(1, moe::placement::Table({0, 0, 0, 1}), 3), tolerance<moe::bf16>());
   }
 }

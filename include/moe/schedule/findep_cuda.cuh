@@ -45,6 +45,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <array>
 #include <concepts>
 #include <cstdint>
@@ -594,7 +595,8 @@ concept PointToPointDevice = C::memory == collective::Memory::device &&
 /// On an AG rank the plan's waits on EG operations (and on an EG rank those on AG operations) are
 /// satisfied by the messages themselves and dropped.
 ///
-/// NOT RUN: this mode was only compiled (no GPU in the session that wrote it).
+/// Never run on a GPU; it runs on the CUDA emulator (tests/cuda/test_findep_cuda.cu, over the staged
+/// communicator and the emulator's in-process NCCL; its workspace in test_workspace_exact_cuda.cu).
 template <ModelShape Model, router::Policy Router, class Comm>
 class FinDepCudaP2PExecutor {
 public:
@@ -667,6 +669,7 @@ public:
       primary_ = kc::DeviceArray<int>(E);
       primary_.upload(eg_of.data(), E);
       scan_bytes_ = kc::exclusive_sum_bytes(static_cast<long long>(eg_) * options_.max_tokens);
+      count_ints_ = count_ints();
     } else {
       std::vector<unsigned char> served(E, 0);
       std::vector<T const*> gate(E, nullptr), up(E, nullptr), down(E, nullptr);
@@ -679,6 +682,7 @@ public:
         check_aligned(w.up, "up", e);
         check_aligned(w.down, "down", e);
         served[ue] = 1;
+        ++served_count_;
         gate[ue] = w.gate;
         up[ue] = w.up;
         down[ue] = w.down;
@@ -832,7 +836,10 @@ private:
   [[nodiscard]] std::size_t ueg() const { return static_cast<std::size_t>(eg_); }
   [[nodiscard]] std::size_t uag() const { return static_cast<std::size_t>(ag_); }
   [[nodiscard]] std::size_t um() const { return static_cast<std::size_t>(options_.max_tokens); }
-  [[nodiscard]] std::size_t uchunks() const { return static_cast<std::size_t>(options_.max_chunks); }
+  /// Most chunks a run() can have: r1 * r2 <= max_chunks, and every chunk holds a token.
+  [[nodiscard]] std::size_t uchunks() const {
+    return std::min(static_cast<std::size_t>(options_.max_chunks), um());
+  }
 
   struct Buffers {
     // AG rank. Per token: ids, gate_w, dest, shared_acc; per chunk: rec_count / rec_pos (a region
@@ -870,8 +877,19 @@ private:
   };
 
   /// Ints between two chunks' record-count regions: eg x chunk rounded up to 64 (256 bytes).
-  [[nodiscard]] std::size_t count_stride(Run const& r) const {
-    return (ueg() * static_cast<std::size_t>(r.chunk) + 63) / 64 * 64;
+  [[nodiscard]] std::size_t count_stride(std::size_t chunk) const { return (ueg() * chunk + 63) / 64 * 64; }
+  [[nodiscard]] std::size_t count_stride(Run const& r) const { return count_stride(static_cast<std::size_t>(r.chunk)); }
+
+  /// Ints of the record-count regions (rec_count, rec_pos): the end of the last region over every
+  /// run the options allow. A run of q chunks has at most max_tokens / q tokens per chunk (q divides
+  /// its tokens), and its last region ends at (q - 1) x count_stride + eg x chunk.
+  [[nodiscard]] std::size_t count_ints() const {
+    std::size_t most = 0;
+    for (std::size_t q = 1; q <= uchunks(); ++q) {
+      std::size_t n = um() / q;
+      most = std::max(most, (q - 1) * count_stride(n) + ueg() * n);
+    }
+    return most;
   }
 
   void carve(core::Carver& c, Buffers& b) const {
@@ -885,8 +903,8 @@ private:
       b.shared_inter = c.take<T>(shared ? m * static_cast<std::size_t>(shape.shared_ffn) : 0);
       b.shared_acc = c.take<float>(shared ? m * h : 0);
       b.cublas = c.take<std::byte>(options_.cublas_workspace);
-      b.rec_count = c.take<int>(ueg() * m + 64 * uchunks());
-      b.rec_pos = c.take<int>(ueg() * m + 64 * uchunks());
+      b.rec_count = c.take<int>(count_ints_);
+      b.rec_pos = c.take<int>(count_ints_);
       b.scan_temp = c.take<std::byte>(scan_bytes_);
       b.send_count = c.take<std::uint64_t>(uchunks() * ueg());
       b.send_base = c.take<long long>(uchunks() * ueg());
@@ -907,9 +925,16 @@ private:
       b.sort_temp = c.take<std::byte>(sort_bytes_);
       b.offsets = c.take<int>(E + 1);
       b.tile_starts = c.take<int>(E + 1);
-      b.inter = c.take<T>(items * static_cast<std::size_t>(shape.expert_ffn));
-      b.expert_out = c.take<T>(items * h);
+      std::size_t rows = slots * rows_per_record();  // <= items
+      b.inter = c.take<T>(rows * static_cast<std::size_t>(shape.expert_ffn));
+      b.expert_out = c.take<T>(rows * h);
     }
+  }
+
+  /// EG rank: most expert rows one record yields here (a record names the experts of its token
+  /// that this rank serves, at most k).
+  [[nodiscard]] std::size_t rows_per_record() const {
+    return static_cast<std::size_t>(std::max(1, std::min(k, served_count_)));
   }
 
   void attention(Run const& r, int i, int r2) const {
@@ -987,6 +1012,7 @@ private:
     pass.a = records + meta_bytes;  // the token rows travel in the records
     pass.a_stride = record_bytes;
     pass.served = served_.get();
+    pass.max_count = static_cast<int>(rows_per_record());
     pass.gate = gate_.get();
     pass.up = up_.get();
     pass.down = down_.get();
@@ -1032,6 +1058,8 @@ private:
   kernels::cuda::DeviceArray<T const*> gate_, up_, down_;
   kernels::cuda::DeviceArray<unsigned> errors_;
   std::size_t scan_bytes_ = 0, sort_bytes_ = 0;
+  std::size_t count_ints_ = 0;  // count_ints(), computed once (a loop over max_chunks)
+  int served_count_ = 0;        // EG rank: experts it serves
   cublasHandle_t cublas_ = nullptr;
   detail_cuda::StreamPool pool_;  // plan events, then fork, A2E done, E2A done, joins
   detail_cuda::PlanCache plans_;
