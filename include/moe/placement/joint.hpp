@@ -41,7 +41,12 @@
 //      cap (or the layer's largest load before, if that is above it). A swap inside a server
 //      changes neither server loads nor distances, so it only removes sends; the greedy of 3b
 //      chooses servers and GPUs at once, copy by copy, and can leave pairs split inside a server
-//      that a later copy made worth joining (regroup()).
+//      that a later copy made worth joining (regroup()). Where 3b kept a placement, 3c also
+//      regroups the plain placement (steps 3 and 4 without co-activation) and keeps whichever of
+//      the two saves more sends (ties: 3b's). Both meet the same caps, and under de-duplication
+//      per rank only experts sharing a GPU save a send, so the saved sends compare them; 3b's
+//      greedy sometimes spends a server's slots on pairs that regrouping the plain placement
+//      beats.
 //   4. Server cap (when Options::load_sd gives each expert's batch-to-batch load spread): a copy
 //      also keeps its server's expected load plus z standard deviations within (1 + server_eps)
 //      x the server's share; among servers within both caps the spread rule decides, ties going
@@ -148,7 +153,9 @@ struct LayerStats {
   double hops_bound = 0;      ///< lower bound on mean_hops for the same copy counts
   double max_load_ratio = 0;  ///< largest GPU load / mean GPU load
   int replicas = 0;           ///< copies beyond one per expert
-  int co_location = -1;       ///< -1: none asked or none within the cap; else the pace used (0 = unpaced)
+  /// Step 3b's placement kept: -1 if none was asked, none met the cap, or step 3c regrouped the
+  /// plain placement to more saved sends; else the pace used (0 = unpaced).
+  int co_location = -1;
   int regroup_swaps = 0;      ///< swaps step 3c made
   double co_located_before = 0;  ///< sends co-location saves (regroup()) before step 3c, in coact's units
   double co_located = 0;         ///< ... and after it
@@ -556,6 +563,7 @@ inline Result plan(topology::Topology const& topo, std::vector<double> const& lo
         return tot > 0 ? *std::max_element(g.begin(), g.end()) / (tot / G) : 1.0;
       };
       double bound = (1 + o.eps) * (1 + 1e-9), plain = worst(where);
+      auto plain_where = where;  // for step 3c's second start
       for (int pace : {0, 2}) {
         auto co = place_layer(topo, w, E, r.slots_per_gpu, o.eps, fixed, scap, Coactivation{co_layer, pace});
         if (worst(co) <= std::max(bound, plain)) {
@@ -566,6 +574,14 @@ inline Result plan(topology::Topology const& topo, std::vector<double> const& lo
       }
       if (o.regroup) {
         auto rg = regroup(topo, where, w, o.eps, co_layer);
+        if (st.co_location >= 0) {  // also from the plain placement; the one saving more sends
+          auto rp = regroup(topo, plain_where, w, o.eps, co_layer);
+          if (rp.saved_after > rg.saved_after) {
+            where = std::move(plain_where);
+            rg = rp;
+            st.co_location = -1;
+          }
+        }
         st.regroup_swaps = rg.swaps;
         st.co_located_before = rg.saved_before;
         st.co_located = rg.saved_after;
