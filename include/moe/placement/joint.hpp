@@ -426,7 +426,6 @@ inline std::vector<std::vector<int>> place_layer(topology::Topology const& topo,
   return where;
 }
 
-/// What regroup() did to one layer.
 /// Each GPU's load when expert e's load[e] is split evenly over its copies `where[e]` (GPU ids in
 /// [0, gpus), every expert with at least one copy).
 inline std::vector<double> even_split_loads(std::vector<std::vector<int>> const& where, double const* load, int gpus) {
@@ -436,6 +435,7 @@ inline std::vector<double> even_split_loads(std::vector<std::vector<int>> const&
   return g;
 }
 
+/// What regroup() did to one layer.
 struct Regrouping {
   double saved_before = 0;  ///< co-located sends (see regroup) of the placement it was given
   double saved_after = 0;   ///< ... and of the placement it returns
