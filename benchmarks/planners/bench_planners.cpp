@@ -470,10 +470,9 @@ static void BM_Joint_R1_256gpu(benchmark::State& st) {
   st.counters["hops_bound"] = bound;
   st.counters["max_load"] = worst;
   st.counters["S"] = r.slots_per_gpu;
-  int swaps = 0, co = 0;
-  for (auto const& x : r.stats) swaps += x.regroup_swaps, co += x.co_location >= 0;
-  st.counters["co_layers"] = co;
-  st.counters["swaps"] = swaps;
+  auto co = r.co_location_totals();
+  st.counters["co_layers"] = co.layers;
+  st.counters["swaps"] = co.swaps;
 }
 BENCHMARK(BM_Joint_R1_256gpu)
     ->Args({0, 0, 0})

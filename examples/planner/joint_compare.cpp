@@ -193,14 +193,9 @@ int run(int argc, char** argv) {
     auto joint = placement::joint::plan(sc.topo, totals, L, E, jo);
     double joint_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!coact.empty()) {
-      int co = 0, swaps = 0;
-      double before = 0, after = 0;
-      for (auto const& st : joint.stats) {
-        co += st.co_location >= 0, swaps += st.regroup_swaps;
-        before += st.co_located_before, after += st.co_located;
-      }
+      auto co = joint.co_location_totals();
       std::fprintf(stderr, "%s: joint co-locates in %d of %d layers; regrouping: %d swaps, co-located sends %.0f -> %.0f\n",
-                   sc.name.c_str(), co, L, swaps, before, after);
+                   sc.name.c_str(), co.layers, L, co.swaps, co.saved_before, co.saved_after);
     }
     int extra = G * joint.slots_per_gpu - E;  // redundant slots per layer
 

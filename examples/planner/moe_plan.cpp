@@ -338,10 +338,8 @@ int run(int argc, char** argv) {
       std::vector<placement::Table> prim;
       std::vector<replication::Table> tabs;
       double hops = 0, bound = 0, worst = 0;
-      int co_layers = 0, swaps = 0;
+      auto co = j.co_location_totals();
       for (int l = 0; l < s.layers; ++l) {
-        co_layers += j.stats[static_cast<std::size_t>(l)].co_location >= 0;
-        swaps += j.stats[static_cast<std::size_t>(l)].regroup_swaps;
         prim.push_back(j.plan[static_cast<std::size_t>(l)].placement);
         tabs.push_back(j.plan[static_cast<std::size_t>(l)].replicas);
         auto const& st = j.stats[static_cast<std::size_t>(l)];
@@ -352,9 +350,9 @@ int run(int argc, char** argv) {
       std::snprintf(note, sizeof note,
                     "S = %d slots/GPU, routed: %.3f hops to a copy (bound %.3f), planned max load %.3f x mean%s",
                     j.slots_per_gpu, hops, bound, worst,
-                    coact_tokens > 0 ? (", co-location in " + std::to_string(co_layers) + " of " + std::to_string(s.layers) +
+                    coact_tokens > 0 ? (", co-location in " + std::to_string(co.layers) + " of " + std::to_string(s.layers) +
                                         " layers (from " + std::to_string(coact_tokens) +
-                                        " training tokens; the others broke the GPU cap), " + std::to_string(swaps) +
+                                        " training tokens; the others broke the GPU cap), " + std::to_string(co.swaps) +
                                         " regrouping swaps inside servers")
                                            .c_str()
                                      : "");

@@ -579,6 +579,10 @@ TEST_CASE("joint co-location: plan() never breaks the GPU cap that the plain pla
     CHECK(with.stats[0].regroup_swaps == (plain_wins ? rp.swaps : rg.swaps));
     CHECK(with.stats[0].co_located == Approx(std::max(rg.saved_after, rp.saved_after)));
     CHECK(with.stats[0].co_location == (plain_wins ? -1 : no3c.stats[0].co_location));
+    auto totals = with.co_location_totals();  // one layer: its own stats
+    CHECK(totals.layers == (with.stats[0].co_location >= 0 ? 1 : 0));
+    CHECK(totals.swaps == with.stats[0].regroup_swaps);
+    CHECK(totals.saved_after == with.stats[0].co_located);
     regrouped += rg.swaps > 0;
     plain_won += plain_wins;
   }

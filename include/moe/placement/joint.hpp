@@ -161,6 +161,14 @@ struct LayerStats {
   double co_located = 0;         ///< ... and after it
 };
 
+/// Steps 3b and 3c summed over the layers of a plan (Result::co_location_totals).
+struct CoLocationTotals {
+  int layers = 0;           ///< layers that kept step 3b's placement (LayerStats::co_location >= 0)
+  int swaps = 0;            ///< step 3c's swaps
+  double saved_before = 0;  ///< LayerStats::co_located_before, summed
+  double saved_after = 0;   ///< LayerStats::co_located, summed
+};
+
 /// Routing of one layer: routes[s][e] = the copies serving server s's tokens of expert e.
 using LayerRoutes = std::vector<std::vector<std::vector<replication::RouteShare>>>;
 
@@ -174,6 +182,17 @@ struct Result {
   /// The replica policy that runs layer l of this plan.
   [[nodiscard]] replication::Routed policy(int l, topology::Topology const& topo) const {
     return {plan[static_cast<std::size_t>(l)].replicas.replicas(), topo, routes[static_cast<std::size_t>(l)]};
+  }
+
+  [[nodiscard]] CoLocationTotals co_location_totals() const {
+    CoLocationTotals t;
+    for (auto const& st : stats) {
+      t.layers += st.co_location >= 0;
+      t.swaps += st.regroup_swaps;
+      t.saved_before += st.co_located_before;
+      t.saved_after += st.co_located;
+    }
+    return t;
   }
 };
 
