@@ -24,6 +24,7 @@
 #include <functional>
 #include <numeric>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -192,12 +193,9 @@ struct Weights {
   }
 };
 
-/// Relative error (max |y - ref| / max |ref|) of the device output `y` against the host reference.
+/// Relative error (max |y - ref| / max |ref|) of `y` against `ref` (same length).
 template <class T>
-double error_against_reference(moe::ShapeSpec const& s, moe::LayerWeights<T> const& w, int tokens,
-                               std::vector<T> const& x, std::vector<T> const& y) {
-  std::vector<T> ref(static_cast<std::size_t>(tokens) * static_cast<std::size_t>(s.hidden));
-  moe::reference_forward<Router>(s, w, tokens, x.data(), ref.data());
+double relative_error(std::span<T const> y, std::span<T const> ref) {
   double diff = 0, scale = 1e-6;
   for (std::size_t i = 0; i < ref.size(); ++i) {
     double g = moe::to_float(y[i]), r = moe::to_float(ref[i]);
@@ -205,6 +203,15 @@ double error_against_reference(moe::ShapeSpec const& s, moe::LayerWeights<T> con
     scale = std::max(scale, std::abs(r));
   }
   return diff / scale;
+}
+
+/// relative_error of the device output `y` against the host reference on the tokens `x`.
+template <class T>
+double error_against_reference(moe::ShapeSpec const& s, moe::LayerWeights<T> const& w, int tokens,
+                               std::vector<T> const& x, std::vector<T> const& y) {
+  std::vector<T> ref(static_cast<std::size_t>(tokens) * static_cast<std::size_t>(s.hidden));
+  moe::reference_forward<Router>(s, w, tokens, x.data(), ref.data());
+  return relative_error<T>(y, ref);
 }
 
 void expect_clean(std::vector<Finding> const& found, double tol) {
@@ -600,13 +607,7 @@ std::vector<Finding> p2p_case(int ag, moe::placement::Table const& on_eg, int m)
           if (record && is_ag) {
             // This rank's t tokens against the reference rows of the same tokens.
             auto y = dy.download();
-            double diff = 0, scale = 1e-6;
-            for (std::size_t j = 0; j < n; ++j) {
-              double g = moe::to_float(y[j]), r = moe::to_float(refs[i][first + j]);
-              diff = std::isfinite(g) ? std::max(diff, std::abs(g - r)) : 1e30;
-              scale = std::max(scale, std::abs(r));
-            }
-            f.errors.push_back(diff / scale);
+            f.errors.push_back(relative_error<T>(y, std::span<T const>(refs[i]).subspan(first, n)));
           }
         }
       record = false;
