@@ -80,6 +80,7 @@
 #include <numeric>
 #include <span>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "moe/config.hpp"
@@ -582,11 +583,11 @@ inline Result plan(topology::Topology const& topo, std::vector<double> const& lo
         return tot > 0 ? *std::max_element(g.begin(), g.end()) / (tot / G) : 1.0;
       };
       double bound = (1 + o.eps) * (1 + 1e-9), plain = worst(where);
-      auto plain_where = where;  // for step 3c's second start
+      std::vector<std::vector<int>> plain_where;  // step 3c's second start, where co-location is kept
       for (int pace : {0, 2}) {
         auto co = place_layer(topo, w, E, r.slots_per_gpu, o.eps, fixed, scap, Coactivation{co_layer, pace});
         if (worst(co) <= std::max(bound, plain)) {
-          where = std::move(co);
+          plain_where = std::exchange(where, std::move(co));
           st.co_location = pace;
           break;
         }
