@@ -60,4 +60,56 @@ public:
   }
 };
 
+/// Owning CUDA stream, destroyed when it leaves scope (also when a REQUIRE throws). Converts to
+/// cudaStream_t wherever one is taken.
+class Stream {
+public:
+  Stream() { kernels::cuda::check_cuda(cudaStreamCreate(&stream_), "cudaStreamCreate"); }
+  Stream(Stream const&) = delete;
+  Stream& operator=(Stream const&) = delete;
+  ~Stream() { cudaStreamDestroy(stream_); }
+  operator cudaStream_t() const { return stream_; }  // NOLINT(google-explicit-constructor): a handle
+  void synchronize(char const* what) const { kernels::cuda::check_cuda(cudaStreamSynchronize(stream_), what); }
+
+private:
+  cudaStream_t stream_ = nullptr;
+};
+
+/// The work `enqueue()` puts on `stream`, captured into a graph and instantiated; launch() replays
+/// it. Graph and executable are destroyed with the object. If `enqueue` throws, the capture is
+/// ended (and its graph dropped) before the exception leaves, so the stream is usable again.
+class CapturedGraph {
+public:
+  template <class Enqueue>
+  CapturedGraph(cudaStream_t stream, Enqueue&& enqueue, cudaStreamCaptureMode mode = cudaStreamCaptureModeThreadLocal) {
+    using kernels::cuda::check_cuda;
+    check_cuda(cudaStreamBeginCapture(stream, mode), "cudaStreamBeginCapture");
+    try {
+      enqueue();
+    } catch (...) {
+      cudaGraph_t dropped = nullptr;
+      if (cudaStreamEndCapture(stream, &dropped) == cudaSuccess && dropped != nullptr) cudaGraphDestroy(dropped);
+      throw;
+    }
+    check_cuda(cudaStreamEndCapture(stream, &graph_), "cudaStreamEndCapture");
+    if (cudaError_t r = cudaGraphInstantiate(&exec_, graph_, 0); r != cudaSuccess) {
+      cudaGraphDestroy(graph_);
+      check_cuda(r, "cudaGraphInstantiate");
+    }
+  }
+  CapturedGraph(CapturedGraph const&) = delete;
+  CapturedGraph& operator=(CapturedGraph const&) = delete;
+  ~CapturedGraph() {
+    cudaGraphExecDestroy(exec_);
+    cudaGraphDestroy(graph_);
+  }
+  void launch(cudaStream_t stream) const {
+    kernels::cuda::check_cuda(cudaGraphLaunch(exec_, stream), "cudaGraphLaunch");
+  }
+
+private:
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+};
+
 }  // namespace moe::test

@@ -159,21 +159,16 @@ void check_graph_replay(L& layer, int tokens, std::uint64_t seed) {
   Device<std::byte> ws(layer.workspace_size());
   auto x = random_tokens<T>(tokens, s.hidden, seed);
   Device<T> dx(x), direct(x.size()), replay(x.size());
-  cudaStream_t st;
-  moe::kernels::cuda::check_cuda(cudaStreamCreate(&st), "cudaStreamCreate");
+  moe::test::Stream st;
   layer.run({.tokens = tokens, .x = dx.get(), .y = direct.get(), .stream = st}, ws.bytes());
-  moe::kernels::cuda::check_cuda(cudaStreamSynchronize(st), "direct run");
+  st.synchronize("direct run");
 
   replay.poison();
   ws.poison();  // the graph must not depend on what a previous run left in the workspace
-  cudaGraph_t graph;
-  moe::kernels::cuda::check_cuda(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
-  layer.run({.tokens = tokens, .x = dx.get(), .y = replay.get(), .stream = st}, ws.bytes());
-  moe::kernels::cuda::check_cuda(cudaStreamEndCapture(st, &graph), "cudaStreamEndCapture");
-  cudaGraphExec_t exec;
-  moe::kernels::cuda::check_cuda(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
-  for (int i = 0; i < 2; ++i) moe::kernels::cuda::check_cuda(cudaGraphLaunch(exec, st), "cudaGraphLaunch");
-  moe::kernels::cuda::check_cuda(cudaStreamSynchronize(st), "graph replay");
+  moe::test::CapturedGraph graph(
+      st, [&] { layer.run({.tokens = tokens, .x = dx.get(), .y = replay.get(), .stream = st}, ws.bytes()); });
+  for (int i = 0; i < 2; ++i) graph.launch(st);
+  st.synchronize("graph replay");
   auto a = direct.download(), b = replay.download();
   REQUIRE(a.size() == b.size());
   for (std::size_t i = 0; i < a.size(); ++i) {
@@ -183,9 +178,6 @@ void check_graph_replay(L& layer, int tokens, std::uint64_t seed) {
       REQUIRE(a[i].bits == b[i].bits);
     }
   }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(st);
 }
 
 }  // namespace
@@ -320,13 +312,11 @@ std::vector<RankResult> four_ranks(std::vector<int> const& counts, moe::placemen
             {.max_tokens = max_tokens, .deduplicate = dedup, .exchange = exchange});
     Device<std::byte> ws(layer.workspace_size());
     ws.poison();
-    cudaStream_t st;
-    moe::kernels::cuda::check_cuda(cudaStreamCreate(&st), "cudaStreamCreate");
+    moe::test::Stream st;
     layer.run({.tokens = counts[static_cast<std::size_t>(rank)], .x = dx.get() + static_cast<std::size_t>(first) * h,
                .y = dy.get() + static_cast<std::size_t>(first) * h, .first_token = first, .stream = st},
               ws.bytes());
-    moe::kernels::cuda::check_cuda(cudaStreamSynchronize(st), "rank run");
-    cudaStreamDestroy(st);
+    st.synchronize("rank run");
     auto& r = results[static_cast<std::size_t>(rank)];
     r.stats = layer.stats();
     r.errors = layer.errors();
@@ -453,8 +443,7 @@ std::vector<RankResult> nccl_four_ranks(std::vector<int> const& counts, moe::pla
     threads.emplace_back([&, rank] {
       try {
         moe::kernels::cuda::check_cuda(cudaSetDevice(rank), "cudaSetDevice");
-        cudaStream_t st;
-        moe::kernels::cuda::check_cuda(cudaStreamCreate(&st), "cudaStreamCreate");
+        moe::test::Stream st;  // outlives the communicator created on it
         {
           auto comm = moe::collective::Nccl::create(rank, N, id, st);
           int first = std::accumulate(counts.begin(), counts.begin() + rank, 0);
@@ -474,13 +463,12 @@ std::vector<RankResult> nccl_four_ranks(std::vector<int> const& counts, moe::pla
           ws.poison();
           layer.run({.tokens = static_cast<int>(n), .x = dx.get(), .y = dy.get(), .first_token = first, .stream = st},
                     ws.bytes());
-          moe::kernels::cuda::check_cuda(cudaStreamSynchronize(st), "rank run");
+          st.synchronize("rank run");
           auto out = dy.download(n * h);
           std::copy(out.begin(), out.end(), y.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(first) * h));
           results[static_cast<std::size_t>(rank)].stats = layer.stats();
           results[static_cast<std::size_t>(rank)].errors = layer.errors();
         }
-        cudaStreamDestroy(st);
       } catch (std::exception const& e) {
         failures[static_cast<std::size_t>(rank)] = e.what();
       }

@@ -526,8 +526,7 @@ TEST_CASE("lookup, plan, pack and unpack replay from a CUDA graph", "[cuda][shuf
   Device<std::int16_t> dconf(static_cast<std::size_t>(n));
   Device<moe::bf16> dx(static_cast<std::size_t>(n) * width), dpacked(dx.size()), dback(dx.size());
   Device<unsigned> err(std::vector<unsigned>{0});
-  cudaStream_t st;
-  kc::check_cuda(cudaStreamCreate(&st), "cudaStreamCreate");
+  moe::test::Stream st;
   auto enqueue = [&] {
     kc::predict_and_plan(st, dt.view(), dtok.get(), n, 16, b.p, nullptr, dconf.get(), err.get());
     kc::pack_rows<moe::bf16>(st, dx.get(), n, width, b.p.permutation, dpacked.get(), err.get());
@@ -535,13 +534,8 @@ TEST_CASE("lookup, plan, pack and unpack replay from a CUDA graph", "[cuda][shuf
   };
   dtok.upload(random_tokens(n, 50304, 22));
   enqueue();  // once outside the capture (lazy initialisation)
-  kc::check_cuda(cudaStreamSynchronize(st), "warm-up");
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  kc::check_cuda(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture");
-  enqueue();
-  kc::check_cuda(cudaStreamEndCapture(st, &graph), "cudaStreamEndCapture");
-  kc::check_cuda(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+  st.synchronize("warm-up");
+  moe::test::CapturedGraph graph(st, enqueue, cudaStreamCaptureModeGlobal);
   for (std::uint64_t round = 0; round < 2; ++round) {
     auto tokens = random_tokens(n, 50304, 30 + round);
     auto x = random_bits<moe::bf16>(dx.size(), 40 + round);
@@ -551,8 +545,8 @@ TEST_CASE("lookup, plan, pack and unpack replay from a CUDA graph", "[cuda][shuf
     dconf.poison();
     dpacked.poison();
     dback.poison();
-    kc::check_cuda(cudaGraphLaunch(exec, st), "cudaGraphLaunch");
-    kc::check_cuda(cudaStreamSynchronize(st), "graph replay");
+    graph.launch(st);
+    st.synchronize("graph replay");
     auto want = host_predict(pred, tokens);
     auto plan = sp::make_shuffle_plan(want.device, devices, 16);
     INFO("replay " << round);
@@ -564,7 +558,4 @@ TEST_CASE("lookup, plan, pack and unpack replay from a CUDA graph", "[cuda][shuf
     CHECK(same_bits(dback.download(), x));
   }
   CHECK(read_errors(err) == 0u);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(st);
 }

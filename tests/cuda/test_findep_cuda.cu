@@ -107,8 +107,7 @@ void against_layer_and_reference(int tokens, std::uint64_t seed, double toleranc
   DeviceWeights<T> dw(s, weights.view());
   Device<T> dx(x), dy(x.size());
 
-  cudaStream_t st;
-  kc::check_cuda(cudaStreamCreate(&st), "cudaStreamCreate");
+  moe::test::Stream st;
   moe::cuda::SingleGpu gpu;
   L layer(gpu, moe::placement::Table::contiguous(s.experts, 1), {}, dw.view(), {.max_tokens = tokens, .gemm = gemm});
   Device<std::byte> lws(layer.workspace_size());
@@ -132,7 +131,6 @@ void against_layer_and_reference(int tokens, std::uint64_t seed, double toleranc
     check_errors(compare(y, seq, fragile, tokens, s.hidden), tolerance, tokens);
     check_errors(compare(y, ref, fragile, tokens, s.hidden), tolerance, tokens);
   }
-  cudaStreamDestroy(st);
 }
 
 }  // namespace
@@ -184,26 +182,18 @@ TEST_CASE("FinDEP CUDA executor run can be captured in a CUDA graph and replayed
   auto x = random_tokens<float>(32, s.hidden, 42);
   Device<float> dx(x), direct(x.size()), replay(x.size());
   ms::Config c{ms::Pipeline::findep, ms::Order::asas, 2, 1, 4};
-  cudaStream_t st;
-  kc::check_cuda(cudaStreamCreate(&st), "cudaStreamCreate");
+  moe::test::Stream st;
   ex.run({.tokens = 32, .x = dx.get(), .y = direct.get(), .stream = st}, c, ws.bytes());
-  kc::check_cuda(cudaStreamSynchronize(st), "direct run");
+  st.synchronize("direct run");
   replay.poison();
   ws.poison();
-  cudaGraph_t graph;
-  kc::check_cuda(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
-  ex.run({.tokens = 32, .x = dx.get(), .y = replay.get(), .stream = st}, c, ws.bytes());
-  kc::check_cuda(cudaStreamEndCapture(st, &graph), "cudaStreamEndCapture");
-  cudaGraphExec_t exec;
-  kc::check_cuda(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
-  for (int i = 0; i < 2; ++i) kc::check_cuda(cudaGraphLaunch(exec, st), "cudaGraphLaunch");
-  kc::check_cuda(cudaStreamSynchronize(st), "graph replay");
+  moe::test::CapturedGraph graph(
+      st, [&] { ex.run({.tokens = 32, .x = dx.get(), .y = replay.get(), .stream = st}, c, ws.bytes()); });
+  for (int i = 0; i < 2; ++i) graph.launch(st);
+  st.synchronize("graph replay");
   auto a = direct.download(), b = replay.download();
   REQUIRE(a.size() == b.size());
   CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(st);
 }
 
 TEST_CASE("FinDEP CUDA executor rejects bad input", "[cuda][findep][bad-input]") {
@@ -353,8 +343,7 @@ void p2p_world(int ag, int tokens, std::uint64_t seed, double tolerance, Via via
       ws.emplace(ex->workspace_size());
       ws->poison();
     }
-    cudaStream_t st;
-    kc::check_cuda(cudaStreamCreate(&st), "cudaStreamCreate");
+    moe::test::Stream st;
     for (std::size_t q = 0; q < cfgs.size(); ++q) {
       bool is_ag = rank < ag;
       std::size_t first = is_ag ? static_cast<std::size_t>(rank) * static_cast<std::size_t>(tokens) * h : 0;
@@ -363,7 +352,7 @@ void p2p_world(int ag, int tokens, std::uint64_t seed, double tolerance, Via via
       unsigned& errors = device_errors[static_cast<std::size_t>(rank)];
       if (via == Via::executor) {
         ex->run({.tokens = tokens, .x = xr, .y = yr, .stream = st}, cfgs[q], ws->bytes());
-        kc::check_cuda(cudaStreamSynchronize(st), "rank run");
+        st.synchronize("rank run");
         errors |= ex->errors();
       } else if (cfgs[q].pipeline == ms::Pipeline::findep) {
         errors |= through_layer<ms::FinDep, Model, Router>(a2e, e2a, via, ag, on_eg, replicas, view, cfgs[q], tokens,
@@ -380,7 +369,6 @@ void p2p_world(int ag, int tokens, std::uint64_t seed, double tolerance, Via via
       }
       host.barrier();
     }
-    cudaStreamDestroy(st);
   });
   for (std::size_t q = 0; q < cfgs.size(); ++q) {
     INFO(N << " ranks, " << ag << " AG, " << ms::pipeline_name(cfgs[q].pipeline) << " " << ms::order_name(cfgs[q].order)
@@ -455,8 +443,7 @@ void p2p_nccl_world(int ag, int tokens, std::uint64_t seed, double tolerance, Vi
     auto& failed = failures[static_cast<std::size_t>(rank)];
     try {
       kc::check_cuda(cudaSetDevice(rank), "cudaSetDevice");
-      cudaStream_t st;
-      kc::check_cuda(cudaStreamCreate(&st), "cudaStreamCreate");
+      moe::test::Stream st;  // outlives the communicators created on it
       {
         auto a2e = moe::collective::Nccl::create(rank, N, id_a2e, st);
         auto e2a = moe::collective::Nccl::create(rank, N, id_e2a, st);
@@ -501,13 +488,12 @@ void p2p_nccl_world(int ag, int tokens, std::uint64_t seed, double tolerance, Vi
             auto out = download_on(st, dy.get(), rows);
             std::copy(out.begin(), out.end(), y.begin() + static_cast<std::ptrdiff_t>(first));
           }
-          kc::check_cuda(cudaStreamSynchronize(st), "rank run");
+          st.synchronize("rank run");
           host.barrier();
           if (rank == 0) result[q] = compare(y, ref, fragile, total, s.hidden);
           host.barrier();
         }
       }
-      cudaStreamDestroy(st);
     } catch (std::exception const& e) {
       failed = e.what();
     }

@@ -39,14 +39,12 @@ std::vector<std::string> on_ranks(int world, std::function<void(int, moe::collec
         kc::check_cuda(cudaSetDevice(r), "cudaSetDevice");
         // A blocking stream: the buffers are poisoned with cudaMemset on the legacy stream, which a
         // non-blocking stream would not wait for.
-        cudaStream_t s;
-        kc::check_cuda(cudaStreamCreate(&s), "cudaStreamCreate");
+        moe::test::Stream s;
         {
           auto comm = moe::collective::Nccl::create(r, world, id, s);
           body(r, comm, f);
         }
-        kc::check_cuda(cudaStreamSynchronize(s), "cudaStreamSynchronize");
-        cudaStreamDestroy(s);
+        s.synchronize("cudaStreamSynchronize");
       } catch (std::exception const& e) {
         f.push_back("rank " + std::to_string(r) + ": " + e.what());
       }

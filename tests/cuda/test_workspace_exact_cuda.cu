@@ -342,8 +342,7 @@ std::vector<Finding> ranks_case(moe::placement::Table const& table, std::vector<
     auto [size, pieces] = measure([&] { return layer.workspace_size(); });
     Finding& f = found[static_cast<std::size_t>(rank)];
     DeviceBuffer ws(size, 16);
-    cudaStream_t st;
-    kc::check_cuda(cudaStreamCreate(&st), "cudaStreamCreate");
+    moe::test::Stream st;
     bool record = true;
     auto written = written_bytes(ws, [&] {
       for (std::size_t i = 0; i < inputs.size(); ++i) {
@@ -352,7 +351,7 @@ std::vector<Finding> ranks_case(moe::placement::Table const& table, std::vector<
             dy(n);
         dy.poison();
         layer.run({.tokens = m, .x = dx.get(), .y = dy.get(), .first_token = rank * m, .stream = st}, ws.span);
-        kc::check_cuda(cudaStreamSynchronize(st), "rank run");
+        st.synchronize("rank run");
         if (layer.errors() != 0u) f.problems.push_back("device error bits " + std::to_string(layer.errors()));
         if (record) {
           auto y = dy.download();
@@ -361,7 +360,6 @@ std::vector<Finding> ranks_case(moe::placement::Table const& table, std::vector<
       }
       record = false;
     });
-    cudaStreamDestroy(st);
     int held0 = 0;  // experts rank 0 holds
     for (int e = 0; e < s.experts; ++e) held0 += table.rank_of(e) == 0 ? 1 : 0;
     MayStayUnwritten exempt = layer_exemptions(dedup ? std::min(s.top_k, held0) : 1, s.top_k);
@@ -587,8 +585,7 @@ std::vector<Finding> p2p_case(int ag, moe::placement::Table const& on_eg, int m)
     auto [size, pieces] = measure([&] { return ex.workspace_size(); });
     Finding& f = found[static_cast<std::size_t>(rank)];
     DeviceBuffer ws(size, 16);
-    cudaStream_t st;
-    kc::check_cuda(cudaStreamCreate(&st), "cudaStreamCreate");
+    moe::test::Stream st;
     bool record = true;
     auto written = written_bytes(ws, [&] {
       for (std::size_t i = 0; i < routes.size(); ++i)
@@ -602,7 +599,7 @@ std::vector<Finding> p2p_case(int ag, moe::placement::Table const& on_eg, int m)
           dy.poison();
           ex.run({.tokens = t, .x = is_ag ? dx.get() : nullptr, .y = is_ag ? dy.get() : nullptr, .stream = st},
                  {ms::Pipeline::findep, ms::Order::asas, q, 1, 1}, ws.span);
-          kc::check_cuda(cudaStreamSynchronize(st), "rank run");
+          st.synchronize("rank run");
           if (!is_ag && ex.errors() != 0u) f.problems.push_back("device error bits " + std::to_string(ex.errors()));
           if (record && is_ag) {
             // This rank's t tokens against the reference rows of the same tokens.
@@ -612,7 +609,6 @@ std::vector<Finding> p2p_case(int ag, moe::placement::Table const& on_eg, int m)
         }
       record = false;
     });
-    cudaStreamDestroy(st);
     if (is_ag) {
       auto laid = laid_out_count_ints(eg, m, chunks);
       check_pieces("FinDepCudaP2PExecutor (AG rank)", pieces, p2p_ag_pieces, size, ws.carver_start(), written,
