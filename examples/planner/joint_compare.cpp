@@ -7,6 +7,8 @@
 //   joint_compare                 all scenarios of the docs' table
 //   joint_compare --scenario r1-fattree-256 --test-batches 2 --tokens 4096 --layers 8
 //   joint_compare --scenario r1-fattree-256 --concentration 8000     (drift of the synthetic batches)
+//   joint_compare --scenario r1-fattree-256 --reactive both   (study rows: routes from each batch's
+//                 own counts, by a greedy rule and by linear programs; reactive_study.hpp)
 //
 // Batches. Model shapes (R1, Qwen3, Kimi-K2): seeded Zipf-like marginals, per-batch loads drawn
 // around them (seeded Dirichlet), and the tokens of a held-out batch draw their top-k experts without
@@ -17,6 +19,7 @@
 // carry the co-activation of real routing, and the joint planner gets the training batches'
 // co-selection counts.
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -26,6 +29,7 @@
 #include <span>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "moe/core/cli.hpp"
@@ -41,6 +45,7 @@
 #include "moe/replication/eplb.hpp"
 #include "moe/replication/routed.hpp"
 #include "moe/topology/traffic.hpp"
+#include "reactive_study.hpp"
 
 using namespace moe;
 
@@ -119,6 +124,15 @@ int run(int argc, char** argv) {
   double concentration = opt.count("concentration") ? core::parse_double(opt["concentration"], "--concentration", 1.0, 1e9)
                                                     : profile::SampleOptions{}.concentration;
   std::string only = opt.count("scenario") ? opt["scenario"] : "";
+  // Study rows (docs/planners.md): the joint placement with routes computed from each held-out
+  // batch's own counts, by a greedy rule or by linear programs (GLPK).
+  std::string reactive = opt.count("reactive") ? opt["reactive"] : "off";
+  check(reactive == "off" || reactive == "greedy" || reactive == "lp" || reactive == "both",
+        "--reactive: expected off, greedy, lp or both, got '", reactive, "'");
+  bool reactive_greedy = reactive == "greedy" || reactive == "both", reactive_lp = reactive == "lp" || reactive == "both";
+#ifndef MOE_JOINT_COMPARE_GLPK
+  check(!reactive_lp, "--reactive lp and both need GLPK at build time (Debian libglpk-dev)");
+#endif
 
   std::printf("scenario\tgpus\tpolicy\tbottleneck_us\thop_GB\tbalancedness\treplicas\treplica_GiB\tdest_per_token\tsolve_s\tbottleneck_levels\n");
   for (auto& sc : all_scenarios()) {
@@ -200,7 +214,8 @@ int run(int argc, char** argv) {
     int extra = G * joint.slots_per_gpu - E;  // redundant slots per layer
 
     // Each policy: per layer a primary table and a replica policy; evaluated on the test batches.
-    auto evaluate = [&](std::string const& name, double solve_s, long long replicas, auto const& layer_policy) {
+    auto evaluate = [&](std::string const& name, double solve_s, long long replicas, auto const& layer_policy,
+                        double extra_us = 0) {
       Row r;
       r.policy = name;
       r.solve_s = solve_s;
@@ -211,7 +226,7 @@ int run(int argc, char** argv) {
         for (int l = 0; l < L; ++l) {
           auto const& batch = test[static_cast<std::size_t>(b)][static_cast<std::size_t>(l)];
           auto rep = layer_policy(l, batch);
-          r.time_us += (rep.dispatch_time + rep.combine_time) * 1e6;
+          r.time_us += (rep.dispatch_time + rep.combine_time) * 1e6 + extra_us;
           r.hop_gb += rep.hop_bytes / 1e9;
           r.dest += rep.destinations_per_token;
           double mx = *std::max_element(rep.gpu_load.begin(), rep.gpu_load.end());
@@ -314,6 +329,30 @@ int run(int argc, char** argv) {
       return model.evaluate_policy(routed[static_cast<std::size_t>(l)],
                                    joint.plan[static_cast<std::size_t>(l)].placement.ranks(), batch, to);
     });
+    if (reactive_greedy || reactive_lp) {
+      double exchange_us = study::count_allgather_us(model, E);
+      std::fprintf(stderr, "%s: reactive rows include %.1f us per layer for the all-gather of per-expert counts\n",
+                   sc.name.c_str(), exchange_us);
+      study::ServerPaths paths(sc.topo, model, to.token_bytes());
+      auto reactive_row = [&](char const* name, auto const& solve) {
+        evaluate(name, joint_s, jreps, [&](int l, topology::Batch const& batch) {
+          auto const& copies = routed[static_cast<std::size_t>(l)].table().replicas();
+          study::RoutingProblem p(sc.topo, copies, batch);
+          study::DealtRoutes dealt(sc.topo, p, solve(p, copies), batch);
+          return model.evaluate_policy(dealt, joint.plan[static_cast<std::size_t>(l)].placement.ranks(), batch, to);
+        }, exchange_us);
+      };
+      if (reactive_greedy)
+        reactive_row("joint+reactive-greedy", [&](study::RoutingProblem const& p, auto const& copies) {
+          return study::greedy_routes(p, paths, copies, jo.eps);
+        });
+#ifdef MOE_JOINT_COMPARE_GLPK
+      if (reactive_lp)
+        reactive_row("joint+reactive-lp", [&](study::RoutingProblem const& p, auto const&) {
+          return study::lp_routes(p, paths, jo.eps);
+        });
+#endif
+    }
   }
   return 0;
 }

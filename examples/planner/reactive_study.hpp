@@ -1,0 +1,306 @@
+#pragma once
+// A study for joint_compare (`--reactive greedy|lp|both`; docs/planners.md, "Routing that reacts to
+// each batch"), not a plan: how far routing that knows each batch's own counts could take the
+// joint planner's fixed placement. Every rank would first need every GPU's per-expert counts (an
+// all-gather, charged by count_allgather_us); from them, each rank can compute the same routes.
+//
+// Per held-out batch and layer the routes are x(s, c): the token-expert pairs of source server s
+// that copy c serves. Two ways to choose them:
+//   - greedy_routes: a rule every rank could apply to the same counts, pair by pair;
+//   - lp_routes (GLPK): two linear programs, the least possible busiest-GPU load M, then, with
+//     every GPU within max((1 + eps) x mean, M), the least dispatch + combine bottleneck over the
+//     server-to-server links: a bound on what such routing can do under the same model.
+// Neither models de-duplication (a token sent once to a GPU holding several of its experts) or the
+// NVLink level; the traffic model judges the result with both. DealtRoutes then gives the pairs of
+// each (server, expert) to its copies exactly (no hashing), in batch order.
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#ifdef MOE_JOINT_COMPARE_GLPK
+#include <glpk.h>
+#endif
+
+#include "moe/config.hpp"
+#include "moe/topology/traffic.hpp"
+
+namespace moe::study {
+
+inline std::size_t ix(int i) { return static_cast<std::size_t>(i); }
+
+/// Seconds per token vector on every server-to-server link of each ordered server pair (NIC and
+/// fabric levels, equal-cost paths split as the traffic model splits them), once per cluster.
+class ServerPaths {
+ public:
+  using Path = std::vector<std::pair<int, double>>;  ///< (link, seconds per pair)
+
+  ServerPaths(topology::Topology const& topo, topology::TrafficModel const& model, double token_bytes)
+      : S_(topo.servers()), links_(model.links()), path_(ix(S_) * ix(S_)) {
+    std::vector<int> first_gpu(ix(S_), -1);  // one GPU stands for its server's tokens
+    for (int g = topo.gpus() - 1; g >= 0; --g) first_gpu[ix(topo.server_of(g))] = g;
+    for (int a = 0; a < S_; ++a)
+      for (int b = 0; b < S_; ++b)
+        if (a != b)
+          for (auto [l, f] : model.shares(first_gpu[ix(a)], first_gpu[ix(b)]))
+            if (model.link(l).level != topology::Level::nvlink)
+              path_[ix(a) * ix(S_) + ix(b)].emplace_back(l, f * token_bytes / model.link(l).bandwidth);
+  }
+  [[nodiscard]] Path const& operator()(int from, int to) const { return path_[ix(from) * ix(S_) + ix(to)]; }
+  [[nodiscard]] int links() const { return links_; }
+
+ private:
+  int S_, links_;
+  std::vector<Path> path_;
+};
+
+/// One layer of one batch: the pairs of every (source server, expert) and the copies that can take
+/// them. Column c = (s, e, g): copy of e on GPU g serving server s's pairs of e.
+struct RoutingProblem {
+  struct Column {
+    int s, e, g, server;  ///< server = the server of GPU g
+  };
+  int S = 0, E = 0, G = 0;
+  std::vector<double> n;           ///< pairs per (s, e), s * E + e
+  std::vector<Column> cols;        ///< the columns of (s, e) are first[s E + e] .. first[s E + e + 1]
+  std::vector<int> first;
+  std::vector<std::vector<int>> of_gpu;  ///< columns per GPU
+  double mean = 0;                 ///< pairs per GPU
+
+  RoutingProblem(topology::Topology const& topo, std::vector<std::vector<int>> const& copies,
+                 topology::Batch const& batch)
+      : S(topo.servers()), E(static_cast<int>(copies.size())), G(topo.gpus()) {
+    int k = batch.top_k;
+    n.assign(ix(S) * ix(E), 0.0);
+    for (int t = 0; t < batch.tokens(); ++t)
+      for (int j = 0; j < k; ++j) n[at(topo.server_of(batch.source[ix(t)]), batch.experts[ix(t * k + j)])] += 1;
+    first.assign(n.size() + 1, 0);
+    for (int s = 0; s < S; ++s)
+      for (int e = 0; e < E; ++e) {
+        if (n[at(s, e)] > 0)
+          for (int g : copies[ix(e)]) cols.push_back({s, e, g, topo.server_of(g)});
+        first[at(s, e) + 1] = static_cast<int>(cols.size());
+      }
+    of_gpu.resize(ix(G));
+    for (std::size_t c = 0; c < cols.size(); ++c) of_gpu[ix(cols[c].g)].push_back(static_cast<int>(c));
+    mean = static_cast<double>(batch.tokens()) * k / G;
+  }
+  [[nodiscard]] std::size_t at(int s, int e) const { return ix(s) * ix(E) + ix(e); }
+};
+
+/// The greedy rule. First each server's pairs go to its own copies, as far as the GPU cap allows.
+/// Then the (server, expert) groups, those with the fewest copies first and larger groups first:
+/// each pair to the copy that least raises the most loaded link on its dispatch or combine path
+/// (GPUs within the cap first, then the lower GPU load). The cap is (1 + eps) x the mean, or what
+/// the batch forces if more: an expert's pairs over its copies, a GPU's single-copy experts.
+inline std::vector<double> greedy_routes(RoutingProblem const& p, ServerPaths const& path,
+                                         std::vector<std::vector<int>> const& copies, double eps) {
+  std::vector<double> ne(ix(p.E), 0.0), forced(ix(p.G), 0.0);
+  for (int s = 0; s < p.S; ++s)
+    for (int e = 0; e < p.E; ++e) ne[ix(e)] += p.n[p.at(s, e)];
+  double cap = (1 + eps) * p.mean;
+  for (int e = 0; e < p.E; ++e) {
+    auto c = copies[ix(e)].size();
+    cap = std::max(cap, std::ceil(ne[ix(e)] / static_cast<double>(c)));
+    if (c == 1) cap = std::max(cap, forced[ix(copies[ix(e)][0])] += ne[ix(e)]);
+  }
+
+  std::vector<double> x(p.cols.size(), 0.0), gpu(ix(p.G), 0.0), rem(p.n);
+  std::vector<double> dispatch(ix(path.links()), 0.0), combine(ix(path.links()), 0.0);
+  std::vector<int> groups;
+  for (int se = 0; se < p.S * p.E; ++se) {
+    if (rem[ix(se)] <= 0) continue;
+    for (int c = p.first[ix(se)]; c < p.first[ix(se) + 1]; ++c) {
+      auto const& col = p.cols[ix(c)];
+      if (col.server != col.s) continue;
+      double take = std::min(rem[ix(se)], std::max(0.0, std::floor(cap - gpu[ix(col.g)])));
+      x[ix(c)] += take, gpu[ix(col.g)] += take, rem[ix(se)] -= take;
+    }
+    if (rem[ix(se)] > 0) groups.push_back(se);
+  }
+  auto copies_of = [&](int se) { return p.first[ix(se) + 1] - p.first[ix(se)]; };
+  std::sort(groups.begin(), groups.end(), [&](int a, int b) {
+    return std::tuple(copies_of(a), -rem[ix(a)], a) < std::tuple(copies_of(b), -rem[ix(b)], b);
+  });
+  for (int se : groups)
+    for (; rem[ix(se)] > 0; rem[ix(se)] -= 1) {
+      int best = -1;
+      std::tuple<bool, double, double> key{};
+      for (int c = p.first[ix(se)]; c < p.first[ix(se) + 1]; ++c) {
+        auto const& col = p.cols[ix(c)];
+        double worst = 0;
+        if (col.server != col.s) {
+          for (auto [l, sec] : path(col.s, col.server)) worst = std::max(worst, dispatch[ix(l)] + sec);
+          for (auto [l, sec] : path(col.server, col.s)) worst = std::max(worst, combine[ix(l)] + sec);
+        }
+        std::tuple<bool, double, double> k{gpu[ix(col.g)] + 1 > cap, worst, gpu[ix(col.g)]};
+        if (best < 0 || k < key) best = c, key = k;
+      }
+      auto const& col = p.cols[ix(best)];
+      x[ix(best)] += 1, gpu[ix(col.g)] += 1;
+      if (col.server != col.s) {
+        for (auto [l, sec] : path(col.s, col.server)) dispatch[ix(l)] += sec;
+        for (auto [l, sec] : path(col.server, col.s)) combine[ix(l)] += sec;
+      }
+    }
+  return x;
+}
+
+#ifdef MOE_JOINT_COMPARE_GLPK
+namespace detail {
+/// A GLPK minimisation with non-negative columns, rows added one by one.
+class Lp {
+ public:
+  explicit Lp(int columns) {
+    glp_set_obj_dir(p_, GLP_MIN);
+    glp_add_cols(p_, columns);
+    for (int c = 1; c <= columns; ++c) glp_set_col_bnds(p_, c, GLP_LO, 0, 0);
+  }
+  Lp(Lp const&) = delete;
+  Lp& operator=(Lp const&) = delete;
+  ~Lp() { glp_delete_prob(p_); }
+  int row(int type, double lo, double hi) {
+    int r = glp_add_rows(p_, 1);
+    glp_set_row_bnds(p_, r, type, lo, hi);
+    return r;
+  }
+  void at(int r, int c, double v) { ia_.push_back(r), ja_.push_back(c), ar_.push_back(v); }
+  void cost(int c, double v) { glp_set_obj_coef(p_, c, v); }
+  void solve() {
+    glp_load_matrix(p_, static_cast<int>(ia_.size()) - 1, ia_.data(), ja_.data(), ar_.data());
+    glp_smcp parm;
+    glp_init_smcp(&parm);
+    parm.msg_lev = GLP_MSG_OFF;
+    parm.presolve = GLP_ON;
+    check(glp_simplex(p_, &parm) == 0 && glp_get_status(p_) == GLP_OPT, "reactive study: a linear program was not solved");
+  }
+  [[nodiscard]] double value(int c) const { return glp_get_col_prim(p_, c); }
+
+ private:
+  glp_prob* p_ = glp_create_prob();
+  std::vector<int> ia_{0}, ja_{0};
+  std::vector<double> ar_{0.0};
+};
+}  // namespace detail
+
+/// The two linear programs (see the header comment); columns x(s, c) are 1 .. X.
+inline std::vector<double> lp_routes(RoutingProblem const& p, ServerPaths const& path, double eps) {
+  int X = static_cast<int>(p.cols.size());
+  auto pairs_rows = [&](detail::Lp& lp) {
+    for (int se = 0; se < p.S * p.E; ++se)
+      if (p.n[ix(se)] > 0) {
+        int r = lp.row(GLP_FX, p.n[ix(se)], p.n[ix(se)]);
+        for (int c = p.first[ix(se)]; c < p.first[ix(se) + 1]; ++c) lp.at(r, c + 1, 1);
+      }
+  };
+  double M = 0;  // program 1: then M
+  {
+    detail::Lp lp(X + 1);
+    pairs_rows(lp);
+    for (int g = 0; g < p.G; ++g) {
+      int r = lp.row(GLP_UP, 0, 0);
+      for (int c : p.of_gpu[ix(g)]) lp.at(r, c + 1, 1);
+      lp.at(r, X + 1, -1);
+    }
+    lp.cost(X + 1, 1);
+    lp.solve();
+    M = lp.value(X + 1);
+  }
+  double cap = std::max((1 + eps) * p.mean, M * (1 + 1e-9) + 1e-9);
+
+  detail::Lp lp(X + 2);  // program 2: then T_dispatch, T_combine
+  pairs_rows(lp);
+  for (int g = 0; g < p.G; ++g) {
+    int r = lp.row(GLP_UP, 0, cap);
+    for (int c : p.of_gpu[ix(g)]) lp.at(r, c + 1, 1);
+  }
+  std::vector<int> dispatch(ix(path.links()), 0), combine(ix(path.links()), 0);  // row per link, 0: none yet
+  auto row_of = [&](std::vector<int>& rows, int l, int t_col) {
+    if (rows[ix(l)] == 0) {
+      rows[ix(l)] = lp.row(GLP_UP, 0, 0);
+      lp.at(rows[ix(l)], t_col, -1);
+    }
+    return rows[ix(l)];
+  };
+  for (int c = 0; c < X; ++c) {
+    auto const& col = p.cols[ix(c)];
+    if (col.server == col.s) continue;
+    for (auto [l, sec] : path(col.s, col.server)) lp.at(row_of(dispatch, l, X + 1), c + 1, sec);
+    for (auto [l, sec] : path(col.server, col.s)) lp.at(row_of(combine, l, X + 2), c + 1, sec);
+    lp.cost(c + 1, 1e-12);  // among equal bottlenecks, fewer pairs leave home
+  }
+  lp.cost(X + 1, 1);
+  lp.cost(X + 2, 1);
+  lp.solve();
+  std::vector<double> x(ix(X));
+  for (int c = 0; c < X; ++c) x[ix(c)] = std::max(0.0, lp.value(c + 1));
+  return x;
+}
+#endif
+
+/// Routes x(s, c) as a replica policy for TrafficModel::evaluate_policy: the m-th pair of (s, e)
+/// in batch order goes to the copy whose cumulative count first passes m + 1/2.
+class DealtRoutes {
+ public:
+  DealtRoutes(topology::Topology const& topo, RoutingProblem const& p, std::vector<double> const& x,
+              topology::Batch const& batch)
+      : k_(batch.top_k), experts_(&batch.experts), gpu_(batch.experts.size(), -1) {
+    std::vector<int> seen(p.n.size(), 0);
+    for (int t = 0; t < batch.tokens(); ++t)
+      for (int j = 0; j < k_; ++j) {
+        auto se = p.at(topo.server_of(batch.source[ix(t)]), batch.experts[ix(t * k_ + j)]);
+        int lo = p.first[se], hi = p.first[se + 1];
+        double sum = std::accumulate(x.begin() + lo, x.begin() + hi, 0.0), point = seen[se]++ + 0.5, acc = 0;
+        int g = p.cols[ix(hi - 1)].g;
+        for (int c = lo; c < hi; ++c) {
+          acc += sum > 0 ? x[ix(c)] / sum * p.n[se] : p.n[se] / (hi - lo);
+          if (point < acc) {
+            g = p.cols[ix(c)].g;
+            break;
+          }
+        }
+        gpu_[ix(t * k_ + j)] = g;
+      }
+  }
+
+  /// The GPU dealt to (token, expert); the traffic model passes the token's index in the batch.
+  [[nodiscard]] int choose(int expert, int, int, long long token) const {
+    for (int j = 0; j < k_; ++j) {
+      auto i = static_cast<std::size_t>(token * k_ + j);
+      if ((*experts_)[i] == expert) return gpu_[i];
+    }
+    return -1;
+  }
+
+ private:
+  int k_;
+  std::vector<int> const* experts_;
+  std::vector<int> gpu_;  ///< per (token, slot)
+};
+
+/// Time of an all-gather of every GPU's per-expert token counts (int32) in the traffic model: each
+/// GPU sends its vector to every other GPU (one flow per pair; one direction of the model's
+/// dispatch, latency included). Routing that reacts to a batch needs these counts on every rank
+/// before dispatch.
+inline double count_allgather_us(topology::TrafficModel const& model, int experts) {
+  struct ToGpu {  // "expert" g is GPU g
+    [[nodiscard]] int choose(int expert, int, int, long long) const { return expert; }
+  };
+  int G = model.gpus();
+  topology::Batch b;
+  b.top_k = 1;
+  for (int a = 0; a < G; ++a)
+    for (int d = 0; d < G; ++d)
+      if (d != a) b.source.push_back(a), b.experts.push_back(d);
+  std::vector<int> ids(ix(G));
+  std::iota(ids.begin(), ids.end(), 0);
+  topology::TrafficOptions o;
+  o.hidden = experts;
+  o.bytes_per_element = 4;
+  return model.evaluate_policy(ToGpu{}, ids, b, o).dispatch_time * 1e6;
+}
+
+}  // namespace moe::study
