@@ -331,8 +331,12 @@ int run(int argc, char** argv) {
     });
     if (reactive_greedy || reactive_lp) {
       double exchange_us = study::count_allgather_us(model, E);
-      std::fprintf(stderr, "%s: reactive rows include %.1f us per layer for the all-gather of per-expert counts\n",
-                   sc.name.c_str(), exchange_us);
+      // moe::Layer's record-count exchange (one 8-byte count per peer), which no row is charged.
+      double record_counts_us = study::count_allgather_us(model, 2);
+      std::fprintf(stderr,
+                   "%s: reactive rows include %.1f us per layer for the all-gather of per-expert counts (the "
+                   "layer's record-count all-to-all, charged to no row, would take %.1f us)\n",
+                   sc.name.c_str(), exchange_us, record_counts_us);
       study::ServerPaths paths(sc.topo, model, to.token_bytes());
       auto reactive_row = [&](char const* name, auto const& solve) {
         double route_s = 0;  // computing the routes (counts to x), summed over layers and batches
