@@ -7,8 +7,9 @@
 //   joint_compare                 all scenarios of the docs' table
 //   joint_compare --scenario r1-fattree-256 --test-batches 2 --tokens 4096 --layers 8
 //   joint_compare --scenario r1-fattree-256 --concentration 8000     (drift of the synthetic batches)
-//   joint_compare --scenario r1-fattree-256 --reactive both   (study rows: routes from each batch's
-//                 own counts, by a greedy rule and by linear programs; reactive_study.hpp)
+//   joint_compare --scenario r1-fattree-256 --reactive both --reactive-rounds 20   (study rows:
+//                 routes from each batch's own counts, by a greedy rule, by linear programs and
+//                 by parallel rounds; reactive_study.hpp)
 //
 // Batches. Model shapes (R1, Qwen3, Kimi-K2): seeded Zipf-like marginals, per-batch loads drawn
 // around them (seeded Dirichlet), and the tokens of a held-out batch draw their top-k experts without
@@ -130,6 +131,8 @@ int run(int argc, char** argv) {
   check(reactive == "off" || reactive == "greedy" || reactive == "lp" || reactive == "both",
         "--reactive: expected off, greedy, lp or both, got '", reactive, "'");
   bool reactive_greedy = reactive == "greedy" || reactive == "both", reactive_lp = reactive == "lp" || reactive == "both";
+  int reactive_rounds = static_cast<int>(geti("reactive-rounds", 0, 0, 1000));
+  double reactive_rate = opt.count("reactive-rate") ? core::parse_double(opt["reactive-rate"], "--reactive-rate", 0.0, 1e6) : 3.0;
 #ifndef MOE_JOINT_COMPARE_GLPK
   check(!reactive_lp, "--reactive lp and both need GLPK at build time (Debian libglpk-dev)");
 #endif
@@ -329,7 +332,7 @@ int run(int argc, char** argv) {
       return model.evaluate_policy(routed[static_cast<std::size_t>(l)],
                                    joint.plan[static_cast<std::size_t>(l)].placement.ranks(), batch, to);
     });
-    if (reactive_greedy || reactive_lp) {
+    if (reactive_greedy || reactive_lp || reactive_rounds > 0) {
       double exchange_us = study::count_allgather_us(model, E);
       // moe::Layer's record-count exchange (one 8-byte count per peer), which no row is charged.
       double record_counts_us = study::count_allgather_us(model, 2);
@@ -339,26 +342,49 @@ int run(int argc, char** argv) {
                    sc.name.c_str(), exchange_us, record_counts_us);
       study::ServerPaths paths(sc.topo, model, to.token_bytes());
       auto reactive_row = [&](char const* name, auto const& solve) {
-        double route_s = 0;  // computing the routes (counts to x), summed over layers and batches
+        double route_s = 0, columns = 0;  // computing the routes (counts to x); (server, copy) columns
         evaluate(name, joint_s, jreps, [&](int l, topology::Batch const& batch) {
           auto const& copies = routed[static_cast<std::size_t>(l)].table().replicas();
           auto t = std::chrono::steady_clock::now();
           study::RoutingProblem p(sc.topo, copies, batch);
-          auto x = solve(p, copies);
+          auto x = solve(p, copies, l);
+          columns += static_cast<double>(p.cols.size());
           route_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
           study::DealtRoutes dealt(sc.topo, p, x, batch);
           return model.evaluate_policy(dealt, joint.plan[static_cast<std::size_t>(l)].placement.ranks(), batch, to);
         }, exchange_us);
-        std::fprintf(stderr, "%s: %s computes the routes of a layer in %.3f ms (one core, not charged in the row)\n",
-                     sc.name.c_str(), name, 1e3 * route_s / (static_cast<double>(L) * test_batches));
+        double runs = static_cast<double>(L) * test_batches;
+        std::fprintf(stderr,
+                     "%s: %s computes the routes of a layer (%.0f (server, copy) columns) in %.3f ms (one core, "
+                     "not charged in the row)\n",
+                     sc.name.c_str(), name, columns / runs, 1e3 * route_s / runs);
       };
       if (reactive_greedy)
-        reactive_row("joint+reactive-greedy", [&](study::RoutingProblem const& p, auto const& copies) {
+        reactive_row("joint+reactive-greedy", [&](study::RoutingProblem const& p, auto const& copies, int) {
           return study::greedy_routes(p, paths, copies, jo.eps);
         });
+      if (reactive_rounds > 0) {
+        std::vector<int> first_gpu(static_cast<std::size_t>(sc.topo.servers()), -1);
+        for (int g = G - 1; g >= 0; --g) first_gpu[static_cast<std::size_t>(sc.topo.server_of(g))] = g;
+        reactive_row(("joint+reactive-rounds" + std::to_string(reactive_rounds)).c_str(),
+                     [&](study::RoutingProblem const& p, auto const&, int l) {
+                       // The start: the static routes' share of each column's copy (Routed keeps them
+                       // cumulative, per source server).
+                       std::vector<double> start(p.cols.size(), 0.0);
+                       for (std::size_t c = 0; c < p.cols.size(); ++c) {
+                         double before = 0;
+                         for (auto const& r : routed[static_cast<std::size_t>(l)].route(
+                                  p.cols[c].e, first_gpu[static_cast<std::size_t>(p.cols[c].s)])) {
+                           if (r.gpu == p.cols[c].g) start[c] = r.share - before;
+                           before = r.share;
+                         }
+                       }
+                       return study::round_routes(p, paths, start, jo.eps, reactive_rounds, reactive_rate);
+                     });
+      }
 #ifdef MOE_JOINT_COMPARE_GLPK
       if (reactive_lp)
-        reactive_row("joint+reactive-lp", [&](study::RoutingProblem const& p, auto const&) {
+        reactive_row("joint+reactive-lp", [&](study::RoutingProblem const& p, auto const&, int) {
           return study::lp_routes(p, paths, jo.eps);
         });
 #endif

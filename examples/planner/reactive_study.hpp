@@ -1,16 +1,18 @@
 #pragma once
-// A study for joint_compare (`--reactive greedy|lp|both`; docs/planners.md, "Routing that reacts to
-// each batch"), not a plan: how far routing that knows each batch's own counts could take the
-// joint planner's fixed placement. Every rank would first need every GPU's per-expert counts (an
-// all-gather, charged by count_allgather_us); from them, each rank can compute the same routes.
+// A study for joint_compare (`--reactive greedy|lp|both`, `--reactive-rounds N`; docs/planners.md,
+// "Routing that reacts to each batch"), not a plan: how far routing that knows each batch's own
+// counts could take the joint planner's fixed placement. Every rank would first need every GPU's
+// per-expert counts (an all-gather, charged by count_allgather_us); from them, each rank can
+// compute the same routes.
 //
 // Per held-out batch and layer the routes are x(s, c): the token-expert pairs of source server s
-// that copy c serves. Two ways to choose them:
+// that copy c serves. Three ways to choose them:
 //   - greedy_routes: a rule every rank could apply to the same counts, pair by pair;
+//   - round_routes: parallel rounds of reweighting from the static routes (a GPU kernel's shape);
 //   - lp_routes (GLPK): two linear programs, the least possible busiest-GPU load M, then, with
 //     every GPU within max((1 + eps) x mean, M), the least dispatch + combine bottleneck over the
 //     server-to-server links: a bound on what such routing can do under the same model.
-// Neither models de-duplication (a token sent once to a GPU holding several of its experts) or the
+// None models de-duplication (a token sent once to a GPU holding several of its experts) or the
 // NVLink level; the traffic model judges the result with both. DealtRoutes then gives the pairs of
 // each (server, expert) to its copies exactly (no hashing), in batch order.
 
@@ -146,6 +148,55 @@ inline std::vector<double> greedy_routes(RoutingProblem const& p, ServerPaths co
         for (auto [l, sec] : path(col.server, col.s)) combine[ix(l)] += sec;
       }
     }
+  return x;
+}
+
+/// A rule made of parallel rounds (each a scatter of link loads, then an independent update of
+/// every (server, expert) group), the shape a GPU kernel could take. It starts from the static
+/// routes, `start[c]` = the share of column c's copy in its group under the plan's routing. Each
+/// round prices every column by the most loaded link of its dispatch and combine paths, relative
+/// to the busiest link and raised to `power` (so links near the top count most), plus how far its
+/// GPU is over the cap, and scales the column by exp(-rate x (price - its group's lowest)) before
+/// renormalising the group. Fractional; dealt like the others.
+inline std::vector<double> round_routes(RoutingProblem const& p, ServerPaths const& path, std::vector<double> const& start,
+                                        double eps, int rounds, double rate, double power = 4) {
+  std::vector<double> x(p.cols.size());
+  for (int se = 0; se < p.S * p.E; ++se)
+    for (int c = p.first[ix(se)]; c < p.first[ix(se) + 1]; ++c) x[ix(c)] = p.n[ix(se)] * start[ix(c)];
+  double cap = (1 + eps) * p.mean;
+  std::vector<double> dispatch(ix(path.links())), combine(ix(path.links())), gpu(ix(p.G)), price(x.size());
+  for (int r = 0; r < rounds; ++r) {
+    std::fill(dispatch.begin(), dispatch.end(), 0.0);
+    std::fill(combine.begin(), combine.end(), 0.0);
+    std::fill(gpu.begin(), gpu.end(), 0.0);
+    for (std::size_t c = 0; c < x.size(); ++c) {
+      auto const& col = p.cols[c];
+      gpu[ix(col.g)] += x[c];
+      if (col.server == col.s) continue;
+      for (auto [l, sec] : path(col.s, col.server)) dispatch[ix(l)] += x[c] * sec;
+      for (auto [l, sec] : path(col.server, col.s)) combine[ix(l)] += x[c] * sec;
+    }
+    double top = std::max(*std::max_element(dispatch.begin(), dispatch.end()),
+                          *std::max_element(combine.begin(), combine.end()));
+    if (top <= 0) break;
+    for (std::size_t c = 0; c < x.size(); ++c) {
+      auto const& col = p.cols[c];
+      double worst = 0;
+      if (col.server != col.s) {
+        for (auto [l, sec] : path(col.s, col.server)) worst = std::max(worst, dispatch[ix(l)]);
+        for (auto [l, sec] : path(col.server, col.s)) worst = std::max(worst, combine[ix(l)]);
+      }
+      price[c] = std::pow(worst / top, power) + std::max(0.0, gpu[ix(col.g)] / cap - 1);
+    }
+    for (int se = 0; se < p.S * p.E; ++se) {
+      int lo = p.first[ix(se)], hi = p.first[ix(se) + 1];
+      if (hi - lo < 2) continue;
+      double low = 1e300, sum = 0;
+      for (int c = lo; c < hi; ++c) low = std::min(low, price[ix(c)]);
+      for (int c = lo; c < hi; ++c) sum += (x[ix(c)] = (x[ix(c)] + 1e-3) * std::exp(-rate * (price[ix(c)] - low)));
+      for (int c = lo; c < hi; ++c) x[ix(c)] *= p.n[ix(se)] / sum;
+    }
+  }
   return x;
 }
 

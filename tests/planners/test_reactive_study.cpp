@@ -162,3 +162,28 @@ TEST_CASE("reactive study: the linear program meets brute force; greedy and deal
     for (std::size_t c = 0; c < got.size(); ++c) CHECK(got[c] == g[c]);
   }
 }
+
+TEST_CASE("reactive study: parallel rounds move pairs off the busiest link", "[reactive]") {
+  // Four one-GPU servers. Expert 0 has copies on GPUs 2 and 3, expert 1 one copy on GPU 2.
+  // Server 0 sends 4 pairs of expert 0, server 1 4 pairs of expert 1. The static start splits
+  // expert 0 evenly: GPU 2's NIC receives 6 pairs, so the bottleneck is 2 x 6. Sending all of
+  // expert 0 to GPU 3 gives 2 x 4, the optimum (each source sends 4 pairs whatever the routes).
+  auto topo = moe::topology::fat_tree(1, 4, 1);
+  moe::topology::TrafficModel model(topo);
+  moe::study::ServerPaths paths(topo, model, 1000);
+  std::vector<std::vector<int>> copies{{2, 3}, {2}};
+  moe::topology::Batch batch{1, {0, 0, 0, 0, 1, 1, 1, 1}, {0, 0, 0, 0, 1, 1, 1, 1}};
+  RoutingProblem p(topo, copies, batch);
+  std::vector<double> start(p.cols.size()), x0(p.cols.size());
+  for (std::size_t c = 0; c < p.cols.size(); ++c) {
+    start[c] = p.cols[c].e == 0 ? 0.5 : 1.0;
+    x0[c] = 4 * start[c];
+  }
+  CHECK(star_bottleneck(p, x0) == Approx(12));
+  CHECK(brute_force(p, 0.25) == Approx(8));
+  auto none = moe::study::round_routes(p, paths, start, 0.05, 0, 3);
+  CHECK(star_bottleneck(p, none) == Approx(12));  // no round: the start
+  auto x = moe::study::round_routes(p, paths, start, 0.05, 20, 3);
+  require_rows(p, x);
+  CHECK(star_bottleneck(p, x) < 8.5);
+}
