@@ -76,6 +76,7 @@ struct RoutingProblem {
                  topology::Batch const& batch)
       : S(topo.servers()), E(static_cast<int>(copies.size())), G(topo.gpus()) {
     int k = batch.top_k;
+    for (int e = 0; e < E; ++e) check(!copies[ix(e)].empty(), "reactive study: expert ", e, " has no copy");
     n.assign(ix(S) * ix(E), 0.0);
     for (int t = 0; t < batch.tokens(); ++t)
       for (int j = 0; j < k; ++j) n[at(topo.server_of(batch.source[ix(t)]), batch.experts[ix(t * k + j)])] += 1;
