@@ -126,7 +126,7 @@ int run(int argc, char** argv) {
                                                     : profile::SampleOptions{}.concentration;
   std::string only = opt.count("scenario") ? opt["scenario"] : "";
   // Study rows (docs/planners.md): the joint placement with routes computed from each held-out
-  // batch's own counts, by a greedy rule or by linear programs (GLPK).
+  // batch's own counts, by a greedy rule, by linear programs (GLPK) or by N parallel rounds.
   std::string reactive = opt.count("reactive") ? opt["reactive"] : "off";
   check(reactive == "off" || reactive == "greedy" || reactive == "lp" || reactive == "both",
         "--reactive: expected off, greedy, lp or both, got '", reactive, "'");

@@ -208,7 +208,15 @@ Worker& worker() {
 }
 
 std::string dim_str(uint3 v) {
-  return "(" + std::to_string(v.x) + "," + std::to_string(v.y) + "," + std::to_string(v.z) + ")";
+  // Appended piece by piece: g++ 12 warns (-Wrestrict, a false positive) on "(" + std::string.
+  std::string s = "(";
+  s += std::to_string(v.x);
+  s += ',';
+  s += std::to_string(v.y);
+  s += ',';
+  s += std::to_string(v.z);
+  s += ')';
+  return s;
 }
 std::string where_str(std::source_location const& w) {
   std::string f = w.file_name();
