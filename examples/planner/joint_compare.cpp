@@ -347,7 +347,7 @@ int run(int argc, char** argv) {
           auto const& copies = routed[static_cast<std::size_t>(l)].table().replicas();
           auto t = std::chrono::steady_clock::now();
           study::RoutingProblem p(sc.topo, copies, batch);
-          auto x = solve(p, copies, l);
+          auto x = solve(p, l);
           columns += static_cast<double>(p.cols.size());
           route_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
           study::DealtRoutes dealt(sc.topo, p, x, batch);
@@ -360,31 +360,28 @@ int run(int argc, char** argv) {
                      sc.name.c_str(), name, columns / runs, 1e3 * route_s / runs);
       };
       if (reactive_greedy)
-        reactive_row("joint+reactive-greedy", [&](study::RoutingProblem const& p, auto const& copies, int) {
-          return study::greedy_routes(p, paths, copies, jo.eps);
+        reactive_row("joint+reactive-greedy", [&](study::RoutingProblem const& p, int) {
+          return study::greedy_routes(p, paths, jo.eps);
         });
-      if (reactive_rounds > 0) {
-        std::vector<int> first_gpu(static_cast<std::size_t>(sc.topo.servers()), -1);
-        for (int g = G - 1; g >= 0; --g) first_gpu[static_cast<std::size_t>(sc.topo.server_of(g))] = g;
+      if (reactive_rounds > 0)
         reactive_row(("joint+reactive-rounds" + std::to_string(reactive_rounds)).c_str(),
-                     [&](study::RoutingProblem const& p, auto const&, int l) {
+                     [&](study::RoutingProblem const& p, int l) {
                        // The start: the static routes' share of each column's copy (Routed keeps them
                        // cumulative, per source server).
+                       auto const& plan_routes = routed[static_cast<std::size_t>(l)];
                        std::vector<double> start(p.cols.size(), 0.0);
                        for (std::size_t c = 0; c < p.cols.size(); ++c) {
                          double before = 0;
-                         for (auto const& r : routed[static_cast<std::size_t>(l)].route(
-                                  p.cols[c].e, first_gpu[static_cast<std::size_t>(p.cols[c].s)])) {
+                         for (auto const& r : plan_routes.route(p.cols[c].e, paths.gpu_of(p.cols[c].s))) {
                            if (r.gpu == p.cols[c].g) start[c] = r.share - before;
                            before = r.share;
                          }
                        }
                        return study::round_routes(p, paths, start, jo.eps, reactive_rounds, reactive_rate);
                      });
-      }
 #ifdef MOE_JOINT_COMPARE_GLPK
       if (reactive_lp)
-        reactive_row("joint+reactive-lp", [&](study::RoutingProblem const& p, auto const&, int) {
+        reactive_row("joint+reactive-lp", [&](study::RoutingProblem const& p, int) {
           return study::lp_routes(p, paths, jo.eps);
         });
 #endif

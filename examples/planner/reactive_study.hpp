@@ -41,21 +41,23 @@ class ServerPaths {
   using Path = std::vector<std::pair<int, double>>;  ///< (link, seconds per pair)
 
   ServerPaths(topology::Topology const& topo, topology::TrafficModel const& model, double token_bytes)
-      : S_(topo.servers()), links_(model.links()), path_(ix(S_) * ix(S_)) {
-    std::vector<int> first_gpu(ix(S_), -1);  // one GPU stands for its server's tokens
-    for (int g = topo.gpus() - 1; g >= 0; --g) first_gpu[ix(topo.server_of(g))] = g;
+      : S_(topo.servers()), links_(model.links()), first_gpu_(ix(S_), -1), path_(ix(S_) * ix(S_)) {
+    for (int g = topo.gpus() - 1; g >= 0; --g) first_gpu_[ix(topo.server_of(g))] = g;
     for (int a = 0; a < S_; ++a)
       for (int b = 0; b < S_; ++b)
         if (a != b)
-          for (auto [l, f] : model.shares(first_gpu[ix(a)], first_gpu[ix(b)]))
+          for (auto [l, f] : model.shares(first_gpu_[ix(a)], first_gpu_[ix(b)]))
             if (model.link(l).level != topology::Level::nvlink)
               path_[ix(a) * ix(S_) + ix(b)].emplace_back(l, f * token_bytes / model.link(l).bandwidth);
   }
   [[nodiscard]] Path const& operator()(int from, int to) const { return path_[ix(from) * ix(S_) + ix(to)]; }
   [[nodiscard]] int links() const { return links_; }
+  /// The GPU that stands for server s's tokens (its first).
+  [[nodiscard]] int gpu_of(int s) const { return first_gpu_[ix(s)]; }
 
  private:
   int S_, links_;
+  std::vector<int> first_gpu_;
   std::vector<Path> path_;
 };
 
@@ -66,6 +68,7 @@ struct RoutingProblem {
     int s, e, g, server;  ///< server = the server of GPU g
   };
   int S = 0, E = 0, G = 0;
+  std::vector<std::vector<int>> copies;  ///< per expert, its GPUs
   std::vector<double> n;           ///< pairs per (s, e), s * E + e
   std::vector<Column> cols;        ///< the columns of (s, e) are first[s E + e] .. first[s E + e + 1]
   std::vector<int> first;
@@ -74,7 +77,7 @@ struct RoutingProblem {
 
   RoutingProblem(topology::Topology const& topo, std::vector<std::vector<int>> const& copies,
                  topology::Batch const& batch)
-      : S(topo.servers()), E(static_cast<int>(copies.size())), G(topo.gpus()) {
+      : S(topo.servers()), E(static_cast<int>(copies.size())), G(topo.gpus()), copies(copies) {
     int k = batch.top_k;
     for (int e = 0; e < E; ++e) check(!copies[ix(e)].empty(), "reactive study: expert ", e, " has no copy");
     n.assign(ix(S) * ix(E), 0.0);
@@ -94,25 +97,59 @@ struct RoutingProblem {
   [[nodiscard]] std::size_t at(int s, int e) const { return ix(s) * ix(E) + ix(e); }
 };
 
+/// Seconds of pairs on every link, per phase, as routes are added: the dispatch crosses from the
+/// column's source server to its copy's server, the combine back.
+class LinkLoads {
+ public:
+  explicit LinkLoads(ServerPaths const& path) : path_(&path), dispatch_(ix(path.links()), 0.0), combine_(dispatch_) {}
+
+  void clear() {
+    std::fill(dispatch_.begin(), dispatch_.end(), 0.0);
+    std::fill(combine_.begin(), combine_.end(), 0.0);
+  }
+  /// `pairs` of column `col` (nothing crosses when the copy is on the source server).
+  void add(RoutingProblem::Column const& col, double pairs) {
+    if (col.server == col.s) return;
+    for (auto const& [l, sec] : (*path_)(col.s, col.server)) dispatch_[ix(l)] += pairs * sec;
+    for (auto const& [l, sec] : (*path_)(col.server, col.s)) combine_[ix(l)] += pairs * sec;
+  }
+  /// The most loaded link on the column's paths once `pairs` more are added (0 at home).
+  [[nodiscard]] double worst(RoutingProblem::Column const& col, double pairs) const {
+    double w = 0;
+    if (col.server == col.s) return w;
+    for (auto const& [l, sec] : (*path_)(col.s, col.server)) w = std::max(w, dispatch_[ix(l)] + pairs * sec);
+    for (auto const& [l, sec] : (*path_)(col.server, col.s)) w = std::max(w, combine_[ix(l)] + pairs * sec);
+    return w;
+  }
+  /// The most loaded link of either phase.
+  [[nodiscard]] double top() const {
+    return std::max(*std::max_element(dispatch_.begin(), dispatch_.end()),
+                    *std::max_element(combine_.begin(), combine_.end()));
+  }
+
+ private:
+  ServerPaths const* path_;
+  std::vector<double> dispatch_, combine_;
+};
+
 /// The greedy rule. First each server's pairs go to its own copies, as far as the GPU cap allows.
 /// Then the (server, expert) groups, those with the fewest copies first and larger groups first:
 /// each pair to the copy that least raises the most loaded link on its dispatch or combine path
 /// (GPUs within the cap first, then the lower GPU load). The cap is (1 + eps) x the mean, or what
 /// the batch forces if more: an expert's pairs over its copies, a GPU's single-copy experts.
-inline std::vector<double> greedy_routes(RoutingProblem const& p, ServerPaths const& path,
-                                         std::vector<std::vector<int>> const& copies, double eps) {
+inline std::vector<double> greedy_routes(RoutingProblem const& p, ServerPaths const& path, double eps) {
   std::vector<double> ne(ix(p.E), 0.0), forced(ix(p.G), 0.0);
   for (int s = 0; s < p.S; ++s)
     for (int e = 0; e < p.E; ++e) ne[ix(e)] += p.n[p.at(s, e)];
   double cap = (1 + eps) * p.mean;
   for (int e = 0; e < p.E; ++e) {
-    auto c = copies[ix(e)].size();
-    cap = std::max(cap, std::ceil(ne[ix(e)] / static_cast<double>(c)));
-    if (c == 1) cap = std::max(cap, forced[ix(copies[ix(e)][0])] += ne[ix(e)]);
+    auto const& c = p.copies[ix(e)];
+    cap = std::max(cap, std::ceil(ne[ix(e)] / static_cast<double>(c.size())));
+    if (c.size() == 1) cap = std::max(cap, forced[ix(c[0])] += ne[ix(e)]);
   }
 
   std::vector<double> x(p.cols.size(), 0.0), gpu(ix(p.G), 0.0), rem(p.n);
-  std::vector<double> dispatch(ix(path.links()), 0.0), combine(ix(path.links()), 0.0);
+  LinkLoads loads(path);
   std::vector<int> groups;
   for (int se = 0; se < p.S * p.E; ++se) {
     if (rem[ix(se)] <= 0) continue;
@@ -134,20 +171,12 @@ inline std::vector<double> greedy_routes(RoutingProblem const& p, ServerPaths co
       std::tuple<bool, double, double> key{};
       for (int c = p.first[ix(se)]; c < p.first[ix(se) + 1]; ++c) {
         auto const& col = p.cols[ix(c)];
-        double worst = 0;
-        if (col.server != col.s) {
-          for (auto [l, sec] : path(col.s, col.server)) worst = std::max(worst, dispatch[ix(l)] + sec);
-          for (auto [l, sec] : path(col.server, col.s)) worst = std::max(worst, combine[ix(l)] + sec);
-        }
-        std::tuple<bool, double, double> k{gpu[ix(col.g)] + 1 > cap, worst, gpu[ix(col.g)]};
+        std::tuple<bool, double, double> k{gpu[ix(col.g)] + 1 > cap, loads.worst(col, 1), gpu[ix(col.g)]};
         if (best < 0 || k < key) best = c, key = k;
       }
       auto const& col = p.cols[ix(best)];
       x[ix(best)] += 1, gpu[ix(col.g)] += 1;
-      if (col.server != col.s) {
-        for (auto [l, sec] : path(col.s, col.server)) dispatch[ix(l)] += sec;
-        for (auto [l, sec] : path(col.server, col.s)) combine[ix(l)] += sec;
-      }
+      loads.add(col, 1);
     }
   return x;
 }
@@ -165,30 +194,19 @@ inline std::vector<double> round_routes(RoutingProblem const& p, ServerPaths con
   for (int se = 0; se < p.S * p.E; ++se)
     for (int c = p.first[ix(se)]; c < p.first[ix(se) + 1]; ++c) x[ix(c)] = p.n[ix(se)] * start[ix(c)];
   double cap = (1 + eps) * p.mean;
-  std::vector<double> dispatch(ix(path.links())), combine(ix(path.links())), gpu(ix(p.G)), price(x.size());
+  std::vector<double> gpu(ix(p.G)), price(x.size());
+  LinkLoads loads(path);
   for (int r = 0; r < rounds; ++r) {
-    std::fill(dispatch.begin(), dispatch.end(), 0.0);
-    std::fill(combine.begin(), combine.end(), 0.0);
+    loads.clear();
     std::fill(gpu.begin(), gpu.end(), 0.0);
     for (std::size_t c = 0; c < x.size(); ++c) {
-      auto const& col = p.cols[c];
-      gpu[ix(col.g)] += x[c];
-      if (col.server == col.s) continue;
-      for (auto [l, sec] : path(col.s, col.server)) dispatch[ix(l)] += x[c] * sec;
-      for (auto [l, sec] : path(col.server, col.s)) combine[ix(l)] += x[c] * sec;
+      gpu[ix(p.cols[c].g)] += x[c];
+      loads.add(p.cols[c], x[c]);
     }
-    double top = std::max(*std::max_element(dispatch.begin(), dispatch.end()),
-                          *std::max_element(combine.begin(), combine.end()));
+    double top = loads.top();
     if (top <= 0) break;
-    for (std::size_t c = 0; c < x.size(); ++c) {
-      auto const& col = p.cols[c];
-      double worst = 0;
-      if (col.server != col.s) {
-        for (auto [l, sec] : path(col.s, col.server)) worst = std::max(worst, dispatch[ix(l)]);
-        for (auto [l, sec] : path(col.server, col.s)) worst = std::max(worst, combine[ix(l)]);
-      }
-      price[c] = std::pow(worst / top, power) + std::max(0.0, gpu[ix(col.g)] / cap - 1);
-    }
+    for (std::size_t c = 0; c < x.size(); ++c)
+      price[c] = std::pow(loads.worst(p.cols[c], 0) / top, power) + std::max(0.0, gpu[ix(p.cols[c].g)] / cap - 1);
     for (int se = 0; se < p.S * p.E; ++se) {
       int lo = p.first[ix(se)], hi = p.first[ix(se) + 1];
       if (hi - lo < 2) continue;

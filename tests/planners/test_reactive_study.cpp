@@ -108,7 +108,7 @@ TEST_CASE("reactive study: hand-worked split of one server's pairs over two copi
   moe::topology::Batch batch{1, std::vector<int>(10, 0), std::vector<int>(10, 0)};
   RoutingProblem p(topo, copies, batch);
   REQUIRE(p.cols.size() == 2);
-  auto g = moe::study::greedy_routes(p, paths, copies, 0.05);
+  auto g = moe::study::greedy_routes(p, paths, 0.05);
   CHECK(g[0] == 5);
   CHECK(g[1] == 5);
   auto lp = moe::study::lp_routes(p, paths, 0.05);
@@ -142,7 +142,7 @@ TEST_CASE("reactive study: the linear program meets brute force; greedy and deal
     double best = brute_force(p, 0.25), lp_value = star_bottleneck(p, lp);
     CHECK(lp_value == Approx(best).margin(1e-7));
 
-    auto g = moe::study::greedy_routes(p, paths, in.copies, eps);
+    auto g = moe::study::greedy_routes(p, paths, eps);
     require_rows(p, g);
     for (double v : g) CHECK(v == std::floor(v));           // whole pairs
     CHECK(star_bottleneck(p, g) >= lp_value - 1e-7);        // the LP is a bound
