@@ -4,12 +4,16 @@
 // on GPU e (contiguous), and the same plus a second copy of the 32 hottest experts (equal shares).
 // The routing is synthetic: seeded std::mt19937, Zipf-like expert popularity (exponent 0.8),
 // top-8 distinct experts per token. The per-topology precomputation is timed separately.
+// BM_ReactiveRoutes: what replication::Reactive (routing that reacts to each batch) costs each
+// rank per layer on the same batch and copies, and the modelled bottleneck it reaches against
+// replication::Table's static rule on those copies.
 #include <benchmark/benchmark.h>
 
 #include <chrono>
 #include <cmath>
 #include <random>
 
+#include "moe/replication/reactive.hpp"
 #include "moe/topology/traffic.hpp"
 
 using namespace moe;
@@ -88,6 +92,71 @@ void BM_TrafficPrecompute(benchmark::State& state) {
   state.SetLabel(kind_name(kind));
 }
 BENCHMARK(BM_TrafficPrecompute)
+    ->Arg(static_cast<int>(Kind::fat_tree))
+    ->Arg(static_cast<int>(Kind::dragonfly))
+    ->Unit(benchmark::kMillisecond);
+
+/// The pairs of `batch` dealt as the host layer deals them after plan_batch, as a replica policy
+/// for TrafficModel::evaluate_policy (which passes the token's index in the batch).
+struct Dealt {
+  int k;
+  std::vector<int> const* experts;
+  std::vector<int> gpu;  ///< per (token, slot)
+  [[nodiscard]] int choose(int expert, int, int, long long token) const {
+    for (int j = 0; j < k; ++j) {
+      auto i = static_cast<std::size_t>(token * k + j);
+      if ((*experts)[i] == expert) return gpu[i];
+    }
+    return -1;
+  }
+};
+
+void BM_ReactiveRoutes(benchmark::State& state) {
+  auto kind = static_cast<Kind>(state.range(0));
+  auto topo = paper_cluster(kind);
+  int G = topo.gpus();
+  TrafficModel model(topo);
+  auto batch = r1_batch(G);
+  auto copies = r1_placement(G, true).copies;
+  std::vector<std::vector<int>> lists(kExperts);
+  std::vector<int> primary(kExperts);
+  for (int e = 0; e < kExperts; ++e) {
+    lists[static_cast<std::size_t>(e)].assign(copies.ranks.begin() + copies.first[static_cast<std::size_t>(e)],
+                                              copies.ranks.begin() + copies.first[static_cast<std::size_t>(e) + 1]);
+    primary[static_cast<std::size_t>(e)] = lists[static_cast<std::size_t>(e)].front();
+  }
+  replication::Reactive policy(lists, topo);
+  std::vector<std::int32_t> counts(static_cast<std::size_t>(G) * kExperts, 0);
+  for (int t = 0; t < batch.tokens(); ++t)
+    for (int j = 0; j < kTopK; ++j)
+      ++counts[static_cast<std::size_t>(batch.source[static_cast<std::size_t>(t)]) * kExperts +
+               static_cast<std::size_t>(batch.experts[static_cast<std::size_t>(t * kTopK + j)])];
+  auto start = std::chrono::steady_clock::now();
+  for (auto _ : state) {
+    policy.plan_batch(counts);
+    benchmark::DoNotOptimize(policy.dealt(0, 0, 0));
+  }
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  Dealt dealt{kTopK, &batch.experts, std::vector<int>(batch.experts.size())};
+  std::vector<int> seen(counts.size(), 0);
+  for (int t = 0; t < batch.tokens(); ++t)
+    for (int j = 0; j < kTopK; ++j) {
+      int src = batch.source[static_cast<std::size_t>(t)], e = batch.experts[static_cast<std::size_t>(t * kTopK + j)];
+      dealt.gpu[static_cast<std::size_t>(t * kTopK + j)] =
+          policy.dealt(e, src, seen[static_cast<std::size_t>(src) * kExperts + static_cast<std::size_t>(e)]++);
+    }
+  TrafficOptions opt;
+  auto reactive = model.evaluate_policy(dealt, primary, batch, opt);
+  auto fixed = model.evaluate_policy(replication::Table(lists), primary, batch, opt);
+  state.SetLabel(std::string(kind_name(kind)) + ", 32 hot experts x2");
+  state.counters["ms_per_layer"] = seconds * 1e3 / static_cast<double>(state.iterations());
+  state.counters["columns"] = static_cast<double>(policy.problem().cols.size());
+  state.counters["bottleneck_us"] = reactive.time() * 1e6;
+  state.counters["table_us"] = fixed.time() * 1e6;
+  state.counters["vs_table"] = reactive.time() / fixed.time();
+}
+BENCHMARK(BM_ReactiveRoutes)
     ->Arg(static_cast<int>(Kind::fat_tree))
     ->Arg(static_cast<int>(Kind::dragonfly))
     ->Unit(benchmark::kMillisecond);

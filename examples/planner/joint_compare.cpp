@@ -7,9 +7,9 @@
 //   joint_compare                 all scenarios of the docs' table
 //   joint_compare --scenario r1-fattree-256 --test-batches 2 --tokens 4096 --layers 8
 //   joint_compare --scenario r1-fattree-256 --concentration 8000     (drift of the synthetic batches)
-//   joint_compare --scenario r1-fattree-256 --reactive both --reactive-rounds 20   (study rows:
-//                 routes from each batch's own counts, by a greedy rule, by linear programs and
-//                 by parallel rounds; reactive_study.hpp)
+//   joint_compare --scenario r1-fattree-256 --reactive both --reactive-rounds 20   (routes from
+//                 each batch's own counts: replication::Reactive, the host layer's greedy policy,
+//                 and study rows by linear programs and by parallel rounds; reactive_study.hpp)
 //
 // Batches. Model shapes (R1, Qwen3, Kimi-K2): seeded Zipf-like marginals, per-batch loads drawn
 // around them (seeded Dirichlet), and the tokens of a held-out batch draw their top-k experts without
@@ -44,6 +44,7 @@
 #include "moe/profile/token_batches.hpp"
 #include "moe/replication/craft.hpp"
 #include "moe/replication/eplb.hpp"
+#include "moe/replication/reactive.hpp"
 #include "moe/replication/routed.hpp"
 #include "moe/topology/traffic.hpp"
 #include "reactive_study.hpp"
@@ -359,10 +360,21 @@ int run(int argc, char** argv) {
                      "not charged in the row)\n",
                      sc.name.c_str(), name, columns / runs, 1e3 * route_s / runs);
       };
-      if (reactive_greedy)
-        reactive_row("joint+reactive-greedy", [&](study::RoutingProblem const& p, int) {
-          return study::greedy_routes(p, paths, jo.eps);
-        });
+      if (reactive_greedy) {
+        // The host layer's policy itself, one per layer on the joint plan's copies.
+        std::vector<replication::Reactive> policies;
+        for (int l = 0; l < L; ++l) policies.emplace_back(routed[static_cast<std::size_t>(l)].table().replicas(), sc.topo, jo.eps);
+        double route_s = 0;
+        evaluate("joint+reactive", joint_s, jreps, [&](int l, topology::Batch const& batch) {
+          study::ReactiveOnBatch on(policies[static_cast<std::size_t>(l)], batch, G, E);
+          route_s += on.seconds();
+          return model.evaluate_policy(on, joint.plan[static_cast<std::size_t>(l)].placement.ranks(), batch, to);
+        }, exchange_us);
+        std::fprintf(stderr,
+                     "%s: joint+reactive (replication::Reactive, greedy rule) computes the routes of a layer in "
+                     "%.3f ms (one core, not charged in the row)\n",
+                     sc.name.c_str(), 1e3 * route_s / (static_cast<double>(L) * test_batches));
+      }
       if (reactive_rounds > 0)
         reactive_row(("joint+reactive-rounds" + std::to_string(reactive_rounds)).c_str(),
                      [&](study::RoutingProblem const& p, int l) {

@@ -7,7 +7,8 @@
 //
 // Per held-out batch and layer the routes are x(s, c): the token-expert pairs of source server s
 // that copy c serves. Three ways to choose them:
-//   - greedy_routes: a rule every rank could apply to the same counts, pair by pair;
+//   - greedy_routes: the rule replication::Reactive applies on every rank, pair by pair (the
+//     study runs that policy itself, through ReactiveOnBatch);
 //   - round_routes: parallel rounds of reweighting from the static routes (a GPU kernel's shape);
 //   - lp_routes (GLPK): two linear programs, the least possible busiest-GPU load M, then, with
 //     every GPU within max((1 + eps) x mean, M), the least dispatch + combine bottleneck over the
@@ -17,6 +18,8 @@
 // each (server, expert) to its copies exactly (no hashing), in batch order.
 
 #include <algorithm>
+#include <chrono>
+#include <cstdint>
 #include <cmath>
 #include <numeric>
 #include <tuple>
@@ -28,158 +31,18 @@
 #endif
 
 #include "moe/config.hpp"
+#include "moe/replication/reactive.hpp"
 #include "moe/topology/traffic.hpp"
 
 namespace moe::study {
 
-inline std::size_t ix(int i) { return static_cast<std::size_t>(i); }
-
-/// Seconds per token vector on every server-to-server link of each ordered server pair (NIC and
-/// fabric levels, equal-cost paths split as the traffic model splits them), once per cluster.
-class ServerPaths {
- public:
-  using Path = std::vector<std::pair<int, double>>;  ///< (link, seconds per pair)
-
-  ServerPaths(topology::Topology const& topo, topology::TrafficModel const& model, double token_bytes)
-      : S_(topo.servers()), links_(model.links()), first_gpu_(ix(S_), -1), path_(ix(S_) * ix(S_)) {
-    for (int g = topo.gpus() - 1; g >= 0; --g) first_gpu_[ix(topo.server_of(g))] = g;
-    for (int a = 0; a < S_; ++a)
-      for (int b = 0; b < S_; ++b)
-        if (a != b)
-          for (auto [l, f] : model.shares(first_gpu_[ix(a)], first_gpu_[ix(b)]))
-            if (model.link(l).level != topology::Level::nvlink)
-              path_[ix(a) * ix(S_) + ix(b)].emplace_back(l, f * token_bytes / model.link(l).bandwidth);
-  }
-  [[nodiscard]] Path const& operator()(int from, int to) const { return path_[ix(from) * ix(S_) + ix(to)]; }
-  [[nodiscard]] int links() const { return links_; }
-  /// The GPU that stands for server s's tokens (its first).
-  [[nodiscard]] int gpu_of(int s) const { return first_gpu_[ix(s)]; }
-
- private:
-  int S_, links_;
-  std::vector<int> first_gpu_;
-  std::vector<Path> path_;
-};
-
-/// One layer of one batch: the pairs of every (source server, expert) and the copies that can take
-/// them. Column c = (s, e, g): copy of e on GPU g serving server s's pairs of e.
-struct RoutingProblem {
-  struct Column {
-    int s, e, g, server;  ///< server = the server of GPU g
-  };
-  int S = 0, E = 0, G = 0;
-  std::vector<std::vector<int>> copies;  ///< per expert, its GPUs
-  std::vector<double> n;           ///< pairs per (s, e), s * E + e
-  std::vector<Column> cols;        ///< the columns of (s, e) are first[s E + e] .. first[s E + e + 1]
-  std::vector<int> first;
-  std::vector<std::vector<int>> of_gpu;  ///< columns per GPU
-  double mean = 0;                 ///< pairs per GPU
-
-  RoutingProblem(topology::Topology const& topo, std::vector<std::vector<int>> const& copies,
-                 topology::Batch const& batch)
-      : S(topo.servers()), E(static_cast<int>(copies.size())), G(topo.gpus()), copies(copies) {
-    int k = batch.top_k;
-    for (int e = 0; e < E; ++e) check(!copies[ix(e)].empty(), "reactive study: expert ", e, " has no copy");
-    n.assign(ix(S) * ix(E), 0.0);
-    for (int t = 0; t < batch.tokens(); ++t)
-      for (int j = 0; j < k; ++j) n[at(topo.server_of(batch.source[ix(t)]), batch.experts[ix(t * k + j)])] += 1;
-    first.assign(n.size() + 1, 0);
-    for (int s = 0; s < S; ++s)
-      for (int e = 0; e < E; ++e) {
-        if (n[at(s, e)] > 0)
-          for (int g : copies[ix(e)]) cols.push_back({s, e, g, topo.server_of(g)});
-        first[at(s, e) + 1] = static_cast<int>(cols.size());
-      }
-    of_gpu.resize(ix(G));
-    for (std::size_t c = 0; c < cols.size(); ++c) of_gpu[ix(cols[c].g)].push_back(static_cast<int>(c));
-    mean = static_cast<double>(batch.tokens()) * k / G;
-  }
-  [[nodiscard]] std::size_t at(int s, int e) const { return ix(s) * ix(E) + ix(e); }
-};
-
-/// Seconds of pairs on every link, per phase, as routes are added: the dispatch crosses from the
-/// column's source server to its copy's server, the combine back.
-class LinkLoads {
- public:
-  explicit LinkLoads(ServerPaths const& path) : path_(&path), dispatch_(ix(path.links()), 0.0), combine_(dispatch_) {}
-
-  void clear() {
-    std::fill(dispatch_.begin(), dispatch_.end(), 0.0);
-    std::fill(combine_.begin(), combine_.end(), 0.0);
-  }
-  /// `pairs` of column `col` (nothing crosses when the copy is on the source server).
-  void add(RoutingProblem::Column const& col, double pairs) {
-    if (col.server == col.s) return;
-    for (auto const& [l, sec] : (*path_)(col.s, col.server)) dispatch_[ix(l)] += pairs * sec;
-    for (auto const& [l, sec] : (*path_)(col.server, col.s)) combine_[ix(l)] += pairs * sec;
-  }
-  /// The most loaded link on the column's paths once `pairs` more are added (0 at home).
-  [[nodiscard]] double worst(RoutingProblem::Column const& col, double pairs) const {
-    double w = 0;
-    if (col.server == col.s) return w;
-    for (auto const& [l, sec] : (*path_)(col.s, col.server)) w = std::max(w, dispatch_[ix(l)] + pairs * sec);
-    for (auto const& [l, sec] : (*path_)(col.server, col.s)) w = std::max(w, combine_[ix(l)] + pairs * sec);
-    return w;
-  }
-  /// The most loaded link of either phase.
-  [[nodiscard]] double top() const {
-    return std::max(*std::max_element(dispatch_.begin(), dispatch_.end()),
-                    *std::max_element(combine_.begin(), combine_.end()));
-  }
-
- private:
-  ServerPaths const* path_;
-  std::vector<double> dispatch_, combine_;
-};
-
-/// The greedy rule. First each server's pairs go to its own copies, as far as the GPU cap allows.
-/// Then the (server, expert) groups, those with the fewest copies first and larger groups first:
-/// each pair to the copy that least raises the most loaded link on its dispatch or combine path
-/// (GPUs within the cap first, then the lower GPU load). The cap is (1 + eps) x the mean, or what
-/// the batch forces if more: an expert's pairs over its copies, a GPU's single-copy experts.
-inline std::vector<double> greedy_routes(RoutingProblem const& p, ServerPaths const& path, double eps) {
-  std::vector<double> ne(ix(p.E), 0.0), forced(ix(p.G), 0.0);
-  for (int s = 0; s < p.S; ++s)
-    for (int e = 0; e < p.E; ++e) ne[ix(e)] += p.n[p.at(s, e)];
-  double cap = (1 + eps) * p.mean;
-  for (int e = 0; e < p.E; ++e) {
-    auto const& c = p.copies[ix(e)];
-    cap = std::max(cap, std::ceil(ne[ix(e)] / static_cast<double>(c.size())));
-    if (c.size() == 1) cap = std::max(cap, forced[ix(c[0])] += ne[ix(e)]);
-  }
-
-  std::vector<double> x(p.cols.size(), 0.0), gpu(ix(p.G), 0.0), rem(p.n);
-  LinkLoads loads(path);
-  std::vector<int> groups;
-  for (int se = 0; se < p.S * p.E; ++se) {
-    if (rem[ix(se)] <= 0) continue;
-    for (int c = p.first[ix(se)]; c < p.first[ix(se) + 1]; ++c) {
-      auto const& col = p.cols[ix(c)];
-      if (col.server != col.s) continue;
-      double take = std::min(rem[ix(se)], std::max(0.0, std::floor(cap - gpu[ix(col.g)])));
-      x[ix(c)] += take, gpu[ix(col.g)] += take, rem[ix(se)] -= take;
-    }
-    if (rem[ix(se)] > 0) groups.push_back(se);
-  }
-  auto copies_of = [&](int se) { return p.first[ix(se) + 1] - p.first[ix(se)]; };
-  std::sort(groups.begin(), groups.end(), [&](int a, int b) {
-    return std::tuple(copies_of(a), -rem[ix(a)], a) < std::tuple(copies_of(b), -rem[ix(b)], b);
-  });
-  for (int se : groups)
-    for (; rem[ix(se)] > 0; rem[ix(se)] -= 1) {
-      int best = -1;
-      std::tuple<bool, double, double> key{};
-      for (int c = p.first[ix(se)]; c < p.first[ix(se) + 1]; ++c) {
-        auto const& col = p.cols[ix(c)];
-        std::tuple<bool, double, double> k{gpu[ix(col.g)] + 1 > cap, loads.worst(col, 1), gpu[ix(col.g)]};
-        if (best < 0 || k < key) best = c, key = k;
-      }
-      auto const& col = p.cols[ix(best)];
-      x[ix(best)] += 1, gpu[ix(col.g)] += 1;
-      loads.add(col, 1);
-    }
-  return x;
-}
+// The problem, the link loads and the greedy rule are the library's (replication::Reactive runs
+// the greedy rule in the host layer).
+using replication::reactive::greedy_routes;
+using replication::reactive::ix;
+using replication::reactive::LinkLoads;
+using replication::reactive::RoutingProblem;
+using replication::reactive::ServerPaths;
 
 /// A rule made of parallel rounds (each a scatter of link loads, then an independent update of
 /// every (server, expert) group), the shape a GPU kernel could take. It starts from the static
@@ -349,6 +212,45 @@ class DealtRoutes {
   int k_;
   std::vector<int> const* experts_;
   std::vector<int> gpu_;  ///< per (token, slot)
+};
+
+/// replication::Reactive (the host layer's policy) on one batch, as a replica policy for
+/// TrafficModel::evaluate_policy: the batch's pairs per (source GPU, expert) are the counts the
+/// layer would gather, and each pair goes where the layer's rank would deal it.
+class ReactiveOnBatch {
+ public:
+  ReactiveOnBatch(replication::Reactive& policy, topology::Batch const& batch, int gpus, int experts)
+      : k_(batch.top_k), experts_(&batch.experts), gpu_(batch.experts.size(), -1) {
+    std::vector<std::int32_t> counts(ix(gpus) * ix(experts), 0);
+    for (int t = 0; t < batch.tokens(); ++t)
+      for (int j = 0; j < k_; ++j) ++counts[ix(batch.source[ix(t)]) * ix(experts) + ix(batch.experts[ix(t * k_ + j)])];
+    auto t0 = std::chrono::steady_clock::now();
+    policy.plan_batch(counts);
+    seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::fill(counts.begin(), counts.end(), 0);  // now: pairs dealt so far
+    for (int t = 0; t < batch.tokens(); ++t)
+      for (int j = 0; j < k_; ++j) {
+        int src = batch.source[ix(t)], e = batch.experts[ix(t * k_ + j)];
+        gpu_[ix(t * k_ + j)] = policy.dealt(e, src, counts[ix(src) * ix(experts) + ix(e)]++);
+      }
+  }
+
+  /// The GPU dealt to (token, expert); the traffic model passes the token's index in the batch.
+  [[nodiscard]] int choose(int expert, int, int, long long token) const {
+    for (int j = 0; j < k_; ++j) {
+      auto i = static_cast<std::size_t>(token * k_ + j);
+      if ((*experts_)[i] == expert) return gpu_[i];
+    }
+    return -1;
+  }
+  /// Time plan_batch took (the routes from the counts).
+  [[nodiscard]] double seconds() const { return seconds_; }
+
+ private:
+  int k_;
+  std::vector<int> const* experts_;
+  std::vector<int> gpu_;  ///< per (token, slot)
+  double seconds_ = 0;
 };
 
 /// Time of an all-gather of every GPU's per-expert token counts (int32) in the traffic model: each

@@ -1,8 +1,9 @@
 #pragma once
 // A joint plan (placement/joint.hpp) built from real OLMoE routing statistics, written to a plan
 // file and read back; the expert-parallel layer then runs each planned layer on 4 ranks with the
-// plan's routing (replication::Routed, rebuilt from the file's copies and the topology). Shared by
-// the in-process and the MPI test.
+// plan's routing (replication::Routed, rebuilt from the file's copies and the topology), or with
+// routing that reacts to each batch (replication::Reactive on the same copies). Shared by the
+// in-process and the MPI test.
 
 #include <sstream>
 #include <string>
@@ -11,6 +12,7 @@
 #include "moe/placement/joint.hpp"
 #include "moe/placement/plan_io.hpp"
 #include "moe/profile/load_profile.hpp"
+#include "moe/replication/reactive.hpp"
 
 namespace moe::test {
 
@@ -42,5 +44,19 @@ Outcome run_joint_layer(Comm& comm, placement::LoadedPlan const& plan, std::size
   Scenario sc{.tokens_per_rank = {13, 7, 0, 20}, .placement = lp.placement, .seed = 100 + l};
   return run_scenario<JointModel, router::SoftmaxTopK>(comm, sc, placement::joint::routed_policy(lp.replicas, topo));
 }
+
+/// The same layer with replication::Reactive on the plan's copies (balance bound `eps`).
+template <class Comm>
+Outcome run_reactive_layer(Comm& comm, placement::LoadedPlan const& plan, std::size_t l, double eps = 0.05) {
+  auto const& lp = plan.layers[l];
+  Scenario sc{.tokens_per_rank = {13, 7, 0, 20}, .placement = lp.placement, .seed = 100 + l};
+  return run_scenario<JointModel, router::SoftmaxTopK>(
+      comm, sc, replication::Reactive(lp.replicas.replicas(), joint_cluster(), eps));
+}
+
+/// Bytes a rank's collectives send for the control of one reactive layer pass on 4 ranks: the
+/// all-gather of its per-expert int32 counts to 3 peers, then the record-count all-to-all (one
+/// uint64 to each of 3 peers).
+constexpr std::size_t reactive_control_bytes = 3 * 64 * 4 + 3 * 8;
 
 }  // namespace moe::test

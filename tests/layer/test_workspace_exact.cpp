@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "moe/moe.hpp"
+#include "moe/replication/reactive.hpp"
 #include "moe/schedule/findep_executor.hpp"
 #include "textbook.hpp"
 
@@ -169,21 +170,32 @@ using Routing = std::function<std::vector<int>(int rank, int token)>;
 ///                  de-duplication), each with k experts, and one expert gets every record;
 ///   spread         rank 0's tokens pick `spread` (experts on min(k, ranks) different ranks):
 ///                  rank 0 sends the most records.
-template <class Model, int R>
+/// With `batch_aware`, the replicas are replication::Reactive with the placement's single copies on
+/// one-GPU servers (the same routes, plus the count all-gather's buffers).
+template <class Model, int R, bool batch_aware = false>
 std::vector<Finding> layer_case(placement::Table const& table, std::vector<int> const& spread, bool dedup, int m,
                                 std::size_t misalign) {
   constexpr ShapeSpec s = Model::spec;
   std::vector<Finding> found(R);
   collective::run_in_process<R>([&](auto& comm) {
     using Comm = std::remove_cvref_t<decltype(comm)>;
-    using L = Layer<Model, router::SoftmaxTopK, placement::Table, replication::None, schedule::Sequential, Comm>;
+    auto replicas = [&] {
+      if constexpr (batch_aware) {
+        std::vector<std::vector<int>> copies;
+        for (int e = 0; e < s.experts; ++e) copies.push_back({table.rank_of(e)});
+        return replication::Reactive(copies, topology::fat_tree(1, R, 1));
+      } else {
+        return replication::None{};
+      }
+    }();
+    using L = Layer<Model, router::SoftmaxTopK, placement::Table, decltype(replicas), schedule::Sequential, Comm>;
     using T = typename L::element_type;
     int rank = comm.rank();
     RandomLayerWeights<T> weights(s, 7);
     auto router = identity_router<T>(s);
     auto view = weights.view();
     view.router = router.data();
-    L layer(comm, table, replication::None{}, view, {.max_tokens = m, .deduplicate = dedup});
+    L layer(comm, table, replicas, view, {.max_tokens = m, .deduplicate = dedup});
     auto [size, pieces] = measure([&] { return layer.workspace_size(); });
     Finding& f = found[static_cast<std::size_t>(rank)];
     if (size != carver_used(pieces)) f.problems.push_back("workspace_size() is not the end of its pieces + slack");
@@ -240,6 +252,23 @@ TEST_CASE("moe::Layer: the worst case writes every byte its workspace_size() cou
         auto found = layer_case<Top3Bf16, 2>(placement::Table({0, 0, 0, 1}), {0, 3, 1}, dedup, 3, misalign);
         expect_clean(found, tolerance<bf16>());
       }
+    }
+  }
+}
+
+TEST_CASE("moe::Layer with batch-aware replicas: the worst case writes every byte of its workspace",
+          "[layer][workspace][reactive]") {
+  for (bool dedup : {true, false}) {
+    INFO("deduplicate " << dedup);
+    {
+      INFO(SharedWide::name << " on 4 ranks, replication::Reactive");
+      auto found = layer_case<SharedWide, 4, true>(placement::Table::contiguous(8, 4), {0, 2}, dedup, 5, 16);
+      expect_clean(found, tolerance<float>());
+    }
+    {
+      INFO(Top3Bf16::name << " on 2 ranks, replication::Reactive");
+      auto found = layer_case<Top3Bf16, 2, true>(placement::Table({0, 0, 0, 1}), {0, 3, 1}, dedup, 3, 0);
+      expect_clean(found, tolerance<bf16>());
     }
   }
 }

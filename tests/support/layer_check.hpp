@@ -50,6 +50,9 @@ struct Outcome {
   std::size_t expected_dispatch = 0;  // analytic bytes this rank sends in the dispatch
   std::size_t expected_combine = 0;   // analytic bytes this rank sends back in the combine
   std::size_t without_dedup = 0;      // bytes one copy per (token, remote expert) would take
+  std::vector<int> source;            // per global token: its rank
+  std::vector<int> ids;               // per global (token, slot): the reference's expert
+  std::vector<int> dest;              // per global (token, slot): the rank expected to serve it
 };
 
 /// Runs one scenario on this rank. Model must be f32 or bf16; Router fits it.
@@ -93,15 +96,39 @@ Outcome run_scenario(Comm& comm, Scenario const& sc, Replicas replicas) {
     o.vs_textbook = textbook::relative_error(y.data(), book.data() + static_cast<std::size_t>(first) * h, y.size());
   o.stats = layer.stats();
 
-  // Analytic volumes from the reference routes: one record per distinct remote serving rank.
+  // The serving rank of every reference pair: the policy's rule; for a batch-aware policy, the
+  // routes it chose for this batch, dealt as documented (the pairs of a (server, expert) group in
+  // rank, then token order; each column takes the next routes()[c] of them), by this test's walk.
+  for (int r = 0; r < static_cast<int>(counts.size()); ++r)
+    o.source.insert(o.source.end(), static_cast<std::size_t>(counts[static_cast<std::size_t>(r)]), r);
+  o.ids = ids;
+  o.dest.resize(ids.size());
+  [[maybe_unused]] std::vector<long long> seen;
+  for (int t = 0; t < total; ++t)
+    for (std::size_t j = 0; j < k; ++j) {
+      auto i = static_cast<std::size_t>(t) * k + j;
+      int e = ids[i], src = o.source[static_cast<std::size_t>(t)];
+      if constexpr (replication::BatchPolicy<Replicas>) {
+        auto const& p = layer.replicas().problem();
+        auto const& x = layer.replicas().routes();
+        seen.resize(p.n.size());
+        auto se = p.at(p.server_of[static_cast<std::size_t>(src)], e);
+        double point = static_cast<double>(seen[se]++) + 0.5, acc = 0;
+        o.dest[i] = -1;
+        for (int c = p.first[se]; c < p.first[se + 1] && o.dest[i] < 0; ++c)
+          if (point < (acc += x[static_cast<std::size_t>(c)])) o.dest[i] = p.cols[static_cast<std::size_t>(c)].g;
+      } else {
+        o.dest[i] = replicas.choose(e, primary[static_cast<std::size_t>(e)], src, t);
+      }
+    }
+
+  // Analytic volumes from those routes: one record per distinct remote serving rank.
   std::size_t rec = o.stats.record_bytes;
-  int src = 0, src_end = counts[0];
   for (int t = 0; t < total; ++t) {
-    while (t >= src_end) src_end += counts[static_cast<std::size_t>(++src)];
+    int src = o.source[static_cast<std::size_t>(t)];
     std::set<int> dests;
     for (std::size_t j = 0; j < k; ++j) {
-      int e = ids[static_cast<std::size_t>(t) * k + j];
-      int d = replicas.choose(e, primary[static_cast<std::size_t>(e)], src, t);
+      int d = o.dest[static_cast<std::size_t>(t) * k + j];
       dests.insert(d);
       if (src == rank && d != rank) o.without_dedup += rec;
     }

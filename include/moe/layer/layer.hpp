@@ -15,6 +15,10 @@
 // bytes, followed by the token's hidden vector padded to 16 bytes. A combine record is the hidden
 // vector of the weighted partial sum, in storage precision, in the order the records came in.
 //
+// With a batch-aware replica policy (replication::BatchPolicy, e.g. replication::Reactive), route()
+// first gathers every rank's per-expert pair counts (one all-gather of ranks x experts int32), the
+// policy routes the batch from them, and each rank deals its own pairs in token order.
+//
 // This header is the host execution path (InProcess and Mpi collectives). With a device
 // communicator the same Layer type runs the CUDA kernels: see moe/layer/cuda_layer.cuh.
 
@@ -62,7 +66,8 @@ struct LayerStats {
   std::size_t meta_bytes = 0;    ///< of which metadata
   std::size_t dispatch_bytes = 0;  ///< bytes the dispatch all-to-all-v sent to other ranks
   std::size_t combine_bytes = 0;   ///< bytes the combine all-to-all-v sent to other ranks
-  std::size_t control_bytes = 0;   ///< bytes of the record-count exchange
+  std::size_t control_bytes = 0;   ///< bytes of the record-count exchange (and, with batch-aware
+                                   ///< replicas, of the per-expert count all-gather)
 
   [[nodiscard]] double local_activation_rate() const {
     return assignments ? static_cast<double>(local_assignments) / static_cast<double>(assignments) : 0.0;
@@ -177,6 +182,8 @@ public:
   [[nodiscard]] LayerStats const& stats() const { return stats_; }
   [[nodiscard]] Comm& comm() const { return *comm_; }
   [[nodiscard]] std::vector<int> const& primary_ranks() const { return primary_; }
+  /// The replica policy (for a batch-aware one, the state of the last batch's routes).
+  [[nodiscard]] Replicas const& replicas() const { return replicas_; }
 
 private:
   static constexpr auto h = static_cast<std::size_t>(shape.hidden);
@@ -212,6 +219,8 @@ private:
     std::span<float> out;           // expert output rows (fp32)
     std::span<float> scratch;       // SwiGLU intermediate
     std::span<float> y;             // max_tokens x hidden accumulator
+    std::span<std::int32_t> pair_counts;  // E: this rank's pairs per expert (batch-aware replicas)
+    std::span<std::int32_t> all_counts;   // ranks x E: every rank's, gathered
   };
 
   [[nodiscard]] std::size_t slots_per_token() const {
@@ -264,6 +273,10 @@ private:
     b.out = c.take<float>(rows * h);
     b.scratch = c.take<float>(scratch);
     b.y = c.take<float>(m * h);
+    if constexpr (replication::BatchPolicy<Replicas>) {
+      b.pair_counts = c.take<std::int32_t>(E);
+      b.all_counts = c.take<std::int32_t>(ranks * E);
+    }
   }
 
   /// The state of one forward pass; the Schedule calls its phases.
@@ -288,10 +301,40 @@ private:
       std::span<float const> bias;
       if (L.weights_.router_bias) bias = {L.weights_.router_bias, E};
       router::route_all<Router>(shape, b_.logits, bias, a_.tokens, b_.ids, b_.gate);
+      if constexpr (replication::BatchPolicy<Replicas>) {
+        plan_batch();
+        return;
+      }
       for (std::size_t i = 0; i < t * k; ++i) {
         int e = b_.ids[i];
         int d = L.replicas_.choose(e, L.primary_[static_cast<std::size_t>(e)], rank_,
                                    a_.first_token + static_cast<long long>(i / k));
+        b_.dest[i] = d;
+        L.stats_.local_assignments += d == rank_;
+      }
+      L.stats_.assignments = static_cast<long long>(t * k);
+    }
+
+    /// Batch-aware replicas: every rank's pairs per expert, gathered; the policy routes the batch
+    /// from them, and this rank's pairs of each expert are dealt in token order.
+    void plan_batch()
+      requires replication::BatchPolicy<Replicas>
+    {
+      auto t = static_cast<std::size_t>(a_.tokens);
+      auto mine = b_.pair_counts;
+      std::fill(mine.begin(), mine.end(), 0);
+      for (std::size_t i = 0; i < t * k; ++i) ++mine[static_cast<std::size_t>(b_.ids[i])];
+      auto ranks = static_cast<std::size_t>(ranks_);
+      auto block = b_.counts.first(ranks);
+      std::fill(block.begin(), block.end(), E * sizeof(std::int32_t));
+      auto before = L.comm_->counters();
+      L.comm_->all_gather_v(std::as_bytes(mine), std::as_writable_bytes(b_.all_counts), block);
+      L.stats_.control_bytes += L.comm_->counters().bytes_sent() - before.bytes_sent();
+      L.replicas_.plan_batch(b_.all_counts);
+      std::fill(mine.begin(), mine.end(), 0);  // now: this rank's pairs of each expert dealt so far
+      for (std::size_t i = 0; i < t * k; ++i) {
+        auto e = static_cast<std::size_t>(b_.ids[i]);
+        int d = L.replicas_.dealt(static_cast<int>(e), rank_, mine[e]++);
         b_.dest[i] = d;
         L.stats_.local_assignments += d == rank_;
       }
@@ -342,7 +385,7 @@ private:
       auto middle = L.comm_->counters();
       L.comm_->all_to_all_v(b_.send, send_bytes, b_.recv, recv_bytes);
       auto after = L.comm_->counters();
-      L.stats_.control_bytes = middle.bytes_sent() - before.bytes_sent();
+      L.stats_.control_bytes += middle.bytes_sent() - before.bytes_sent();
       L.stats_.dispatch_bytes = after.bytes_sent() - middle.bytes_sent();
     }
 

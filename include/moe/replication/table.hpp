@@ -6,9 +6,11 @@
 //                        placement's rank must be among them. A token is served by the copy on its
 //                        own rank when there is one, otherwise by copy (source rank + token) mod n,
 //                        which spreads a hot expert's tokens evenly and needs no communication.
+// (`replication::Routed` and `replication::Reactive` have their own headers.)
 
 #include <algorithm>
 #include <concepts>
+#include <cstdint>
 #include <span>
 #include <type_traits>
 #include <vector>
@@ -24,6 +26,17 @@ concept Policy = requires(R const& r, int expert, int primary, int source_rank, 
   { r.choose(expert, primary, source_rank, token) } -> std::convertible_to<int>;
   { r.holds(expert, primary, source_rank) } -> std::same_as<bool>;
   r.validate(experts, ranks, placement);
+};
+
+/// A replica policy whose choice depends on the whole batch (replication::Reactive): the host layer
+/// gathers every rank's per-expert pair counts (ranks x experts, rank-major), calls plan_batch with
+/// them, then asks dealt(expert, rank, m) for the rank serving this rank's m-th pair of `expert` in
+/// token order.
+template <class R>
+concept BatchPolicy = Policy<R> && requires(R& r, R const& cr, std::span<std::int32_t const> counts, int expert,
+                                           int rank, int m) {
+  r.plan_batch(counts);
+  { cr.dealt(expert, rank, m) } -> std::convertible_to<int>;
 };
 
 struct None {
