@@ -330,6 +330,19 @@ private:
       auto before = L.comm_->counters();
       L.comm_->all_gather_v(std::as_bytes(mine), std::as_writable_bytes(b_.all_counts), block);
       L.stats_.control_bytes += L.comm_->counters().bytes_sent() - before.bytes_sent();
+      // A rank that agrees on the options routes at most max_tokens x k pairs; the rule's work
+      // grows with the pairs, so more is refused rather than computed.
+      auto most = static_cast<long long>(L.options_.max_tokens) * k;
+      for (std::size_t p = 0; p < ranks; ++p) {
+        long long sum = 0;
+        for (std::size_t e = 0; e < E; ++e) {
+          std::int32_t c = b_.all_counts[p * E + e];
+          check(c >= 0, "moe::Layer: rank ", p, " reported ", c, " pairs of expert ", e);
+          sum += c;
+        }
+        check(sum <= most, "moe::Layer: rank ", p, " reported ", sum, " token-expert pairs, more than the ", most,
+              " of max_tokens x top_k on rank ", rank_, " (do all ranks use the same LayerOptions::max_tokens?)");
+      }
       L.replicas_.plan_batch(b_.all_counts);
       std::fill(mine.begin(), mine.end(), 0);  // now: this rank's pairs of each expert dealt so far
       for (std::size_t i = 0; i < t * k; ++i) {

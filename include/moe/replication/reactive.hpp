@@ -11,14 +11,14 @@
 // (any copy computes the same expert); they agree for the loads to be the ones the rule chose.
 //
 // The rule (greedy_routes) works on servers and the server-to-server links of the topology's
-// traffic model: first each server's pairs stay on its own copies as far as the per-GPU cap allows,
-// then the pairs of every (server, expert) group go one by one to the copy that least raises the
-// busiest link on its dispatch or combine path. It ignores de-duplication and NVLink; the traffic
-// model judges the result with both.
+// traffic model: the pairs of single-copy experts go to their copy, then each server's pairs stay
+// on its own copies as far as the per-GPU cap allows, then the other pairs of every (server,
+// expert) group go one by one to the copy that least raises the busiest link on its dispatch or
+// combine path. It ignores de-duplication and NVLink; the traffic model judges the result with both.
 //
 // Host layer only (moe::Layer with InProcess or Mpi): the CUDA and disaggregated layers reject it.
 // The rule costs milliseconds per layer at DeepSeek-R1 / 256-GPU scale on one CPU core
-// (benchmarks/bench_joint.cpp, BM_ReactiveRoutes), which the layer spends on every rank.
+// (benchmarks/planners/bench_traffic.cpp, BM_ReactiveRoutes), which the layer spends on every rank.
 
 #include <algorithm>
 #include <cmath>
@@ -160,8 +160,9 @@ class LinkLoads {
 
 /// The greedy rule: whole pairs x(s, c) per column. First the pairs of experts with one copy, which
 /// have no choice; then each server's pairs go to its own copies, as far as the GPU cap allows.
-/// Then the other (server, expert) groups, those with the fewest copies first and larger groups first: each pair to the copy that least raises the most loaded link on
-/// its dispatch or combine path (GPUs within the cap first, then the lower GPU load). The cap is
+/// Then the other (server, expert) groups, those with the fewest copies first and larger groups
+/// first: each pair to the copy that least raises the most loaded link on its dispatch or combine
+/// path (GPUs within the cap first, then the lower GPU load). The cap is
 /// (1 + eps) x the mean, or what the batch forces if more: an expert's pairs over its copies, a
 /// GPU's single-copy experts.
 inline std::vector<double> greedy_routes(RoutingProblem const& p, ServerPaths const& path, double eps) {
