@@ -322,23 +322,25 @@ TEST_CASE("ShuffledLayer: the worst case writes every byte of its own workspace"
   expect_clean(found, tolerance<float>());
 }
 
-TEST_CASE("moe::Layer: ranks with different options cannot overrun the exact buffers", "[layer][workspace]") {
-  // Rank 0 (no de-duplication, 2 tokens) holds 12 assignments; rank 1 (de-duplicated, 4 tokens)
-  // sends it 4 records of 3 experts each. The record count (10 of at most 12) passes, the 18
-  // assignments do not: the layer stops with an error instead of writing past its buffers.
+namespace {
+
+/// Top3Bf16 on 2 ranks built for different token counts (2 on rank 0, 4 on rank 1), every token
+/// picking experts 0..2 (on rank 0), rank 0 de-duplicating or not; the error the layer stopped with.
+template <class Replicas>
+std::string mismatched_ranks(Replicas const& replicas, bool rank0_deduplicates) {
   constexpr ShapeSpec s = Top3Bf16::spec;
   std::string message;
   try {
     collective::run_in_process<2>([&](auto& comm) {
       using Comm = std::remove_cvref_t<decltype(comm)>;
-      using L = Layer<Top3Bf16, router::SoftmaxTopK, placement::Table, replication::None, schedule::Sequential, Comm>;
+      using L = Layer<Top3Bf16, router::SoftmaxTopK, placement::Table, Replicas, schedule::Sequential, Comm>;
       int rank = comm.rank(), m = rank == 0 ? 2 : 4;
       RandomLayerWeights<bf16> weights(s, 3);
       auto router = identity_router<bf16>(s);
       auto view = weights.view();
       view.router = router.data();
-      L layer(comm, placement::Table({0, 0, 0, 1}), replication::None{}, view,
-              {.max_tokens = m, .deduplicate = rank == 1});
+      L layer(comm, placement::Table({0, 0, 0, 1}), replicas, view,
+              {.max_tokens = m, .deduplicate = rank == 1 || rank0_deduplicates});
       std::vector<std::byte> ws(layer.workspace_size());
       auto x = routed_tokens<bf16>(s, std::vector<std::vector<int>>(static_cast<std::size_t>(m), {0, 1, 2}), 1);
       std::vector<bf16> y(x.size());
@@ -347,35 +349,25 @@ TEST_CASE("moe::Layer: ranks with different options cannot overrun the exact buf
   } catch (Error const& e) {
     message = e.what();
   }
-  CHECK_THAT(message, Catch::Contains("rank 0 received 18 token-expert assignments but its workspace holds 12"));
+  return message;
+}
+
+}  // namespace
+
+TEST_CASE("moe::Layer: ranks with different options cannot overrun the exact buffers", "[layer][workspace]") {
+  // Rank 0 (no de-duplication, 2 tokens) holds 12 assignments; rank 1 (de-duplicated, 4 tokens)
+  // sends it 4 records of 3 experts each. The record count (10 of at most 12) passes, the 18
+  // assignments do not: the layer stops with an error instead of writing past its buffers.
+  CHECK_THAT(mismatched_ranks(replication::None{}, false),
+             Catch::Contains("rank 0 received 18 token-expert assignments but its workspace holds 12"));
 }
 
 TEST_CASE("moe::Layer with batch-aware replicas: a rank reporting more pairs than max_tokens allows is refused",
           "[layer][workspace][reactive]") {
   // Rank 0 was built for 2 tokens (at most 6 pairs per rank), rank 1 for 4 and routes 4 tokens
   // (12 pairs). Rank 0 refuses the gathered counts before the rule works on them.
-  constexpr ShapeSpec s = Top3Bf16::spec;
-  std::string message;
-  try {
-    collective::run_in_process<2>([&](auto& comm) {
-      using Comm = std::remove_cvref_t<decltype(comm)>;
-      using L = Layer<Top3Bf16, router::SoftmaxTopK, placement::Table, replication::Reactive, schedule::Sequential, Comm>;
-      int rank = comm.rank(), m = rank == 0 ? 2 : 4;
-      RandomLayerWeights<bf16> weights(s, 3);
-      auto router = identity_router<bf16>(s);
-      auto view = weights.view();
-      view.router = router.data();
-      L layer(comm, placement::Table({0, 0, 0, 1}), replication::Reactive({{0}, {0}, {0}, {1}}, topology::fat_tree(1, 2, 1)),
-              view, {.max_tokens = m});
-      std::vector<std::byte> ws(layer.workspace_size());
-      auto x = routed_tokens<bf16>(s, std::vector<std::vector<int>>(static_cast<std::size_t>(m), {0, 1, 2}), 1);
-      std::vector<bf16> y(x.size());
-      layer.run({.tokens = m, .x = x.data(), .y = y.data()}, ws);
-    });
-  } catch (Error const& e) {
-    message = e.what();
-  }
-  CHECK_THAT(message, Catch::Contains("rank 1 reported 12 token-expert pairs, more than the 6 of max_tokens x top_k on rank 0"));
+  CHECK_THAT(mismatched_ranks(replication::Reactive({{0}, {0}, {0}, {1}}, topology::fat_tree(1, 2, 1)), true),
+             Catch::Contains("rank 1 reported 12 token-expert pairs, more than the 6 of max_tokens x top_k on rank 0"));
 }
 
 TEST_CASE("FinDepExecutor: the worst case writes every byte of an AG and an EG rank's workspace",
