@@ -96,21 +96,6 @@ BENCHMARK(BM_TrafficPrecompute)
     ->Arg(static_cast<int>(Kind::dragonfly))
     ->Unit(benchmark::kMillisecond);
 
-/// The pairs of `batch` dealt as the host layer deals them after plan_batch, as a replica policy
-/// for TrafficModel::evaluate_policy (which passes the token's index in the batch).
-struct Dealt {
-  int k;
-  std::vector<int> const* experts;
-  std::vector<int> gpu;  ///< per (token, slot)
-  [[nodiscard]] int choose(int expert, int, int, long long token) const {
-    for (int j = 0; j < k; ++j) {
-      auto i = static_cast<std::size_t>(token * k + j);
-      if ((*experts)[i] == expert) return gpu[i];
-    }
-    return -1;
-  }
-};
-
 void BM_ReactiveRoutes(benchmark::State& state) {
   auto kind = static_cast<Kind>(state.range(0));
   auto topo = paper_cluster(kind);
@@ -126,11 +111,7 @@ void BM_ReactiveRoutes(benchmark::State& state) {
     primary[static_cast<std::size_t>(e)] = lists[static_cast<std::size_t>(e)].front();
   }
   replication::Reactive policy(lists, topo);
-  std::vector<std::int32_t> counts(static_cast<std::size_t>(G) * kExperts, 0);
-  for (int t = 0; t < batch.tokens(); ++t)
-    for (int j = 0; j < kTopK; ++j)
-      ++counts[static_cast<std::size_t>(batch.source[static_cast<std::size_t>(t)]) * kExperts +
-               static_cast<std::size_t>(batch.experts[static_cast<std::size_t>(t * kTopK + j)])];
+  auto counts = replication::reactive::pair_counts(batch, G, kExperts);
   auto start = std::chrono::steady_clock::now();
   for (auto _ : state) {
     policy.plan_batch(counts);
@@ -138,16 +119,8 @@ void BM_ReactiveRoutes(benchmark::State& state) {
   }
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
-  Dealt dealt{kTopK, &batch.experts, std::vector<int>(batch.experts.size())};
-  std::vector<int> seen(counts.size(), 0);
-  for (int t = 0; t < batch.tokens(); ++t)
-    for (int j = 0; j < kTopK; ++j) {
-      int src = batch.source[static_cast<std::size_t>(t)], e = batch.experts[static_cast<std::size_t>(t * kTopK + j)];
-      dealt.gpu[static_cast<std::size_t>(t * kTopK + j)] =
-          policy.dealt(e, src, seen[static_cast<std::size_t>(src) * kExperts + static_cast<std::size_t>(e)]++);
-    }
   TrafficOptions opt;
-  auto reactive = model.evaluate_policy(dealt, primary, batch, opt);
+  auto reactive = model.evaluate_policy(policy.deal(batch), primary, batch, opt);
   auto fixed = model.evaluate_policy(replication::Table(lists), primary, batch, opt);
   state.SetLabel(std::string(kind_name(kind)) + ", 32 hot experts x2");
   state.counters["ms_per_layer"] = seconds * 1e3 / static_cast<double>(state.iterations());

@@ -366,9 +366,13 @@ int run(int argc, char** argv) {
         for (int l = 0; l < L; ++l) policies.emplace_back(routed[static_cast<std::size_t>(l)].table().replicas(), sc.topo, jo.eps);
         double route_s = 0;
         evaluate("joint+reactive", joint_s, jreps, [&](int l, topology::Batch const& batch) {
-          study::ReactiveOnBatch on(policies[static_cast<std::size_t>(l)], batch, G, E);
-          route_s += on.seconds();
-          return model.evaluate_policy(on, joint.plan[static_cast<std::size_t>(l)].placement.ranks(), batch, to);
+          auto& policy = policies[static_cast<std::size_t>(l)];
+          auto counts = replication::reactive::pair_counts(batch, G, E);
+          auto t = std::chrono::steady_clock::now();
+          policy.plan_batch(counts);
+          route_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+          return model.evaluate_policy(policy.deal(batch), joint.plan[static_cast<std::size_t>(l)].placement.ranks(),
+                                       batch, to);
         }, exchange_us);
         std::fprintf(stderr,
                      "%s: joint+reactive (replication::Reactive, greedy rule) computes the routes of a layer in "

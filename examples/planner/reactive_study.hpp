@@ -8,7 +8,7 @@
 // Per held-out batch and layer the routes are x(s, c): the token-expert pairs of source server s
 // that copy c serves. Three ways to choose them:
 //   - greedy_routes: the rule replication::Reactive applies on every rank, pair by pair (the
-//     study runs that policy itself, through ReactiveOnBatch);
+//     study runs that policy itself: Reactive::plan_batch, then Reactive::deal);
 //   - round_routes: parallel rounds of reweighting from the static routes (a GPU kernel's shape);
 //   - lp_routes (GLPK): two linear programs, the least possible busiest-GPU load M, then, with
 //     every GPU within max((1 + eps) x mean, M), the least dispatch + combine bottleneck over the
@@ -18,8 +18,6 @@
 // each (server, expert) to its copies exactly (no hashing), in batch order.
 
 #include <algorithm>
-#include <chrono>
-#include <cstdint>
 #include <cmath>
 #include <numeric>
 #include <tuple>
@@ -176,15 +174,15 @@ inline std::vector<double> lp_routes(RoutingProblem const& p, ServerPaths const&
 
 /// Routes x(s, c) as a replica policy for TrafficModel::evaluate_policy: the m-th pair of (s, e)
 /// in batch order goes to the copy whose cumulative count first passes m + 1/2.
-class DealtRoutes {
+class DealtRoutes : public replication::reactive::PairRoutes {
  public:
   DealtRoutes(topology::Topology const& topo, RoutingProblem const& p, std::vector<double> const& x,
               topology::Batch const& batch)
-      : k_(batch.top_k), experts_(&batch.experts), gpu_(batch.experts.size(), -1) {
+      : PairRoutes{batch.top_k, &batch.experts, std::vector<int>(batch.experts.size(), -1)} {
     std::vector<int> seen(p.n.size(), 0);
     for (int t = 0; t < batch.tokens(); ++t)
-      for (int j = 0; j < k_; ++j) {
-        auto se = p.at(topo.server_of(batch.source[ix(t)]), batch.experts[ix(t * k_ + j)]);
+      for (int j = 0; j < k; ++j) {
+        auto se = p.at(topo.server_of(batch.source[ix(t)]), batch.experts[ix(t * k + j)]);
         int lo = p.first[se], hi = p.first[se + 1];
         double sum = std::accumulate(x.begin() + lo, x.begin() + hi, 0.0), point = seen[se]++ + 0.5, acc = 0;
         int g = p.cols[ix(hi - 1)].g;
@@ -195,62 +193,9 @@ class DealtRoutes {
             break;
           }
         }
-        gpu_[ix(t * k_ + j)] = g;
+        gpu[ix(t * k + j)] = g;
       }
   }
-
-  /// The GPU dealt to (token, expert); the traffic model passes the token's index in the batch.
-  [[nodiscard]] int choose(int expert, int, int, long long token) const {
-    for (int j = 0; j < k_; ++j) {
-      auto i = static_cast<std::size_t>(token * k_ + j);
-      if ((*experts_)[i] == expert) return gpu_[i];
-    }
-    return -1;
-  }
-
- private:
-  int k_;
-  std::vector<int> const* experts_;
-  std::vector<int> gpu_;  ///< per (token, slot)
-};
-
-/// replication::Reactive (the host layer's policy) on one batch, as a replica policy for
-/// TrafficModel::evaluate_policy: the batch's pairs per (source GPU, expert) are the counts the
-/// layer would gather, and each pair goes where the layer's rank would deal it.
-class ReactiveOnBatch {
- public:
-  ReactiveOnBatch(replication::Reactive& policy, topology::Batch const& batch, int gpus, int experts)
-      : k_(batch.top_k), experts_(&batch.experts), gpu_(batch.experts.size(), -1) {
-    std::vector<std::int32_t> counts(ix(gpus) * ix(experts), 0);
-    for (int t = 0; t < batch.tokens(); ++t)
-      for (int j = 0; j < k_; ++j) ++counts[ix(batch.source[ix(t)]) * ix(experts) + ix(batch.experts[ix(t * k_ + j)])];
-    auto t0 = std::chrono::steady_clock::now();
-    policy.plan_batch(counts);
-    seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::fill(counts.begin(), counts.end(), 0);  // now: pairs dealt so far
-    for (int t = 0; t < batch.tokens(); ++t)
-      for (int j = 0; j < k_; ++j) {
-        int src = batch.source[ix(t)], e = batch.experts[ix(t * k_ + j)];
-        gpu_[ix(t * k_ + j)] = policy.dealt(e, src, counts[ix(src) * ix(experts) + ix(e)]++);
-      }
-  }
-
-  /// The GPU dealt to (token, expert); the traffic model passes the token's index in the batch.
-  [[nodiscard]] int choose(int expert, int, int, long long token) const {
-    for (int j = 0; j < k_; ++j) {
-      auto i = static_cast<std::size_t>(token * k_ + j);
-      if ((*experts_)[i] == expert) return gpu_[i];
-    }
-    return -1;
-  }
-  /// Time plan_batch took (the routes from the counts).
-  [[nodiscard]] double seconds() const { return seconds_; }
-
- private:
-  int k_;
-  std::vector<int> const* experts_;
-  std::vector<int> gpu_;  ///< per (token, slot)
-  double seconds_ = 0;
 };
 
 /// Time of an all-gather of every GPU's per-expert token counts (int32) in the traffic model: each

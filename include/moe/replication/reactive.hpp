@@ -215,6 +215,31 @@ inline std::vector<double> greedy_routes(RoutingProblem const& p, ServerPaths co
   return x;
 }
 
+/// Pairs per (source GPU, expert) of a batch, rank-major: the counts the host layer gathers.
+inline std::vector<std::int32_t> pair_counts(topology::Batch const& batch, int gpus, int experts) {
+  std::vector<std::int32_t> counts(ix(gpus) * ix(experts), 0);
+  int k = batch.top_k;
+  for (int t = 0; t < batch.tokens(); ++t)
+    for (int j = 0; j < k; ++j) ++counts[ix(batch.source[ix(t)]) * ix(experts) + ix(batch.experts[ix(t * k + j)])];
+  return counts;
+}
+
+/// The GPU serving every (token, slot) of a batch, as a replica policy for
+/// TrafficModel::evaluate_policy (which passes the token's index in the batch).
+struct PairRoutes {
+  int k = 0;
+  std::vector<int> const* experts = nullptr;  ///< the batch's, tokens x k
+  std::vector<int> gpu;                       ///< per (token, slot)
+
+  [[nodiscard]] int choose(int expert, int, int, long long token) const {
+    for (int j = 0; j < k; ++j) {
+      auto i = static_cast<std::size_t>(token * k + j);
+      if ((*experts)[i] == expert) return gpu[i];
+    }
+    return -1;
+  }
+};
+
 }  // namespace reactive
 
 class Reactive {
@@ -273,6 +298,19 @@ class Reactive {
     for (int c = lo; c < hi; ++c)
       if (at < end_[ix(c)]) return p.cols[ix(c)].g;
     return hi > lo ? p.cols[ix(hi - 1)].g : table_.replicas()[ix(expert)].front();
+  }
+
+  /// Every pair of `batch` dealt as the host layer's ranks deal theirs, after plan_batch with the
+  /// batch's own counts (reactive::pair_counts).
+  [[nodiscard]] reactive::PairRoutes deal(topology::Batch const& batch) const {
+    reactive::PairRoutes out{batch.top_k, &batch.experts, std::vector<int>(batch.experts.size())};
+    std::vector<int> seen(ix(problem_.G) * ix(problem_.E), 0);  // per (source, expert): pairs dealt
+    for (int t = 0; t < batch.tokens(); ++t)
+      for (int j = 0; j < batch.top_k; ++j) {
+        int src = batch.source[ix(t)], e = batch.experts[ix(t * batch.top_k + j)];
+        out.gpu[ix(t * batch.top_k + j)] = dealt(e, src, seen[ix(src) * ix(problem_.E) + ix(e)]++);
+      }
+    return out;
   }
 
   /// The last batch's routes: pairs per column of problem().
