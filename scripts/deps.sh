@@ -1,9 +1,14 @@
 # Sourced by the other scripts: installs the Debian packages moe-compose builds and tests with,
 # when they are missing, and the Python packages the tests use. Nothing is fetched from anywhere but
 # the Debian archive and PyPI.
-MOE_DEBIAN_PACKAGES=(cmake g++ make catch2 libbenchmark-dev libopenmpi-dev openmpi-bin
-                     liblemon-dev libglpk-dev libmetis-dev nlohmann-json3-dev
-                     libyaml-cpp-dev libzip-dev python3 python3-pip)
+#
+# MOE_BUILD_PACKAGES: what the library, the demo and the planner programs need (the engine formats
+# of moe::interop read JSON, YAML and zip; moe::mpi uses OpenMPI). MOE_TEST_PACKAGES: what only the
+# tests and benchmarks need (Catch2, Google Benchmark, the oracles GLPK, LEMON and METIS, ccache for
+# the repeated builds of scripts/test.sh, pip for the Python test packages below).
+MOE_BUILD_PACKAGES=(cmake g++ make libopenmpi-dev openmpi-bin nlohmann-json3-dev libyaml-cpp-dev libzip-dev)
+MOE_TEST_PACKAGES=(catch2 libbenchmark-dev liblemon-dev libglpk-dev libmetis-dev ccache python3 python3-pip)
+MOE_DEBIAN_PACKAGES=("${MOE_BUILD_PACKAGES[@]}" "${MOE_TEST_PACKAGES[@]}")
 
 moe_install_missing_packages() {
   local missing=()

@@ -17,7 +17,7 @@ jobs=$(moe_jobs)
 
 if [ "${1:-}" = "--sanitize" ]; then
   build=${MOE_BUILD_DIR:-build-sanitize}
-  cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOE_SANITIZE=ON -DMOE_ENABLE_CUDA=OFF \
+  cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOE_SANITIZE=ON -DMOE_ENABLE_CUDA=OFF -DMOE_REQUIRE_TEST_DEPS=ON \
         -DMOE_BUILD_EXAMPLES=OFF -DMOE_BUILD_BENCHMARKS=OFF
   cmake --build "$build" -j"$jobs"
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
@@ -27,7 +27,7 @@ fi
 
 if [ "${1:-}" = "--tsan" ]; then
   build=${MOE_BUILD_DIR:-build-tsan}
-  cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOE_SANITIZE=thread -DMOE_ENABLE_CUDA=OFF \
+  cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOE_SANITIZE=thread -DMOE_ENABLE_CUDA=OFF -DMOE_REQUIRE_TEST_DEPS=ON \
         -DMOE_AREAS=emu -DMOE_BUILD_EXAMPLES=OFF -DMOE_BUILD_BENCHMARKS=OFF
   cmake --build "$build" -j"$jobs"
   export TSAN_OPTIONS=halt_on_error=0:second_deadlock_stack=1
@@ -36,6 +36,6 @@ if [ "${1:-}" = "--tsan" ]; then
 fi
 
 build=${MOE_BUILD_DIR:-build}
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DMOE_REQUIRE_TEST_DEPS=ON
 cmake --build "$build" -j"$jobs"
 ctest --test-dir "$build" -L 'host|mpi|emu' --output-on-failure -j"$jobs"

@@ -3,7 +3,8 @@
 # installs it), compiled host-only with g++ in a translation unit of its own (tests/oracle/
 # cute_oracle.cpp); CuTe includes libcu++ (<cuda/std/...>) and CUTLASS's numeric types the toolkit's
 # <cuda_fp16.h>, taken from the CUDA toolkit (or the PyPI packages nvidia-cuda-cccl and
-# nvidia-cuda-runtime). A test-time oracle only: the library never includes CuTe. Without it the configuration stops (moe_missing_oracle), it never skips.
+# nvidia-cuda-runtime). A test-time oracle only: the library never includes CuTe. Without it test_emu_hopper is left out
+# (moe_missing_oracle), or the configuration stops under -DMOE_REQUIRE_TEST_DEPS=ON (scripts/test.sh).
 # Included by tests/emu/CMakeLists.txt.
 
 find_program(MOE_PYTHON3 NAMES python3 python)
@@ -29,11 +30,11 @@ find_path(MOE_CCCL_INCLUDE_DIR cuda/std/utility
 find_path(MOE_CUDA_HEADERS_DIR cuda_fp16.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include ${_cccl_hints})
 
 if(NOT MOE_CUTE_INCLUDE_DIR)
-  moe_missing_oracle("the CuTe headers (PyPI package nvidia-cutlass: cutlass_library/source/include/cute) were not found; test_emu_hopper checks the emulator's sm_90 swizzle and descriptor model against them")
+  moe_missing_oracle("test_emu_hopper (the emulator's sm_90 models against CuTe)" "the CuTe headers (cutlass_library/source/include/cute)" "pip install nvidia-cutlass")
   return()
 endif()
 if(NOT MOE_CCCL_INCLUDE_DIR OR NOT MOE_CUDA_HEADERS_DIR)
-  moe_missing_oracle("libcu++ (<cuda/std/utility>) or <cuda_fp16.h> (CUDA toolkit, or the PyPI packages nvidia-cuda-cccl and nvidia-cuda-runtime) was not found; the CuTe headers of test_emu_hopper include them")
+  moe_missing_oracle("test_emu_hopper (the emulator's sm_90 models against CuTe)" "libcu++ (<cuda/std/utility>) or <cuda_fp16.h>, which CuTe includes" "the CUDA toolkit, or pip install nvidia-cuda-cccl nvidia-cuda-runtime")
   return()
 endif()
 set(_oracle_includes ${MOE_CUTE_INCLUDE_DIR} ${MOE_CCCL_INCLUDE_DIR} ${MOE_CUDA_HEADERS_DIR})
@@ -48,7 +49,10 @@ try_compile(_cute_ok ${CMAKE_CURRENT_BINARY_DIR}/cute_probe SOURCES ${CMAKE_CURR
 unset(CMAKE_TRY_COMPILE_TARGET_TYPE)
 if(NOT _cute_ok)
   string(SUBSTRING "${_cute_log}" 0 3000 _cute_log_head)
-  moe_missing_oracle("the CuTe headers in ${MOE_CUTE_INCLUDE_DIR} do not compile host-only with ${CMAKE_CXX_COMPILER} (tests/emu/tests/oracle/cute_oracle.cpp):\n${_cute_log_head}")
+  if(MOE_REQUIRE_TEST_DEPS)
+    message(FATAL_ERROR "moe: the CuTe headers in ${MOE_CUTE_INCLUDE_DIR} do not compile host-only with ${CMAKE_CXX_COMPILER} (tests/emu/tests/oracle/cute_oracle.cpp):\n${_cute_log_head}")
+  endif()
+  moe_missing_oracle("test_emu_hopper (the emulator's sm_90 models against CuTe)" "CuTe headers that compile host-only with ${CMAKE_CXX_COMPILER}" "see tests/emu/hopper.cmake")
   return()
 endif()
 message(STATUS "moe: CuTe oracle for the sm_90 models: ${MOE_CUTE_INCLUDE_DIR}")
