@@ -27,18 +27,25 @@ done
 
 out=${MOE_FUZZ_DIR:-build-fuzz}
 mkdir -p "$out/bin" "$out/corpus"
-cxx=${MOE_FUZZ_CXX:-clang++}
+cxx=(${MOE_FUZZ_CXX:-clang++})
+if command -v ccache >/dev/null 2>&1 && [ -z "${MOE_NO_CCACHE:-}" ]; then
+  export CCACHE_BASEDIR=$PWD CCACHE_NOHASHDIR=1
+  cxx=(ccache "${cxx[@]}")   # a fresh clone recompiles nothing that did not change
+fi
 flags=(-std=c++20 -O1 -g -Iinclude -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
        -fno-omit-frame-pointer)
 libs=(-lyaml-cpp -lzip)  # engine formats (placement/engine_plans.hpp, profile/torch_file.hpp)
-$cxx -std=c++20 -O1 -Iinclude tests/fuzz/make_seeds.cpp -o "$out/bin/make_seeds" "${libs[@]}"
+# Compiled and linked apart: ccache caches compilations, never a compile-and-link command.
+"${cxx[@]}" -std=c++20 -O1 -Iinclude -c tests/fuzz/make_seeds.cpp -o "$out/bin/make_seeds.o"
+"${cxx[@]}" "$out/bin/make_seeds.o" -o "$out/bin/make_seeds" "${libs[@]}"
 "$out/bin/make_seeds" "$out/seeds" tests/data
 
 for t in "${targets[@]}"; do
   src=tests/fuzz/fuzz_targets.cpp
   bin="$out/bin/fuzz_$t"
   if [ ! -x "$bin" ] || [ "$src" -nt "$bin" ] || [ -n "$(find include examples/planner -newer "$bin" -name '*.hpp' -print -quit)" ]; then
-    $cxx "${flags[@]}" -DMOE_FUZZ_TARGET="$t" "$src" -o "$bin" "${libs[@]}"
+    "${cxx[@]}" "${flags[@]}" -DMOE_FUZZ_TARGET="$t" -c "$src" -o "$bin.o"
+    "${cxx[@]}" "${flags[@]}" "$bin.o" -o "$bin" "${libs[@]}"
   fi
   mkdir -p "$out/corpus/$t"
   echo "== fuzz_$t ${mode[*]}"

@@ -5,6 +5,8 @@
 # tests need.
 #
 #   scripts/quickstart_check.sh          clone HEAD into a temporary folder and run its demo.sh there
+#   scripts/quickstart_check.sh REV      the same for another commit (e.g. one from before a fix, to
+#                                        see the check fail)
 #
 # What is hidden:
 #   - the Python test packages (PyYAML, nvidia-cutlass and its CuTe headers, nvidia-cuda-cccl): the
@@ -13,13 +15,16 @@
 #     CMake packages of the Debian test packages too (Catch2, Google Benchmark, GLPK, LEMON, METIS):
 #     empty files and folders are mounted over them for the demo's processes only. Without that
 #     privilege the script says so and hides the Python side only.
-# Only committed files are checked: the clone is of HEAD.
+# Only committed files are checked: the clone is of HEAD (or REV).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d "${TMPDIR:-/tmp}/moe-quickstart.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 
 git clone -q "$repo" "$work/clone"
+if [ -n "${1:-}" ]; then
+  git -C "$work/clone" checkout -q "$1"
+fi
 
 # A python3 that cannot import anything installed with pip or apt (site-packages and dist-packages).
 real_python=$(python3 -c 'import sys; print(sys.executable)' 2>/dev/null || true)

@@ -15,10 +15,26 @@ moe_install_missing_packages
 moe_install_missing_python_packages
 jobs=$(moe_jobs)
 
+# ccache (Debian) keeps the objects of the three builds below between runs: a second run of the same
+# tree recompiles nothing that did not change. Paths under this checkout are hashed relative to it.
+cache=()
+if command -v ccache >/dev/null 2>&1 && [ -z "${MOE_NO_CCACHE:-}" ]; then
+  export CCACHE_BASEDIR=$PWD CCACHE_NOHASHDIR=1 CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-8G}
+  cache=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+else
+  cache=(-UCMAKE_CXX_COMPILER_LAUNCHER -UCMAKE_CUDA_COMPILER_LAUNCHER)
+fi
+
 if [ "${1:-}" = "--sanitize" ]; then
   build=${MOE_BUILD_DIR:-build-sanitize}
+  # What this pass runs, and nothing more: every area but headers (compiling each header alone is a
+  # compile check, the plain build does it) and no MPI programs (the mpi label runs in the plain build).
+  # -O1 -g1 (line tables for the reports) instead of -O2 -g halves the compile time of a test under
+  # ASan + UBSan (test_planned_layer.cpp: 31.6 s against 61.5 s on the 2-core CI machine).
   cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOE_SANITIZE=ON -DMOE_ENABLE_CUDA=OFF -DMOE_REQUIRE_TEST_DEPS=ON \
-        -DMOE_BUILD_EXAMPLES=OFF -DMOE_BUILD_BENCHMARKS=OFF
+        -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
+        -DMOE_BUILD_EXAMPLES=OFF -DMOE_BUILD_BENCHMARKS=OFF -DMOE_AREAS="core;layer;planners;speculative;schedule;emu" \
+        -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON "${cache[@]}"
   cmake --build "$build" -j"$jobs"
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
   ctest --test-dir "$build" -L 'host|emu' -E 'headers_compile_alone|consumer_project' --output-on-failure -j"$jobs"
@@ -28,7 +44,7 @@ fi
 if [ "${1:-}" = "--tsan" ]; then
   build=${MOE_BUILD_DIR:-build-tsan}
   cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOE_SANITIZE=thread -DMOE_ENABLE_CUDA=OFF -DMOE_REQUIRE_TEST_DEPS=ON \
-        -DMOE_AREAS=emu -DMOE_BUILD_EXAMPLES=OFF -DMOE_BUILD_BENCHMARKS=OFF
+        -DMOE_AREAS=emu -DMOE_BUILD_EXAMPLES=OFF -DMOE_BUILD_BENCHMARKS=OFF -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON "${cache[@]}"
   cmake --build "$build" -j"$jobs"
   export TSAN_OPTIONS=halt_on_error=0:second_deadlock_stack=1
   ctest --test-dir "$build" -L emu_tsan --output-on-failure -j"$jobs"
@@ -36,6 +52,6 @@ if [ "${1:-}" = "--tsan" ]; then
 fi
 
 build=${MOE_BUILD_DIR:-build}
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DMOE_REQUIRE_TEST_DEPS=ON
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DMOE_REQUIRE_TEST_DEPS=ON "${cache[@]}"
 cmake --build "$build" -j"$jobs"
 ctest --test-dir "$build" -L 'host|mpi|emu' --output-on-failure -j"$jobs"

@@ -143,7 +143,12 @@ TEST_CASE("FinDEP CUDA executor equals the single-GPU layer and the host referen
 
 TEST_CASE("FinDEP CUDA executor equals the single-GPU layer and the host reference (bf16)", "[cuda][findep]") {
   against_layer_and_reference<DeepSeekV2SmallBf16, moe::router::GroupLimitedTopK>(96, 23, bf16_tol);
-  // The portable GEMM kernel as well (the line above runs the Hopper kernel on an sm_90a build).
+}
+
+// The portable GEMM kernel as well (the case above runs the Hopper kernel on an sm_90a build). A
+// case of its own, so that a parallel test run can spread the two longest comparisons.
+TEST_CASE("FinDEP CUDA executor equals the single-GPU layer and the host reference (bf16, portable GEMM)",
+          "[cuda][findep]") {
   against_layer_and_reference<DeepSeekV2SmallBf16, moe::router::GroupLimitedTopK>(96, 24, bf16_tol,
                                                                                  kc::GemmPath::portable);
 }

@@ -14,7 +14,7 @@ if(benchmark_FOUND AND NOT MOE_SANITIZE)
   foreach(_bench bench_cuda_moe bench_cuda_shuffle)
     set(_wrap ${CMAKE_CURRENT_BINARY_DIR}/gen/${_bench}_emu.cpp)
     file(CONFIGURE OUTPUT ${_wrap}
-         CONTENT "// Generated: benchmarks/cuda/${_bench}.cu built for the CUDA emulator.\n#include \"${PROJECT_SOURCE_DIR}/benchmarks/cuda/${_bench}.cu\"\n")
+         CONTENT "// Generated: benchmarks/cuda/${_bench}.cu built for the CUDA emulator.\n#include \"${_bench}.cu\"\n")
     add_executable(${_bench}_emu ${_wrap})
     target_include_directories(${_bench}_emu BEFORE PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/include)
     target_include_directories(${_bench}_emu PRIVATE ${PROJECT_SOURCE_DIR}/benchmarks/cuda)
@@ -30,19 +30,39 @@ if(benchmark_FOUND AND NOT MOE_SANITIZE)
                        LABELS emu TIMEOUT 900 FAIL_REGULAR_EXPRESSION "ERROR OCCURRED|moe-emu:")
 endif()
 
-# The FinDEP executor's full-size bf16 comparison takes minutes on the emulator: it runs in the plain
-# build, the ASan build runs the other cases. Under ThreadSanitizer the executor test takes over
-# 5 minutes even filtered, so it is not in the TSan pass yet (docs/cuda.md).
-set(_findep_args "")
+# The FinDEP executor test is the longest on the emulator: it runs as several CTest tests, one per
+# group of cases, so that `ctest -j` spreads it over the cores. The full-size bf16 comparisons (one per
+# grouped-GEMM path) take minutes: they run in the plain build, the ASan build runs the other cases.
+# Under ThreadSanitizer the whole executor test takes over 5 minutes; the stream-ordering cases run
+# (about 30 s): short batches on the streams, graph capture and replay, and the point-to-point executor
+# through collective::Nccl on 2 and 4 ranks.
 if(MOE_SANITIZE STREQUAL "thread")
-  set(_findep_args "*fewer tokens*,*captured in a CUDA graph*,*through collective::Nccl*")
-elseif(MOE_SANITIZE)
-  set(_findep_args "~*(bf16)")
+  moe_emu_cuda_test(NAME test_findep_cuda_emu SOURCE test_findep_cuda.cu LABELS emu_tsan
+                    ARGS "*fewer tokens*,*captured in a CUDA graph*,*through collective::Nccl*")
+else()
+  moe_emu_cuda_test(NAME test_findep_cuda_emu SOURCE test_findep_cuda.cu ARGS "~[p2p]~*bf16*")
+  set(_parts "p2p|[p2p]~[nccl]" "nccl|[nccl]")
+  if(NOT MOE_SANITIZE)
+    list(APPEND _parts "bf16|*(bf16)" "bf16_portable|*portable GEMM)")
+  endif()
+  foreach(_part ${_parts})
+    string(REPLACE "|" ";" _part "${_part}")
+    list(GET _part 0 _suffix)
+    list(GET _part 1 _filter)
+    add_test(NAME test_findep_cuda_emu_${_suffix} COMMAND test_findep_cuda_emu "${_filter}")
+    set_tests_properties(test_findep_cuda_emu_${_suffix} PROPERTIES LABELS emu TIMEOUT 900)
+  endforeach()
 endif()
-moe_emu_cuda_test(NAME test_findep_cuda_emu SOURCE test_findep_cuda.cu ARGS ${_findep_args})
-if(MOE_SANITIZE STREQUAL "thread")
-  # Under ThreadSanitizer the whole executor test takes over 5 minutes; the stream-ordering cases
-  # run (about 30 s): short batches on the streams, graph capture and replay, and the point-to-point
-  # executor through collective::Nccl on 2 and 4 ranks.
-  set_tests_properties(test_findep_cuda_emu PROPERTIES LABELS "emu;emu_tsan")
-endif()
+
+# Longest first: CTest starts tests by COST (seconds, measured on the 2-core CI machine) before it has
+# timings of its own, so that no long test starts last and runs alone.
+foreach(_cost "test_findep_cuda_emu_bf16|140" "test_findep_cuda_emu_bf16_portable|140" "test_findep_cuda_emu|60"
+              "test_findep_cuda_emu_p2p|60" "test_findep_cuda_emu_nccl|40" "test_cuda_layer_emu|60"
+              "bench_cuda_moe_emu_smoke|40" "test_cuda_kernels_emu|30" "test_workspace_exact_cuda_emu|30")
+  string(REPLACE "|" ";" _cost "${_cost}")
+  list(GET _cost 0 _test)
+  list(GET _cost 1 _seconds)
+  if(TEST ${_test})
+    set_tests_properties(${_test} PROPERTIES COST ${_seconds})
+  endif()
+endforeach()

@@ -1,5 +1,5 @@
 // Catch2 main for MPI tests: every rank runs the same test cases; the job fails if any rank fails.
-#define CATCH_CONFIG_RUNNER
+// Catch2 itself is in catch_impl.cpp.
 #include <catch2/catch.hpp>
 
 #include "moe/collective/mpi.hpp"
