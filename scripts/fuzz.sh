@@ -40,22 +40,43 @@ libs=(-lyaml-cpp -lzip)  # engine formats (placement/engine_plans.hpp, profile/t
 "${cxx[@]}" "$out/bin/make_seeds.o" -o "$out/bin/make_seeds" "${libs[@]}"
 "$out/bin/make_seeds" "$out/seeds" tests/data
 
-for t in "${targets[@]}"; do
-  src=tests/fuzz/fuzz_targets.cpp
-  bin="$out/bin/fuzz_$t"
+# One job per target, built (when its binary is older than the sources) and then run; as many jobs at
+# once as there are cores, each fuzzer on a core of its own, so a run's wall time per target is the
+# same as when they ran one after the other.
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+fuzz_one() {
+  local t=$1 src=tests/fuzz/fuzz_targets.cpp bin="$out/bin/fuzz_$1"
   if [ ! -x "$bin" ] || [ "$src" -nt "$bin" ] || [ -n "$(find include examples/planner -newer "$bin" -name '*.hpp' -print -quit)" ]; then
-    "${cxx[@]}" "${flags[@]}" -DMOE_FUZZ_TARGET="$t" -c "$src" -o "$bin.o"
-    "${cxx[@]}" "${flags[@]}" "$bin.o" -o "$bin" "${libs[@]}"
+    "${cxx[@]}" "${flags[@]}" -DMOE_FUZZ_TARGET="$t" -c "$src" -o "$bin.o" >"$out/$t.build.log" 2>&1 &&
+      "${cxx[@]}" "${flags[@]}" "$bin.o" -o "$bin" "${libs[@]}" >>"$out/$t.build.log" 2>&1 || {
+      cat "$out/$t.build.log" >&2
+      echo "fuzz.sh: fuzz_$t did not build" >&2
+      return 1
+    }
   fi
   mkdir -p "$out/corpus/$t"
-  echo "== fuzz_$t ${mode[*]}"
-  export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
   "$bin" "${mode[@]}" -rss_limit_mb=2048 -timeout=10 -max_len=4096 -print_final_stats=1 \
          -artifact_prefix="$out/crash-$t-" "$out/corpus/$t" "$out/seeds/$t" 2>"$out/$t.log" || {
-    tail -40 "$out/$t.log"
+    tail -40 "$out/$t.log" >&2
     echo "fuzz.sh: fuzz_$t found a problem (see $out/$t.log and $out/crash-$t-*)" >&2
-    exit 1
+    return 1
   }
-  grep -E "^(#[0-9]+.*DONE|stat::number_of_executed_units|stat::peak_rss_mb)" "$out/$t.log" | tr '\n' ' '
+}
+jobs=$(moe_jobs)
+running=()
+failed=0
+for t in "${targets[@]}"; do
+  fuzz_one "$t" &
+  running+=($!)
+  if [ ${#running[@]} -ge "$jobs" ]; then
+    wait "${running[0]}" || failed=1
+    running=("${running[@]:1}")
+  fi
+done
+for p in "${running[@]}"; do wait "$p" || failed=1; done
+for t in "${targets[@]}"; do
+  echo "== fuzz_$t ${mode[*]}"
+  [ -f "$out/$t.log" ] && grep -E "^(#[0-9]+.*DONE|stat::number_of_executed_units|stat::peak_rss_mb)" "$out/$t.log" | tr '\n' ' '
   echo
 done
+exit $failed
