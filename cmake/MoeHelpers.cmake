@@ -33,6 +33,7 @@ if(MOE_HAS_CATCH2 AND NOT TARGET moe_catch_main)
   # under test; under ASan + UBSan at -O2 -g it took over three minutes to compile, twice).
   add_library(moe_catch_impl STATIC ${PROJECT_SOURCE_DIR}/tests/support/catch_impl.cpp)
   target_link_libraries(moe_catch_impl PUBLIC Catch2::Catch2)
+  target_include_directories(moe_catch_impl PUBLIC ${PROJECT_SOURCE_DIR}/tests/support)
   target_compile_options(moe_catch_impl PRIVATE -O1 -g0)
   add_library(moe_catch_main STATIC ${PROJECT_SOURCE_DIR}/tests/support/catch_main.cpp)
   target_link_libraries(moe_catch_main PUBLIC moe_catch_impl moe::moe)
