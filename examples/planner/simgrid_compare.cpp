@@ -65,12 +65,11 @@ struct Job {
 };
 
 /// Per phase: max over links of bytes / bandwidth + the smallest route latency of the flows on it.
-double strict_bound(topology::TrafficModel const& model, sr::Platform const& p, std::vector<sr::SubFlow> const& flows) {
+double strict_bound(sr::Routes const& r, std::vector<sr::SubFlow> const& flows) {
+  auto const& model = r.model();
   std::vector<double> bytes(static_cast<std::size_t>(model.links()), 0.0), lat(bytes.size(), 1e300);
   for (auto const& f : flows) {
-    int n = 0;
-    p.for_each_path(f.src, f.dst, [&](std::vector<int> const& links) {
-      if (n++ != f.port) return;
+    r.path_of(f, [&](std::vector<int> const& links) {
       double l = 0;
       for (int li : links) l += model.link(li).latency;
       for (int li : links) {
@@ -136,6 +135,7 @@ int run(int argc, char** argv) {
   struct Cluster {
     joint_scenarios::Scenario sc;
     std::unique_ptr<topology::TrafficModel> model;
+    std::unique_ptr<sr::Routes> routes;
     std::unique_ptr<sr::Platform> platform;
   };
   std::deque<Cluster> clusters;
@@ -177,10 +177,11 @@ int run(int argc, char** argv) {
         }
     }
     auto t0 = std::chrono::steady_clock::now();
-    c.platform = std::make_unique<sr::Platform>(root, sc.name, *c.model, sc.topo,
+    c.routes = std::make_unique<sr::Routes>(*c.model, sc.topo);
+    c.platform = std::make_unique<sr::Platform>(root, sc.name, *c.routes,
                                                 [&pairs](int a, int b) { return pairs.count({a, b}) > 0; });
     std::fprintf(stderr, "%s: platform with %d GPUs x %d ports, %d links, routes for %zu GPU pairs built in %.2f s\n",
-                 sc.name.c_str(), sc.topo.gpus(), c.platform->ports(), c.model->links(), pairs.size(),
+                 sc.name.c_str(), sc.topo.gpus(), c.routes->ports(), c.model->links(), pairs.size(),
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     for (std::size_t i = first_job; i < jobs.size(); ++i) jobs[i].platform = c.platform.get();
   }
@@ -200,13 +201,14 @@ int run(int argc, char** argv) {
       for (std::size_t k = i; k < end; ++k) {
         auto const& j = jobs[k];
         auto const& p = *j.platform;
+        auto const& r = p.routes();
         auto combine = sr::reversed(j.dispatch);
-        auto fd = p.sub_flows(j.dispatch, split), fc = p.sub_flows(combine, split);
-        diff = std::max({diff, max_diff(p.link_bytes(fd), j.report.dispatch_bytes),
-                         max_diff(p.link_bytes(fc), j.report.combine_bytes)});
+        auto fd = r.sub_flows(j.dispatch, split), fc = r.sub_flows(combine, split);
+        diff = std::max({diff, max_diff(r.link_bytes(fd), j.report.dispatch_bytes),
+                         max_diff(r.link_bytes(fc), j.report.combine_bytes)});
         model_us += (j.report.dispatch_time + j.report.combine_time) * 1e6;
         transfer_us += (j.report.dispatch_transfer + j.report.combine_transfer) * 1e6;
-        bound_us += (strict_bound(*j.model, p, fd) + strict_bound(*j.model, p, fc)) * 1e6;
+        bound_us += (strict_bound(r, fd) + strict_bound(r, fc)) * 1e6;
         disp_us += p.replay(fd) * 1e6;
         comb_us += p.replay(fc) * 1e6;
         flows += static_cast<double>(fd.size());

@@ -11,7 +11,8 @@
 // of GPU b is the i-th shortest path between their servers (GPU a's up link, the topology links,
 // GPU b's down link); a pair with n paths sends n sub-flows of bytes / n over ports 0 .. n - 1.
 // Routes are explicit (a full zone per cluster); servers and switches are not SimGrid objects,
-// only the links between them.
+// only the links between them. Routes (no SimGrid object) holds the paths and cuts demands into
+// sub-flows; Platform makes the SimGrid zone, hosts, links and routes from it and replays flows.
 //
 // The demand. pair_demand() asks the traffic model itself what one layer's batch sends between
 // every GPU pair (de-duplicated per token and destination as moe::Layer does): it evaluates each
@@ -164,60 +165,32 @@ class ServerPaths {
   std::vector<std::vector<std::vector<int>>> paths_;
 };
 
-/// One sub-flow: from port `port` of GPU src to the same port of GPU dst, over `links` (model link
-/// indices, NVLink included).
+/// One sub-flow: `bytes` from port `port` of GPU src to the same port of GPU dst, over the port-th
+/// shortest path between them (Routes::for_each_path).
 struct SubFlow {
   int src = 0, dst = 0, port = 0;
   std::uint64_t bytes = 0;
 };
 
-/// The SimGrid platform of one cluster (see the header comment).
-class Platform {
+/// The paths of every GPU pair and the sub-flows of a set of demands (no SimGrid object: what the
+/// platform's routes will be).
+class Routes {
  public:
-  /// Builds the hosts, links and routes in a new full zone named `name` under `parent` (nullptr:
-  /// the zone is the root) and seals it. Only GPU pairs for which `wanted(a, b)` is true get routes
-  /// (all pairs when `wanted` is empty).
-  Platform(simgrid::s4u::NetZone* parent, std::string const& name, topology::TrafficModel const& model,
-           topology::Topology const& topo, std::function<bool(int, int)> const& wanted = {})
+  Routes(topology::TrafficModel const& model, topology::Topology const& topo)
       : model_(&model), topo_(&topo), paths_(model, topo) {
-    namespace s4u = simgrid::s4u;
-    zone_ = s4u::create_full_zone(name);
-    if (parent != nullptr) zone_->set_parent(parent);
-    int G = model.gpus(), V = model.vertices(), P = paths_.most();
+    int G = model.gpus(), V = model.vertices();
+    up_.assign(static_cast<std::size_t>(G), -1);
+    down_.assign(static_cast<std::size_t>(G), -1);
     for (int i = 0; i < model.links(); ++i) {
       auto const& l = model.link(i);
-      links_.push_back(zone_->create_link(name + "-l" + std::to_string(i), l.bandwidth)
-                           ->set_latency(l.latency)
-                           ->set_sharing_policy(s4u::Link::SharingPolicy::SHARED)
-                           ->seal());
-      if (l.from >= V) up_.resize(static_cast<std::size_t>(G)), up_[static_cast<std::size_t>(l.from - V)] = i;
-      if (l.to >= V) down_.resize(static_cast<std::size_t>(G)), down_[static_cast<std::size_t>(l.to - V)] = i;
+      if (l.from >= V) up_[static_cast<std::size_t>(l.from - V)] = i;
+      if (l.to >= V) down_[static_cast<std::size_t>(l.to - V)] = i;
     }
-    ports_ = P;
-    for (int g = 0; g < G; ++g)
-      for (int p = 0; p < P; ++p)
-        hosts_.push_back(zone_->create_host(name + "-gpu" + std::to_string(g) + "-p" + std::to_string(p), 1e9)->seal());
-    std::vector<s4u::LinkInRoute> route;
-    for (int a = 0; a < G; ++a)
-      for (int b = 0; b < G; ++b) {
-        if (a == b || (wanted && !wanted(a, b))) continue;
-        int n = 0;
-        for_each_path(a, b, [&](std::vector<int> const& links) {
-          route.clear();
-          for (int li : links) route.emplace_back(links_[static_cast<std::size_t>(li)]);
-          zone_->add_route(host(a, n)->get_netpoint(), host(b, n)->get_netpoint(), nullptr, nullptr, route, false);
-          ++n;
-        });
-      }
-    zone_->seal();
   }
 
-  [[nodiscard]] int ports() const { return ports_; }
-  [[nodiscard]] ServerPaths const& server_paths() const { return paths_; }
-  [[nodiscard]] simgrid::s4u::Host* host(int gpu, int port) const {
-    return hosts_[static_cast<std::size_t>(gpu) * static_cast<std::size_t>(ports_) + static_cast<std::size_t>(port)];
-  }
-  [[nodiscard]] simgrid::s4u::NetZone* zone() const { return zone_; }
+  [[nodiscard]] topology::TrafficModel const& model() const { return *model_; }
+  /// Hosts per GPU: the most shortest paths between two servers.
+  [[nodiscard]] int ports() const { return paths_.most(); }
 
   /// Calls f(links) for each path GPU a -> GPU b (a != b) in port order: model link indices, NVLink
   /// up and down links included.
@@ -246,6 +219,8 @@ class Platform {
     for (auto const& d : demands) {
       check(d.src != d.dst && d.src >= 0 && d.dst >= 0 && d.src < model_->gpus() && d.dst < model_->gpus(),
             "simgrid replay: bad demand ", d.src, " -> ", d.dst);
+      check(std::isfinite(d.bytes) && d.bytes >= 0, "simgrid replay: demand ", d.src, " -> ", d.dst, " of ", d.bytes,
+            " bytes");
       auto total = static_cast<std::uint64_t>(std::llround(d.bytes));
       if (total == 0) continue;
       int n = 0;
@@ -258,40 +233,109 @@ class Platform {
     return out;
   }
 
+  /// Calls f(links) with the path of one sub-flow.
+  template <class F>
+  void path_of(SubFlow const& s, F&& f) const {
+    int n = 0;
+    for_each_path(s.src, s.dst, [&](std::vector<int> const& links) {
+      if (n++ == s.port) f(links);
+    });
+  }
+
   /// Bytes every model link carries under these sub-flows (indexed as TrafficModel::link).
   [[nodiscard]] std::vector<double> link_bytes(std::span<SubFlow const> flows) const {
     std::vector<double> out(static_cast<std::size_t>(model_->links()), 0.0);
-    for (auto const& f : flows) {
-      int n = 0;
-      for_each_path(f.src, f.dst, [&](std::vector<int> const& links) {
-        if (n++ != f.port) return;
+    for (auto const& f : flows)
+      path_of(f, [&](std::vector<int> const& links) {
         for (int li : links) out[static_cast<std::size_t>(li)] += static_cast<double>(f.bytes);
       });
-    }
     return out;
-  }
-
-  /// Starts every sub-flow at once (from inside a SimGrid actor) and waits for all of them; returns
-  /// the simulated seconds from the start to the end of the last.
-  [[nodiscard]] double replay(std::span<SubFlow const> flows) const {
-    namespace s4u = simgrid::s4u;
-    double t0 = s4u::Engine::get_clock();
-    std::vector<s4u::CommPtr> comms;
-    comms.reserve(flows.size());
-    for (auto const& f : flows) comms.push_back(s4u::Comm::sendto_async(host(f.src, f.port), host(f.dst, f.port), f.bytes));
-    s4u::Comm::wait_all(comms);
-    return s4u::Engine::get_clock() - t0;
   }
 
  private:
   topology::TrafficModel const* model_;
   topology::Topology const* topo_;
   ServerPaths paths_;
+  std::vector<int> up_, down_;
+};
+
+/// The SimGrid platform of one cluster (see the header comment).
+class Platform {
+ public:
+  /// Builds the hosts, links and routes of `routes` in a new full zone named `name` under `parent`
+  /// (nullptr: the zone is the root) and seals it. Only GPU pairs for which `wanted(a, b)` is true
+  /// get routes (all pairs when `wanted` is empty). `routes` must outlive the platform.
+  Platform(simgrid::s4u::NetZone* parent, std::string const& name, Routes const& routes,
+           std::function<bool(int, int)> const& wanted = {})
+      : routes_(&routes), ports_(routes.ports()) {
+    namespace s4u = simgrid::s4u;
+    auto const& model = routes.model();
+    zone_ = s4u::create_full_zone(name);
+    if (parent != nullptr) zone_->set_parent(parent);
+    int G = model.gpus();
+    for (int i = 0; i < model.links(); ++i) {
+      auto const& l = model.link(i);
+      links_.push_back(zone_->create_link(name + "-l" + std::to_string(i), l.bandwidth)
+                           ->set_latency(l.latency)
+                           ->set_sharing_policy(s4u::Link::SharingPolicy::SHARED)
+                           ->seal());
+    }
+    for (int g = 0; g < G; ++g)
+      for (int p = 0; p < ports_; ++p)
+        hosts_.push_back(zone_->create_host(name + "-gpu" + std::to_string(g) + "-p" + std::to_string(p), 1e9)->seal());
+    std::vector<s4u::LinkInRoute> route;
+    for (int a = 0; a < G; ++a)
+      for (int b = 0; b < G; ++b) {
+        if (a == b || (wanted && !wanted(a, b))) continue;
+        int n = 0;
+        routes.for_each_path(a, b, [&](std::vector<int> const& links) {
+          route.clear();
+          for (int li : links) route.emplace_back(links_[static_cast<std::size_t>(li)]);
+          zone_->add_route(host(a, n)->get_netpoint(), host(b, n)->get_netpoint(), nullptr, nullptr, route, false);
+          ++n;
+        });
+      }
+    zone_->seal();
+  }
+
+  [[nodiscard]] Routes const& routes() const { return *routes_; }
+  [[nodiscard]] simgrid::s4u::Host* host(int gpu, int port) const {
+    return hosts_[static_cast<std::size_t>(gpu) * static_cast<std::size_t>(ports_) + static_cast<std::size_t>(port)];
+  }
+  [[nodiscard]] simgrid::s4u::Link* link(int model_link) const { return links_[static_cast<std::size_t>(model_link)]; }
+  [[nodiscard]] simgrid::s4u::NetZone* zone() const { return zone_; }
+
+  /// Starts every sub-flow at once (from inside a SimGrid actor) and waits for all of them; returns
+  /// the simulated seconds from the start to the end of the last. `ends`, when given, receives each
+  /// sub-flow's end, in seconds from the start.
+  double replay(std::span<SubFlow const> flows, std::vector<double>* ends = nullptr) const {
+    namespace s4u = simgrid::s4u;
+    double t0 = s4u::Engine::get_clock();
+    std::vector<s4u::CommPtr> comms;
+    comms.reserve(flows.size());
+    for (auto const& f : flows) comms.push_back(s4u::Comm::sendto_async(host(f.src, f.port), host(f.dst, f.port), f.bytes));
+    if (ends == nullptr) {
+      s4u::Comm::wait_all(comms);
+    } else {
+      ends->assign(flows.size(), 0.0);
+      std::vector<std::size_t> index(flows.size());
+      for (std::size_t i = 0; i < index.size(); ++i) index[i] = i;
+      while (!comms.empty()) {
+        auto k = static_cast<std::size_t>(s4u::Comm::wait_any(comms));
+        (*ends)[index[k]] = s4u::Engine::get_clock() - t0;
+        comms.erase(comms.begin() + static_cast<long>(k));
+        index.erase(index.begin() + static_cast<long>(k));
+      }
+    }
+    return s4u::Engine::get_clock() - t0;
+  }
+
+ private:
+  Routes const* routes_;
+  int ports_ = 1;
   simgrid::s4u::NetZone* zone_ = nullptr;
   std::vector<simgrid::s4u::Link*> links_;
   std::vector<simgrid::s4u::Host*> hosts_;
-  std::vector<int> up_, down_;
-  int ports_ = 1;
 };
 
 /// Network-model settings for a fair comparison with the bottleneck bound, applied where the
