@@ -15,7 +15,9 @@
 // Options: --scenario NAME, --plans LIST (names as printed; default all), --train-batches (20),
 // --tokens (per training batch, 4096, as joint_compare), --test-tokens (per replayed batch, 1024),
 // --test-batches (1), --replay-layers (1: layer 0 of each held-out batch; N: layers 0 .. N-1),
-// --reactive off|greedy (greedy: add joint+reactive, default), --paths all|first.
+// --reactive off|greedy (greedy: add joint+reactive, default), --paths all|first, --explain on
+// (per phase, on stderr: the link of the bound and when its last flow ended; the phase's last flow
+// and the busiest link on its route).
 // SimGrid options (--cfg=..., --log=...) pass through; unless given, the network model is CM02
 // with TCP-gamma 0 and no cross-traffic (simgrid_replay::default_network_config) and SimGrid logs
 // only warnings.
@@ -59,6 +61,7 @@ struct Job {
   int gpus = 0;
   sr::Platform const* platform = nullptr;
   topology::TrafficModel const* model = nullptr;
+  topology::Topology const* topo = nullptr;
   std::vector<sr::Demand> dispatch;
   topology::TrafficReport report;  ///< the model on the whole batch
   double extra_us = 0;
@@ -83,6 +86,55 @@ double strict_bound(sr::Routes const& r, std::vector<sr::SubFlow> const& flows) 
     if (bytes[static_cast<std::size_t>(i)] > 0)
       b = std::max(b, bytes[static_cast<std::size_t>(i)] / model.link(i).bandwidth + lat[static_cast<std::size_t>(i)]);
   return b;
+}
+
+/// Why a phase took what it took (--explain, on stderr): the link of the strict bound, when its last
+/// flow ended in SimGrid, and the last flow of the phase with the busiest link on its route.
+void explain_phase(std::string const& what, topology::Topology const& topo, sr::Routes const& r,
+                   std::vector<sr::SubFlow> const& flows, std::vector<double> const& ends) {
+  auto const& model = r.model();
+  std::size_t L = static_cast<std::size_t>(model.links());
+  std::vector<double> bytes(L, 0.0), lat(L, 1e300), last(L, 0.0);
+  std::vector<int> count(L, 0);
+  for (std::size_t i = 0; i < flows.size(); ++i)
+    r.path_of(flows[i], [&](std::vector<int> const& links) {
+      double l = 0;
+      for (int li : links) l += model.link(li).latency;
+      for (int li : links) {
+        auto k = static_cast<std::size_t>(li);
+        bytes[k] += static_cast<double>(flows[i].bytes);
+        lat[k] = std::min(lat[k], l);
+        last[k] = std::max(last[k], ends[i]);
+        ++count[k];
+      }
+    });
+  auto bound = [&](std::size_t k) { return bytes[k] > 0 ? bytes[k] / model.link(static_cast<int>(k)).bandwidth + lat[k] : 0.0; };
+  auto name = [&](std::size_t k) {
+    auto const& l = model.link(static_cast<int>(k));
+    int V = model.vertices();
+    auto node = [&](int n) { return n < V ? topo.vertex_name(n) : "gpu" + std::to_string(n - V); };
+    return node(l.from) + "->" + node(l.to) + " (" + topology::level_name(l.level) + ")";
+  };
+  std::size_t top = 0;
+  for (std::size_t k = 0; k < L; ++k)
+    if (bound(k) > bound(top)) top = k;
+  std::size_t tail = static_cast<std::size_t>(std::max_element(ends.begin(), ends.end()) - ends.begin());
+  std::size_t tail_link = 0;
+  double tail_lat = 0;
+  r.path_of(flows[tail], [&](std::vector<int> const& links) {
+    tail_link = static_cast<std::size_t>(links.front());
+    for (int li : links) {
+      tail_lat += model.link(li).latency;
+      if (bound(static_cast<std::size_t>(li)) > bound(tail_link)) tail_link = static_cast<std::size_t>(li);
+    }
+  });
+  std::fprintf(stderr,
+               "%s: bound link %s: %d flows, %.0f B, bound %.2f us, its last flow ends %.2f us | last flow gpu%d->gpu%d "
+               "(%llu B, route latency %.1f us) ends %.2f us; its route's busiest link %s: %d flows, bound %.2f us, last "
+               "end %.2f us\n",
+               what.c_str(), name(top).c_str(), count[top], bytes[top], bound(top) * 1e6, last[top] * 1e6, flows[tail].src,
+               flows[tail].dst, static_cast<unsigned long long>(flows[tail].bytes), tail_lat * 1e6, ends[tail] * 1e6,
+               name(tail_link).c_str(), count[tail_link], bound(tail_link) * 1e6, last[tail_link] * 1e6);
 }
 
 double max_diff(std::vector<double> const& a, std::vector<double> const& b) {
@@ -112,7 +164,7 @@ int run(int argc, char** argv) {
   }
   for (auto const& [k, v] : opt)
     check(k == "scenario" || k == "plans" || k == "train-batches" || k == "tokens" || k == "test-tokens" ||
-              k == "test-batches" || k == "replay-layers" || k == "reactive" || k == "paths",
+              k == "test-batches" || k == "replay-layers" || k == "reactive" || k == "paths" || k == "explain",
           "unknown option --", k);
   auto geti = [&](char const* k, long long d, long long lo, long long hi) {
     return opt.count(k) ? core::parse_int(opt[k], std::string("--") + k, lo, hi) : d;
@@ -130,6 +182,9 @@ int run(int argc, char** argv) {
   std::string paths = opt.count("paths") ? opt["paths"] : "all";
   check(paths == "all" || paths == "first", "--paths: expected all or first, got '", paths, "'");
   bool split = paths == "all";
+  std::string explain_opt = opt.count("explain") ? opt["explain"] : "off";
+  check(explain_opt == "off" || explain_opt == "on", "--explain: expected off or on, got '", explain_opt, "'");
+  bool explain = explain_opt == "on";
 
   // Everything is built before the simulation starts: scenarios, plans, demands, platforms.
   struct Cluster {
@@ -166,6 +221,7 @@ int run(int argc, char** argv) {
           j.plan = plan.name;
           j.gpus = sc.topo.gpus();
           j.model = c.model.get();
+          j.topo = &sc.topo;
           j.report = eval(batch, 0);
           j.dispatch = sr::pair_demand(*c.model, batch, eval);
           j.extra_us = plan.extra_us;
@@ -209,8 +265,11 @@ int run(int argc, char** argv) {
         model_us += (j.report.dispatch_time + j.report.combine_time) * 1e6;
         transfer_us += (j.report.dispatch_transfer + j.report.combine_transfer) * 1e6;
         bound_us += (strict_bound(r, fd) + strict_bound(r, fc)) * 1e6;
-        disp_us += p.replay(fd) * 1e6;
-        comb_us += p.replay(fc) * 1e6;
+        std::vector<double> ends;
+        disp_us += p.replay(fd, explain ? &ends : nullptr) * 1e6;
+        if (explain) explain_phase(j.scenario + " " + j.plan + " dispatch", *j.topo, r, fd, ends);
+        comb_us += p.replay(fc, explain ? &ends : nullptr) * 1e6;
+        if (explain) explain_phase(j.scenario + " " + j.plan + " combine", *j.topo, r, fc, ends);
         flows += static_cast<double>(fd.size());
       }
       double n = static_cast<double>(end - i);

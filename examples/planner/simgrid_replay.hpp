@@ -314,18 +314,10 @@ class Platform {
     std::vector<s4u::CommPtr> comms;
     comms.reserve(flows.size());
     for (auto const& f : flows) comms.push_back(s4u::Comm::sendto_async(host(f.src, f.port), host(f.dst, f.port), f.bytes));
-    if (ends == nullptr) {
-      s4u::Comm::wait_all(comms);
-    } else {
-      ends->assign(flows.size(), 0.0);
-      std::vector<std::size_t> index(flows.size());
-      for (std::size_t i = 0; i < index.size(); ++i) index[i] = i;
-      while (!comms.empty()) {
-        auto k = static_cast<std::size_t>(s4u::Comm::wait_any(comms));
-        (*ends)[index[k]] = s4u::Engine::get_clock() - t0;
-        comms.erase(comms.begin() + static_cast<long>(k));
-        index.erase(index.begin() + static_cast<long>(k));
-      }
+    s4u::Comm::wait_all(comms);
+    if (ends != nullptr) {
+      ends->resize(flows.size());
+      for (std::size_t i = 0; i < comms.size(); ++i) (*ends)[i] = comms[i]->get_finish_time() - t0;
     }
     return s4u::Engine::get_clock() - t0;
   }
