@@ -11,94 +11,24 @@
 //                 each batch's own counts: replication::Reactive, the host layer's greedy policy,
 //                 and study rows by linear programs and by parallel rounds; reactive_study.hpp)
 //
-// Batches. Model shapes (R1, Qwen3, Kimi-K2): seeded Zipf-like marginals, per-batch loads drawn
-// around them (seeded Dirichlet), and the tokens of a held-out batch draw their top-k experts without
-// replacement in proportion to that batch's loads: synthetic, with no co-activation. OLMoE: the
-// real arxiv token -> expert counts (layers 0, 7, 15 of tests/data/olmoe-routing), split in halves
-// by occurrence (seeded); training and held-out batches are tokens drawn from their half
-// (profile::TokenSampler: a token id by frequency, then its experts from the id's counts), so they
-// carry the co-activation of real routing, and the joint planner gets the training batches'
-// co-selection counts.
+// Scenarios, batches and plans: joint_scenarios.hpp (shared with simgrid_compare, which judges the
+// same plans in SimGrid).
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <map>
-#include <numeric>
-#include <span>
-#include <random>
 #include <string>
-#include <tuple>
 #include <vector>
 
+#include "joint_scenarios.hpp"
 #include "moe/core/cli.hpp"
-#include "moe/models/models.hpp"
-#include "moe/placement/ilp.hpp"
-#include "moe/placement/joint.hpp"
-#include "moe/placement/metrics.hpp"
-#include "moe/profile/load_profile.hpp"
-#include "moe/profile/olmoe_tokens.hpp"
-#include "moe/profile/route_split.hpp"
-#include "moe/profile/token_batches.hpp"
-#include "moe/replication/craft.hpp"
-#include "moe/replication/eplb.hpp"
-#include "moe/replication/reactive.hpp"
-#include "moe/replication/routed.hpp"
-#include "moe/topology/traffic.hpp"
 #include "reactive_study.hpp"
 
 using namespace moe;
 
 namespace {
-
-struct Scenario {
-  std::string name;
-  int layers, experts, top_k, hidden, ffn, groups;
-  topology::Topology topo;
-  bool olmoe = false;
-};
-
-template <class M>
-Scenario scenario(std::string name, topology::Topology t) {
-  return {std::move(name), M::spec.moe_layers, M::spec.experts, M::spec.top_k, M::spec.hidden, M::spec.expert_ffn,
-          M::spec.groups, std::move(t)};
-}
-
-std::vector<Scenario> all_scenarios() {
-  std::vector<Scenario> s;
-  s.push_back(scenario<models::DeepSeekR1>("r1-fattree-256", topology::paper_cluster(topology::Kind::fat_tree)));
-  s.push_back(scenario<models::DeepSeekR1>("r1-dragonfly-256", topology::paper_cluster(topology::Kind::dragonfly)));
-  s.push_back(scenario<models::Qwen3_235B_A22B>("qwen3-235b-64", topology::fat_tree(4, 2, 8)));
-  s.push_back(scenario<models::KimiK2>("kimi-k2-128", topology::fat_tree(4, 4, 8)));
-  for (int g : {8, 16, 32, 64}) {
-    auto o = scenario<models::OLMoE_1B_7B>("olmoe-" + std::to_string(g), topology::fat_tree(std::max(1, g / 16), std::min(4, g / 4), 4));
-    o.olmoe = true;
-    o.layers = 3;
-    s.push_back(std::move(o));
-  }
-  return s;
-}
-
-/// Tokens of one layer of a held-out batch: top-k experts without replacement, each token drawing
-/// with probability proportional to the batch's loads (Gumbel top-k), sources spread over all GPUs.
-topology::Batch sample_tokens(double const* load, int experts, int top_k, int tokens, int gpus, std::mt19937_64& rng) {
-  topology::Batch b;
-  b.top_k = top_k;
-  std::vector<int> ranks(static_cast<std::size_t>(gpus));
-  for (int g = 0; g < gpus; ++g) ranks[static_cast<std::size_t>(g)] = g;
-  b.source = topology::spread_tokens(tokens, ranks);
-  std::uniform_real_distribution<double> u(1e-300, 1.0);
-  std::vector<std::pair<double, int>> key(static_cast<std::size_t>(experts));
-  for (int t = 0; t < tokens; ++t) {
-    for (int e = 0; e < experts; ++e)
-      key[static_cast<std::size_t>(e)] = {load[e] > 0 ? std::log(load[e]) - std::log(-std::log(u(rng))) : -1e300, e};
-    std::partial_sort(key.begin(), key.begin() + top_k, key.end(), std::greater<>());
-    for (int j = 0; j < top_k; ++j) b.experts.push_back(key[static_cast<std::size_t>(j)].second);
-  }
-  return b;
-}
 
 struct Row {
   std::string policy;
@@ -139,83 +69,22 @@ int run(int argc, char** argv) {
 #endif
 
   std::printf("scenario\tgpus\tpolicy\tbottleneck_us\thop_GB\tbalancedness\treplicas\treplica_GiB\tdest_per_token\tsolve_s\tbottleneck_levels\n");
-  for (auto& sc : all_scenarios()) {
+  for (auto& sc : joint_scenarios::all_scenarios()) {
     if (!only.empty() && sc.name != only) continue;
+    joint_scenarios::Setup su;
+    su.train_batches = train_batches;
+    su.test_batches = test_batches;
+    su.tokens = tokens;
+    su.max_layers = max_layers;
+    su.concentration = concentration;
+    auto data = joint_scenarios::make_data(sc, su);
     int G = sc.topo.gpus(), E = sc.experts;
-    if (max_layers > 0 && !sc.olmoe) sc.layers = std::min(sc.layers, max_layers);
     int L = sc.layers;
-    // Training loads (and co-selections) and the held-out batches, per batch and layer.
-    profile::LoadProfile train;
-    std::vector<std::vector<topology::Batch>> test;
-    std::vector<double> coact;
-    std::vector<int> ranks(static_cast<std::size_t>(G));
-    std::iota(ranks.begin(), ranks.end(), 0);
-    auto sources = topology::spread_tokens(tokens, ranks);
-    if (sc.olmoe) {
-      auto all = profile::olmoe::load(MOE_DATA_DIR, {"arxiv"});
-      auto [fit, held] = profile::split_profile(all, 0.5, 5);
-      auto layer_ids = all.layers();
-      L = sc.layers = static_cast<int>(layer_ids.size());
-      train = profile::LoadProfile(train_batches, L, E);
-      coact.assign(static_cast<std::size_t>(L) * E * E, 0.0);
-      profile::Rng rng(17);
-      std::vector<int> chosen;
-      for (int l = 0; l < L; ++l) {
-        profile::TokenSampler fs(fit, layer_ids[static_cast<std::size_t>(l)]);
-        for (int b = 0; b < train_batches; ++b) {
-          chosen.clear();
-          fs.sample(tokens, rng, chosen);
-          for (int e : chosen) train.at(b, l, e) += 1;
-          placement::joint::add_coactivation(chosen, sc.top_k, E,
-                                             std::span(coact).subspan(static_cast<std::size_t>(l) * E * E, static_cast<std::size_t>(E) * E));
-        }
-      }
-      test.assign(static_cast<std::size_t>(test_batches), std::vector<topology::Batch>(static_cast<std::size_t>(L)));
-      for (int l = 0; l < L; ++l) {
-        profile::TokenSampler hs(held, layer_ids[static_cast<std::size_t>(l)]);
-        for (int b = 0; b < test_batches; ++b) {
-          auto& batch = test[static_cast<std::size_t>(b)][static_cast<std::size_t>(l)];
-          batch.top_k = sc.top_k;
-          batch.source = sources;
-          hs.sample(tokens, rng, batch.experts);
-        }
-      }
-    } else {
-      profile::SampleOptions so;
-      so.batches = train_batches + test_batches;
-      so.tokens_per_batch = tokens;
-      so.top_k = sc.top_k;
-      so.seed = 11;
-      so.concentration = concentration;
-      auto prof = profile::sample_profile(profile::zipf_marginals(L, E, 0.3, 0.8, 1), so);
-      train = prof.slice(0, train_batches);
-      auto held = prof.slice(train_batches, train_batches + test_batches);
-      std::mt19937_64 rng(99);
-      test.assign(static_cast<std::size_t>(test_batches), {});
-      for (int b = 0; b < test_batches; ++b)
-        for (int l = 0; l < L; ++l)
-          test[static_cast<std::size_t>(b)].push_back(sample_tokens(held.row(b, l), E, sc.top_k, tokens, G, rng));
-    }
-    auto totals = train.totals();
+    auto const& test = data.test;
     topology::TrafficModel model(sc.topo);
     topology::TrafficOptions to;
     to.hidden = sc.hidden;
     double expert_gib = 3.0 * sc.hidden * sc.ffn * 2 / (1024.0 * 1024.0 * 1024.0);
-
-    // Joint first: its slot count sets the replica memory every replicating policy gets.
-    placement::joint::Options jo;
-    auto t0 = std::chrono::steady_clock::now();
-    // Batch-to-batch spread of each expert's load in the training batches, in the units of totals.
-    jo.load_sd = placement::joint::load_spread(train);
-    jo.coact = coact;
-    auto joint = placement::joint::plan(sc.topo, totals, L, E, jo);
-    double joint_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (!coact.empty()) {
-      auto co = joint.co_location_totals();
-      std::fprintf(stderr, "%s: joint co-locates in %d of %d layers; regrouping: %d swaps, co-located sends %.0f -> %.0f\n",
-                   sc.name.c_str(), co.layers, L, co.swaps, co.saved_before, co.saved_after);
-    }
-    int extra = G * joint.slots_per_gpu - E;  // redundant slots per layer
 
     // Each policy: per layer a primary table and a replica policy; evaluated on the test batches.
     auto evaluate = [&](std::string const& name, double solve_s, long long replicas, auto const& layer_policy,
@@ -245,102 +114,27 @@ int run(int argc, char** argv) {
                   r.time_us, r.hop_gb, r.balance, r.replicas, r.replica_gib, r.dest, r.solve_s, where.c_str());
       std::fflush(stdout);
     };
-    auto single = [&](std::vector<std::vector<int>> const& primary) {
-      return [&, primary](int l, topology::Batch const& batch) {
-        auto const& p = primary[static_cast<std::size_t>(l)];
-        std::vector<std::vector<int>> c;
-        for (int g : p) c.push_back({g});
-        return model.evaluate_policy(replication::Table(std::move(c)), p, batch, to);
-      };
-    };
 
-    // Contiguous (or round robin when E does not split over G).
-    std::vector<std::vector<int>> contiguous(static_cast<std::size_t>(L));
-    for (auto& p : contiguous)
-      p = (E % G == 0 ? placement::Table::contiguous(E, G) : placement::Table::round_robin(E, G)).ranks();
-    evaluate(E % G == 0 ? "contiguous" : "round-robin", 0.0, 0, single(contiguous));
-
-    // EPLB with the same redundant slots per layer.
-    t0 = std::chrono::steady_clock::now();
-    int nodes = sc.topo.servers();  // EPLB falls back to its global policy when groups do not split over nodes
-    auto er = replication::eplb::rebalance_experts(totals, L, E, E + extra, sc.groups, nodes, G);
-    double eplb_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::vector<replication::eplb::LayerTables> eplb_layers;
-    for (int l = 0; l < L; ++l) eplb_layers.push_back(replication::eplb::layer_tables(er, l));
-    evaluate("eplb", eplb_s, static_cast<long long>(extra) * L, [&](int l, topology::Batch const& batch) {
-      auto const& lt = eplb_layers[static_cast<std::size_t>(l)];
-      return model.evaluate_policy(lt.replicas, lt.placement.ranks(), batch, to);
-    });
-
-    // Two-step baseline: EPLB's copy counts, then the joint planner's placement (same per-GPU
-    // load cap, same slots) and routing for those counts.
-    {
-      placement::joint::Options two = jo;
-      two.coact.clear();  // the baseline places for the network and balance only
-      two.slots_per_gpu = joint.slots_per_gpu;
-      two.counts.assign(er.logcnt.v.begin(), er.logcnt.v.end());
-      t0 = std::chrono::steady_clock::now();
-      auto tp = placement::joint::plan(sc.topo, totals, L, E, two);
-      double tp_s = eplb_s + std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      std::vector<replication::Routed> tr;
-      long long treps = 0;
-      for (int l = 0; l < L; ++l) {
-        tr.push_back(tp.policy(l, sc.topo));
-        treps += tp.stats[static_cast<std::size_t>(l)].replicas;
-      }
-      evaluate("eplb+place", tp_s, treps, [&](int l, topology::Batch const& batch) {
-        return model.evaluate_policy(tr[static_cast<std::size_t>(l)], tp.plan[static_cast<std::size_t>(l)].placement.ranks(),
-                                     batch, to);
-      });
-    }
-
-    // CRAFT with the same total replica memory (replicas per GPU over all layers).
-    if (E >= G) {
-      replication::craft::Options co;
-      co.replication_factor = std::max(1, extra * L / G);
-      co.threads = 1;
-      t0 = std::chrono::steady_clock::now();
-      auto cp = replication::craft::plan(train, G, co);
-      double craft_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      long long reps = 0;
-      for (int x : cp.replicas) reps += x;
-      evaluate("craft", craft_s, reps, [&](int l, topology::Batch const& batch) {
-        return model.evaluate_policy(cp.tables[static_cast<std::size_t>(l)], cp.placement[static_cast<std::size_t>(l)].ranks(),
-                                     batch, to);
-      });
-    }
-
-    // ILPLoad (no replicas), c_layer = ceil(E / G).
-    {
-      int c_layer = (E + G - 1) / G;
-      auto prob = placement::make_problem(sc.topo, L, E, c_layer, L * c_layer);
-      t0 = std::chrono::steady_clock::now();
-      auto il = placement::ilp_load(prob, totals);
-      double il_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      std::vector<std::vector<int>> prim;
-      for (int l = 0; l < L; ++l) prim.push_back(il.assignment.table(l).ranks());
-      evaluate("ilpload", il_s, 0, single(prim));
-    }
-
-    // Joint, with its routing.
-    std::vector<replication::Routed> routed;
-    long long jreps = 0;
-    for (int l = 0; l < L; ++l) {
-      routed.push_back(joint.policy(l, sc.topo));
-      jreps += joint.stats[static_cast<std::size_t>(l)].replicas;
-    }
-    evaluate("joint", joint_s, jreps, [&](int l, topology::Batch const& batch) {
-      return model.evaluate_policy(routed[static_cast<std::size_t>(l)],
-                                   joint.plan[static_cast<std::size_t>(l)].placement.ranks(), batch, to);
-    });
+    // contiguous, eplb, eplb+place, craft, ilpload, joint, joint+reactive (joint_scenarios.hpp).
     if (reactive_greedy || reactive_lp || reactive_rounds > 0) {
-      double exchange_us = study::count_allgather_us(model, E);
-      // moe::Layer's record-count exchange (one 8-byte count per peer), which no row is charged.
-      double record_counts_us = study::count_allgather_us(model, 2);
       std::fprintf(stderr,
                    "%s: reactive rows include %.1f us per layer for the all-gather of per-expert counts (the "
                    "layer's record-count all-to-all, charged to no row, would take %.1f us)\n",
-                   sc.name.c_str(), exchange_us, record_counts_us);
+                   sc.name.c_str(), study::count_allgather_us(model, E), study::count_allgather_us(model, 2));
+    }
+    auto built = joint_scenarios::make_plans(sc, data, model, to, reactive_greedy);
+    for (auto const& plan : built.plans) {
+      evaluate(plan.name, plan.solve_s, plan.replicas,
+               [&](int l, topology::Batch const& batch) { return plan.prepare(l, batch)(batch, 0); }, plan.extra_us);
+      if (plan.after) plan.after(static_cast<double>(L) * test_batches);
+    }
+    auto const& jo = built.jo;
+    auto const& joint = *built.joint;
+    auto const& routed = *built.routed;
+    double joint_s = built.joint_s;
+    long long jreps = built.jreps;
+    if (reactive_lp || reactive_rounds > 0) {
+      double exchange_us = study::count_allgather_us(model, E);
       study::ServerPaths paths(sc.topo, model, to.token_bytes());
       auto reactive_row = [&](char const* name, auto const& solve) {
         double route_s = 0, columns = 0;  // computing the routes (counts to x); (server, copy) columns
@@ -360,25 +154,6 @@ int run(int argc, char** argv) {
                      "not charged in the row)\n",
                      sc.name.c_str(), name, columns / runs, 1e3 * route_s / runs);
       };
-      if (reactive_greedy) {
-        // The host layer's policy itself, one per layer on the joint plan's copies.
-        std::vector<replication::Reactive> policies;
-        for (int l = 0; l < L; ++l) policies.emplace_back(routed[static_cast<std::size_t>(l)].table().replicas(), sc.topo, jo.eps);
-        double route_s = 0;
-        evaluate("joint+reactive", joint_s, jreps, [&](int l, topology::Batch const& batch) {
-          auto& policy = policies[static_cast<std::size_t>(l)];
-          auto counts = replication::reactive::pair_counts(batch, G, E);
-          auto t = std::chrono::steady_clock::now();
-          policy.plan_batch(counts);
-          route_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-          return model.evaluate_policy(policy.deal(batch), joint.plan[static_cast<std::size_t>(l)].placement.ranks(),
-                                       batch, to);
-        }, exchange_us);
-        std::fprintf(stderr,
-                     "%s: joint+reactive (replication::Reactive, greedy rule) computes the routes of a layer in "
-                     "%.3f ms (one core, not charged in the row)\n",
-                     sc.name.c_str(), 1e3 * route_s / (static_cast<double>(L) * test_batches));
-      }
       if (reactive_rounds > 0)
         reactive_row(("joint+reactive-rounds" + std::to_string(reactive_rounds)).c_str(),
                      [&](study::RoutingProblem const& p, int l) {
