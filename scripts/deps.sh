@@ -4,10 +4,12 @@
 #
 # MOE_BUILD_PACKAGES: what the library, the demo and the planner programs need (the engine formats
 # of moe::interop read JSON, YAML and zip; moe::mpi uses OpenMPI). MOE_TEST_PACKAGES: what only the
-# tests and benchmarks need (Catch2, Google Benchmark, the oracles GLPK, LEMON and METIS, ccache for
-# the repeated builds of scripts/test.sh, pip for the Python test packages below).
+# tests and benchmarks need (Catch2, Google Benchmark, the oracles GLPK, LEMON, METIS and SimGrid,
+# which also serves the optional simgrid_compare tool, ccache for the repeated builds of
+# scripts/test.sh, pip for the Python test packages below).
 MOE_BUILD_PACKAGES=(cmake g++ make libopenmpi-dev openmpi-bin nlohmann-json3-dev libyaml-cpp-dev libzip-dev)
-MOE_TEST_PACKAGES=(catch2 libbenchmark-dev liblemon-dev libglpk-dev libmetis-dev ccache python3 python3-pip)
+MOE_TEST_PACKAGES=(catch2 libbenchmark-dev liblemon-dev libglpk-dev libmetis-dev libsimgrid-dev ccache python3
+                   python3-pip)
 MOE_DEBIAN_PACKAGES=("${MOE_BUILD_PACKAGES[@]}" "${MOE_TEST_PACKAGES[@]}")
 
 moe_install_missing_packages() {

@@ -42,7 +42,7 @@ fi
 # Debian test packages: paths to cover, when present.
 hide=(/usr/include/catch2 /usr/lib/cmake/Catch2 /usr/include/benchmark
       /usr/lib/x86_64-linux-gnu/cmake/benchmark /usr/include/lemon /usr/lib/x86_64-linux-gnu/cmake/lemon
-      /usr/include/glpk.h /usr/include/metis.h)
+      /usr/include/glpk.h /usr/include/metis.h /usr/include/simgrid)
 run_demo='cd "$1/clone" && PATH="$1/bin:$PATH" bash scripts/demo.sh --tokens 48'
 mounts=""
 for p in "${hide[@]}"; do
