@@ -18,6 +18,15 @@ function(moe_missing_oracle checks missing how)
   set_property(GLOBAL APPEND PROPERTY MOE_LEFT_OUT "${checks} [${missing}: ${how}]")
 endfunction()
 
+# What the tools share with the tests (the planner CLI's option parser, the comparison scenarios, the
+# SimGrid replay, the GPU size sweep): headers under tools/include/moe_tools/, reached through this
+# target's include directory by tools and tests alike.
+if(NOT TARGET moe_tool_headers)
+  add_library(moe_tool_headers INTERFACE)
+  target_include_directories(moe_tool_headers INTERFACE ${PROJECT_SOURCE_DIR}/tools/include)
+  target_link_libraries(moe_tool_headers INTERFACE moe)
+endif()
+
 # One Catch2 main, compiled once and linked into every test program.
 set(MOE_HAS_CATCH2 OFF)
 if(MOE_BUILD_TESTS)

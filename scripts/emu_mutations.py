@@ -93,7 +93,7 @@ MUTATIONS = [
              "    int oi = __shfl_xor_sync(0x7fffffffu, i, off);",
              "plain", "test_cuda_kernels_emu", "*rout*"),
     Mutation("fork-wait", "dropped fork `cudaStreamWaitEvent` in the FinDEP CUDA executor",
-             "include/moe/schedule/findep_cuda.cuh",
+             "include/moe/layer/findep_cuda.cuh",
              "    for (auto s : streams) kc::check_cuda(cudaStreamWaitEvent(s, events[event], 0), \"cudaStreamWaitEvent (fork)\");",
              "",
              "tsan", "test_findep_cuda_emu", "*CUDA graph*"),
@@ -131,7 +131,7 @@ def build_dir(work, flavour):
     b = os.path.join(work, "build-mut-" + flavour)
     if not os.path.exists(os.path.join(b, "CMakeCache.txt")):
         rc, out = sh(["cmake", "-S", work, "-B", b, "-DCMAKE_BUILD_TYPE=RelWithDebInfo", "-DMOE_ENABLE_CUDA=OFF",
-                      "-DMOE_AREAS=emu", "-DMOE_BUILD_EXAMPLES=OFF", "-DMOE_BUILD_BENCHMARKS=OFF"] + FLAVOURS[flavour], work)
+                      "-DMOE_AREAS=emu", "-DMOE_BUILD_EXAMPLES=OFF", "-DMOE_BUILD_TOOLS=OFF", "-DMOE_BUILD_BENCHMARKS=OFF"] + FLAVOURS[flavour], work)
         if rc:
             sys.exit(out)
     return b

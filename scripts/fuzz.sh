@@ -32,9 +32,9 @@ if command -v ccache >/dev/null 2>&1 && [ -z "${MOE_NO_CCACHE:-}" ]; then
   export CCACHE_BASEDIR=$PWD CCACHE_NOHASHDIR=1
   cxx=(ccache "${cxx[@]}")   # a fresh clone recompiles nothing that did not change
 fi
-flags=(-std=c++20 -O1 -g -Iinclude -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
+flags=(-std=c++20 -O1 -g -Iinclude -Itools/include -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
        -fno-omit-frame-pointer)
-libs=(-lyaml-cpp -lzip)  # engine formats (placement/engine_plans.hpp, profile/torch_file.hpp)
+libs=(-lyaml-cpp -lzip)  # engine formats (include/moe/interop/)
 # Compiled and linked apart: ccache caches compilations, never a compile-and-link command.
 "${cxx[@]}" -std=c++20 -O1 -Iinclude -c tests/fuzz/make_seeds.cpp -o "$out/bin/make_seeds.o"
 "${cxx[@]}" "$out/bin/make_seeds.o" -o "$out/bin/make_seeds" "${libs[@]}"
@@ -46,7 +46,7 @@ libs=(-lyaml-cpp -lzip)  # engine formats (placement/engine_plans.hpp, profile/t
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 fuzz_one() {
   local t=$1 src=tests/fuzz/fuzz_targets.cpp bin="$out/bin/fuzz_$1"
-  if [ ! -x "$bin" ] || [ "$src" -nt "$bin" ] || [ -n "$(find include examples/planner -newer "$bin" -name '*.hpp' -print -quit)" ]; then
+  if [ ! -x "$bin" ] || [ "$src" -nt "$bin" ] || [ -n "$(find include tools/include -newer "$bin" -name '*.hpp' -print -quit)" ]; then
     "${cxx[@]}" "${flags[@]}" -DMOE_FUZZ_TARGET="$t" -c "$src" -o "$bin.o" >"$out/$t.build.log" 2>&1 &&
       "${cxx[@]}" "${flags[@]}" "$bin.o" -o "$bin" "${libs[@]}" >>"$out/$t.build.log" 2>&1 || {
       cat "$out/$t.build.log" >&2

@@ -33,7 +33,7 @@ if [ "${1:-}" = "--sanitize" ]; then
   # ASan + UBSan (test_planned_layer.cpp: 31.6 s against 61.5 s on the 2-core CI machine).
   cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOE_SANITIZE=ON -DMOE_ENABLE_CUDA=OFF -DMOE_REQUIRE_TEST_DEPS=ON \
         -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
-        -DMOE_BUILD_EXAMPLES=OFF -DMOE_BUILD_BENCHMARKS=OFF -DMOE_AREAS="core;layer;planners;speculative;schedule;emu" \
+        -DMOE_BUILD_EXAMPLES=OFF -DMOE_BUILD_TOOLS=OFF -DMOE_BUILD_BENCHMARKS=OFF -DMOE_AREAS="core;layer;planners;speculative;schedule;emu" \
         -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON "${cache[@]}"
   cmake --build "$build" -j"$jobs"
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
@@ -44,7 +44,7 @@ fi
 if [ "${1:-}" = "--tsan" ]; then
   build=${MOE_BUILD_DIR:-build-tsan}
   cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOE_SANITIZE=thread -DMOE_ENABLE_CUDA=OFF -DMOE_REQUIRE_TEST_DEPS=ON \
-        -DMOE_AREAS=emu -DMOE_BUILD_EXAMPLES=OFF -DMOE_BUILD_BENCHMARKS=OFF -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON "${cache[@]}"
+        -DMOE_AREAS=emu -DMOE_BUILD_EXAMPLES=OFF -DMOE_BUILD_TOOLS=OFF -DMOE_BUILD_BENCHMARKS=OFF -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON "${cache[@]}"
   cmake --build "$build" -j"$jobs"
   export TSAN_OPTIONS=halt_on_error=0:second_deadlock_stack=1
   ctest --test-dir "$build" -L emu_tsan --output-on-failure -j"$jobs"

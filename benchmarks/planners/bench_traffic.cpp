@@ -14,7 +14,7 @@
 #include <random>
 
 #include "moe/replication/reactive.hpp"
-#include "moe/topology/traffic.hpp"
+#include "moe/placement/traffic.hpp"
 
 using namespace moe;
 using namespace moe::topology;

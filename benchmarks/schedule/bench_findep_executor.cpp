@@ -15,7 +15,7 @@
 #include "moe/collective/in_process.hpp"
 #include "moe/layer/layer.hpp"
 #include "moe/models/models.hpp"
-#include "moe/schedule/findep_executor.hpp"
+#include "moe/layer/findep_executor.hpp"
 
 using namespace moe;
 using namespace moe::schedule;

@@ -6,7 +6,7 @@
 
 #include <vector>
 
-#include "moe/placement/cocluster.hpp"
+#include "moe/speculative/cocluster.hpp"
 #include "moe/profile/route_synthetic.hpp"
 #include "moe/speculative/predictor.hpp"
 #include "moe/speculative/shuffle_plan.hpp"
@@ -30,7 +30,7 @@ Fixture const& fixture() {
     auto prof = moe::profile::synthetic::generate(s);
     auto const& lc = prof.layer(0);
     x.table = sp::TokenDeviceTable::from_counts(lc, moe::placement::Table::contiguous(160, kDevices), kDevices, kVocab);
-    moe::placement::detail::Rng rng(2);
+    moe::core::Rng rng(2);
     for (int a = 0; a < kDevices; ++a)
       for (int b = 0; b < kDevices; ++b) {
         std::vector<int> prev{a, b};

@@ -13,7 +13,7 @@
 #include "cuda_test_support.cuh"
 #include "moe/core/bf16.hpp"
 #include "moe/kernels/host.hpp"
-#include "moe/layer/weights.hpp"
+#include "moe/core/weights.hpp"
 #include "moe/router/router.hpp"
 
 namespace moe::test {

@@ -28,7 +28,7 @@
 #include "moe/layer/cuda_disaggregated.cuh"
 #include "moe/layer/cuda_layer.cuh"
 #include "moe/moe.hpp"
-#include "moe/schedule/findep_cuda.cuh"
+#include "moe/layer/findep_cuda.cuh"
 #if defined(MOE_TEST_NCCL)
 #include "moe/collective/nccl.hpp"
 // The NCCL mode needs several GPUs to run; here it must at least compile with the real collective.

@@ -32,7 +32,7 @@
 #include "layer_test_support.cuh"
 #include "moe/layer/cuda_layer.cuh"
 #include "moe/moe.hpp"
-#include "moe/schedule/findep_cuda.cuh"
+#include "moe/layer/findep_cuda.cuh"
 #include "staged_collective.cuh"
 
 using moe::test::Device;

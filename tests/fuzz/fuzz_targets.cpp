@@ -13,18 +13,18 @@
 #include "moe/config.hpp"
 #include "moe/core/cli.hpp"
 #include "moe/core/tsv.hpp"
-#include "moe/placement/engine_plans.hpp"
-#include "moe/placement/plan_io.hpp"
+#include "moe/interop/engine_plans.hpp"
+#include "moe/plan/plan_io.hpp"
 #include "moe/profile/load_profile.hpp"
 #include "moe/profile/route_profile.hpp"
-#include "moe/profile/torch_file.hpp"
+#include "moe/interop/torch_file.hpp"
 #include "moe/schedule/perf_model.hpp"
 #include "moe/speculative/table_io.hpp"
 #include "moe/topology/topology.hpp"
-#include "moe/topology/traffic.hpp"
+#include "moe/placement/traffic.hpp"
 // moe_plan's option parser, with the engine formats (this build links yaml-cpp and libzip).
 #define MOE_PLAN_WITH_INTEROP 1
-#include "../../examples/planner/plan_options.hpp"
+#include "moe_tools/plan_options.hpp"
 
 namespace {
 

@@ -5,10 +5,10 @@
 #include <iostream>
 #include <string>
 
-#include "moe/placement/engine_plans.hpp"
-#include "moe/placement/plan_io.hpp"
+#include "moe/interop/engine_plans.hpp"
+#include "moe/plan/plan_io.hpp"
 #include "moe/profile/load_profile.hpp"
-#include "moe/profile/torch_file.hpp"
+#include "moe/interop/torch_file.hpp"
 #include "moe/schedule/perf_model.hpp"
 #include "moe/speculative/table_io.hpp"
 #include "moe/topology/topology.hpp"

@@ -10,7 +10,7 @@
 
 #include "layer_check.hpp"
 #include "moe/placement/joint.hpp"
-#include "moe/placement/plan_io.hpp"
+#include "moe/plan/plan_io.hpp"
 #include "moe/profile/load_profile.hpp"
 #include "moe/replication/reactive.hpp"
 

@@ -8,7 +8,7 @@
 
 #include "joint_layer_case.hpp"
 #include "layer_check.hpp"
-#include "moe/placement/plan_io.hpp"
+#include "moe/plan/plan_io.hpp"
 #include "moe/profile/load_profile.hpp"
 #include "moe/replication/craft.hpp"
 #include "moe/replication/reactive.hpp"

@@ -24,7 +24,7 @@
 
 #include "moe/moe.hpp"
 #include "moe/replication/reactive.hpp"
-#include "moe/schedule/findep_executor.hpp"
+#include "moe/layer/findep_executor.hpp"
 #include "textbook.hpp"
 
 using namespace moe;

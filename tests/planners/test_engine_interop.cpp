@@ -16,10 +16,10 @@
 #include <sstream>
 
 #include "moe/models/models.hpp"
-#include "moe/placement/engine_plans.hpp"
+#include "moe/interop/engine_plans.hpp"
 #include "moe/placement/ilp.hpp"
-#include "moe/placement/slot_map.hpp"
-#include "moe/profile/engine_stats.hpp"
+#include "moe/plan/slot_map.hpp"
+#include "moe/interop/engine_stats.hpp"
 #include "moe/replication/craft.hpp"
 #include "moe/replication/eplb.hpp"
 #include "moe/topology/topology.hpp"

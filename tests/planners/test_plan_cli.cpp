@@ -1,11 +1,11 @@
-// moe_plan's command line (examples/planner/plan_options.hpp): accepted lines give the documented
+// moe_plan's command line (tools/include/moe_tools/plan_options.hpp): accepted lines give the documented
 // values, and each bad line gives a moe::Error that names the option at fault. The plan_cli fuzz
 // target (tests/fuzz) runs the same parser on arbitrary words.
 #include <catch2/catch.hpp>
 #include <string>
 #include <vector>
 
-#include "../../examples/planner/plan_options.hpp"
+#include "moe_tools/plan_options.hpp"
 
 using Catch::Contains;
 using moe::plan_cli::parse_plan_options;

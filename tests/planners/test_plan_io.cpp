@@ -5,7 +5,7 @@
 
 #include "moe/placement/heuristics.hpp"
 #include "moe/placement/ilp.hpp"
-#include "moe/placement/plan_io.hpp"
+#include "moe/plan/plan_io.hpp"
 #include "moe/replication/craft.hpp"
 
 using namespace moe;

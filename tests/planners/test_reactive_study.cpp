@@ -1,4 +1,4 @@
-// The reactive-routing study of joint_compare (examples/planner/reactive_study.hpp): its routes
+// The reactive-routing study of joint_compare (tools/include/moe_tools/reactive_study.hpp): its routes
 // serve every pair with a copy of the pair's expert, its linear program reaches the optimum of a
 // brute-force search on small clusters, its greedy rule and the dealing of pairs to copies do what
 // they say, on a hand-worked case and on seeded random instances.
@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "moe/topology/topology.hpp"
-#include "moe/topology/traffic.hpp"
-#include "reactive_study.hpp"
+#include "moe/placement/traffic.hpp"
+#include "moe_tools/reactive_study.hpp"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// SimGrid as a second judge of the traffic model (examples/planner/simgrid_replay.hpp).
+// SimGrid as a second judge of the traffic model (tools/include/moe_tools/simgrid_replay.hpp).
 //
 // Independent references: completion times worked by hand for a 2 servers x 2 GPUs cluster and a
 // two-spine FatTree (bytes / bandwidth + route latency, fair share of a shared link), and per-link
@@ -16,10 +16,10 @@
 #include <random>
 #include <vector>
 
-#include "moe/replication/table.hpp"
+#include "moe/plan/replica_table.hpp"
 #include "moe/topology/topology.hpp"
-#include "moe/topology/traffic.hpp"
-#include "simgrid_replay.hpp"
+#include "moe/placement/traffic.hpp"
+#include "moe_tools/simgrid_replay.hpp"
 
 using namespace moe;
 namespace sr = moe::simgrid_replay;

@@ -26,7 +26,7 @@
 #include "moe/layer/reference.hpp"
 #include "moe/models/models.hpp"
 #include "../support/textbook.hpp"
-#include "moe/schedule/findep_executor.hpp"
+#include "moe/layer/findep_executor.hpp"
 
 namespace moe::test::findep {
 

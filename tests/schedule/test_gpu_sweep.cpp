@@ -1,4 +1,4 @@
-// The size sweep of the GPU microbenchmark (examples/schedule/gpu_sweep.hpp), checked without a GPU:
+// The size sweep of the GPU microbenchmark (tools/include/moe_tools/gpu_sweep.hpp), checked without a GPU:
 //   - every point's work equals the formula of docs/findep.md, recomputed here from the shape, and
 //     equals what the solver's model (stage_times) asks for at that size;
 //   - per shape and operation, the sweep covers the whole range of work the solver's search space
@@ -15,7 +15,7 @@
 #include <map>
 #include <set>
 
-#include "../../examples/schedule/gpu_sweep.hpp"
+#include "moe_tools/gpu_sweep.hpp"
 #include "moe/schedule/findep.hpp"
 
 using namespace moe::schedule;

@@ -7,7 +7,7 @@
 #include <sstream>
 #include <vector>
 
-#include "moe/placement/cocluster.hpp"
+#include "moe/speculative/cocluster.hpp"
 #include "moe/profile/route_profile.hpp"
 #include "moe/profile/route_split.hpp"
 #include "moe/profile/route_synthetic.hpp"
@@ -21,8 +21,8 @@ using Catch::Contains;
 
 namespace {
 /// Two tokens over four experts on two devices (a valid problem to break one field at a time).
-pl::CoclusterProblem tiny_problem() {
-  pl::CoclusterProblem p;
+moe::speculative::CoclusterProblem tiny_problem() {
+  moe::speculative::CoclusterProblem p;
   p.experts = 4;
   p.devices = 2;
   p.tokens = {0, 1};
@@ -72,7 +72,7 @@ TEST_CASE("co-clustering problems with malformed arrays are rejected", "[specula
   auto p = tiny_problem();
   p.offsets = {0, 5, 4};  // decreasing: rows were read past the expert array before the check
   CHECK_THROWS_WITH(p.validate(), Contains("offsets decrease at row 1 (5 > 4)"));
-  CHECK_THROWS_WITH(pl::solve_cross_entropy(p), Contains("offsets decrease"));
+  CHECK_THROWS_WITH(moe::speculative::solve_cross_entropy(p), Contains("offsets decrease"));
   p = tiny_problem();
   p.offsets = {1, 2, 4};
   CHECK_THROWS_WITH(p.validate(), Contains("offsets must start at 0, got 1"));
@@ -80,7 +80,7 @@ TEST_CASE("co-clustering problems with malformed arrays are rejected", "[specula
   p.weight[1] = -1;  // a negative count with a positive total was silently used
   CHECK_THROWS_WITH(p.validate(), Contains("activation count -1 is negative or not finite"));
   p.weight[1] = std::numeric_limits<double>::quiet_NaN();
-  CHECK_THROWS_WITH(pl::balanced_kmeans(p), Contains("is negative or not finite"));
+  CHECK_THROWS_WITH(moe::speculative::balanced_kmeans(p), Contains("is negative or not finite"));
   p = tiny_problem();
   p.frequency[0] = std::numeric_limits<double>::infinity();
   CHECK_THROWS_WITH(p.validate(), Contains("has frequency inf (must be positive and finite)"));
@@ -96,35 +96,35 @@ TEST_CASE("co-clustering problems with malformed arrays are rejected", "[specula
   std::vector<int> experts{0, 0, 1, 1}, tokens{0, 1};
   // By hand: token 0 (weights 1, 1 on experts 0, 1) local on device 0; token 1 (2, 2 on experts 2, 3)
   // on device 0 too, remote: 2 of 6.
-  CHECK(pl::local_rate(p, experts, std::vector<int>{0, 0}) == Approx(2.0 / 6.0));
-  CHECK_THROWS_WITH(pl::local_rate(p, std::vector<int>{0, 1}, tokens), Contains("needs 4 expert devices and 2 token devices, got 2 and 2"));
-  CHECK_THROWS_WITH(pl::device_token_load(p, std::vector<int>{0, 2}), Contains("token 1 on device 2, outside [0, 2)"));
-  CHECK_THROWS_WITH(pl::objective(p, experts, std::vector<int>{0}, 1.0), Contains("1 token devices for 2 tokens"));
+  CHECK(moe::speculative::local_rate(p, experts, std::vector<int>{0, 0}) == Approx(2.0 / 6.0));
+  CHECK_THROWS_WITH(moe::speculative::local_rate(p, std::vector<int>{0, 1}, tokens), Contains("needs 4 expert devices and 2 token devices, got 2 and 2"));
+  CHECK_THROWS_WITH(moe::speculative::device_token_load(p, std::vector<int>{0, 2}), Contains("token 1 on device 2, outside [0, 2)"));
+  CHECK_THROWS_WITH(moe::speculative::objective(p, experts, std::vector<int>{0}, 1.0), Contains("1 token devices for 2 tokens"));
 }
 
 TEST_CASE("co-clustering options out of range are named", "[speculative][bad-input]") {
   auto p = tiny_problem();
-  pl::CrossEntropyOptions ce;
+  moe::speculative::CrossEntropyOptions ce;
   ce.iterations = 0;
-  CHECK_THROWS_WITH(pl::solve_cross_entropy(p, ce), Contains("iterations and samples must be positive"));
+  CHECK_THROWS_WITH(moe::speculative::solve_cross_entropy(p, ce), Contains("iterations and samples must be positive"));
   ce = {};
   ce.elite_fraction = 1.5;
-  CHECK_THROWS_WITH(pl::solve_cross_entropy(p, ce), Contains("elite_fraction must be in (0, 1]"));
+  CHECK_THROWS_WITH(moe::speculative::solve_cross_entropy(p, ce), Contains("elite_fraction must be in (0, 1]"));
   ce = {};
   ce.smoothing = 0;
-  CHECK_THROWS_WITH(pl::solve_cross_entropy(p, ce), Contains("smoothing must be in (0, 1]"));
+  CHECK_THROWS_WITH(moe::speculative::solve_cross_entropy(p, ce), Contains("smoothing must be in (0, 1]"));
   ce = {};
   ce.balance_factor = 0.5;
-  CHECK_THROWS_WITH(pl::solve_cross_entropy(p, ce), Contains("balance_factor must be >= 1"));
+  CHECK_THROWS_WITH(moe::speculative::solve_cross_entropy(p, ce), Contains("balance_factor must be >= 1"));
   ce = {};
   ce.balance_factor = std::numeric_limits<double>::quiet_NaN();
-  CHECK_THROWS_WITH(pl::solve_cross_entropy(p, ce), Contains("balance_factor must be >= 1"));
-  pl::KMeansOptions km;
+  CHECK_THROWS_WITH(moe::speculative::solve_cross_entropy(p, ce), Contains("balance_factor must be >= 1"));
+  moe::speculative::KMeansOptions km;
   km.balance_factor = 0.9;
-  CHECK_THROWS_WITH(pl::balanced_kmeans(p, km), Contains("balanced k-means: balance_factor must be >= 1"));
+  CHECK_THROWS_WITH(moe::speculative::balanced_kmeans(p, km), Contains("balanced k-means: balance_factor must be >= 1"));
   km = {};
   km.iterations = 0;
-  CHECK_THROWS_WITH(pl::balanced_kmeans(p, km), Contains("balanced k-means: iterations must be positive"));
+  CHECK_THROWS_WITH(moe::speculative::balanced_kmeans(p, km), Contains("balanced k-means: iterations must be positive"));
 }
 
 TEST_CASE("shuffle plan and volume model name their bad input", "[speculative][bad-input]") {
@@ -174,7 +174,7 @@ TEST_CASE("route recording, splitting and table building name their bad input", 
   CHECK_THROWS_WITH(moe::profile::synthetic::generate(spec), Contains("every topic needs at least top_k experts"));
   // A co-clustering result whose arrays do not match the problem (confidences were read past the end).
   auto p = tiny_problem();
-  auto r = pl::assign_tokens_to(p, moe::placement::Table::contiguous(4, 2));
+  auto r = moe::speculative::assign_tokens_to(p, moe::placement::Table::contiguous(4, 2));
   REQUIRE_NOTHROW(sp::TokenDeviceTable::from_cocluster(p, r, 4));
   r.token_confidence.pop_back();
   CHECK_THROWS_WITH(sp::TokenDeviceTable::from_cocluster(p, r, 4), Contains("2 token devices and 1 confidences, the problem 2 tokens"));

@@ -4,7 +4,7 @@
 
 #include <vector>
 
-#include "moe/placement/cocluster.hpp"
+#include "moe/speculative/cocluster.hpp"
 #include "moe/profile/route_profile.hpp"
 #include "moe/speculative/capped_eval.hpp"
 #include "moe/speculative/metrics.hpp"
@@ -16,7 +16,7 @@ using Source = sp::Prediction::Source;
 
 TEST_CASE("capped evaluation equals cap_predictions + LAR when every token occurs once", "[speculative][capped]") {
   // Seeded synthetic data: N distinct tokens, one occurrence each, top-2 of 8 experts, 4 devices.
-  pl::detail::Rng rng(7);
+  moe::core::Rng rng(7);
   for (int trial = 0; trial < 20; ++trial) {
     const int E = 8, K = 2, D = 4, N = 40;
     moe::profile::RouteRecorder rec(E, K);

@@ -6,16 +6,16 @@
 #include <numeric>
 #include <vector>
 
-#include "moe/placement/cocluster.hpp"
-#include "moe/placement/cocluster_metis.hpp"
+#include "moe/speculative/cocluster.hpp"
+#include "moe/speculative/cocluster_metis.hpp"
 #include "moe/profile/route_synthetic.hpp"
 
 namespace pl = moe::placement;
 
 namespace {
-pl::CoclusterProblem random_problem(int tokens, int experts, int devices, std::uint64_t seed) {
-  pl::detail::Rng rng(seed);
-  pl::CoclusterProblem p;
+moe::speculative::CoclusterProblem random_problem(int tokens, int experts, int devices, std::uint64_t seed) {
+  moe::core::Rng rng(seed);
+  moe::speculative::CoclusterProblem p;
   p.experts = experts;
   p.devices = devices;
   p.offsets.push_back(0);
@@ -34,7 +34,7 @@ pl::CoclusterProblem random_problem(int tokens, int experts, int devices, std::u
 
 // Exhaustive optimum of the local activations over balanced expert groupings and every token
 // assignment within the token-frequency cap.
-double brute_force_best(pl::CoclusterProblem const& p, double gamma) {
+double brute_force_best(moe::speculative::CoclusterProblem const& p, double gamma) {
   auto E = static_cast<std::size_t>(p.experts), N = p.rows();
   auto D = static_cast<std::size_t>(p.devices);
   double cap = gamma * p.total_frequency() / p.devices, best = -1;
@@ -58,57 +58,57 @@ double brute_force_best(pl::CoclusterProblem const& p, double gamma) {
         td[i] = static_cast<int>(y % D);
         y /= D;
       }
-      auto load = pl::device_token_load(p, td);
+      auto load = moe::speculative::device_token_load(p, td);
       if (*std::max_element(load.begin(), load.end()) > cap + 1e-9) continue;
-      best = std::max(best, pl::local_rate(p, ed, td));
+      best = std::max(best, moe::speculative::local_rate(p, ed, td));
     }
   }
   return best;
 }
 
-void require_valid(pl::CoclusterProblem const& p, pl::CoclusterResult const& r) {
+void require_valid(moe::speculative::CoclusterProblem const& p, moe::speculative::CoclusterResult const& r) {
   r.experts.validate(p.experts, p.devices);
   std::vector<int> per(static_cast<std::size_t>(p.devices), 0);
   for (int e = 0; e < p.experts; ++e) ++per[static_cast<std::size_t>(r.experts.rank_of(e))];
   for (int c : per) REQUIRE(c == p.experts / p.devices);
   REQUIRE(r.token_device.size() == p.rows());
   for (int d : r.token_device) REQUIRE((d >= 0 && d < p.devices));
-  REQUIRE(r.local_rate == Approx(pl::local_rate(p, r.experts.ranks(), r.token_device)));
+  REQUIRE(r.local_rate == Approx(moe::speculative::local_rate(p, r.experts.ranks(), r.token_device)));
 }
 }  // namespace
 
 TEST_CASE("co-clustering input validation", "[speculative][cocluster][errors]") {
   auto p = random_problem(5, 4, 2, 1);
   p.devices = 8;
-  REQUIRE_THROWS_WITH(pl::solve_cross_entropy(p), Catch::Contains("more devices (8) than experts (4)"));
-  REQUIRE_THROWS_WITH(pl::balanced_kmeans(p), Catch::Contains("more devices"));
+  REQUIRE_THROWS_WITH(moe::speculative::solve_cross_entropy(p), Catch::Contains("more devices (8) than experts (4)"));
+  REQUIRE_THROWS_WITH(moe::speculative::balanced_kmeans(p), Catch::Contains("more devices"));
   p.devices = 3;
-  REQUIRE_THROWS_WITH(pl::solve_cross_entropy(p), Catch::Contains("do not split evenly"));
+  REQUIRE_THROWS_WITH(moe::speculative::solve_cross_entropy(p), Catch::Contains("do not split evenly"));
   p.devices = 0;
-  REQUIRE_THROWS_AS(pl::solve_cross_entropy(p), moe::Error);
-  pl::CoclusterProblem empty;
+  REQUIRE_THROWS_AS(moe::speculative::solve_cross_entropy(p), moe::Error);
+  moe::speculative::CoclusterProblem empty;
   empty.experts = 4;
   empty.devices = 2;
   empty.offsets = {0};
-  REQUIRE_THROWS_WITH(pl::solve_cross_entropy(empty), Catch::Contains("empty profile"));
+  REQUIRE_THROWS_WITH(moe::speculative::solve_cross_entropy(empty), Catch::Contains("empty profile"));
   moe::profile::LayerCounts lc;
-  REQUIRE_THROWS_WITH(pl::CoclusterProblem::from_counts(lc, 2, 2), Catch::Contains("empty"));
+  REQUIRE_THROWS_WITH(moe::speculative::CoclusterProblem::from_counts(lc, 2, 2), Catch::Contains("empty"));
   auto q = random_problem(5, 4, 2, 1);
-  pl::CrossEntropyOptions bad;
+  moe::speculative::CrossEntropyOptions bad;
   bad.elite_fraction = 0;
-  REQUIRE_THROWS_AS(pl::solve_cross_entropy(q, bad), moe::Error);
-  pl::CrossEntropyOptions negative_weight;
+  REQUIRE_THROWS_AS(moe::speculative::solve_cross_entropy(q, bad), moe::Error);
+  moe::speculative::CrossEntropyOptions negative_weight;
   negative_weight.balance_weight = -1;
-  REQUIRE_THROWS_WITH(pl::solve_cross_entropy(q, negative_weight), Catch::Contains("balance_weight must be >= 0"));
+  REQUIRE_THROWS_WITH(moe::speculative::solve_cross_entropy(q, negative_weight), Catch::Contains("balance_weight must be >= 0"));
 }
 
 TEST_CASE("Hungarian assignment against all permutations", "[speculative][cocluster]") {
-  pl::detail::Rng rng(4);
+  moe::core::Rng rng(4);
   for (int trial = 0; trial < 5; ++trial) {
     std::size_t n = 6;
     std::vector<double> cost(n * n);
     for (auto& c : cost) c = static_cast<double>(rng.below(100));
-    auto col = pl::detail::hungarian(cost, n, n);
+    auto col = moe::speculative::detail::hungarian(cost, n, n);
     double got = 0;
     for (std::size_t i = 0; i < n; ++i) got += cost[i * n + static_cast<std::size_t>(col[i])];
     std::vector<std::size_t> perm(n);
@@ -128,22 +128,22 @@ TEST_CASE("cross-entropy reaches the brute-force optimum of tiny problems", "[sp
     auto p = random_problem(6, 4, 2, seed);
     double gamma = 1.3;
     double best = brute_force_best(p, gamma);
-    pl::CrossEntropyOptions plain;  // the method of Algorithm 1 without our refinement
+    moe::speculative::CrossEntropyOptions plain;  // the method of Algorithm 1 without our refinement
     plain.balance_factor = gamma;
     plain.polish_rounds = 0;
     plain.final_polish_rounds = 0;
     plain.samples = 32;
     plain.seed = seed;
-    auto r = pl::solve_cross_entropy(p, plain);
+    auto r = moe::speculative::solve_cross_entropy(p, plain);
     require_valid(p, r);
     REQUIRE(r.imbalance <= gamma - 1 + 1e-9);
     REQUIRE(r.local_rate <= best + 1e-12);
     // The greedy token step may miss the exact optimum by a little on such small instances.
     REQUIRE(r.local_rate >= 0.95 * best);
-    pl::CrossEntropyOptions full;
+    moe::speculative::CrossEntropyOptions full;
     full.balance_factor = gamma;
     full.seed = seed;
-    auto f = pl::solve_cross_entropy(p, full);
+    auto f = moe::speculative::solve_cross_entropy(p, full);
     require_valid(p, f);
     REQUIRE(f.local_rate <= best + 1e-12);
     REQUIRE(f.local_rate >= 0.95 * best);
@@ -154,13 +154,13 @@ TEST_CASE("best expert grouping for fixed tokens is exact", "[speculative][coclu
   auto p = random_problem(12, 6, 2, 8);
   std::vector<int> td(p.rows());
   for (std::size_t i = 0; i < td.size(); ++i) td[i] = static_cast<int>(i % 2);
-  auto ed = pl::detail::best_experts_for(p, td);
-  double got = pl::local_rate(p, ed, td), best = 0;
+  auto ed = moe::speculative::detail::best_experts_for(p, td);
+  double got = moe::speculative::local_rate(p, ed, td), best = 0;
   for (int mask = 0; mask < 64; ++mask) {
     if (__builtin_popcount(static_cast<unsigned>(mask)) != 3) continue;
     std::vector<int> x(6);
     for (int e = 0; e < 6; ++e) x[static_cast<std::size_t>(e)] = (mask >> e) & 1;
-    best = std::max(best, pl::local_rate(p, x, td));
+    best = std::max(best, moe::speculative::local_rate(p, x, td));
   }
   REQUIRE(got == Approx(best));
 }
@@ -171,44 +171,44 @@ TEST_CASE("planted co-clusters are recovered (synthetic, seeded)", "[speculative
   moe::profile::synthetic::Spec s{.vocab = 400, .experts = 16, .top_k = 2, .topics = 4, .occurrences = 20000,
                                   .zipf = 0.6, .affinity = 1.0, .seed = 5};
   auto prof = moe::profile::synthetic::generate(s);
-  auto p = pl::CoclusterProblem::from_counts(prof.layer(0), 2, 4);
-  pl::CrossEntropyOptions o;
+  auto p = moe::speculative::CoclusterProblem::from_counts(prof.layer(0), 2, 4);
+  moe::speculative::CrossEntropyOptions o;
   o.balance_factor = 4.0;
-  auto r = pl::solve_cross_entropy(p, o);
+  auto r = moe::speculative::solve_cross_entropy(p, o);
   require_valid(p, r);
   REQUIRE(r.local_rate == Approx(1.0));
   // Same seed, same answer.
-  auto again = pl::solve_cross_entropy(p, o);
+  auto again = moe::speculative::solve_cross_entropy(p, o);
   REQUIRE(again.experts == r.experts);
   REQUIRE(again.token_device == r.token_device);
   // k-means also finds the planted structure here.
-  pl::KMeansOptions ko;
+  moe::speculative::KMeansOptions ko;
   ko.balance_factor = 4.0;
-  auto k = pl::balanced_kmeans(p, ko);
+  auto k = moe::speculative::balanced_kmeans(p, ko);
   require_valid(p, k);
   REQUIRE(k.local_rate == Approx(1.0));
   // With the paper's gamma = 1.1 the token frequency per device stays within 10 %.
-  auto tight = pl::solve_cross_entropy(p);
+  auto tight = moe::speculative::solve_cross_entropy(p);
   require_valid(p, tight);
   REQUIRE(tight.imbalance <= 0.1 + 1e-9);
-  auto kt = pl::balanced_kmeans(p);
+  auto kt = moe::speculative::balanced_kmeans(p);
   require_valid(p, kt);
   REQUIRE(kt.imbalance <= 0.1 + 1e-9);
   REQUIRE(tight.local_rate >= kt.local_rate - 1e-12);
   // Objective: zero remote activations, so the value is the balance term only.
-  auto load = pl::device_token_load(p, r.token_device);
+  auto load = moe::speculative::device_token_load(p, r.token_device);
   double mean = p.total_frequency() / 4, bal = 0;
   for (double v : load) bal += (v / mean - 1) * (v / mean - 1);
-  REQUIRE(pl::objective(p, r.experts.ranks(), r.token_device, 3.0) == Approx(bal));
+  REQUIRE(moe::speculative::objective(p, r.experts.ranks(), r.token_device, 3.0) == Approx(bal));
 }
 
 TEST_CASE("refinement never lowers the local activations", "[speculative][cocluster]") {
   moe::profile::synthetic::Spec s{.vocab = 2000, .experts = 32, .top_k = 4, .topics = 8, .occurrences = 50000,
                                   .affinity = 0.7, .seed = 9};
   auto prof = moe::profile::synthetic::generate(s);
-  auto p = pl::CoclusterProblem::from_counts(prof.layer(0), 4, 4);
-  auto contiguous = pl::assign_tokens_to(p, pl::Table::contiguous(32, 4), 1.1);
-  auto refined = pl::refine(p, contiguous, 5);
+  auto p = moe::speculative::CoclusterProblem::from_counts(prof.layer(0), 4, 4);
+  auto contiguous = moe::speculative::assign_tokens_to(p, pl::Table::contiguous(32, 4), 1.1);
+  auto refined = moe::speculative::refine(p, contiguous, 5);
   require_valid(p, refined);
   REQUIRE(refined.local_rate >= contiguous.local_rate);
   REQUIRE(refined.imbalance <= 0.1 + 1e-9);
@@ -219,13 +219,13 @@ TEST_CASE("METIS baseline gives a valid balanced grouping", "[speculative][coclu
   moe::profile::synthetic::Spec s{.vocab = 2000, .experts = 32, .top_k = 4, .topics = 8, .occurrences = 50000,
                                   .affinity = 0.7, .seed = 9};
   auto prof = moe::profile::synthetic::generate(s);
-  auto p = pl::CoclusterProblem::from_counts(prof.layer(0), 4, 4);
-  auto m = pl::solve_metis(p);
+  auto p = moe::speculative::CoclusterProblem::from_counts(prof.layer(0), 4, 4);
+  auto m = moe::speculative::solve_metis(p);
   require_valid(p, m);  // the repair step restores exactly E/D experts per device
   REQUIRE(m.imbalance <= 0.15);
-  auto again = pl::solve_metis(p);
+  auto again = moe::speculative::solve_metis(p);
   REQUIRE(again.experts == m.experts);
-  auto ce = pl::solve_cross_entropy(p);
+  auto ce = moe::speculative::solve_cross_entropy(p);
   require_valid(p, ce);
   REQUIRE(ce.imbalance <= 0.1 + 1e-9);
   REQUIRE(ce.local_rate >= m.local_rate);

@@ -5,7 +5,7 @@
 #include <numeric>
 #include <vector>
 
-#include "moe/placement/cocluster.hpp"
+#include "moe/speculative/cocluster.hpp"
 #include "moe/profile/route_profile.hpp"
 #include "moe/speculative/comm_volume.hpp"
 #include "moe/speculative/metrics.hpp"
@@ -21,7 +21,7 @@ struct Activation {
 }  // namespace
 
 TEST_CASE("LAR and token balance against a list of activations", "[speculative][metrics]") {
-  moe::placement::detail::Rng rng(9);
+  moe::core::Rng rng(9);
   int const E = 12, D = 4, K = 3;
   RouteRecorder rec(E, K);
   std::vector<Activation> acts;
@@ -180,7 +180,7 @@ TEST_CASE("3.2 volume formulas against simulated collectives", "[speculative][me
   // All-reduce: ring simulation on T*H elements of 2 bytes.
   REQUIRE(m.all_reduce() == Approx(ring_all_reduce_elements(D, T * H) * 2));
   // Shuffled reduce-scatter with uneven groups: device d receives its n_d rows from D-1 others.
-  moe::placement::detail::Rng rng(2);
+  moe::core::Rng rng(2);
   std::vector<int> pred(T);
   for (auto& d : pred) d = rng.uniform() < 0.5 ? 0 : static_cast<int>(rng.below(D));  // skewed
   double srs = 0;

@@ -4,8 +4,8 @@
 
 #include <vector>
 
-#include "moe/placement/cocluster.hpp"
-#include "moe/placement/cocluster_metis.hpp"
+#include "moe/speculative/cocluster.hpp"
+#include "moe/speculative/cocluster_metis.hpp"
 #include "moe/profile/olmoe_tokens.hpp"
 #include "moe/profile/route_split.hpp"
 #include "moe/speculative/capped_eval.hpp"
@@ -19,7 +19,7 @@ namespace sp = moe::speculative;
 namespace {
 struct Data {
   moe::profile::RouteProfile fit, held;
-  pl::CoclusterProblem problem;
+  moe::speculative::CoclusterProblem problem;
 };
 Data const& data() {
   static Data d = [] {
@@ -28,25 +28,25 @@ Data const& data() {
     o.only_layer = 0;
     x.fit = ol::load(MOE_SHARED_DATA_DIR, {"arxiv", "book"}, o);
     x.held = ol::load(MOE_SHARED_DATA_DIR, {"github"}, o);
-    x.problem = pl::CoclusterProblem::from_counts(x.fit.layer(0), ol::top_k, 8);
+    x.problem = moe::speculative::CoclusterProblem::from_counts(x.fit.layer(0), ol::top_k, 8);
     return x;
   }();
   return d;
 }
-double held_out_lar(pl::CoclusterResult const& r) {
+double held_out_lar(moe::speculative::CoclusterResult const& r) {
   auto table = sp::TokenDeviceTable::from_cocluster(data().problem, r, ol::vocab);
   sp::Predictor pred(table);
   return sp::local_activation_rate(data().held.layer(0), r.experts, [&](int t) { return pred.predict(t).device; });
 }
 // Held-out LAR at the enforced balance (capacity 1.1 x mean per device, predictor default for unseen
 // tokens), the same rule for every method.
-sp::CappedEval held_out_capped(pl::CoclusterResult const& r) {
+sp::CappedEval held_out_capped(moe::speculative::CoclusterResult const& r) {
   auto table = sp::TokenDeviceTable::from_cocluster(data().problem, r, ol::vocab);
   sp::Predictor pred(table);
   return sp::capped_evaluation(data().held.layer(0), r.experts, ol::top_k, 8, [&](int t) { return pred.predict(t); });
 }
-pl::CrossEntropyOptions quick() {
-  pl::CrossEntropyOptions o;  // fewer rounds than the example program to keep the test short
+moe::speculative::CrossEntropyOptions quick() {
+  moe::speculative::CrossEntropyOptions o;  // fewer rounds than the example program to keep the test short
   o.iterations = 6;
   o.samples = 8;
   return o;
@@ -58,21 +58,21 @@ TEST_CASE("OLMoE: contiguous placement without shuffling is 1/8 local", "[specul
   std::vector<double> eq(8, 1.0 / 8);
   REQUIRE(sp::local_activation_rate_unshuffled(data().held.layer(0), c, eq) == Approx(0.125));
   // s-TS alone (token table over the contiguous placement) is better than 1/8 on held-out data.
-  auto r = pl::assign_tokens_to(data().problem, c, 1.1);
+  auto r = moe::speculative::assign_tokens_to(data().problem, c, 1.1);
   REQUIRE(r.local_rate > 0.125);
   REQUIRE(held_out_lar(r) > 0.125);
 }
 
 TEST_CASE("OLMoE: the 8-device co-clustering problem and its errors", "[speculative][olmoe][errors]") {
   auto const& lc = data().fit.layer(0);
-  REQUIRE_THROWS_WITH(pl::CoclusterProblem::from_counts(lc, ol::top_k, 128),
+  REQUIRE_THROWS_WITH(moe::speculative::CoclusterProblem::from_counts(lc, ol::top_k, 128),
                       Catch::Contains("more devices (128) than experts (64)"));
   REQUIRE(data().problem.total_frequency() == Approx(2 * 208896.0));
 }
 
 TEST_CASE("OLMoE: cross-entropy beats two-stage balanced k-means at the same balance cap", "[speculative][olmoe]") {
-  auto ce = pl::solve_cross_entropy(data().problem, quick());
-  auto km = pl::balanced_kmeans(data().problem);
+  auto ce = moe::speculative::solve_cross_entropy(data().problem, quick());
+  auto km = moe::speculative::balanced_kmeans(data().problem);
   REQUIRE(ce.imbalance <= 0.1 + 1e-9);
   REQUIRE(km.imbalance <= 0.1 + 1e-9);
   REQUIRE(ce.local_rate > km.local_rate);
@@ -84,17 +84,17 @@ TEST_CASE("OLMoE: cross-entropy beats METIS on the FITTED data's LAR at equal or
           "[speculative][olmoe][metis]") {
   // In-sample only: on the held-out domain the two are within seed noise (docs/speculative.md, 6),
   // so no held-out ordering between them is asserted.
-  auto ce = pl::solve_cross_entropy(data().problem, quick());
-  auto me = pl::solve_metis(data().problem);
+  auto ce = moe::speculative::solve_cross_entropy(data().problem, quick());
+  auto me = moe::speculative::solve_metis(data().problem);
   REQUIRE(ce.imbalance <= me.imbalance + 1e-9);
   REQUIRE(ce.local_rate > me.local_rate);
 }
 
 TEST_CASE("OLMoE held-out domain at an enforced balance: co-clustering beats contiguous s-TS",
           "[speculative][olmoe][metis][capped]") {
-  auto contiguous = held_out_capped(pl::assign_tokens_to(data().problem, pl::Table::contiguous(64, 8), 1.1));
-  auto ce = held_out_capped(pl::solve_cross_entropy(data().problem, quick()));
-  auto me = held_out_capped(pl::solve_metis(data().problem));
+  auto contiguous = held_out_capped(moe::speculative::assign_tokens_to(data().problem, pl::Table::contiguous(64, 8), 1.1));
+  auto ce = held_out_capped(moe::speculative::solve_cross_entropy(data().problem, quick()));
+  auto me = held_out_capped(moe::speculative::solve_metis(data().problem));
   // Reference for the unseen share, counted straight from the two profiles: activations of held-out
   // tokens that the fitted layer never saw, over all held-out activations (the data gives 1 - 0.679).
   auto const& fit = data().fit.layer(0);
@@ -127,13 +127,13 @@ TEST_CASE("OLMoE same domains, held-out 80 % split, enforced balance: cross-entr
   ol::LoadOptions o;
   o.only_layer = 0;
   auto parts = moe::profile::split_profile(ol::load(MOE_SHARED_DATA_DIR, {"arxiv", "book", "github"}, o), 0.2, 1);
-  auto problem = pl::CoclusterProblem::from_counts(parts.first.layer(0), ol::top_k, 8);
-  auto eval = [&](pl::CoclusterResult const& r) {
+  auto problem = moe::speculative::CoclusterProblem::from_counts(parts.first.layer(0), ol::top_k, 8);
+  auto eval = [&](moe::speculative::CoclusterResult const& r) {
     sp::Predictor pred(sp::TokenDeviceTable::from_cocluster(problem, r, ol::vocab));
     return sp::capped_evaluation(parts.second.layer(0), r.experts, ol::top_k, 8, [&](int t) { return pred.predict(t); });
   };
-  auto ce = eval(pl::solve_cross_entropy(problem, quick()));
-  auto me = eval(pl::solve_metis(problem));
+  auto ce = eval(moe::speculative::solve_cross_entropy(problem, quick()));
+  auto me = eval(moe::speculative::solve_metis(problem));
   CAPTURE(ce.lar, me.lar);
   REQUIRE(ce.imbalance <= 0.1 + 1e-9);
   REQUIRE(me.imbalance <= 0.1 + 1e-9);

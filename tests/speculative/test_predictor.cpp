@@ -6,7 +6,7 @@
 #include <map>
 #include <vector>
 
-#include "moe/placement/cocluster.hpp"
+#include "moe/speculative/cocluster.hpp"
 #include "moe/profile/route_profile.hpp"
 #include "moe/speculative/predictor.hpp"
 
@@ -23,7 +23,7 @@ TEST_CASE("Q15 confidences", "[speculative][predictor]") {
 }
 
 TEST_CASE("token table from counts picks the device with most activations", "[speculative][predictor]") {
-  moe::placement::detail::Rng rng(3);
+  moe::core::Rng rng(3);
   RouteRecorder rec(8, 1);
   std::map<int, std::vector<long>> ref;  // token -> activations per expert
   for (int n = 0; n < 2000; ++n) {
@@ -88,7 +88,7 @@ TEST_CASE("unseen tokens: nearest-token hook, then token id mod devices", "[spec
 
 TEST_CASE("cosine nearest known token matches a brute-force search", "[speculative][predictor]") {
   int vocab = 30, hidden = 5;
-  moe::placement::detail::Rng rng(11);
+  moe::core::Rng rng(11);
   std::vector<float> emb(static_cast<std::size_t>(vocab * hidden));
   for (auto& v : emb) v = static_cast<float>(rng.uniform() * 2 - 1);
   sp::TokenDeviceTable table(vocab, 3);
@@ -120,7 +120,7 @@ TEST_CASE("cosine nearest known token matches a brute-force search", "[speculati
 
 TEST_CASE("device-sequence table counts device paths over 2 previous layers", "[speculative][predictor]") {
   // 4 experts on 2 devices (round robin), top-2, layers 0, 1, 2.
-  moe::placement::detail::Rng rng(5);
+  moe::core::Rng rng(5);
   RouteRecorder rec(4, 2, true);
   int const n = 400;
   std::vector<std::vector<int>> route(3 * n);

@@ -10,7 +10,7 @@
 #include <tuple>
 #include <vector>
 
-#include "moe/placement/cocluster.hpp"
+#include "moe/speculative/cocluster.hpp"
 #include "moe/profile/olmoe_tokens.hpp"
 #include "moe/profile/route_profile.hpp"
 #include "moe/profile/route_split.hpp"
@@ -30,7 +30,7 @@ RouteProfile load_string(std::string const& text, int experts = 4, int top_k = 2
 }  // namespace
 
 TEST_CASE("record aggregates token -> expert counts like a plain map", "[speculative][profile]") {
-  moe::placement::detail::Rng rng(7);
+  moe::core::Rng rng(7);
   RouteRecorder rec(8, 3, /*keep_paths=*/true);
   std::map<std::tuple<int, int, int>, long> ref;  // (layer, token, expert) -> count
   std::vector<int> tokens;

@@ -6,13 +6,13 @@
 #include <set>
 #include <vector>
 
-#include "moe/placement/cocluster.hpp"
+#include "moe/speculative/cocluster.hpp"
 #include "moe/speculative/shuffle_plan.hpp"
 
 namespace sp = moe::speculative;
 
 TEST_CASE("shuffle plan equals a stable sort by predicted device", "[speculative][shuffle]") {
-  moe::placement::detail::Rng rng(42);
+  moe::core::Rng rng(42);
   for (int devices : {1, 3, 8}) {
     for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{37}, std::size_t{1000}}) {
       std::vector<int> pred(n);
@@ -41,7 +41,7 @@ TEST_CASE("shuffle plan equals a stable sort by predicted device", "[speculative
 }
 
 TEST_CASE("pack then unpack restores the rows exactly", "[speculative][shuffle]") {
-  moe::placement::detail::Rng rng(1);
+  moe::core::Rng rng(1);
   std::size_t n = 257, width = 5;
   std::vector<int> pred(n);
   for (auto& d : pred) d = static_cast<int>(rng.below(4));
@@ -85,7 +85,7 @@ TEST_CASE("shuffle plan rejects bad predictions", "[speculative][shuffle][errors
 }
 
 TEST_CASE("cap_predictions bounds tokens per device, moving the least confident", "[speculative][shuffle]") {
-  moe::placement::detail::Rng rng(17);
+  moe::core::Rng rng(17);
   std::size_t n = 500;
   int D = 4;
   std::vector<int> pred(n);

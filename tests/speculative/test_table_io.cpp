@@ -4,7 +4,7 @@
 #include <sstream>
 #include <vector>
 
-#include "moe/placement/cocluster.hpp"
+#include "moe/speculative/cocluster.hpp"
 #include "moe/speculative/table_io.hpp"
 
 namespace sp = moe::speculative;
@@ -23,7 +23,7 @@ sp::DeviceSequenceTable read_seq(std::string const& text) {
 }  // namespace
 
 TEST_CASE("token table file round trip", "[speculative][io]") {
-  moe::placement::detail::Rng rng(6);
+  moe::core::Rng rng(6);
   sp::TokenDeviceTable t(1000, 8);
   for (int i = 0; i < 300; ++i)
     t.set(static_cast<int>(rng.below(1000)), static_cast<int>(rng.below(8)), rng.uniform());
@@ -37,7 +37,7 @@ TEST_CASE("token table file round trip", "[speculative][io]") {
 }
 
 TEST_CASE("sequence table file round trip", "[speculative][io]") {
-  moe::placement::detail::Rng rng(8);
+  moe::core::Rng rng(8);
   sp::DeviceSequenceTable t(3, 2);
   for (int i = 0; i < 12; ++i) {
     std::vector<int> prev{static_cast<int>(rng.below(3)), static_cast<int>(rng.below(3))};

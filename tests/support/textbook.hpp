@@ -1,7 +1,7 @@
 #pragma once
 // A textbook fp64 forward pass of one MoE layer, written from the model definitions and sharing no
 // code with moe/kernels/host.hpp, moe/router/router.hpp or moe/layer/reference.hpp: it only reads
-// the weights (PyTorch Linear layout, see moe/layer/weights.hpp) and the shape's routing fields.
+// the weights (PyTorch Linear layout, see moe/core/weights.hpp) and the shape's routing fields.
 // The host reference, moe::Layer, the FinDEP executors and the MPI runs are all checked against it,
 // so a mistake in the shared host kernels (a gate/up swap, a wrong rounding) can no longer pass
 // because every side makes it.
@@ -22,7 +22,7 @@
 
 #include "moe/core/bf16.hpp"
 #include "moe/core/shape.hpp"
-#include "moe/layer/weights.hpp"
+#include "moe/core/weights.hpp"
 
 namespace moe::test::textbook {
 

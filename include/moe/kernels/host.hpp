@@ -9,7 +9,7 @@
 #include <span>
 
 #include "moe/core/bf16.hpp"
-#include "moe/layer/weights.hpp"
+#include "moe/core/weights.hpp"
 
 namespace moe::kernels::host {
 

@@ -38,7 +38,7 @@
 #include "moe/config.hpp"
 #include "moe/layer/disaggregated.hpp"
 #include "moe/schedule/disaggregated.hpp"
-#include "moe/schedule/findep_cuda.cuh"
+#include "moe/layer/findep_cuda.cuh"
 
 namespace moe {
 

@@ -40,12 +40,12 @@
 #include "moe/config.hpp"
 #include "moe/core/shape.hpp"
 #include "moe/layer/layer.hpp"
-#include "moe/layer/weights.hpp"
-#include "moe/placement/table.hpp"
-#include "moe/replication/table.hpp"
+#include "moe/core/weights.hpp"
+#include "moe/plan/placement_table.hpp"
+#include "moe/plan/replica_table.hpp"
 #include "moe/router/router.hpp"
 #include "moe/schedule/disaggregated.hpp"
-#include "moe/schedule/findep_executor.hpp"
+#include "moe/layer/findep_executor.hpp"
 
 namespace moe {
 

@@ -1,6 +1,6 @@
 #pragma once
 // The expert feed-forward passes of a MoE layer on the GPU (nvcc only), shared by moe::CudaLayer
-// and the FinDEP executors (moe/schedule/findep_cuda.cuh) so that every device path runs the same
+// and the FinDEP executors (moe/layer/findep_cuda.cuh) so that every device path runs the same
 // kernels with the same roundings:
 //
 //   RoutedExperts<S, T>   received records -> (record, slot) pairs grouped by expert -> SwiGLU
@@ -22,7 +22,7 @@
 #include "moe/kernels/cuda_common.cuh"
 #include "moe/kernels/dispatch.cuh"
 #include "moe/kernels/grouped_gemm.cuh"
-#include "moe/layer/weights.hpp"
+#include "moe/core/weights.hpp"
 
 namespace moe::detail {
 

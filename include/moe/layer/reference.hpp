@@ -12,7 +12,7 @@
 #include "moe/config.hpp"
 #include "moe/core/shape.hpp"
 #include "moe/kernels/host.hpp"
-#include "moe/layer/weights.hpp"
+#include "moe/core/weights.hpp"
 #include "moe/router/router.hpp"
 
 namespace moe {

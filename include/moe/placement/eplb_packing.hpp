@@ -5,7 +5,7 @@
 
 #include <vector>
 
-#include "moe/placement/table.hpp"
+#include "moe/plan/placement_table.hpp"
 #include "moe/replication/eplb.hpp"
 
 namespace moe::placement {

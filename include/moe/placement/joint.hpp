@@ -84,9 +84,9 @@
 #include <vector>
 
 #include "moe/config.hpp"
-#include "moe/placement/plan_io.hpp"
+#include "moe/plan/plan_io.hpp"
 #include "moe/replication/routed.hpp"
-#include "moe/replication/table.hpp"
+#include "moe/plan/replica_table.hpp"
 #include "moe/topology/topology.hpp"
 
 namespace moe::placement::joint {

@@ -16,7 +16,7 @@
 #include "moe/placement/problem.hpp"
 #include "moe/profile/load_profile.hpp"
 #include "moe/replication/eplb.hpp"
-#include "moe/replication/table.hpp"
+#include "moe/plan/replica_table.hpp"
 
 namespace moe::placement {
 

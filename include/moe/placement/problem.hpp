@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "moe/config.hpp"
-#include "moe/placement/table.hpp"
+#include "moe/plan/placement_table.hpp"
 #include "moe/topology/topology.hpp"
 
 namespace moe::placement {

@@ -12,7 +12,7 @@
 #include <utility>
 
 #include "moe/config.hpp"
-#include "moe/placement/cocluster.hpp"
+#include "moe/core/rng.hpp"
 #include "moe/profile/route_profile.hpp"
 
 namespace moe::profile {
@@ -23,7 +23,7 @@ inline std::pair<RouteProfile, RouteProfile> split_profile(RouteProfile const& p
   check(!p.empty(), "split: the route profile is empty");
   check(p.top_k() > 0, "split: the profile's top_k is unknown");
   check(fraction > 0 && fraction < 1, "split: fraction must be in (0, 1), got ", fraction);
-  placement::detail::Rng rng(seed);
+  moe::core::Rng rng(seed);
   RouteRecorder fit(p.experts(), p.top_k()), held(p.experts(), p.top_k());
   auto k = static_cast<std::int64_t>(p.top_k());
   for (int l : p.layers()) {

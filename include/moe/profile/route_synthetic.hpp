@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "moe/config.hpp"
-#include "moe/placement/cocluster.hpp"
+#include "moe/core/rng.hpp"
 #include "moe/profile/route_profile.hpp"
 
 namespace moe::profile::synthetic {
@@ -37,7 +37,7 @@ inline RouteProfile generate(Spec const& s) {
         "synthetic profile: invalid spec");
   check(s.affinity < 1 || s.experts / s.topics >= s.top_k,
         "synthetic profile: with affinity 1 every topic needs at least top_k experts");
-  placement::detail::Rng rng(s.seed);
+  moe::core::Rng rng(s.seed);
   auto V = static_cast<std::size_t>(s.vocab);
   auto E = static_cast<std::size_t>(s.experts);
   // Topic membership of experts (a seeded permutation so topics are not contiguous ids).

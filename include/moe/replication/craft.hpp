@@ -28,9 +28,9 @@
 #include <vector>
 
 #include "moe/config.hpp"
-#include "moe/placement/table.hpp"
+#include "moe/plan/placement_table.hpp"
 #include "moe/profile/load_profile.hpp"
-#include "moe/replication/table.hpp"
+#include "moe/plan/replica_table.hpp"
 
 namespace moe::replication::craft {
 

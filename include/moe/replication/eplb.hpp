@@ -23,9 +23,9 @@
 #include <vector>
 
 #include "moe/config.hpp"
-#include "moe/placement/slot_map.hpp"
-#include "moe/placement/table.hpp"
-#include "moe/replication/table.hpp"
+#include "moe/plan/slot_map.hpp"
+#include "moe/plan/placement_table.hpp"
+#include "moe/plan/replica_table.hpp"
 
 namespace moe::replication::eplb {
 

@@ -29,8 +29,8 @@
 #include <vector>
 
 #include "moe/config.hpp"
-#include "moe/replication/table.hpp"
-#include "moe/topology/traffic.hpp"
+#include "moe/plan/replica_table.hpp"
+#include "moe/placement/traffic.hpp"
 
 namespace moe::replication {
 

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "moe/config.hpp"
-#include "moe/replication/table.hpp"
+#include "moe/plan/replica_table.hpp"
 #include "moe/topology/topology.hpp"
 
 namespace moe::replication {

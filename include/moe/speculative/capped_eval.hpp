@@ -34,7 +34,7 @@
 #include <vector>
 
 #include "moe/config.hpp"
-#include "moe/placement/table.hpp"
+#include "moe/plan/placement_table.hpp"
 #include "moe/profile/route_profile.hpp"
 #include "moe/speculative/predictor.hpp"
 

@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "moe/config.hpp"
-#include "moe/placement/cocluster.hpp"
-#include "moe/placement/table.hpp"
+#include "moe/speculative/cocluster.hpp"
+#include "moe/plan/placement_table.hpp"
 #include "moe/profile/route_profile.hpp"
 #include "moe/speculative/predictor.hpp"
 
@@ -81,7 +81,7 @@ template <class DeviceOf>
           devices, ")");
     b.load[static_cast<std::size_t>(d)] += static_cast<double>(lc.row_total(i)) / top_k;
   }
-  b.imbalance = placement::imbalance(b.load);
+  b.imbalance = moe::speculative::imbalance(b.load);
   return b;
 }
 

@@ -24,8 +24,8 @@
 #include <vector>
 
 #include "moe/config.hpp"
-#include "moe/placement/cocluster.hpp"
-#include "moe/placement/table.hpp"
+#include "moe/speculative/cocluster.hpp"
+#include "moe/plan/placement_table.hpp"
 #include "moe/profile/route_profile.hpp"
 
 namespace moe::speculative {
@@ -83,8 +83,8 @@ public:
 
   /// From a co-clustering: row i's token gets result.token_device[i], confidence = the share of
   /// its profiled activations on that device.
-  static TokenDeviceTable from_cocluster(placement::CoclusterProblem const& p,
-                                         placement::CoclusterResult const& r, int vocab) {
+  static TokenDeviceTable from_cocluster(moe::speculative::CoclusterProblem const& p,
+                                         moe::speculative::CoclusterResult const& r, int vocab) {
     check(r.token_device.size() == p.rows() && r.token_confidence.size() == p.rows(),
           "token table: co-clustering result has ", r.token_device.size(), " token devices and ",
           r.token_confidence.size(), " confidences, the problem ", p.rows(), " tokens");

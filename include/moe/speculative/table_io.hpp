@@ -1,7 +1,7 @@
 #pragma once
 // Files of the s-TS predictor tables (TSV, documented in docs/speculative.md), so that a Python
 // engine can read what the offline planner computed. The expert -> device grouping of s-EG is a
-// placement table: write it with moe/placement/plan_io.hpp.
+// placement table: write it with moe/plan/plan_io.hpp.
 //
 // Token table:
 //   moe-token-table <tab> 1 <tab> VOCAB <tab> DEVICES

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "moe/core/cli.hpp"
-#include "host_ops.hpp"
+#include "moe_tools/host_ops.hpp"
 #include "moe/schedule/perf_model.hpp"
 
 using namespace moe::schedule;

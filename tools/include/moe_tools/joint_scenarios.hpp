@@ -42,8 +42,8 @@
 #include "moe/replication/eplb.hpp"
 #include "moe/replication/reactive.hpp"
 #include "moe/replication/routed.hpp"
-#include "moe/topology/traffic.hpp"
-#include "reactive_study.hpp"
+#include "moe/placement/traffic.hpp"
+#include "moe_tools/reactive_study.hpp"
 
 namespace moe::joint_scenarios {
 

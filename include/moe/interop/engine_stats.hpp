@@ -36,7 +36,7 @@
 #include "moe/core/tsv.hpp"
 #include "moe/profile/load_profile.hpp"
 #include "moe/profile/route_profile.hpp"
-#include "moe/profile/torch_file.hpp"
+#include "moe/interop/torch_file.hpp"
 
 namespace moe::profile::engine {
 

@@ -9,7 +9,7 @@
 //
 // MOE_HAS_METIS is 1 when <metis.h> is available (the function exists), 0 otherwise.
 
-#include "moe/placement/cocluster.hpp"
+#include "moe/speculative/cocluster.hpp"
 
 #if __has_include(<metis.h>)
 #include <metis.h>
@@ -23,7 +23,7 @@
 #include <limits>
 #include <vector>
 
-namespace moe::placement {
+namespace moe::speculative {
 
 struct MetisOptions {
   double token_tolerance = 1.1;   ///< allowed max/mean of the token frequency per part
@@ -116,5 +116,5 @@ inline CoclusterResult solve_metis(CoclusterProblem const& p, MetisOptions const
   return detail::finish(p, std::move(expert_device), std::move(token_device), 1);
 }
 
-}  // namespace moe::placement
+}  // namespace moe::speculative
 #endif

@@ -74,9 +74,9 @@
 #include "moe/core/shape.hpp"
 #include "moe/core/workspace.hpp"
 #include "moe/kernels/host.hpp"
-#include "moe/layer/weights.hpp"
-#include "moe/placement/table.hpp"
-#include "moe/replication/table.hpp"
+#include "moe/core/weights.hpp"
+#include "moe/plan/placement_table.hpp"
+#include "moe/plan/replica_table.hpp"
 #include "moe/router/router.hpp"
 #include "moe/schedule/problem.hpp"
 

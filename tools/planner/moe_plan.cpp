@@ -25,17 +25,17 @@
 #include "moe/placement/ilp.hpp"
 #include "moe/placement/joint.hpp"
 #include "moe/placement/metrics.hpp"
-#include "moe/placement/plan_io.hpp"
+#include "moe/plan/plan_io.hpp"
 #include "moe/profile/load_profile.hpp"
 #include "moe/profile/route_profile.hpp"
 #include "moe/replication/craft.hpp"
 #include "moe/replication/eplb.hpp"
 #include "moe/topology/topology.hpp"
 #if MOE_PLAN_WITH_INTEROP
-#include "moe/placement/engine_plans.hpp"
-#include "moe/profile/engine_stats.hpp"
+#include "moe/interop/engine_plans.hpp"
+#include "moe/interop/engine_stats.hpp"
 #endif
-#include "plan_options.hpp"
+#include "moe_tools/plan_options.hpp"
 
 using namespace moe;
 

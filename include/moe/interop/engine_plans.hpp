@@ -30,7 +30,7 @@
 #include <vector>
 
 #include "moe/config.hpp"
-#include "moe/placement/slot_map.hpp"
+#include "moe/plan/slot_map.hpp"
 
 namespace moe::placement::engine {
 

@@ -8,7 +8,7 @@
 //                   [--methods contiguous,metis,metis+refine,kmeans,ce-plain,ce] [--split F] [--out DIR]
 //
 // --out DIR: write the cross-entropy result of each layer L as DIR/experts-layer<L>.plan.tsv (a
-// one-layer plan file, moe/placement/plan_io.hpp) and DIR/token-table-layer<L>.tsv (table_io.hpp).
+// one-layer plan file, moe/plan/plan_io.hpp) and DIR/token-table-layer<L>.tsv (table_io.hpp).
 // --split F: instead of a held-out domain, fit on a seeded share F of the --train domains'
 // occurrences and evaluate on the rest (simulated split of the aggregated counts, route_split.hpp).
 // --fit-gamma G: the balance cap used while fitting, for every method (CE and k-means cap, METIS
@@ -33,9 +33,9 @@
 
 #include "moe/core/cli.hpp"
 #include "moe/core/tsv.hpp"
-#include "moe/placement/cocluster.hpp"
-#include "moe/placement/cocluster_metis.hpp"
-#include "moe/placement/plan_io.hpp"
+#include "moe/speculative/cocluster.hpp"
+#include "moe/speculative/cocluster_metis.hpp"
+#include "moe/plan/plan_io.hpp"
 #include "moe/profile/olmoe_tokens.hpp"
 #include "moe/profile/route_split.hpp"
 #include "moe/speculative/capped_eval.hpp"
@@ -125,7 +125,7 @@ int main(int argc, char** argv) try {
     int layer = static_cast<int>(moe::core::parse_int(ls, "--layers", 0, moe::core::limits::layers - 1));
     auto const& tr = fit.layer(layer);
     auto const& ev = held.layer(layer);
-    auto problem = placement::CoclusterProblem::from_counts(tr, ol::top_k, devices);
+    auto problem = moe::speculative::CoclusterProblem::from_counts(tr, ol::top_k, devices);
     speculative::TokenExpertTable topk(tr, ol::top_k, ol::vocab);
     auto pr = speculative::expert_precision_recall(ev, ol::top_k, topk);
     std::printf("### layer %d: %zu fitted tokens, %zu held-out tokens; expert top-8 table on held-out: "
@@ -134,7 +134,7 @@ int main(int argc, char** argv) try {
     std::printf("| layer | method | solve s | LAR fit | imb fit | LAR held, no shuffle | LAR held s-TS uncapped | "
                 "imb uncapped | LAR held s-TS capped | imb capped | moved |\n");
     std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
-    auto report = [&](char const* name, placement::CoclusterResult const& r, double secs) {
+    auto report = [&](char const* name, moe::speculative::CoclusterResult const& r, double secs) {
       auto table = speculative::TokenDeviceTable::from_cocluster(problem, r, ol::vocab);
       speculative::Predictor pred(table);
       auto prior = speculative::device_prior(tr, r.experts, devices);
@@ -153,31 +153,31 @@ int main(int argc, char** argv) try {
     };
     if (want("contiguous")) {
       auto [r, s] = timed([&] {
-        return placement::assign_tokens_to(problem, placement::Table::contiguous(ol::experts, devices), fit_gamma);
+        return moe::speculative::assign_tokens_to(problem, placement::Table::contiguous(ol::experts, devices), fit_gamma);
       });
       report("contiguous (s-TS only)", r, s);
     }
 #if MOE_HAS_METIS && defined(MOE_WITH_METIS)
     if (want("metis") || want("metis+refine")) {
-      placement::MetisOptions mo;
+      moe::speculative::MetisOptions mo;
       mo.seed = static_cast<int>(seed);
       mo.token_tolerance = fit_gamma;
-      auto [r, s] = timed([&] { return placement::solve_metis(problem, mo); });
+      auto [r, s] = timed([&] { return moe::speculative::solve_metis(problem, mo); });
       if (want("metis")) report("METIS", r, s);
       if (want("metis+refine")) {
-        auto [r2, s2] = timed([&] { return placement::refine(problem, r, final_polish, fit_gamma); });
+        auto [r2, s2] = timed([&] { return moe::speculative::refine(problem, r, final_polish, fit_gamma); });
         report("METIS + our refinement", r2, s + s2);
       }
     }
 #endif
     if (want("kmeans")) {
-      placement::KMeansOptions ko;
+      moe::speculative::KMeansOptions ko;
       ko.seed = seed;
       ko.balance_factor = fit_gamma;
-      auto [r, s] = timed([&] { return placement::balanced_kmeans(problem, ko); });
+      auto [r, s] = timed([&] { return moe::speculative::balanced_kmeans(problem, ko); });
       report("balanced k-means (2-stage)", r, s);
     }
-    placement::CrossEntropyOptions co;
+    moe::speculative::CrossEntropyOptions co;
     co.seed = seed;
     co.iterations = iterations;
     co.samples = samples;
@@ -189,13 +189,13 @@ int main(int argc, char** argv) try {
       auto plain = co;
       plain.polish_rounds = 0;
       plain.final_polish_rounds = 0;
-      auto [r, s] = timed([&] { return placement::solve_cross_entropy(problem, plain); });
+      auto [r, s] = timed([&] { return moe::speculative::solve_cross_entropy(problem, plain); });
       report("cross-entropy, plain Algorithm 1", r, s);
     }
     if (want("ce")) {
       co.polish_rounds = polish;
       co.final_polish_rounds = final_polish;
-      auto [r2, s2] = timed([&] { return placement::solve_cross_entropy(problem, co); });
+      auto [r2, s2] = timed([&] { return moe::speculative::solve_cross_entropy(problem, co); });
       report("cross-entropy + refinement", r2, s2);
       if (!out.empty()) {
         placement::write_plan(out + "/experts-layer" + std::to_string(layer) + ".plan.tsv",

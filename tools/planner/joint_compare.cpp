@@ -22,9 +22,9 @@
 #include <string>
 #include <vector>
 
-#include "joint_scenarios.hpp"
+#include "moe_tools/joint_scenarios.hpp"
 #include "moe/core/cli.hpp"
-#include "reactive_study.hpp"
+#include "moe_tools/reactive_study.hpp"
 
 using namespace moe;
 

@@ -21,7 +21,7 @@
 #include "moe/core/tsv.hpp"
 #include "moe/models/models.hpp"
 #if MOE_PLAN_WITH_INTEROP
-#include "moe/placement/engine_plans.hpp"
+#include "moe/interop/engine_plans.hpp"
 #endif
 
 namespace moe::plan_cli {

@@ -52,7 +52,7 @@
 
 #include "moe/config.hpp"
 #include "moe/placement/problem.hpp"
-#include "moe/replication/table.hpp"
+#include "moe/plan/replica_table.hpp"
 #include "moe/topology/topology.hpp"
 
 namespace moe::topology {

@@ -65,11 +65,11 @@
 #include <string>
 #include <vector>
 
-#include "gpu_sweep.hpp"
+#include "moe_tools/gpu_sweep.hpp"
 #include "moe/kernels/cuda_common.cuh"
 #include "moe/kernels/gate.cuh"
 #include "moe/kernels/grouped_gemm.cuh"
-#include "moe/schedule/findep_cuda.cuh"
+#include "moe/layer/findep_cuda.cuh"
 #include "moe/schedule/perf_model.hpp"
 
 namespace kc = moe::kernels::cuda;

@@ -13,7 +13,7 @@
 // Solvers:
 //   solve_cross_entropy  the cross-entropy method of Algorithm 1 (seeded, deterministic)
 //   balanced_kmeans      two-stage balanced k-means baseline (experts first, then tokens)
-//   solve_metis          METIS baseline, in moe/placement/cocluster_metis.hpp (needs libmetis)
+//   solve_metis          METIS baseline, in moe/speculative/cocluster_metis.hpp (needs libmetis)
 
 #include <algorithm>
 #include <cmath>
@@ -25,10 +25,11 @@
 #include <vector>
 
 #include "moe/config.hpp"
-#include "moe/placement/table.hpp"
+#include "moe/core/rng.hpp"
+#include "moe/plan/placement_table.hpp"
 #include "moe/profile/route_profile.hpp"
 
-namespace moe::placement {
+namespace moe::speculative {
 
 /// One layer's co-clustering input: rows are distinct tokens, CSR activations per row.
 struct CoclusterProblem {
@@ -94,7 +95,7 @@ struct CoclusterProblem {
 
 /// A co-clustering: expert grouping, token table and its quality on the training data.
 struct CoclusterResult {
-  Table experts;                         ///< expert -> device
+  placement::Table experts;                         ///< expert -> device
   std::vector<int> token_device;         ///< row i of the problem -> device
   std::vector<double> token_confidence;  ///< share of row i's activations on its device
   double local_rate = 0;                 ///< LAR on the training activations
@@ -157,27 +158,6 @@ inline double objective(CoclusterProblem const& p, std::span<int const> expert_d
 }
 
 namespace detail {
-
-/// SplitMix64-seeded xoshiro-style generator with portable uniform draws (same stream everywhere).
-class Rng {
-public:
-  explicit Rng(std::uint64_t seed) : s_(seed + 0x9E3779B97F4A7C15ull) {}
-  std::uint64_t next() {
-    std::uint64_t z = (s_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
-  std::size_t below(std::size_t n) { return static_cast<std::size_t>(next() % n); }
-  template <class T>
-  void shuffle(std::vector<T>& v) {
-    for (std::size_t i = v.size(); i > 1; --i) std::swap(v[i - 1], v[below(i)]);
-  }
-
-private:
-  std::uint64_t s_;
-};
 
 /// Rows sorted by descending frequency (ties: row index), the order tokens pick devices in.
 inline std::vector<std::size_t> frequency_order(CoclusterProblem const& p) {
@@ -306,7 +286,7 @@ inline CoclusterResult finish(CoclusterProblem const& p, std::vector<int> expert
   r.local_rate = local_rate(p, expert_device, token_device);
   auto load = device_token_load(p, token_device);
   r.imbalance = imbalance(load);
-  r.experts = Table(std::move(expert_device));
+  r.experts = placement::Table(std::move(expert_device));
   r.token_device = std::move(token_device);
   r.iterations = iterations;
   return r;
@@ -470,7 +450,7 @@ inline CoclusterResult solve_cross_entropy(CoclusterProblem const& p, CrossEntro
   auto E = static_cast<std::size_t>(p.experts);
   auto D = static_cast<std::size_t>(p.devices);
   auto per = static_cast<std::size_t>(p.experts_per_device());
-  detail::Rng rng(opt.seed);
+  core::Rng rng(opt.seed);
   auto order = detail::frequency_order(p);
 
   std::vector<double> prob(E * D, 1.0 / static_cast<double>(D));
@@ -596,7 +576,7 @@ inline CoclusterResult balanced_kmeans(CoclusterProblem const& p, KMeansOptions 
   auto E = static_cast<std::size_t>(p.experts);
   auto D = static_cast<std::size_t>(p.devices);
   auto per = static_cast<std::size_t>(p.experts_per_device());
-  detail::Rng rng(opt.seed);
+  core::Rng rng(opt.seed);
 
   // Stage 1: expert features.
   std::vector<double> feat(E * E, 0.0);
@@ -741,7 +721,7 @@ inline CoclusterResult balanced_kmeans(CoclusterProblem const& p, KMeansOptions 
 }
 
 /// Tokens' best response to a fixed expert grouping (e.g. contiguous placement with s-TS only).
-inline CoclusterResult assign_tokens_to(CoclusterProblem const& p, Table const& experts,
+inline CoclusterResult assign_tokens_to(CoclusterProblem const& p, placement::Table const& experts,
                                         double balance_factor = std::numeric_limits<double>::infinity()) {
   p.validate();
   experts.validate(p.experts, p.devices);
@@ -752,4 +732,4 @@ inline CoclusterResult assign_tokens_to(CoclusterProblem const& p, Table const& 
   return detail::finish(p, experts.ranks(), std::move(tokens), 0);
 }
 
-}  // namespace moe::placement
+}  // namespace moe::speculative

@@ -1,6 +1,6 @@
 #pragma once
 // Plan files: the expert -> GPU table of every MoE layer, with replicas, as written by the planner
-// (examples/planner/moe_plan.cpp) and loaded into the Layer's placement and replica tables.
+// (tools/planner/moe_plan.cpp) and loaded into the Layer's placement and replica tables.
 //
 // Format (TSV, documented in docs/plan-format.md):
 //   moe-plan <tab> 1 <tab> LAYERS <tab> EXPERTS <tab> GPUS
@@ -16,8 +16,8 @@
 
 #include "moe/config.hpp"
 #include "moe/core/tsv.hpp"
-#include "moe/placement/table.hpp"
-#include "moe/replication/table.hpp"
+#include "moe/plan/placement_table.hpp"
+#include "moe/plan/replica_table.hpp"
 
 namespace moe::placement {
 

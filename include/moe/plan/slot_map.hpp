@@ -25,7 +25,7 @@
 
 #include "moe/config.hpp"
 #include "moe/core/tsv.hpp"
-#include "moe/placement/plan_io.hpp"
+#include "moe/plan/plan_io.hpp"
 
 namespace moe::placement {
 
