@@ -547,6 +547,38 @@ void reset_errors() {
 
 Counters counters() { return {rt().kernels.load(), rt().blocks.load(), rt().switches.load()}; }
 
+namespace {
+std::mutex g_inject_m;
+std::map<std::string, int> g_inject;  // API -> calls left until the one that fails
+std::atomic<long long> g_live_streams{0}, g_live_events{0};
+}  // namespace
+
+void fail_nth_call(std::string const& api, int nth) {
+  std::lock_guard<std::mutex> lock(g_inject_m);
+  if (nth <= 0)
+    g_inject.erase(api);
+  else
+    g_inject[api] = nth;
+}
+
+bool injected_failure(char const* api) {
+  std::lock_guard<std::mutex> lock(g_inject_m);
+  auto it = g_inject.find(api);
+  if (it == g_inject.end()) return false;
+  if (--it->second > 0) return false;
+  g_inject.erase(it);
+  return true;
+}
+
+Resources live_resources() {
+  Resources r;
+  r.streams = g_live_streams.load();
+  r.events = g_live_events.load();
+  Lock lock(rt().m);
+  for (auto const& [base, a] : rt().allocations) (a.device >= 0 ? r.device_allocations : r.host_allocations) += 1;
+  return r;
+}
+
 }  // namespace emu
 
 using namespace emu;
@@ -734,6 +766,7 @@ cudaError_t allocate(void** p, std::size_t bytes, int device, char const* api) {
   *p = nullptr;
   if (bytes == 0) return cudaSuccess;
   if (bytes > (std::size_t{1} << 40)) return fail(cudaErrorMemoryAllocation, std::string(api) + ": " + std::to_string(bytes) + " bytes");
+  if (injected_failure(api)) return fail(cudaErrorMemoryAllocation, std::string(api) + ": out of memory (injected by the test)");
   void* m = nullptr;
   // The exact size: AddressSanitizer sees a one-byte overrun past the end.
   if (posix_memalign(&m, 256, bytes) != 0 || !m) return fail(cudaErrorMemoryAllocation, std::string(api) + ": out of memory");
@@ -830,6 +863,9 @@ cudaError_t cudaMemset(void* p, int value, std::size_t bytes) {
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags) {
   if (!s) return record(cudaErrorInvalidValue);
   if (flags & ~cudaStreamNonBlocking) return fail(cudaErrorInvalidValue, "cudaStreamCreateWithFlags: unknown flags");
+  if (injected_failure("cudaStreamCreateWithFlags"))
+    return fail(cudaErrorMemoryAllocation, "cudaStreamCreateWithFlags: out of resources (injected by the test)");
+  ++g_live_streams;
   legacy_stream(tl_device);
   Stream* n = new_stream(tl_device, false, (flags & cudaStreamNonBlocking) == 0);
   {
@@ -857,6 +893,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
     list.erase(it);
     rt().zombies.push_back(s);
   }
+  --g_live_streams;
   // Work already queued still runs (the real call returns at once and releases the stream later).
   put(s, std::make_unique<Stream::Op>(Stream::Op{nullptr, "stop", {}, 0, true}));
   s->worker.detach();
@@ -966,6 +1003,9 @@ cudaError_t cudaStreamIsCapturing(cudaStream_t h, cudaStreamCaptureStatus* st) {
 // ---------------------------------------------------------------------------------------------
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags) {
   if (!e) return record(cudaErrorInvalidValue);
+  if (injected_failure("cudaEventCreateWithFlags"))
+    return fail(cudaErrorMemoryAllocation, "cudaEventCreateWithFlags: out of resources (injected by the test)");
+  ++g_live_events;
   auto* ev = new CUevent_st();
   ev->device = tl_device;
   ev->flags = flags;
@@ -976,6 +1016,7 @@ cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e,
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
   if (!e) return record(cudaErrorInvalidResourceHandle);
   // Pending records still complete; the event object is kept (the real one is released later).
+  --g_live_events;
   Lock lock(rt().m);
   rt().dead_events.emplace_back(e);
   return cudaSuccess;

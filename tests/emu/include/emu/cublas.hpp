@@ -64,6 +64,12 @@ inline Registry& registry() {
   static Registry r;
   return r;
 }
+/// cuBLAS handles created and not destroyed.
+inline std::size_t live_handles() {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.m);
+  return r.live.size();
+}
 inline bool live(cublasContext const* h) {
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.m);
@@ -195,6 +201,7 @@ inline cublasStatus_t gemm(char const* api, cublasHandle_t h, cublasOperation_t 
 
 inline cublasStatus_t cublasCreate(cublasHandle_t* h) {
   if (!h) return CUBLAS_STATUS_INVALID_VALUE;
+  if (::emu::injected_failure("cublasCreate")) return CUBLAS_STATUS_ALLOC_FAILED;
   *h = new cublasContext();
   (*h)->device = ::emu::current_device();
   auto& r = ::emu::blas::registry();

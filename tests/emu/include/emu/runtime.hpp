@@ -233,4 +233,20 @@ struct Counters {
 };
 Counters counters();
 
+/// Test hook: the `nth` next call (1: the very next) of `api` fails as if out of memory, so that a
+/// test can make a constructor's later creation fail and check what the earlier ones left behind.
+/// APIs: "cudaMalloc", "cudaMallocHost", "cudaHostAlloc", "cudaStreamCreateWithFlags" (also
+/// cudaStreamCreate), "cudaEventCreateWithFlags" (also cudaEventCreate), "cublasCreate". nth <= 0
+/// disarms it.
+void fail_nth_call(std::string const& api, int nth);
+/// Whether this call of `api` is the one fail_nth_call() armed (it is then disarmed).
+bool injected_failure(char const* api);
+/// What the program holds now: streams and events it created and did not destroy, and host
+/// (cudaMallocHost) and device (cudaMalloc) allocations not freed. cuBLAS handles: blas::live_handles().
+struct Resources {
+  long long streams = 0, events = 0, host_allocations = 0, device_allocations = 0;
+  bool operator==(Resources const&) const = default;
+};
+Resources live_resources();
+
 }  // namespace emu
