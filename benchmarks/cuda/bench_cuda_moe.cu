@@ -15,7 +15,7 @@
 //             the portable WMMA kernel on the same data
 //
 // Options besides Google Benchmark's: --gemm=automatic|portable|hopper, the grouped-GEMM kernel
-// of the Layer benchmarks (CudaLayerOptions::gemm; default automatic), e.g. to measure the layer
+// of the Layer benchmarks (LayerOptions::gemm; default automatic), e.g. to measure the layer
 // with the portable kernel (the GroupedGemm benchmarks always time both kernels); --smoke, every
 // benchmark at reduced widths (hidden 64) with a 16 MiB copy baseline, which is what the CPU
 // emulator runs in CI (tests/emu) so that setup bugs show before a GPU session.
@@ -41,7 +41,7 @@
 #include "moe/kernels/dispatch.cuh"
 #include "moe/kernels/gate.cuh"
 #include "moe/kernels/grouped_gemm.cuh"
-#include "moe/layer/cuda_layer.cuh"
+#include "moe/layer/device.cuh"
 #include "moe/moe.hpp"
 
 namespace kc = moe::kernels::cuda;
@@ -614,7 +614,7 @@ void BM_Combine(benchmark::State& state) {
 /// Layer benchmarks time. The label names the grouped-GEMM kernel of its experts.
 template <class Model>
 struct LayerSetup {
-  using L = moe::CudaLayer<Model, moe::router::ForModel<Model>, moe::placement::Table, moe::replication::None,
+  using L = moe::Layer<Model, moe::router::ForModel<Model>, moe::placement::Table, moe::replication::None, moe::schedule::Sequential,
                            moe::cuda::SingleGpu>;
   static constexpr moe::ShapeSpec s = Model::spec;
   int tokens;

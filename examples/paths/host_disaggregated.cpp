@@ -1,16 +1,16 @@
-// moe::DisaggregatedLayer end to end on 4 in-process ranks (2 AG + 2 EG): solve a FinDEP schedule,
+// The disaggregated moe::Layer end to end on 4 in-process ranks (2 AG + 2 EG): solve a FinDEP schedule,
 // hand it to the layer as its Schedule policy, run one forward pass and compare every AG rank's
 // output with the single-process reference. Synthetic, seeded data: DeepSeek-V2 routing at hidden
 // 128 / expert ffn 64, fp32, 6 samples of 8 tokens per AG rank.
 //
-//   disaggregated_demo [pppipe]
+//   example_host_disaggregated [pppipe]
 #include <cmath>
 #include <cstdio>
 #include <random>
 #include <string_view>
 
 #include "moe/collective/in_process.hpp"
-#include "moe/layer/disaggregated.hpp"
+#include "moe/layer/host_disaggregated.hpp"
 #include "moe/layer/reference.hpp"
 #include "moe/models/models.hpp"
 #include "moe/schedule/findep.hpp"
@@ -24,7 +24,7 @@ using Comm = moe::collective::InProcess<world>;
 template <class Sched>
 double run(Sched sched) {
   constexpr moe::ShapeSpec s = Model::spec;
-  using L = moe::DisaggregatedLayer<Model, Router, moe::placement::Table, moe::replication::None, Sched, Comm>;
+  using L = moe::Layer<Model, Router, moe::placement::Table, moe::replication::None, Sched, Comm>;
   moe::RandomLayerWeights<float> weights(s, 1);
   std::vector<float> x(static_cast<std::size_t>(ag * tokens * s.hidden)), y(x.size()), ref(x.size());
   std::mt19937_64 rng(2);
@@ -34,7 +34,7 @@ double run(Sched sched) {
   auto h = static_cast<std::size_t>(s.hidden);
   auto on_eg = moe::placement::Table::round_robin(s.experts, world - ag);  // expert -> EG index
   moe::collective::run_in_process<world>([&](Comm& comm) {
-    L layer(comm, on_eg, {}, weights.view(), sched, {.max_tokens = tokens});
+    L layer(comm, on_eg, {}, weights.view(), {.max_tokens = tokens, .schedule = sched});
     std::vector<std::byte> ws(layer.workspace_size());
     typename L::Arguments a;
     if (layer.is_attention_rank()) {

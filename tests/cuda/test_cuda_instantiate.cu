@@ -1,15 +1,15 @@
 // Compile coverage of the CUDA headers: the whole device layer (and with it every kernel) is
 // instantiated for full-size example models (DeepSeek-V3, Mixtral-8x7B, DeepSeek-V2, Kimi-K2) and
-// for the reduced fp32 shapes the other GPU tests use; with NCCL, also the device
-// DisaggregatedLayer (FinDEP, PPPipe). CI compiles this without a GPU; on a GPU the
+// for the reduced fp32 shapes the other GPU tests use; with NCCL, also the device disaggregated
+// path (FinDEP, PPPipe). CI compiles this without a GPU; on a GPU the
 // test also builds each full-size layer (with placeholder weight pointers that are never read) and
 // checks its workspace query.
 
 #include <catch2/catch.hpp>
 
 #include "cuda_test_support.cuh"
-#include "moe/layer/cuda_disaggregated.cuh"
-#include "moe/layer/cuda_layer.cuh"
+#include "moe/layer/device_disaggregated.cuh"
+#include "moe/layer/device.cuh"
 #include "moe/moe.hpp"
 #if defined(MOE_TEST_NCCL)
 #include "moe/collective/nccl.hpp"
@@ -23,42 +23,29 @@ using MixtralSmallF32 = models::Reduced<models::Mixtral8x7B, 64, 96, DType::f32>
 using DeepSeekSmallF32 = models::Reduced<models::DeepSeekV3, 64, 32, DType::f32>;
 using DeepSeekSmallBf16 = models::Reduced<models::DeepSeekV3, 64, 32, DType::bf16>;
 
-template class CudaLayer<models::DeepSeekV3, SigmoidGroupTopK, placement::Table, replication::None, cuda::SingleGpu>;
-template class CudaLayer<models::Mixtral8x7B, SoftmaxTopK, placement::Table, replication::None, cuda::SingleGpu>;
-template class CudaLayer<models::DeepSeekV2, GroupLimitedTopK, placement::Table, replication::Table, cuda::SingleGpu>;
-template class CudaLayer<models::KimiK2, SigmoidGroupTopK, placement::Table, replication::None, cuda::SingleGpu>;
-template class CudaLayer<MixtralSmallF32, SoftmaxTopK, placement::Table, replication::None, cuda::SingleGpu>;
-template class CudaLayer<DeepSeekSmallF32, SigmoidGroupTopK, placement::Table, replication::Table, cuda::SingleGpu>;
-template class CudaLayer<DeepSeekSmallBf16, SigmoidGroupTopK, placement::Table, replication::None, cuda::SingleGpu>;
+template class Layer<models::DeepSeekV3, SigmoidGroupTopK, placement::Table, replication::None, schedule::Sequential, cuda::SingleGpu>;
+template class Layer<models::Mixtral8x7B, SoftmaxTopK, placement::Table, replication::None, schedule::Sequential, cuda::SingleGpu>;
+template class Layer<models::DeepSeekV2, GroupLimitedTopK, placement::Table, replication::Table, schedule::Sequential, cuda::SingleGpu>;
+template class Layer<models::KimiK2, SigmoidGroupTopK, placement::Table, replication::None, schedule::Sequential, cuda::SingleGpu>;
+template class Layer<MixtralSmallF32, SoftmaxTopK, placement::Table, replication::None, schedule::Sequential, cuda::SingleGpu>;
+template class Layer<DeepSeekSmallF32, SigmoidGroupTopK, placement::Table, replication::Table, schedule::Sequential, cuda::SingleGpu>;
+template class Layer<DeepSeekSmallBf16, SigmoidGroupTopK, placement::Table, replication::None, schedule::Sequential, cuda::SingleGpu>;
 #if defined(MOE_TEST_NCCL)
-template class CudaLayer<models::DeepSeekV3, SigmoidGroupTopK, placement::Table, replication::Table, collective::Nccl>;
-template class CudaLayer<models::Mixtral8x7B, SoftmaxTopK, placement::Table, replication::None, collective::Nccl>;
-// The composed type of the design: moe::Layer picks the device path for a device communicator.
-static_assert(std::is_base_of_v<
-              CudaLayer<models::DeepSeekV3, SigmoidGroupTopK, placement::Table, replication::Table, collective::Nccl>,
-              Layer<models::DeepSeekV3, SigmoidGroupTopK, placement::Table, replication::Table, schedule::Sequential,
-                    collective::Nccl>>);
-template class Layer<models::DeepSeekV3, SigmoidGroupTopK, placement::Table, replication::Table, schedule::Sequential,
-                     collective::Nccl>;
+template class Layer<models::DeepSeekV3, SigmoidGroupTopK, placement::Table, replication::Table, schedule::Sequential, collective::Nccl>;
+template class Layer<models::Mixtral8x7B, SoftmaxTopK, placement::Table, replication::None, schedule::Sequential, collective::Nccl>;
 // The disaggregated layer on GPUs: FinDEP and PPPipe over NCCL point-to-point links.
-template class DisaggregatedLayer<models::DeepSeekV3, SigmoidGroupTopK, placement::Table, replication::None,
-                                  schedule::FinDep, collective::Nccl>;
-template class DisaggregatedLayer<models::Mixtral8x7B, SoftmaxTopK, placement::Table, replication::None,
-                                  schedule::PPPipe, collective::Nccl>;
-// The composed type of the design, verbatim: with schedule::FinDep, moe::Layer is the disaggregated layer.
-static_assert(std::is_base_of_v<DisaggregatedLayer<models::DeepSeekV3, SigmoidGroupTopK, placement::Table,
-                                                   replication::Table, schedule::FinDep, collective::Nccl>,
-                                Layer<models::DeepSeekV3, SigmoidGroupTopK, placement::Table, replication::Table,
-                                      schedule::FinDep, collective::Nccl>>);
-template class Layer<models::DeepSeekV3, SigmoidGroupTopK, placement::Table, replication::Table, schedule::FinDep,
+template class Layer<models::DeepSeekV3, SigmoidGroupTopK, placement::Table, replication::None, schedule::FinDep,
                      collective::Nccl>;
+template class Layer<models::Mixtral8x7B, SoftmaxTopK, placement::Table, replication::Table, schedule::PPPipe,
+                     collective::Nccl>;
+static_assert(Layer<models::DeepSeekV3, SigmoidGroupTopK, placement::Table, replication::Table, schedule::Sequential,
+                    collective::Nccl>::path == ExecutionPath::device);
+static_assert(Layer<models::DeepSeekV3, SigmoidGroupTopK, placement::Table, replication::Table, schedule::FinDep,
+                    collective::Nccl>::path == ExecutionPath::device_disaggregated);
 #endif
-static_assert(std::is_base_of_v<
-              CudaLayer<models::Mixtral8x7B, SoftmaxTopK, placement::Table, replication::None, cuda::SingleGpu>,
-              Layer<models::Mixtral8x7B, SoftmaxTopK, placement::Table, replication::None, schedule::Sequential,
-                    cuda::SingleGpu>>);
-template class Layer<models::Mixtral8x7B, SoftmaxTopK, placement::Table, replication::None, schedule::Sequential,
-                     cuda::SingleGpu>;
+// The path follows the policies: a device communicator and schedule::Sequential give the device path.
+static_assert(Layer<models::Mixtral8x7B, SoftmaxTopK, placement::Table, replication::None, schedule::Sequential,
+                    cuda::SingleGpu>::path == ExecutionPath::device);
 }  // namespace moe
 
 namespace {
@@ -66,7 +53,8 @@ namespace {
 /// Workspace bytes of a full-size single-GPU layer whose expert weights are placeholders.
 template <class Model, class Router>
 std::size_t workspace_of(int max_tokens) {
-  using L = moe::CudaLayer<Model, Router, moe::placement::Table, moe::replication::None, moe::cuda::SingleGpu>;
+  using L = moe::Layer<Model, Router, moe::placement::Table, moe::replication::None, moe::schedule::Sequential,
+                       moe::cuda::SingleGpu>;
   using T = typename L::element_type;
   constexpr moe::ShapeSpec s = Model::spec;
   alignas(16) static T placeholder[8];

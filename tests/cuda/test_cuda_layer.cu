@@ -21,7 +21,7 @@
 #include "cuda_test_support.cuh"
 #include "layer_test_support.cuh"
 #include "staged_collective.cuh"
-#include "moe/layer/cuda_layer.cuh"
+#include "moe/layer/device.cuh"
 #include "moe/moe.hpp"
 #if defined(MOE_TEST_NCCL)
 #include "moe/collective/nccl.hpp"
@@ -77,7 +77,7 @@ Checked run_layer(int tokens, int max_tokens, std::uint64_t seed, Make make_laye
 }
 
 template <class Model, class Router, class Replicas = moe::replication::None>
-using SingleLayer = moe::CudaLayer<Model, Router, moe::placement::Table, Replicas, moe::cuda::SingleGpu>;
+using SingleLayer = moe::Layer<Model, Router, moe::placement::Table, Replicas, moe::schedule::Sequential, moe::cuda::SingleGpu>;
 
 template <class Model, class Router>
 Checked single_gpu(int tokens, int max_tokens, bool dedup, std::uint64_t seed, int repeats = 1,
@@ -89,7 +89,7 @@ Checked single_gpu(int tokens, int max_tokens, bool dedup, std::uint64_t seed, i
       [&](moe::LayerWeights<typename L::element_type> w, int m) {
         return std::make_unique<L>(gpu, moe::placement::Table::contiguous(Model::spec.experts, 1),
                                    moe::replication::None{}, w,
-                                   moe::CudaLayerOptions{.max_tokens = m, .deduplicate = dedup, .gemm = gemm});
+                                   moe::LayerOptions<>{.max_tokens = m, .deduplicate = dedup, .gemm = gemm});
       },
       repeats);
 }
@@ -307,7 +307,7 @@ std::vector<RankResult> four_ranks(std::vector<int> const& counts, moe::placemen
       if (replicas.holds(e, primary[static_cast<std::size_t>(e)], rank))
         mine[static_cast<std::size_t>(e)] = dw.experts[static_cast<std::size_t>(e)];
     view.experts = mine;
-    using L = moe::CudaLayer<Model, Router, moe::placement::Table, Replicas, StagedDevice<N>>;
+    using L = moe::Layer<Model, Router, moe::placement::Table, Replicas, moe::schedule::Sequential, StagedDevice<N>>;
     L layer(comm, placement, replicas, view,
             {.max_tokens = max_tokens, .deduplicate = dedup, .exchange = exchange});
     Device<std::byte> ws(layer.workspace_size());
@@ -405,12 +405,12 @@ namespace {
 
 template <class Model, class Router>
 Checked nccl_world1(int tokens, moe::cuda::Exchange exchange, std::uint64_t seed) {
-  using L = moe::CudaLayer<Model, Router, moe::placement::Table, moe::replication::None, moe::collective::Nccl>;
+  using L = moe::Layer<Model, Router, moe::placement::Table, moe::replication::None, moe::schedule::Sequential, moe::collective::Nccl>;
   auto comm = moe::collective::Nccl::create(0, 1, moe::collective::Nccl::unique_id());
   return run_layer<L, Router>(tokens, tokens, seed, [&](moe::LayerWeights<typename L::element_type> w, int m) {
     return std::make_unique<L>(comm, moe::placement::Table::contiguous(Model::spec.experts, 1),
                                moe::replication::None{}, w,
-                               moe::CudaLayerOptions{.max_tokens = m, .exchange = exchange});
+                               moe::LayerOptions<>{.max_tokens = m, .exchange = exchange});
   });
 }
 
@@ -423,7 +423,7 @@ std::vector<RankResult> nccl_four_ranks(std::vector<int> const& counts, moe::pla
                                         moe::cuda::Exchange exchange, std::uint64_t seed) {
   constexpr int N = 4;
   using T = std::conditional_t<Model::spec.dtype == moe::DType::f32, float, moe::bf16>;
-  using L = moe::CudaLayer<Model, Router, moe::placement::Table, moe::replication::None, moe::collective::Nccl>;
+  using L = moe::Layer<Model, Router, moe::placement::Table, moe::replication::None, moe::schedule::Sequential, moe::collective::Nccl>;
   constexpr moe::ShapeSpec s = Model::spec;
   auto h = static_cast<std::size_t>(s.hidden);
   int total = std::accumulate(counts.begin(), counts.end(), 0);
@@ -524,8 +524,8 @@ TEST_CASE("NCCL world size 1 through the same layer", "[cuda][layer][nccl]") {
 }
 
 TEST_CASE("NCCL padded exchange can be captured in a CUDA graph", "[cuda][layer][nccl][graph]") {
-  using L = moe::CudaLayer<DeepSeekSmallBf16, moe::router::SigmoidGroupTopK, moe::placement::Table,
-                           moe::replication::None, moe::collective::Nccl>;
+  using L = moe::Layer<DeepSeekSmallBf16, moe::router::SigmoidGroupTopK, moe::placement::Table,
+                           moe::replication::None, moe::schedule::Sequential, moe::collective::Nccl>;
   constexpr moe::ShapeSpec s = L::shape;
   auto comm = moe::collective::Nccl::create(0, 1, moe::collective::Nccl::unique_id());
   moe::RandomLayerWeights<moe::bf16> weights(s, 15);

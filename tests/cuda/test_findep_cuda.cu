@@ -1,5 +1,5 @@
 // FinDepCudaExecutor (CUDA streams and events, co-located AG/EG on one GPU) against the sequential
-// moe::CudaLayer<..., cuda::SingleGpu> on the same device inputs and against the host
+// moe::Layer<..., cuda::SingleGpu> on the same device inputs and against the host
 // moe::reference_forward, for both orders, both pipelines and several r1, r2; bad input.
 // FinDepCudaP2PExecutor (AG and EG on different ranks, point-to-point links) with several ranks on
 // one GPU: in-process threads and a staged device communicator (messages through host memory),
@@ -25,10 +25,11 @@
 #include "cuda_test_support.cuh"
 #include "layer_test_support.cuh"
 #include "staged_collective.cuh"
-#include "moe/layer/cuda_disaggregated.cuh"
-#include "moe/layer/cuda_layer.cuh"
+#include "moe/layer/device_disaggregated.cuh"
+#include "moe/layer/device.cuh"
 #include "moe/moe.hpp"
-#include "moe/layer/findep_cuda.cuh"
+#include "moe/layer/findep_cuda_executor.cuh"
+#include "moe/layer/findep_cuda_p2p.cuh"
 #if defined(MOE_TEST_NCCL)
 #include "moe/collective/nccl.hpp"
 // The NCCL mode needs several GPUs to run; here it must at least compile with the real collective.
@@ -95,7 +96,7 @@ std::vector<ms::Config> configs() {
 template <class Model, class Router>
 void against_layer_and_reference(int tokens, std::uint64_t seed, double tolerance,
                                  kc::GemmPath gemm = kc::GemmPath::automatic) {
-  using L = moe::CudaLayer<Model, Router, moe::placement::Table, moe::replication::None, moe::cuda::SingleGpu>;
+  using L = moe::Layer<Model, Router, moe::placement::Table, moe::replication::None, moe::schedule::Sequential, moe::cuda::SingleGpu>;
   using Ex = ms::FinDepCudaExecutor<Model, Router>;
   using T = typename Ex::element_type;
   constexpr moe::ShapeSpec s = Model::spec;
@@ -254,25 +255,25 @@ TEST_CASE("FinDEP CUDA executor rejects bad input", "[cuda][findep][bad-input]")
 namespace {
 
 /// How p2p_world runs a configuration: through one FinDepCudaP2PExecutor per rank for all of them,
-/// or through a moe::DisaggregatedLayer per configuration (its schedule policy is FinDep or PPPipe
+/// or through a moe::Layer (device disaggregated path) per configuration (its schedule policy is FinDep or PPPipe
 /// as the configuration says) made from one communicator (the layer duplicates it) or from two.
 enum class Via { executor, layer, layer_two_comms };
 
-/// One forward pass of `c` through a DisaggregatedLayer made for it; the rank's device error bits.
+/// One forward pass of `c` through a Layer made for it; the rank's device error bits.
 /// Runs on a rank's thread, so it reports through `role_ok` rather than Catch2 (not thread-safe).
 template <class Sched, class Model, class Router, class Comm, class T>
 unsigned through_layer(Comm& a2e, Comm& e2a, Via via, int ag, moe::placement::Table const& on_eg,
                        moe::replication::Table const& replicas, moe::LayerWeights<T> weights, ms::Config const& c,
                        int tokens, int max_tokens, T const* x, T* y, cudaStream_t st, char& role_ok) {
-  using L = moe::DisaggregatedLayer<Model, Router, moe::placement::Table, moe::replication::Table, Sched, Comm>;
+  using L = moe::Layer<Model, Router, moe::placement::Table, moe::replication::Table, Sched, Comm>;
   static_assert(std::is_same_v<typename L::element_type, T>);
-  Sched sched = Sched::from(c, ag);
-  ms::FinDepCudaOptions options{.max_tokens = max_tokens};
+  static_assert(L::path == moe::ExecutionPath::device_disaggregated);
+  typename L::Options options{.max_tokens = max_tokens, .schedule = Sched::from(c, ag)};
   std::optional<L> layer;
   if (via == Via::layer)
-    layer.emplace(a2e, on_eg, replicas, weights, sched, options);
+    layer.emplace(a2e, on_eg, replicas, weights, options);
   else
-    layer.emplace(a2e, e2a, on_eg, replicas, weights, sched, options);
+    layer.emplace(a2e, e2a, on_eg, replicas, weights, options);
   role_ok = role_ok && layer->is_attention_rank() == (a2e.rank() < ag);
   Device<std::byte> ws(layer->workspace_size());
   ws.poison();
@@ -300,7 +301,7 @@ moe::replication::Table p2p_replicas(moe::placement::Table const& on_eg, int eg,
 }
 
 /// `N` ranks, `ag` of them AG ranks with `tokens` tokens each; every configuration (through one
-/// executor per rank, or one DisaggregatedLayer per configuration and rank: `via`); every AG
+/// executor per rank, or one Layer per configuration and rank: `via`); every AG
 /// rank's output against the host reference on its tokens. With `replicated`, experts have copies
 /// on several EG ranks (p2p_replicas) and each EG rank gets only the weights of the experts it
 /// holds a copy of, so a token sent to a rank without the expert raises a device error.
@@ -402,7 +403,7 @@ TEST_CASE("FinDEP CUDA executor with AG and EG on different ranks (staged point-
   p2p_world<4, MixtralSmallF32, SoftmaxTopK>(2, 24, 67, fp32_tol, Via::layer, false, 64);
 }
 
-TEST_CASE("DisaggregatedLayer over a device communicator (staged point-to-point, one GPU)",
+TEST_CASE("the disaggregated Layer over a device communicator (staged point-to-point, one GPU)",
           "[cuda][findep][p2p][layer]") {
   using moe::router::SigmoidGroupTopK;
   using moe::router::SoftmaxTopK;
@@ -418,7 +419,7 @@ namespace {
 /// stream each, two communicators (A2E, E2A); `ag` AG ranks with `tokens` tokens each hold their
 /// tokens on their own device, EG ranks the weights of their experts. Every AG rank's output,
 /// gathered on the host, against the host reference, for FinDEP and PPPipe configurations. With
-/// `via` a layer mode, each configuration runs through a device moe::DisaggregatedLayer instead,
+/// `via` a layer mode, each configuration runs through a device disaggregated moe::Layer instead,
 /// made from the A2E communicator alone (the layer splits its own E2A one with
 /// `Nccl::duplicate`) or from both.
 template <int N, class Model, class Router>
@@ -530,7 +531,7 @@ TEST_CASE("FinDEP point-to-point executor through collective::Nccl (one device p
   p2p_nccl_world<4, MixtralSmallF32, moe::router::SoftmaxTopK>(2, 24, 92, fp32_tol);
 }
 
-TEST_CASE("device DisaggregatedLayer through collective::Nccl (one device per rank)",
+TEST_CASE("device disaggregated Layer through collective::Nccl (one device per rank)",
           "[cuda][findep][p2p][nccl][layer]") {
   int devices = 0;
   REQUIRE(cudaGetDeviceCount(&devices) == cudaSuccess);
@@ -543,7 +544,7 @@ TEST_CASE("device DisaggregatedLayer through collective::Nccl (one device per ra
 }
 #endif
 
-TEST_CASE("FinDEP point-to-point executor and device DisaggregatedLayer with replicated experts on the EG",
+TEST_CASE("FinDEP point-to-point executor and device disaggregated Layer with replicated experts on the EG",
           "[cuda][findep][p2p][replicas]") {
   using moe::router::SigmoidGroupTopK;
   using moe::router::SoftmaxTopK;
@@ -552,7 +553,7 @@ TEST_CASE("FinDEP point-to-point executor and device DisaggregatedLayer with rep
   p2p_world<4, DeepSeekSmallF32, SigmoidGroupTopK>(1, 24, 93, fp32_tol, Via::layer_two_comms, true);
 }
 
-TEST_CASE("FinDEP point-to-point executor and the device DisaggregatedLayer reject bad input", "[cuda][findep][p2p][bad-input]") {
+TEST_CASE("FinDEP point-to-point executor and the device disaggregated Layer reject bad input", "[cuda][findep][p2p][bad-input]") {
   using Model = MixtralSmallF32;
   using Ex = ms::FinDepCudaP2PExecutor<Model, moe::router::SoftmaxTopK, moe::test::StagedDevice<3>>;
   constexpr moe::ShapeSpec s = Model::spec;
@@ -577,19 +578,19 @@ TEST_CASE("FinDEP point-to-point executor and the device DisaggregatedLayer reje
     expect([&] { Ex(a2e, e2a, 1, moe::placement::Table::round_robin(s.experts, 3), dw.view(), {.max_tokens = 8}); },
            "rank");
     expect([&] { Ex(a2e, e2a, 1, table, dw.view(), {.max_tokens = 0}); }, "max_tokens must be positive");
-    // The device DisaggregatedLayer's own checks of its schedule, before it makes any communicator.
-    using L = moe::DisaggregatedLayer<Model, moe::router::SoftmaxTopK, moe::placement::Table, moe::replication::None,
-                                      ms::FinDep, moe::test::StagedDevice<3>>;
-    expect([&] { L(a2e, table, {}, dw.view(), {.ag = 0}, {.max_tokens = 8}); },
+    // The device disaggregated Layer's own checks of its schedule, before it makes any communicator.
+    using L = moe::Layer<Model, moe::router::SoftmaxTopK, moe::placement::Table, moe::replication::None, ms::FinDep,
+                         moe::test::StagedDevice<3>>;
+    expect([&] { L(a2e, table, {}, dw.view(), {.max_tokens = 8, .schedule = {.ag = 0}}); },
            "attention group must hold between 1 and 2 of the 3 ranks");
-    expect([&] { L(a2e, e2a, table, {}, dw.view(), {.ag = 3}, {.max_tokens = 8}); }, "got ag = 3");
-    expect([&] { L(a2e, table, {}, dw.view(), {.ag = 1, .r1 = 0}, {.max_tokens = 8}); }, "r1 and r2 must be at least 1");
-    expect([&] { L(a2e, table, {}, dw.view(), {.ag = 1, .r1 = 4, .r2 = 3}, {.max_tokens = 12, .max_chunks = 8}); },
-           "r1 * r2 = 12 chunks exceed FinDepCudaOptions::max_chunks = 8");
-    expect([&] { L(a2e, table, {}, dw.view(), {.ag = 2}, {.max_tokens = 8}); }, "outside [0, 1)");  // 1 EG rank
-    expect([&] { L(a2e, table, {}, dw.view(), {.ag = 1}, {.max_tokens = 0}); }, "max_tokens must be positive");
+    expect([&] { L(a2e, e2a, table, {}, dw.view(), {.max_tokens = 8, .schedule = {.ag = 3}}); }, "got ag = 3");
+    expect([&] { L(a2e, table, {}, dw.view(), {.max_tokens = 8, .schedule = {.ag = 1, .r1 = 0}}); }, "r1 and r2 must be at least 1");
+    expect([&] { L(a2e, table, {}, dw.view(), {.max_tokens = 12, .schedule = {.ag = 1, .r1 = 4, .r2 = 3}, .max_chunks = 8}); },
+           "r1 * r2 = 12 chunks exceed LayerOptions::max_chunks = 8");
+    expect([&] { L(a2e, table, {}, dw.view(), {.max_tokens = 8, .schedule = {.ag = 2}}); }, "outside [0, 1)");  // 1 EG rank
+    expect([&] { L(a2e, table, {}, dw.view(), {.max_tokens = 0, .schedule = {.ag = 1}}); }, "max_tokens must be positive");
     {
-      L layer(a2e, table, {}, dw.view(), {.ag = 1, .r1 = 5}, {.max_tokens = 12});
+      L layer(a2e, table, {}, dw.view(), {.max_tokens = 12, .schedule = {.ag = 1, .r1 = 5}});
       Device<std::byte> ws(layer.workspace_size());
       Device<float> x(12 * 64), y(12 * 64);
       if (layer.can_implement({.tokens = 12, .x = x.get(), .y = y.get()}).ok) m += "can_implement accepted r1 = 5; ";

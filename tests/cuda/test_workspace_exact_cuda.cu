@@ -30,9 +30,10 @@
 
 #include "cuda_test_support.cuh"
 #include "layer_test_support.cuh"
-#include "moe/layer/cuda_layer.cuh"
+#include "moe/layer/device.cuh"
 #include "moe/moe.hpp"
-#include "moe/layer/findep_cuda.cuh"
+#include "moe/layer/findep_cuda_executor.cuh"
+#include "moe/layer/findep_cuda_p2p.cuh"
 #include "staged_collective.cuh"
 
 using moe::test::Device;
@@ -231,7 +232,7 @@ std::vector<std::string> const layer_pieces = {
     "inter",       "expert_out",  "back",          "returned",   "shared_inter", "shared_acc", "cublas"};
 
 /// Scratch whose size the component does not choose: CUB's temporary storage (the size its query
-/// returns, used as CUB sees fit) and the cuBLAS workspace (CudaLayerOptions::cublas_workspace,
+/// returns, used as CUB sees fit) and the cuBLAS workspace (LayerOptions::cublas_workspace,
 /// handed to the handle). Neither is a sizing of the layer's own buffers.
 bool library_scratch(std::string const& name) {
   return name == "scan_temp" || name == "sort_temp" || name == "cublas";
@@ -252,7 +253,7 @@ MayStayUnwritten layer_exemptions(int per_record, int k) {
 /// One GPU: every one of the max_tokens tokens picks experts 0..k-1 (all served here).
 template <class Model>
 Finding single_gpu_case(bool dedup, int m, std::size_t misalign) {
-  using L = moe::CudaLayer<Model, Router, moe::placement::Table, moe::replication::None, moe::cuda::SingleGpu>;
+  using L = moe::Layer<Model, Router, moe::placement::Table, moe::replication::None, moe::schedule::Sequential, moe::cuda::SingleGpu>;
   using T = typename L::element_type;
   constexpr moe::ShapeSpec s = Model::spec;
   Weights<T> w(s, 7);
@@ -274,7 +275,7 @@ Finding single_gpu_case(bool dedup, int m, std::size_t misalign) {
     if (record) f.errors.push_back(error_against_reference(s, w.view, m, x, dy.download()));
     record = false;
   });
-  check_pieces("moe::CudaLayer<SingleGpu>", pieces, layer_pieces, size, ws.carver_start(), written,
+  check_pieces("moe::Layer<SingleGpu>", pieces, layer_pieces, size, ws.carver_start(), written,
                layer_exemptions(dedup ? s.top_k : 1, s.top_k), f);
   return f;
 }
@@ -315,7 +316,7 @@ template <class Model, int R>
 std::vector<Finding> ranks_case(moe::placement::Table const& table, std::vector<int> const& spread, bool dedup,
                                 moe::cuda::Exchange exchange, int m) {
   constexpr moe::ShapeSpec s = Model::spec;
-  using L = moe::CudaLayer<Model, Router, moe::placement::Table, moe::replication::None, moe::test::StagedDevice<R>>;
+  using L = moe::Layer<Model, Router, moe::placement::Table, moe::replication::None, moe::schedule::Sequential, moe::test::StagedDevice<R>>;
   using T = typename L::element_type;
   auto h = static_cast<std::size_t>(s.hidden);
   Weights<T> w(s, 7);
@@ -382,7 +383,7 @@ std::vector<Finding> ranks_case(moe::placement::Table const& table, std::vector<
       };
     }
     if (rank == 0)
-      check_pieces("moe::CudaLayer<StagedDevice>", pieces, layer_pieces, size, ws.carver_start(), written, exempt, f);
+      check_pieces("moe::Layer<StagedDevice>", pieces, layer_pieces, size, ws.carver_start(), written, exempt, f);
   });
   for (std::size_t i = 0; i < inputs.size(); ++i)
     found[0].errors.push_back(error_against_reference(s, w.view, R * m, xs[i], ys[i]));
@@ -427,7 +428,7 @@ TEST_CASE("CudaLayer on several ranks: ranks with different options cannot overr
   // peer holds). Rank 1 was built for 4 tokens and sends it 8 records; with rank 0's own 4 that is
   // 12: the exact exchange stops with an error instead of writing past the buffer.
   constexpr moe::ShapeSpec s = Top3Bf16::spec;
-  using L = moe::CudaLayer<Top3Bf16, Router, moe::placement::Table, moe::replication::None, moe::test::StagedDevice<2>>;
+  using L = moe::Layer<Top3Bf16, Router, moe::placement::Table, moe::replication::None, moe::schedule::Sequential, moe::test::StagedDevice<2>>;
   Weights<moe::bf16> w(s, 3);
   DeviceWeights<moe::bf16> dw(s, w.view);
   std::string message;

@@ -5,6 +5,7 @@ moe_emu_cuda_test(NAME test_cuda_shuffle_emu SOURCE test_cuda_shuffle.cu LABELS 
 moe_emu_cuda_test(NAME test_cuda_layer_emu SOURCE test_cuda_layer.cu)
 moe_emu_cuda_test(NAME test_cuda_instantiate_emu SOURCE test_cuda_instantiate.cu)
 moe_emu_cuda_test(NAME test_workspace_exact_cuda_emu SOURCE test_workspace_exact_cuda.cu)
+moe_emu_cuda_test(NAME test_device_policies_emu SOURCE test_device_policies.cu)
 moe_emu_cuda_test(NAME test_nccl_ranks_emu SOURCE test_nccl_ranks.cu LABELS emu_tsan)
 # Smoke runs of the GPU benchmarks (tiny sizes, one iteration each) so that a benchmark's set-up bug
 # shows here before a GPU session: bench_cuda_moe --smoke at reduced widths, decode size only;
@@ -71,3 +72,24 @@ foreach(_cost "test_findep_cuda_emu_bf16|140" "test_findep_cuda_emu_bf16_portabl
     set_tests_properties(${_test} PROPERTIES COST ${_seconds})
   endif()
 endforeach()
+
+# The device examples (examples/paths/*.cu), unmodified, run on the emulator as written: their main()
+# is renamed and called from a test case, which passes when it returns 0 (the layer matched the host
+# reference). So the examples of the README's device paths are run, not only compiled, in CI.
+if(NOT MOE_SANITIZE STREQUAL "thread")
+  foreach(_example device device_disaggregated)
+    set(_wrap ${CMAKE_CURRENT_BINARY_DIR}/gen/example_${_example}_emu.cpp)
+    file(CONFIGURE OUTPUT ${_wrap} CONTENT "// Generated: examples/paths/${_example}.cu built for the CUDA emulator.
+#define main moe_example_main
+#include \"${_example}.cu\"
+#undef main
+#include <catch2/catch.hpp>
+TEST_CASE(\"examples/paths/${_example}.cu runs as written and matches the reference\") {
+  REQUIRE(moe_example_main() == 0);
+}
+")
+    moe_emu_add_test(NAME example_${_example}_emu SOURCES ${_wrap})
+    target_include_directories(example_${_example}_emu PRIVATE ${PROJECT_SOURCE_DIR}/examples/paths)
+    target_compile_options(example_${_example}_emu PRIVATE -Wno-unknown-pragmas)
+  endforeach()
+endif()

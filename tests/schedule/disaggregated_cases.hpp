@@ -1,5 +1,5 @@
 #pragma once
-// moe::DisaggregatedLayer scenarios run by both the InProcess and the MPI tests: the Schedule policy
+// Disaggregated moe::Layer scenarios run by both the InProcess and the MPI tests: the Schedule policy
 // (schedule::FinDep or schedule::PPPipe) is a template argument, its configuration comes from the
 // solver (solve_findep / solve_pppipe on a small problem: 6 samples of 4 tokens per AG rank, the
 // H100 reference models) and from a few fixed choices covering both orders. Each AG rank's output
@@ -8,7 +8,7 @@
 #include <type_traits>
 
 #include "executor_cases.hpp"
-#include "moe/layer/disaggregated.hpp"
+#include "moe/layer/host_disaggregated.hpp"
 #include "moe/schedule/findep.hpp"
 
 namespace moe::test::findep {
@@ -50,14 +50,14 @@ Replicas single_copies(placement::Table const& on_eg) {
   }
 }
 
-/// Runs moe::DisaggregatedLayer<Model, ..., Replicas, Schedule, Comm> (or, with `as_layer`, the same
-/// composition named moe::Layer<...>) for every schedule of schedules(); returns one Result per
-/// schedule (errors are zero on EG ranks). Every rank must call it.
-template <class Model, class Schedule, class Comm, class Replicas = replication::None, bool as_layer = false>
+/// Runs moe::Layer<Model, ..., Replicas, Schedule, Comm> (the host disaggregated path) for every
+/// schedule of schedules(); returns one Result per schedule (errors are zero on EG ranks). Every rank
+/// must call it.
+template <class Model, class Schedule, class Comm, class Replicas = replication::None>
 std::vector<Result> run_disaggregated_cases(Comm& comm, int ag, std::uint64_t seed) {
   using Router = router::ForModel<Model>;
-  using Lyr = std::conditional_t<as_layer, Layer<Model, Router, placement::Table, Replicas, Schedule, Comm>,
-                                 DisaggregatedLayer<Model, Router, placement::Table, Replicas, Schedule, Comm>>;
+  using Lyr = Layer<Model, Router, placement::Table, Replicas, Schedule, Comm>;
+  static_assert(Lyr::path == ExecutionPath::host_disaggregated);
   constexpr ShapeSpec s = Model::spec;
   int world = comm.size(), rank = comm.rank(), eg = world - ag;
   auto h = static_cast<std::size_t>(s.hidden);
@@ -76,13 +76,13 @@ std::vector<Result> run_disaggregated_cases(Comm& comm, int ag, std::uint64_t se
 
   std::vector<Result> out;
   for (Schedule const& sched : schedules<Schedule>(s, ag, world)) {
-    Lyr layer(comm, on_eg, single_copies<Replicas>(on_eg), view, sched, {.max_tokens = tokens_per_ag});
+    Lyr layer(comm, on_eg, single_copies<Replicas>(on_eg), view, {.max_tokens = tokens_per_ag, .schedule = sched});
     std::vector<std::byte> ws(layer.workspace_size());
     std::vector<float> y(n, -1.0f);
     typename Lyr::Arguments a;
     if (is_ag) a = {tokens_per_ag, x.data() + first, y.data()};
     layer.run(a, ws);
-    Result r{(as_layer ? "Layer " : "DisaggregatedLayer ") + describe(sched.config(), ag, eg)};
+    Result r{"Layer " + describe(sched.config(), ag, eg)};
     if (is_ag) {
       r.vs_reference = rel_error(y.data(), ref.data(), n);
       r.vs_textbook = textbook::relative_error(y.data(), book.data(), n);

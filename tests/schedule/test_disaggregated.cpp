@@ -1,4 +1,4 @@
-// moe::DisaggregatedLayer on InProcess ranks: the FinDEP / PPPipe pipeline picked at compile time by
+// The host disaggregated path of moe::Layer on InProcess ranks: the FinDEP / PPPipe pipeline picked at compile time by
 // the Schedule policy type, its configuration from the solver or fixed; every AG rank's output must
 // equal moe::reference_forward (fp32, 1e-5 normwise relative). Bad input gives clear errors.
 #include <catch2/catch.hpp>
@@ -14,12 +14,12 @@ using namespace moe::schedule;
 using namespace moe::test::findep;
 
 namespace {
-template <class Model, class Schedule, int N, class Replicas = replication::None, bool as_layer = false>
+template <class Model, class Schedule, int N, class Replicas = replication::None>
 void check_split(int ag, std::uint64_t seed) {
   std::vector<std::vector<Result>> per_rank(N);
   collective::run_in_process<N>([&](collective::InProcess<N>& comm) {
     per_rank[static_cast<std::size_t>(comm.rank())] =
-        run_disaggregated_cases<Model, Schedule, collective::InProcess<N>, Replicas, as_layer>(comm, ag, seed);
+        run_disaggregated_cases<Model, Schedule, collective::InProcess<N>, Replicas>(comm, ag, seed);
   });
   for (int r = 0; r < ag; ++r) {
     REQUIRE(!per_rank[static_cast<std::size_t>(r)].empty());
@@ -32,7 +32,7 @@ void check_split(int ag, std::uint64_t seed) {
 }
 }  // namespace
 
-TEMPLATE_TEST_CASE("DisaggregatedLayer equals the sequential layer (InProcess)", "[schedule][disaggregated]",
+TEMPLATE_TEST_CASE("disaggregated Layer equals the sequential layer (InProcess)", "[schedule][disaggregated]",
                    FinDep, PPPipe) {
   static_assert(DisaggregatedPolicy<TestType>);
   for (int ag : {1, 2, 3}) {
@@ -43,18 +43,20 @@ TEMPLATE_TEST_CASE("DisaggregatedLayer equals the sequential layer (InProcess)",
   check_split<MixtralSmall, TestType, 5>(3, 730);
 }
 
-TEMPLATE_TEST_CASE("moe::Layer with a FinDep or PPPipe schedule is the DisaggregatedLayer", "[schedule][disaggregated]",
-                   FinDep, PPPipe) {
-  // The composition of the design: Router, Placement, ReplicaAllocator, PipelineSchedule, Collective.
+TEMPLATE_TEST_CASE("moe::Layer with a FinDep or PPPipe schedule takes the host disaggregated path",
+                   "[schedule][disaggregated]", FinDep, PPPipe) {
+  // The composition of the design: Router, Placement, Replicas, Schedule, Collective.
   using Model = DeepSeekSmall;
   using Router = router::ForModel<Model>;
   using Comm = collective::InProcess<4>;
-  STATIC_REQUIRE(std::is_base_of_v<DisaggregatedLayer<Model, Router, placement::Table, replication::Table, TestType, Comm>,
-                                   Layer<Model, Router, placement::Table, replication::Table, TestType, Comm>>);
-  // A replica table with one copy per expert, and replication::None, both through moe::Layer.
-  check_split<DeepSeekSmall, TestType, 4, replication::Table, true>(2, 740);
-  check_split<MixtralSmall, TestType, 3, replication::None, true>(1, 750);
-  check_split<MixtralSmall, TestType, 4, replication::Table, false>(3, 760);
+  STATIC_REQUIRE(Layer<Model, Router, placement::Table, replication::Table, TestType, Comm>::path ==
+                 ExecutionPath::host_disaggregated);
+  STATIC_REQUIRE(Layer<Model, Router, placement::Table, replication::Table, schedule::Sequential, Comm>::path ==
+                 ExecutionPath::host);
+  // A replica table with one copy per expert, and replication::None.
+  check_split<DeepSeekSmall, TestType, 4, replication::Table>(2, 740);
+  check_split<MixtralSmall, TestType, 3, replication::None>(1, 750);
+  check_split<MixtralSmall, TestType, 4, replication::Table>(3, 760);
 }
 
 namespace {
@@ -131,7 +133,7 @@ void check_replicated(int ag, std::uint64_t seed) {
     auto held = weights.experts_where([&](int e) { return !is_ag && table.holds(e, 0, rank - ag); });
     view.experts = held;
     for (std::size_t r = 0; r < runs; ++r) {
-      Lyr layer(comm, on_eg, table, view, scheds[r], {.max_tokens = tokens_per_ag});
+      Lyr layer(comm, on_eg, table, view, {.max_tokens = tokens_per_ag, .schedule = scheds[r]});
       std::vector<std::byte> ws(layer.workspace_size());
       auto before = comm.counters()[collective::Op::send];
       typename Lyr::Arguments a;
@@ -162,14 +164,14 @@ void check_replicated(int ag, std::uint64_t seed) {
 }
 }  // namespace
 
-TEMPLATE_TEST_CASE("DisaggregatedLayer spreads replicated experts over their expert-group copies",
+TEMPLATE_TEST_CASE("disaggregated Layer spreads replicated experts over their expert-group copies",
                    "[schedule][disaggregated][replicas]", FinDep, PPPipe) {
   check_replicated<DeepSeekSmall, TestType, 4>(2, 770);
   check_replicated<MixtralSmall, TestType, 5>(2, 780);
   check_replicated<MixtralSmall, TestType, 4>(1, 790);
 }
 
-TEST_CASE("DisaggregatedLayer schedule policies carry the solved configuration", "[schedule][disaggregated]") {
+TEST_CASE("disaggregated Layer schedule policies carry the solved configuration", "[schedule][disaggregated]") {
   STATIC_REQUIRE(FinDep::pipeline == Pipeline::findep);
   STATIC_REQUIRE(PPPipe::pipeline == Pipeline::pppipe);
   STATIC_REQUIRE(!DisaggregatedPolicy<Sequential>);
@@ -182,19 +184,20 @@ TEST_CASE("DisaggregatedLayer schedule policies carry the solved configuration",
                     Catch::Contains("is a PPPipe schedule, not FinDEP"));
 }
 
-TEST_CASE("DisaggregatedLayer rejects bad input", "[schedule][disaggregated][bad-input]") {
+TEST_CASE("disaggregated Layer rejects bad input", "[schedule][disaggregated][bad-input]") {
   using Model = MixtralSmall;
   using Router = router::ForModel<Model>;
   constexpr int world = 4;
   using Comm = collective::InProcess<world>;
-  using Lyr = DisaggregatedLayer<Model, Router, placement::Table, replication::None, FinDep, Comm>;
+  using Lyr = Layer<Model, Router, placement::Table, replication::None, FinDep, Comm>;
   constexpr ShapeSpec s = Model::spec;
   RandomLayerWeights<float> weights(s, 5);
   auto x = random_tokens(tokens_per_ag, s.hidden, 9);
-  auto run = [&](FinDep sched, LayerOptions o, int tokens_on_ag = tokens_per_ag, int tokens_on_eg = 0) {
+  auto run = [&](FinDep sched, LayerOptions<FinDep> o, int tokens_on_ag = tokens_per_ag, int tokens_on_eg = 0) {
     std::vector<std::vector<float>> out(world, std::vector<float>(x.size()));
+    o.schedule = sched;
     collective::run_in_process<world>([&](Comm& comm) {
-      Lyr layer(comm, blocks(s.experts, world - sched.ag), replication::None{}, weights.view(), sched, o);
+      Lyr layer(comm, blocks(s.experts, world - sched.ag), replication::None{}, weights.view(), o);
       std::vector<std::byte> ws(layer.workspace_size());
       typename Lyr::Arguments a;
       if (comm.rank() < sched.ag)
@@ -204,7 +207,12 @@ TEST_CASE("DisaggregatedLayer rejects bad input", "[schedule][disaggregated][bad
       layer.run(a, ws);
     });
   };
-  LayerOptions ok{.max_tokens = tokens_per_ag};
+  LayerOptions<FinDep> ok{.max_tokens = tokens_per_ag};
+  auto with = [&](FinDep sched) {
+    auto o = ok;
+    o.schedule = sched;
+    return o;
+  };
   SECTION("empty attention group") {
     CHECK_THROWS_WITH(run(FinDep{.ag = 0}, ok), Catch::Contains("between 1 and 3 of the 4 ranks (the rest form the expert group), got ag = 0"));
   }
@@ -230,10 +238,10 @@ TEST_CASE("DisaggregatedLayer rejects bad input", "[schedule][disaggregated][bad
     CHECK_THROWS_WITH(run(FinDep{.ag = 2, .r2 = -1}, ok), Catch::Contains("got r1 = 1, r2 = -1"));
   }
   SECTION("PPPipe with token chunks") {
-    using PP = DisaggregatedLayer<Model, Router, placement::Table, replication::None, PPPipe, Comm>;
+    using PP = Layer<Model, Router, placement::Table, replication::None, PPPipe, Comm>;
     CHECK_THROWS_WITH(collective::run_in_process<world>([&](Comm& comm) {
                         PP layer(comm, blocks(s.experts, 2), replication::None{}, weights.view(),
-                                 PPPipe{.ag = 2, .r1 = 2, .r2 = 3}, ok);
+                                 {.max_tokens = tokens_per_ag, .schedule = {.ag = 2, .r1 = 2, .r2 = 3}});
                       }),
                       Catch::Contains("PPPipe has no token chunks; r2 must be 1, got r2 = 3"));
   }
@@ -241,10 +249,10 @@ TEST_CASE("DisaggregatedLayer rejects bad input", "[schedule][disaggregated][bad
     CHECK_THROWS_WITH(run(FinDep{.ag = 2}, {.max_tokens = 0}), Catch::Contains("max_tokens must be positive, got 0"));
   }
   SECTION("a replica table the placement contradicts, or that misses an expert or a copy's weights") {
-    using Replicated = DisaggregatedLayer<Model, Router, placement::Table, replication::Table, FinDep, Comm>;
+    using Replicated = Layer<Model, Router, placement::Table, replication::Table, FinDep, Comm>;
     auto build = [&](replication::Table table) {
       collective::run_in_process<world>([&](Comm& comm) {
-        Replicated layer(comm, blocks(s.experts, 2), table, weights.view(), FinDep{.ag = 2}, ok);
+        Replicated layer(comm, blocks(s.experts, 2), table, weights.view(), with(FinDep{.ag = 2}));
       });
     };
     std::vector<std::vector<int>> copies(static_cast<std::size_t>(s.experts));
@@ -262,7 +270,7 @@ TEST_CASE("DisaggregatedLayer rejects bad input", "[schedule][disaggregated][bad
     missing.experts = no_three;
     CHECK_THROWS_WITH(collective::run_in_process<world>([&](Comm& comm) {
                         auto w = comm.rank() == 2 + other ? missing : weights.view();
-                        Replicated layer(comm, blocks(s.experts, 2), replication::Table(two), w, FinDep{.ag = 2}, ok);
+                        Replicated layer(comm, blocks(s.experts, 2), replication::Table(two), w, with(FinDep{.ag = 2}));
                       }),
                       Catch::Contains("serves expert 3 but its weights are missing"));
     auto moved = copies;
@@ -283,7 +291,7 @@ TEST_CASE("DisaggregatedLayer rejects bad input", "[schedule][disaggregated][bad
     std::vector<std::string> msg(world);
     collective::run_in_process<world>([&](Comm& comm) {
       FinDep sched{.ag = 2, .r1 = 2};
-      Lyr layer(comm, blocks(s.experts, world - sched.ag), replication::None{}, weights.view(), sched, ok);
+      Lyr layer(comm, blocks(s.experts, world - sched.ag), replication::None{}, weights.view(), with(sched));
       std::vector<std::byte> ws(layer.workspace_size());
       std::vector<float> y(x.size());
       typename Lyr::Arguments a;
@@ -297,7 +305,7 @@ TEST_CASE("DisaggregatedLayer rejects bad input", "[schedule][disaggregated][bad
     for (int r = 0; r < world; ++r) {
       INFO("rank " << r << ": " << msg[static_cast<std::size_t>(r)]);
       CHECK_THAT(msg[static_cast<std::size_t>(r)],
-                 Catch::Contains("moe::DisaggregatedLayer: r1 = 2 does not divide the 23 tokens"));
+                 Catch::Contains("moe::Layer (disaggregated): r1 = 2 does not divide the 23 tokens"));
       if (r != 1) CHECK_THAT(msg[static_cast<std::size_t>(r)], Catch::Contains("rank 1 rejected this run()"));
     }
   }

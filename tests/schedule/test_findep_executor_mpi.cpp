@@ -4,7 +4,7 @@
 // (Sequential schedule) on the same MPI communicator, fp32, 1e-5 normwise relative. The scenarios
 // are the InProcess test's (executor_cases.hpp). An AG rank sends from one thread and receives on
 // another at the same time, so the MPI library must provide MPI_THREAD_MULTIPLE. The same for
-// moe::DisaggregatedLayer with the FinDep and PPPipe schedule policies (disaggregated_cases.hpp).
+// the disaggregated moe::Layer with the FinDep and PPPipe schedule policies (disaggregated_cases.hpp).
 #include <catch2/catch.hpp>
 
 #include "disaggregated_cases.hpp"
@@ -59,7 +59,7 @@ TEMPLATE_TEST_CASE("FinDEP executor on MPI equals the sequential layer for every
   check_all_splits<TestType>(comm, 500);
 }
 
-TEMPLATE_TEST_CASE("DisaggregatedLayer on MPI equals the sequential layer for every split", "[schedule][disaggregated][mpi]",
+TEMPLATE_TEST_CASE("disaggregated Layer on MPI equals the sequential layer for every split", "[schedule][disaggregated][mpi]",
                    schedule::FinDep, schedule::PPPipe) {
   int level = MPI_THREAD_SINGLE;
   MPI_Query_thread(&level);

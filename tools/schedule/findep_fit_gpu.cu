@@ -69,7 +69,7 @@
 #include "moe/kernels/cuda_common.cuh"
 #include "moe/kernels/gate.cuh"
 #include "moe/kernels/grouped_gemm.cuh"
-#include "moe/layer/findep_cuda.cuh"
+#include "moe/layer/findep_cuda_executor.cuh"
 #include "moe/schedule/perf_model.hpp"
 
 namespace kc = moe::kernels::cuda;

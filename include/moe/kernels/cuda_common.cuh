@@ -147,4 +147,70 @@ private:
   std::size_t n_ = 0;
 };
 
+/// Unique ownership of a CUDA runtime or library handle (a stream, an event, a cuBLAS handle),
+/// released with `Destroy` when its owner goes, so that a constructor that throws after creating
+/// some of its handles releases them (its fully built members are destroyed).
+template <class H, auto Destroy>
+class Owned {
+public:
+  Owned() = default;
+  explicit Owned(H h) : h_(h) {}
+  Owned(Owned const&) = delete;
+  Owned& operator=(Owned const&) = delete;
+  Owned(Owned&& o) noexcept : h_(o.h_) { o.h_ = H{}; }
+  Owned& operator=(Owned&& o) noexcept {
+    std::swap(h_, o.h_);
+    return *this;
+  }
+  ~Owned() {
+    if (h_) (void)Destroy(h_);
+  }
+  [[nodiscard]] H get() const { return h_; }
+  explicit operator bool() const { return h_ != H{}; }
+
+private:
+  H h_{};
+};
+
+using OwnedStream = Owned<cudaStream_t, &cudaStreamDestroy>;
+using OwnedEvent = Owned<cudaEvent_t, &cudaEventDestroy>;
+
+/// A new stream (non-blocking by default), owned.
+inline OwnedStream make_stream(unsigned flags = cudaStreamNonBlocking) {
+  cudaStream_t s = nullptr;
+  check_cuda(cudaStreamCreateWithFlags(&s, flags), "cudaStreamCreateWithFlags");
+  return OwnedStream(s);
+}
+
+/// A new event (without timing by default), owned.
+inline OwnedEvent make_event(unsigned flags = cudaEventDisableTiming) {
+  cudaEvent_t e = nullptr;
+  check_cuda(cudaEventCreateWithFlags(&e, flags), "cudaEventCreate");
+  return OwnedEvent(e);
+}
+
+/// Page-locked host memory of n elements of T (cudaMallocHost), owned.
+template <class T>
+class PinnedArray {
+public:
+  PinnedArray() = default;
+  explicit PinnedArray(std::size_t n) {
+    if (n) check_cuda(cudaMallocHost(reinterpret_cast<void**>(&p_), n * sizeof(T)), "cudaMallocHost");
+  }
+  PinnedArray(PinnedArray const&) = delete;
+  PinnedArray& operator=(PinnedArray const&) = delete;
+  PinnedArray(PinnedArray&& o) noexcept : p_(o.p_) { o.p_ = nullptr; }
+  PinnedArray& operator=(PinnedArray&& o) noexcept {
+    std::swap(p_, o.p_);
+    return *this;
+  }
+  ~PinnedArray() {
+    if (p_) (void)cudaFreeHost(p_);
+  }
+  [[nodiscard]] T* get() const { return p_; }
+
+private:
+  T* p_ = nullptr;
+};
+
 }  // namespace moe::kernels::cuda

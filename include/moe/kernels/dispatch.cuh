@@ -28,13 +28,23 @@
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
 
+#include <concepts>
+
 #include "moe/kernels/cuda_common.cuh"
+#include "moe/plan/replica_table.hpp"
 
 namespace moe::kernels::cuda {
 
-/// The replica table on the device: the copies of expert e are ranks[offsets[e] .. offsets[e+1]),
-/// in the table's order; primary[e] is the placement's rank. Mirrors replication::Table::choose
-/// (and replication::None when every expert has exactly one copy).
+/// A layer's copy lists on the device: the copies of expert e are ranks[offsets[e] .. offsets[e+1])
+/// (a replica table's order; ascending for other policies); primary[e] is the placement's rank.
+struct DeviceCopyTable {
+  int const* offsets = nullptr;
+  int const* ranks = nullptr;
+  int const* primary = nullptr;
+};
+
+/// The replica table on the device. Mirrors replication::Table::choose (and replication::None when
+/// every expert has exactly one copy).
 struct ReplicaView {
   int const* offsets = nullptr;
   int const* ranks = nullptr;
@@ -53,7 +63,41 @@ struct ReplicaView {
   }
 };
 
-/// Error bits the receive side raises instead of crashing (read with CudaLayer::errors()).
+/// The device form of a replica policy (the device path of moe::Layer takes any policy that has
+/// one). Specialise it for your own replication::Policy R:
+///
+///   template <> struct moe::kernels::cuda::DeviceReplicas<R> {
+///     struct View {   // trivially copyable; passed to the dispatch kernel by value
+///       __device__ int choose(int expert, int source_rank, long long token) const;
+///     };
+///     static View view(R const& policy, DeviceCopyTable const& copies);
+///   };
+///
+/// `choose` must return the rank R::choose(expert, primary, source_rank, token) returns on the host.
+/// The layer uploads the copy lists (replication::copy_lists: from R::holds) and hands them to
+/// view(); a View may carry further values of the policy (not host pointers).
+template <class Replicas>
+struct DeviceReplicas;
+
+template <>
+struct DeviceReplicas<replication::Table> {
+  using View = ReplicaView;
+  static View view(replication::Table const&, DeviceCopyTable const& t) { return {t.offsets, t.ranks, t.primary}; }
+};
+template <>
+struct DeviceReplicas<replication::None> {
+  using View = ReplicaView;
+  static View view(replication::None const&, DeviceCopyTable const& t) { return {t.offsets, t.ranks, t.primary}; }
+};
+
+/// A replica policy the device path can run: a replication::Policy with a DeviceReplicas form.
+template <class R>
+concept DeviceReplicaPolicy = replication::Policy<R> && requires(R const& r, DeviceCopyTable const& t) {
+  typename DeviceReplicas<R>::View;
+  { DeviceReplicas<R>::view(r, t) } -> std::same_as<typename DeviceReplicas<R>::View>;
+};
+
+/// Error bits the receive side raises instead of crashing (read with the device Layer's errors()).
 enum DeviceError : unsigned {
   error_bad_count = 1u,   ///< a record with a count outside [1, k]
   error_bad_expert = 2u,  ///< a record naming an expert out of range or not served on this rank
@@ -61,8 +105,8 @@ enum DeviceError : unsigned {
 
 namespace detail {
 
-template <int K>
-__global__ void plan_records_kernel(int const* __restrict__ ids, int tokens, int ranks, ReplicaView replicas,
+template <int K, class View>
+__global__ void plan_records_kernel(int const* __restrict__ ids, int tokens, int ranks, View replicas,
                                     int source_rank, long long first_token, bool deduplicate, int* __restrict__ dest,
                                     int* __restrict__ rec_count) {
   int t = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
@@ -254,11 +298,11 @@ __global__ void inverse_kernel(int const* __restrict__ sorted_values, int const*
 // -------------------------------------------------------------------------------------------------
 
 /// dest (T x K) and rec_count (R x T, d-major) for `tokens` routed tokens.
-template <int K>
-void plan_records(cudaStream_t s, int const* ids, int tokens, int ranks, ReplicaView replicas, int source_rank,
+template <int K, class View = ReplicaView>
+void plan_records(cudaStream_t s, int const* ids, int tokens, int ranks, View replicas, int source_rank,
                   long long first_token, bool deduplicate, int* dest, int* rec_count) {
   if (tokens == 0) return;
-  launch(detail::plan_records_kernel<K>, static_cast<unsigned>(blocks_for(tokens, 128)), 128, 0, s, ids, tokens, ranks,
+  launch(detail::plan_records_kernel<K, View>, static_cast<unsigned>(blocks_for(tokens, 128)), 128, 0, s, ids, tokens, ranks,
          replicas, source_rank, first_token, deduplicate, dest, rec_count);
   check_launch("plan_records_kernel");
 }

@@ -26,6 +26,15 @@ inline void check_cublas(cublasStatus_t s, char const* what) {
   if (s != CUBLAS_STATUS_SUCCESS) fail(what, " failed: cuBLAS status ", static_cast<int>(s));
 }
 
+/// A cuBLAS handle, owned (destroyed with its owner).
+using OwnedCublas = Owned<cublasHandle_t, &cublasDestroy>;
+
+inline OwnedCublas make_cublas() {
+  cublasHandle_t h = nullptr;
+  check_cublas(cublasCreate(&h), "cublasCreate");
+  return OwnedCublas(h);
+}
+
 template <class T>
 inline constexpr cudaDataType_t cuda_type = std::is_same_v<T, float> ? CUDA_R_32F : CUDA_R_16BF;
 
@@ -198,23 +207,69 @@ __global__ void __launch_bounds__(32 * route_warps)
 
 }  // namespace detail
 
-/// Routes `tokens` rows of fp32 logits (tokens x S.experts) into ids and weights (tokens x S.top_k).
-/// `bias` is the per-expert correction bias of sigmoid routers (device memory, may be null).
+/// The device form of a router policy (the device paths of moe::Layer take any router that has
+/// one). Specialise it for your own router::Policy R:
+///
+///   template <> struct moe::kernels::cuda::DeviceRouter<R> {
+///     template <ShapeSpec S>
+///     static void route(cudaStream_t stream, float const* logits, float const* bias, int tokens,
+///                       int* ids, float* weights);   // enqueue only
+///   };
+///
+/// It turns `tokens` rows of fp32 logits (tokens x S.experts, device) into expert ids and combine
+/// weights (tokens x S.top_k, device) as R::route does on the host; `bias` is the per-expert
+/// correction bias (device, may be null). The three routers of router/router.hpp have one (below).
+template <class Router>
+struct DeviceRouter;
+
+namespace detail {
+/// The warp-per-token kernel of the built-in routers.
+template <ShapeSpec S, bool Sigmoid>
+void route_builtin(cudaStream_t stream, float const* logits, float const* bias, int tokens, int* ids, float* weights) {
+  static_assert(S.experts * (2 * sizeof(float) + 1) * route_warps <= 40 * 1024,
+                "route: too many experts for the per-warp shared-memory score buffers");
+  if (tokens == 0) return;
+  auto blocks = static_cast<unsigned>(blocks_for(tokens, route_warps));
+  launch(route_kernel<S.experts, S.top_k, S.groups, S.groups_per_token, S.group_score, Sigmoid, S.renormalize>, blocks,
+         32 * route_warps, 0, stream, logits, bias, tokens, ids, weights, S.routed_scale);
+  check_launch("route_kernel");
+}
+}  // namespace detail
+
+template <>
+struct DeviceRouter<router::SoftmaxTopK> {
+  template <ShapeSpec S>
+  static void route(cudaStream_t s, float const* logits, float const* bias, int tokens, int* ids, float* weights) {
+    detail::route_builtin<S, false>(s, logits, bias, tokens, ids, weights);
+  }
+};
+template <>
+struct DeviceRouter<router::GroupLimitedTopK> : DeviceRouter<router::SoftmaxTopK> {};
+template <>
+struct DeviceRouter<router::SigmoidGroupTopK> {
+  template <ShapeSpec S>
+  static void route(cudaStream_t s, float const* logits, float const* bias, int tokens, int* ids, float* weights) {
+    detail::route_builtin<S, true>(s, logits, bias, tokens, ids, weights);
+  }
+};
+
+/// A router policy the device paths can run on shape S: a router::Policy with a DeviceRouter form.
+template <class R, ShapeSpec S>
+concept DeviceRouterPolicy = router::Policy<R> && requires(cudaStream_t s, float const* f, int* i, float* w) {
+  DeviceRouter<R>::template route<S>(s, f, f, 0, i, w);
+};
+
+/// Routes `tokens` rows of fp32 logits (tokens x S.experts) into ids and weights (tokens x S.top_k)
+/// with the router's device form. `bias` is the per-expert correction bias of sigmoid routers
+/// (device memory, may be null).
 template <ShapeSpec S, class Router>
 void route(cudaStream_t stream, float const* logits, float const* bias, int tokens, int* ids, float* weights) {
   static_assert(router::Policy<Router>, "route: Router must be a router policy");
   static_assert(Router::fits(S), "route: this Router does not fit the shape's scoring and grouping");
-  static_assert(std::is_same_v<Router, router::SoftmaxTopK> || std::is_same_v<Router, router::GroupLimitedTopK> ||
-                    std::is_same_v<Router, router::SigmoidGroupTopK>,
-                "route: no CUDA kernel for this router policy");
-  static_assert(S.experts * (2 * sizeof(float) + 1) * detail::route_warps <= 40 * 1024,
-                "route: too many experts for the per-warp shared-memory score buffers");
-  if (tokens == 0) return;
-  auto blocks = static_cast<unsigned>(blocks_for(tokens, detail::route_warps));
-  launch(detail::route_kernel<S.experts, S.top_k, S.groups, S.groups_per_token, S.group_score,
-                              std::is_same_v<Router, router::SigmoidGroupTopK>, S.renormalize>,
-         blocks, 32 * detail::route_warps, 0, stream, logits, bias, tokens, ids, weights, S.routed_scale);
-  check_launch("route_kernel");
+  static_assert(DeviceRouterPolicy<Router, S>,
+                "route: this router has no device form; specialise moe::kernels::cuda::DeviceRouter<Router> "
+                "(moe/kernels/gate.cuh)");
+  DeviceRouter<Router>::template route<S>(stream, logits, bias, tokens, ids, weights);
 }
 
 }  // namespace moe::kernels::cuda

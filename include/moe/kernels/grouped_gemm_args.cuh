@@ -5,17 +5,13 @@
 #include <cstddef>
 
 #include "moe/kernels/cuda_common.cuh"
+#include "moe/kernels/gemm_path.hpp"
 
 namespace moe::kernels::cuda {
 
 enum class Epilogue { swiglu, store, accumulate };
 
-/// Which kernel runs a grouped GEMM.
-///   automatic  the Hopper kernel for bf16 on an sm_90 device when the program carries sm_90a code,
-///              else the portable kernel (see hopper_gemm_available)
-///   portable   the WMMA / SIMT kernel (any architecture, float and bf16)
-///   hopper     the wgmma kernel; an error where it cannot run
-enum class GemmPath { automatic, portable, hopper };
+// GemmPath (which kernel runs a grouped GEMM) is in moe/kernels/gemm_path.hpp.
 
 /// Rows of one unit of `tile_starts`: every group's rows are covered by ceil(rows / tile_m) tiles.
 /// Both kernels use this unit (the Hopper kernel computes a whole tile per block, the portable one
@@ -47,7 +43,7 @@ struct GroupedGemmArgs {
   // B per group: tables of device pointers (indexed by group), or single pointers when tables are null.
   // Row-major n x k (PyTorch Linear layout); every B must be 16-byte aligned (the kernels copy
   // 16-byte vectors). Single pointers are checked by grouped_gemm; pointers inside a device table
-  // cannot be, and are the caller's promise (CudaLayer and the FinDEP executors check them when
+  // cannot be, and are the caller's promise (the device layer and the FinDEP executors check them when
   // they build their tables).
   T const* const* b0_table = nullptr;
   T const* const* b1_table = nullptr;

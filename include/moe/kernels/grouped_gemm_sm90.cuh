@@ -373,7 +373,7 @@ inline std::atomic<int>& probe_result(int device) {
 
 /// Whether GemmPath::automatic picks the Hopper kernel on the current device: an sm_90 device and
 /// sm_90a code for it in this program. The first call per device launches a one-thread probe and
-/// synchronises (do it before capturing a graph; CudaLayer's constructor does); later calls only
+/// synchronises (do it before capturing a graph; the device Layer's constructor does); later calls only
 /// read the cached answer.
 inline bool hopper_gemm_available() {
   int dev = 0;

@@ -1,11 +1,17 @@
 #pragma once
-// moe::CudaLayer: the device execution path of one expert-parallel MoE layer (nvcc only), built
-// from the kernels in moe/kernels/*.cuh. Same protocol as the host moe::Layer:
+// The device execution path of moe::Layer (moe/layer/layer.hpp; nvcc only): a device-memory
+// collective (cuda::SingleGpu, collective::Nccl) and schedule::Sequential, built from the kernels in
+// moe/kernels/*.cuh. Same protocol as the host path (moe/layer/host.hpp):
 //
-//   using L = moe::CudaLayer<Model, Router, placement::Table, replication::None, cuda::SingleGpu>;
+//   using L = moe::Layer<Model, Router, placement::Table, replication::None, schedule::Sequential, cuda::SingleGpu>;
 //   L layer(gpu, placement, replicas, device_weights, {.max_tokens = 4096});
 //   void* ws; cudaMalloc(&ws, layer.workspace_size());             // caller-owned device scratch
 //   layer.run({.tokens = n, .x = x, .y = y, .stream = s}, {static_cast<std::byte*>(ws), bytes});
+//
+// Policies: any router::Policy with a device form (kernels::cuda::DeviceRouter, gate.cuh; the three
+// routers of router/router.hpp have one) and any replication::Policy with a device form
+// (kernels::cuda::DeviceReplicas, dispatch.cuh; None and Table have one). A user specialises the
+// trait for their own policy; a policy without one is a compile-time error naming the trait.
 //
 // Weights, x and y are device pointers (LayerWeights as for the host layer, PyTorch layout).
 // Results follow the host reference: same routes (ties to the lower index), same record format and
@@ -67,20 +73,7 @@ struct SingleGpu {
   [[nodiscard]] int size() const { return 1; }
 };
 
-/// How dispatch records cross ranks (see the file comment).
-enum class Exchange { exact, padded };
-
 }  // namespace cuda
-
-struct CudaLayerOptions {
-  int max_tokens = 0;       ///< most tokens one rank passes to run(); sizes the workspace
-  bool deduplicate = true;  ///< one record per (token, rank); false sends one per (token, expert)
-  cuda::Exchange exchange = cuda::Exchange::exact;
-  std::size_t cublas_workspace = std::size_t{8} << 20;  ///< bytes handed to cuBLAS for the gate GEMM
-  /// Kernel of the expert GEMMs: automatic (the Hopper wgmma kernel for bf16 where it can run,
-  /// else the portable one), portable, or hopper (an error at construction where it cannot run).
-  kernels::cuda::GemmPath gemm = kernels::cuda::GemmPath::automatic;
-};
 
 namespace detail {
 template <class C>
@@ -95,27 +88,36 @@ concept DeviceCollective = DeviceComm<C> && collective::Collective<C> && require
 }  // namespace detail
 
 template <ModelShape Model, router::Policy Router, placement::Policy Placement, replication::Policy Replicas,
-          class Comm>
-class CudaLayer {
+          schedule::Policy Schedule, collective::Communicator Comm>
+  requires(execution_path<Schedule, Comm> == ExecutionPath::device)
+class Layer<Model, Router, Placement, Replicas, Schedule, Comm> {
 public:
   static constexpr ShapeSpec shape = Model::spec;
   using element_type = storage_t<shape>;
   using T = element_type;
+  using Options = LayerOptions<Schedule>;
+  static constexpr ExecutionPath path = ExecutionPath::device;
   static constexpr bool local = std::is_same_v<Comm, cuda::SingleGpu>;
 
-  static_assert(detail::DeviceComm<Comm>, "moe::CudaLayer: the collective must work on device memory "
+  static_assert(detail::DeviceComm<Comm>, "moe::Layer (device): the collective must work on device memory "
                                           "(cuda::SingleGpu or collective::Nccl)");
   static_assert(local || detail::DeviceCollective<Comm>,
-                "moe::CudaLayer: a multi-rank collective needs all_to_all(_v) and set_stream(cudaStream_t)");
+                "moe::Layer (device): a multi-rank collective needs all_to_all(_v) and set_stream(cudaStream_t)");
   static_assert(shape.hidden > 0 && shape.experts > 0 && shape.top_k > 0 && shape.top_k <= shape.experts,
-                "moe::CudaLayer: the model shape needs positive sizes and top_k <= experts");
-  static_assert(Router::fits(shape), "moe::CudaLayer: this Router policy does not fit the model's scoring and "
+                "moe::Layer (device): the model shape needs positive sizes and top_k <= experts");
+  static_assert(Router::fits(shape), "moe::Layer (device): this Router policy does not fit the model's scoring and "
                                      "grouping (see router::ForModel<Model>)");
-  static_assert(std::is_same_v<Replicas, replication::None> || std::is_same_v<Replicas, replication::Table>,
-                "moe::CudaLayer: the device path knows replication::None and replication::Table");
+  static_assert(kernels::cuda::DeviceRouterPolicy<Router, shape>,
+                "moe::Layer (device): this Router has no device form; specialise "
+                "moe::kernels::cuda::DeviceRouter<Router> (moe/kernels/gate.cuh)");
+  static_assert(kernels::cuda::DeviceReplicaPolicy<Replicas>,
+                "moe::Layer (device): this Replicas policy has no device form; specialise "
+                "moe::kernels::cuda::DeviceReplicas<Replicas> (moe/kernels/dispatch.cuh)");
+  static_assert(!replication::BatchPolicy<Replicas>,
+                "moe::Layer (device): batch-aware replica policies (replication::Reactive) run on the host path");
   static_assert(shape.hidden % kernels::cuda::vec_elems<T> == 0 && shape.expert_ffn % kernels::cuda::vec_elems<T> == 0 &&
                     shape.shared_ffn % kernels::cuda::vec_elems<T> == 0,
-                "moe::CudaLayer: hidden and FFN widths must be multiples of 16 bytes of the storage type");
+                "moe::Layer (device): hidden and FFN widths must be multiples of 16 bytes of the storage type");
 
   struct Arguments {
     int tokens = 0;             ///< tokens on this rank (may be 0)
@@ -125,85 +127,44 @@ public:
     cudaStream_t stream = nullptr;
   };
 
-  CudaLayer(Comm& comm, Placement placement, Replicas replicas, LayerWeights<T> weights, CudaLayerOptions options)
+  Layer(Comm& comm, Placement placement, Replicas replicas, LayerWeights<T> weights, Options options)
       : comm_(&comm), placement_(std::move(placement)), replicas_(std::move(replicas)), weights_(weights),
         options_(options) {
     detail::keep_shared_list(weights_, shared_);  // run() reads the shared list; the routed go to tables
     int ranks = comm.size(), rank = comm.rank();
-    std::vector<int> primary = detail::check_layer_setup("moe::CudaLayer", shape, ranks, rank, placement_, replicas_,
+    std::vector<int> primary = detail::check_layer_setup("moe::Layer (device)", shape, ranks, rank, placement_, replicas_,
                                                          weights_, options_.max_tokens);
     // Decide the grouped-GEMM kernel now (a one-time probe that synchronises), so that forward
     // passes, captured ones included, find the answer cached.
-    detail::prepare_gemm_path<T>("moe::CudaLayer", options_.gemm);
+    detail::prepare_gemm_path<T>("moe::Layer (device)", options_.gemm);
 
     // Replica lists (CSR), the served mask and the weight pointer tables.
-    replication::CopyLists copies = replication::copy_lists(primary, replicas_);
-    std::vector<unsigned char> served(E);
-    std::vector<T const*> gate(E), up(E), down(E);
-    std::vector<int> held(static_cast<std::size_t>(ranks), 0);  // experts each rank holds a copy of
-    for (int e = 0; e < shape.experts; ++e) {
-      auto ue = static_cast<std::size_t>(e);
-      served[ue] = copies.holds(e, rank) ? 1 : 0;
-      served_count_ += served[ue];
-      for (int r = 0; r < ranks; ++r) held[static_cast<std::size_t>(r)] += copies.holds(e, r) ? 1 : 0;
-      auto const& w = weights_.experts[ue];
-      if (served[ue]) {
-        check_aligned(w.gate, "gate", e);
-        check_aligned(w.up, "up", e);
-        check_aligned(w.down, "down", e);
-        gate[ue] = w.gate;
-        up[ue] = w.up;
-        down[ue] = w.down;
-      }
+    replication::CopyLists copies = replication::copy_lists(primary, replicas_, ranks);
+    experts_ = detail::DeviceExpertTable<T>(copies, primary, true, rank, weights_.experts, "moe::Layer (device)");
+    for (int r = 0; r < ranks; ++r) {
+      int held = 0;  // experts rank r holds a copy of
+      for (int e = 0; e < shape.experts; ++e) held += copies.holds(e, r) ? 1 : 0;
+      max_held_ = std::max(max_held_, held);
     }
-    max_held_ = *std::max_element(held.begin(), held.end());
-    for (int e = 0; e < shape.shared_experts; ++e) {
-      auto const& w = weights_.shared[static_cast<std::size_t>(e)];
-      check_aligned(w.gate, "shared gate", e);
-      check_aligned(w.up, "shared up", e);
-      check_aligned(w.down, "shared down", e);
-    }
-    replica_offsets_ = kernels::cuda::DeviceArray<int>(copies.first.size());
-    replica_offsets_.upload(copies.first.data(), copies.first.size());
-    replica_ranks_ = kernels::cuda::DeviceArray<int>(copies.ranks.size());
-    replica_ranks_.upload(copies.ranks.data(), copies.ranks.size());
-    primary_ = kernels::cuda::DeviceArray<int>(E);
-    primary_.upload(primary.data(), E);
-    served_ = kernels::cuda::DeviceArray<unsigned char>(E);
-    served_.upload(served.data(), E);
-    gate_ = kernels::cuda::DeviceArray<T const*>(E);
-    gate_.upload(gate.data(), E);
-    up_ = kernels::cuda::DeviceArray<T const*>(E);
-    up_.upload(up.data(), E);
-    down_ = kernels::cuda::DeviceArray<T const*>(E);
-    down_.upload(down.data(), E);
-    errors_ = kernels::cuda::DeviceArray<unsigned>(1);
-    kernels::cuda::check_cuda(cudaMemset(errors_.get(), 0, sizeof(unsigned)), "cudaMemset");
-    kernels::cuda::check_cublas(cublasCreate(&cublas_), "cublasCreate");
+    for (int e = 0; e < shape.shared_experts; ++e)
+      detail::check_expert_alignment("moe::Layer (device)", weights_.shared[static_cast<std::size_t>(e)], "shared ", e);
+    // Handles are owned (kernels::cuda::Owned): if a creation below throws, the ones made before it
+    // are released with the members that hold them.
+    cublas_ = kernels::cuda::make_cublas();
     if (shape.shared_experts > 0) {
       // The shared experts run on a second stream, forked from and joined back into the caller's.
-      kernels::cuda::check_cuda(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
-      kernels::cuda::check_cuda(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming), "cudaEventCreate");
-      kernels::cuda::check_cuda(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming), "cudaEventCreate");
+      side_ = kernels::cuda::make_stream();
+      fork_ = kernels::cuda::make_event();
+      join_ = kernels::cuda::make_event();
     }
-    if (!local) {
-      kernels::cuda::check_cuda(cudaMallocHost(reinterpret_cast<void**>(&host_counts_),
-                                               2 * static_cast<std::size_t>(ranks) * sizeof(std::uint64_t)),
-                                "cudaMallocHost");
-    }
+    if (!local) host_counts_ = kernels::cuda::PinnedArray<std::uint64_t>(2 * static_cast<std::size_t>(ranks));
     meta_bytes_ = round16(2 * sizeof(std::int32_t) + static_cast<std::size_t>(k) * (sizeof(std::int32_t) + sizeof(float)));
     payload_bytes_ = round16(h * sizeof(T));
   }
 
-  CudaLayer(CudaLayer const&) = delete;
-  CudaLayer& operator=(CudaLayer const&) = delete;
-  ~CudaLayer() {
-    if (join_) cudaEventDestroy(join_);
-    if (fork_) cudaEventDestroy(fork_);
-    if (side_) cudaStreamDestroy(side_);
-    if (cublas_) cublasDestroy(cublas_);
-    if (host_counts_) cudaFreeHost(host_counts_);
-  }
+  Layer(Layer const&) = delete;
+  Layer& operator=(Layer const&) = delete;
+  ~Layer() = default;
 
   /// Bytes of caller-owned device workspace run() needs.
   [[nodiscard]] std::size_t workspace_size() const {
@@ -214,11 +175,11 @@ public:
   }
 
   [[nodiscard]] Status can_implement(Arguments const& a) const {
-    Status st = moe::detail::check_run_arguments("moe::CudaLayer", "CudaLayerOptions", a.tokens, options_.max_tokens,
+    Status st = moe::detail::check_run_arguments("moe::Layer (device)", "LayerOptions", a.tokens, options_.max_tokens,
                                                   a.x, a.y, a.first_token);
     if (!st.ok) return st;
     if (reinterpret_cast<std::uintptr_t>(a.x) % 16 != 0 || reinterpret_cast<std::uintptr_t>(a.y) % 16 != 0)
-      return {false, "moe::CudaLayer: x and y must be 16-byte aligned"};
+      return {false, "moe::Layer (device): x and y must be 16-byte aligned"};
     return {};
   }
 
@@ -226,7 +187,7 @@ public:
   void run(Arguments const& a, std::span<std::byte> workspace) {
     Status st = can_implement(a);
     check(st.ok, st.message);
-    core::check_workspace("moe::CudaLayer", workspace.size(), workspace_size());
+    core::check_workspace("moe::Layer (device)", workspace.size(), workspace_size());
     namespace kc = kernels::cuda;
     core::Carver c(workspace);
     Buffers b;
@@ -241,8 +202,8 @@ public:
         cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
         kc::check_cuda(cudaStreamIsCapturing(s, &capturing), "cudaStreamIsCapturing");
         check(capturing == cudaStreamCaptureStatusNone,
-              "moe::CudaLayer: Exchange::exact synchronises the host once per forward pass and cannot be "
-              "captured in a CUDA graph; use CudaLayerOptions::exchange = cuda::Exchange::padded");
+              "moe::Layer (device): Exchange::exact synchronises the host once per forward pass and cannot be "
+              "captured in a CUDA graph; use LayerOptions::exchange = cuda::Exchange::padded");
       }
     }
     int const ranks = comm_->size(), rank = comm_->rank(), t = a.tokens;
@@ -253,25 +214,25 @@ public:
     stats_.assignments = static_cast<long long>(t) * k;
     stats_.record_bytes = rec;
     stats_.meta_bytes = meta_bytes_;
-    kc::check_cuda(cudaMemsetAsync(errors_.get(), 0, sizeof(unsigned), s), "cudaMemsetAsync");
+    kc::check_cuda(cudaMemsetAsync(experts_.errors(), 0, sizeof(unsigned), s), "cudaMemsetAsync");
 
     // 0. Shared experts on the side stream, overlapping everything up to the final sum.
     float* shared_acc = nullptr;
     if (shape.shared_experts > 0 && t > 0) {
       shared_acc = b.shared_acc.data();
-      cudaStream_t ss = side_;
-      kc::check_cuda(cudaEventRecord(fork_, s), "cudaEventRecord (fork)");
-      kc::check_cuda(cudaStreamWaitEvent(ss, fork_, 0), "cudaStreamWaitEvent (fork)");
+      cudaStream_t ss = side_.get();
+      kc::check_cuda(cudaEventRecord(fork_.get(), s), "cudaEventRecord (fork)");
+      kc::check_cuda(cudaStreamWaitEvent(ss, fork_.get(), 0), "cudaStreamWaitEvent (fork)");
       detail::shared_experts<shape>(ss, weights_.shared, a.x, t, b.shared_inter.data(), shared_acc, options_.gemm);
-      kc::check_cuda(cudaEventRecord(join_, ss), "cudaEventRecord (join)");
+      kc::check_cuda(cudaEventRecord(join_.get(), ss), "cudaEventRecord (join)");
     }
 
     // 1. Gate, router, destinations, record layout, packing.
     if (t > 0) {
-      kc::gate_logits<T>(cublas_, s, b.cublas.data(), b.cublas.size(), a.x, t, shape.hidden, weights_.router,
+      kc::gate_logits<T>(cublas_.get(), s, b.cublas.data(), b.cublas.size(), a.x, t, shape.hidden, weights_.router,
                          shape.experts, b.logits.data());
       kc::route<shape, Router>(s, b.logits.data(), weights_.router_bias, t, b.ids.data(), b.weights.data());
-      kc::ReplicaView view{replica_offsets_.get(), replica_ranks_.get(), primary_.get()};
+      auto view = kc::DeviceReplicas<Replicas>::view(replicas_, experts_.copy_table());
       kc::plan_records<k>(s, b.ids.data(), t, ranks, view, rank, a.first_token, options_.deduplicate, b.dest.data(),
                           b.rec_count.data());
       kc::exclusive_sum(s, b.scan_temp.data(), b.scan_temp.size(), b.rec_count.data(), b.rec_pos.data(),
@@ -300,7 +261,7 @@ public:
         slots = static_cast<long long>(ranks) * cap;
       } else {
         // The one host synchronisation of the exact exchange (not under capture: checked above).
-        kc::check_cuda(cudaMemcpyAsync(host_counts_, b.counts.data(), 2 * static_cast<std::size_t>(ranks) * sizeof(std::uint64_t),
+        kc::check_cuda(cudaMemcpyAsync(host_counts_.get(), b.counts.data(), 2 * static_cast<std::size_t>(ranks) * sizeof(std::uint64_t),
                                        cudaMemcpyDeviceToHost, s),
                        "cudaMemcpyAsync (record counts)");
         kc::check_cuda(cudaStreamSynchronize(s), "cudaStreamSynchronize (record counts)");
@@ -308,7 +269,7 @@ public:
         std::size_t total = 0;
         for (int p = 0; p < ranks; ++p) {
           auto up = static_cast<std::size_t>(p);
-          std::size_t sent = host_counts_[up], got = host_counts_[static_cast<std::size_t>(ranks) + up];
+          std::size_t sent = host_counts_.get()[up], got = host_counts_.get()[static_cast<std::size_t>(ranks) + up];
           host_bytes_[up] = sent * rec;
           host_bytes_[static_cast<std::size_t>(ranks) + up] = got * rec;
           host_bytes_[2 * static_cast<std::size_t>(ranks) + up] = got * h * sizeof(T);  // partials back
@@ -316,9 +277,9 @@ public:
           total += got;
           (p == rank ? stats_.records_local : stats_.records_remote) += static_cast<long long>(sent);
         }
-        check(total <= recv_capacity(), "moe::CudaLayer: rank ", rank, " would receive ", total,
+        check(total <= recv_capacity(), "moe::Layer (device): rank ", rank, " would receive ", total,
               " records but its workspace holds ", recv_capacity(),
-              " (do all ranks use the same CudaLayerOptions::max_tokens?)");
+              " (do all ranks use the same LayerOptions::max_tokens?)");
         stats_.records_received = static_cast<long long>(total);
         auto hb = std::span<std::size_t const>(host_bytes_);
         comm_->all_to_all_v(std::as_bytes(b.send), hb.subspan(0, static_cast<std::size_t>(ranks)), b.recv,
@@ -331,7 +292,7 @@ public:
       recv = b.recv.data();
       counts_in = recv_count;
     }
-    kc::recv_layout(s, counts_in, ranks, cap, b.recv_base.data(), b.recv_n.data(), errors_.get());
+    kc::recv_layout(s, counts_in, ranks, cap, b.recv_base.data(), b.recv_n.data(), experts_.errors());
 
     // 3. Experts: group (record, slot) pairs by expert, gate+up with SwiGLU, down, weighted combine.
     detail::RoutedExperts<shape, T> experts;
@@ -350,18 +311,18 @@ public:
       experts.a = recv + meta_bytes_;  // the token row follows each record's metadata
       experts.a_stride = rec;
     }
-    experts.served = served_.get();
+    experts.served = experts_.served();
     experts.max_count = rows_per_record();
-    experts.gate = gate_.get();
-    experts.up = up_.get();
-    experts.down = down_.get();
+    experts.gate = experts_.gate();
+    experts.up = experts_.up();
+    experts.down = experts_.down();
     experts.grouping = {b.keys.data(),     b.values.data(),  b.sorted_keys.data(), b.sorted_values.data(),
                         b.position.data(), b.offsets.data(), b.tile_starts.data(), b.sort_temp.data(),
                         b.sort_temp.size()};
     experts.inter = b.inter.data();
     experts.expert_out = b.expert_out.data();
     experts.back = b.back.data();
-    experts.errors = errors_.get();
+    experts.errors = experts_.errors();
     experts.path = options_.gemm;
     experts.enqueue(s);
 
@@ -381,7 +342,7 @@ public:
       stats_.combine_bytes = comm_->counters().bytes_sent() - before.bytes_sent();
       returned = b.returned.data();
     }
-    if (shared_acc) kc::check_cuda(cudaStreamWaitEvent(s, join_, 0), "cudaStreamWaitEvent (shared experts)");
+    if (shared_acc) kc::check_cuda(cudaStreamWaitEvent(s, join_.get(), 0), "cudaStreamWaitEvent (shared experts)");
     kc::finish_tokens<T>(s, t, shape.hidden, ranks, b.rec_count.data(), b.rec_pos.data(), b.send_base.data(), returned,
                          shared_acc, a.y);
   }
@@ -389,17 +350,12 @@ public:
   /// Error bits (kernels::cuda::DeviceError) raised by the last run(). Synchronises the device
   /// first (a plain cudaMemcpy would not wait for a non-blocking stream): a diagnostic for tests
   /// and debugging, not for the hot path.
-  [[nodiscard]] unsigned errors() const {
-    unsigned v = 0;
-    kernels::cuda::check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize (errors)");
-    kernels::cuda::check_cuda(cudaMemcpy(&v, errors_.get(), sizeof(v), cudaMemcpyDeviceToHost), "cudaMemcpy (errors)");
-    return v;
-  }
+  [[nodiscard]] unsigned errors() const { return experts_.read_errors(); }
 
   /// Host-side statistics of the last run(). Record counts are known only with Exchange::exact.
   [[nodiscard]] LayerStats const& stats() const { return stats_; }
   [[nodiscard]] Comm& comm() const { return *comm_; }
-  [[nodiscard]] CudaLayerOptions const& options() const { return options_; }
+  [[nodiscard]] Options const& options() const { return options_; }
 
 private:
   static constexpr auto h = static_cast<std::size_t>(shape.hidden);
@@ -407,11 +363,6 @@ private:
   static constexpr auto E = static_cast<std::size_t>(shape.experts);
 
   static constexpr std::size_t round16(std::size_t n) { return (n + 15) / 16 * 16; }
-
-  static void check_aligned(T const* p, char const* what, int e) {
-    check(reinterpret_cast<std::uintptr_t>(p) % 16 == 0, "moe::CudaLayer: ", what, " weights of expert ", e,
-          " are not 16-byte aligned");
-  }
 
   struct Buffers {
     std::span<float> logits;            // m x E
@@ -457,14 +408,14 @@ private:
   /// Most experts one received record names: 1 without de-duplication; with it, a record names
   /// distinct experts this rank serves. The expert GEMMs' rows are at most slots times this.
   [[nodiscard]] int rows_per_record() const {
-    return options_.deduplicate ? std::max(1, std::min(k, served_count_)) : 1;
+    return options_.deduplicate ? std::max(1, std::min(k, experts_.served_count())) : 1;
   }
   [[nodiscard]] std::size_t recv_capacity() const {
     if (local) return send_capacity();
     if (padded()) return static_cast<std::size_t>(comm_->size()) * static_cast<std::size_t>(per_peer());
     // Exact: each source sends this rank at most its own bound (the experts this rank holds).
     return static_cast<std::size_t>(comm_->size()) * static_cast<std::size_t>(options_.max_tokens) *
-           static_cast<std::size_t>(records_per_token(served_count_, options_.deduplicate));
+           static_cast<std::size_t>(records_per_token(experts_.served_count(), options_.deduplicate));
   }
 
   void carve(core::Carver& c, Buffers& b) const {
@@ -509,39 +460,19 @@ private:
   Replicas replicas_;
   LayerWeights<T> weights_;
   std::vector<ExpertWeights<T>> shared_;  // weights_.shared points here (detail::keep_shared_list)
-  CudaLayerOptions options_;
-  kernels::cuda::DeviceArray<int> replica_offsets_, replica_ranks_, primary_;
-  kernels::cuda::DeviceArray<unsigned char> served_;
-  int served_count_ = 0;  // experts this rank holds a copy of
-  int max_held_ = 0;      // most experts any rank holds a copy of
-  kernels::cuda::DeviceArray<T const*> gate_, up_, down_;
-  kernels::cuda::DeviceArray<unsigned> errors_;
-  cublasHandle_t cublas_ = nullptr;
-  cudaStream_t side_ = nullptr;  // shared experts (only when the shape has some)
-  cudaEvent_t fork_ = nullptr, join_ = nullptr;
-  std::uint64_t* host_counts_ = nullptr;  // pinned: send counts, then received counts
+  Options options_;
+  detail::DeviceExpertTable<T> experts_;  // copy lists, this rank's served experts, error word
+  int max_held_ = 0;                      // most experts any rank holds a copy of
+  kernels::cuda::OwnedCublas cublas_;
+  kernels::cuda::OwnedStream side_;  // shared experts (only when the shape has some)
+  kernels::cuda::OwnedEvent fork_, join_;
+  kernels::cuda::PinnedArray<std::uint64_t> host_counts_;  // send counts, then received counts
   std::vector<std::size_t> host_bytes_;   // exact exchange: send, recv, back, returned bytes per peer
   std::size_t meta_bytes_ = 0;
   std::size_t payload_bytes_ = 0;
   mutable std::size_t scan_bytes_ = 0;  // CUB scratch sizes, queried once
   mutable std::size_t sort_bytes_ = 0;
   LayerStats stats_;
-};
-
-/// moe::Layer with a device communicator (collective::Nccl, cuda::SingleGpu) is the CUDA layer: the
-/// same composition of policies as the host path, so an engine switches backends by changing the
-/// Collective alone. The device path runs the phases in sequence.
-template <ModelShape Model, router::Policy Router, placement::Policy Placement, replication::Policy Replicas,
-          schedule::Policy Schedule, collective::Communicator Comm>
-  requires(Comm::memory == collective::Memory::device && !schedule::DisaggregatedPolicy<Schedule>)
-class Layer<Model, Router, Placement, Replicas, Schedule, Comm>
-    : public CudaLayer<Model, Router, Placement, Replicas, Comm> {
-  static_assert(std::is_same_v<Schedule, schedule::Sequential>,
-                "moe::Layer on a device communicator runs schedule::Sequential, or a disaggregated schedule "
-                "(FinDep, PPPipe; include moe/layer/cuda_disaggregated.cuh)");
-
-public:
-  using CudaLayer<Model, Router, Placement, Replicas, Comm>::CudaLayer;
 };
 
 }  // namespace moe

@@ -1,6 +1,6 @@
 #pragma once
-// The expert feed-forward passes of a MoE layer on the GPU (nvcc only), shared by moe::CudaLayer
-// and the FinDEP executors (moe/layer/findep_cuda.cuh) so that every device path runs the same
+// The expert feed-forward passes of a MoE layer on the GPU (nvcc only), shared by the device moe::Layer
+// and the FinDEP executors (moe/layer/findep_cuda_*.cuh) so that every device path runs the same
 // kernels with the same roundings:
 //
 //   RoutedExperts<S, T>   received records -> (record, slot) pairs grouped by expert -> SwiGLU
@@ -14,6 +14,9 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
+#include <utility>
+#include <vector>
 #include <span>
 #include <type_traits>
 
@@ -23,6 +26,7 @@
 #include "moe/kernels/dispatch.cuh"
 #include "moe/kernels/grouped_gemm.cuh"
 #include "moe/core/weights.hpp"
+#include "moe/plan/replica_table.hpp"
 
 namespace moe::detail {
 
@@ -192,5 +196,99 @@ void shared_experts(cudaStream_t s, std::span<ExpertWeights<T> const> shared, T 
     kc::grouped_gemm<T, kc::Epilogue::accumulate>(s, down);
   }
 }
+
+/// Checks that an expert's three matrices are 16-byte aligned (the kernels load 16-byte vectors).
+template <class T>
+void check_expert_alignment(char const* who, ExpertWeights<T> const& w, char const* kind, int e) {
+  for (auto [p, what] : {std::pair{w.gate, "gate"}, std::pair{w.up, "up"}, std::pair{w.down, "down"}})
+    check(reinterpret_cast<std::uintptr_t>(p) % 16 == 0, who, ": ", kind, what, " weights of expert ", e,
+          " are not 16-byte aligned");
+}
+
+/// The device tables of routed experts that the device Layer and the FinDEP executors keep, made
+/// once at construction (one class instead of a copy in each owner):
+///   - the copy lists (each expert's copies and primary rank), which senders choose destinations
+///     from (copy_table(), replica_view());
+///   - the experts one serving index holds a copy of (a mask and the gate / up / down pointer
+///     tables), which receivers run (served(), gate(), up(), down());
+///   - the error word the receive side raises (errors(), read_errors()).
+/// Its members own their device memory, so an owner whose later construction step throws releases
+/// the tables with it.
+template <class T>
+class DeviceExpertTable {
+public:
+  DeviceExpertTable() = default;
+
+  /// `copies`, `primary`: every expert's copies and placement index (uploaded when `senders`).
+  /// `serving`: the index whose copies this owner runs (-1 for none); each of those experts must
+  /// have weights in `experts`, 16-byte aligned (`who` and `serving_name` name the owner and the
+  /// index in the messages).
+  DeviceExpertTable(replication::CopyLists const& copies, std::span<int const> primary, bool senders, int serving,
+                    std::span<ExpertWeights<T> const> experts, char const* who, char const* serving_name = "rank") {
+    namespace kc = kernels::cuda;
+    auto n = primary.size();
+    if (senders) {
+      offsets_ = kc::DeviceArray<int>(copies.first.size());
+      offsets_.upload(copies.first.data(), copies.first.size());
+      ranks_ = kc::DeviceArray<int>(copies.ranks.size());
+      ranks_.upload(copies.ranks.data(), copies.ranks.size());
+      primary_ = kc::DeviceArray<int>(n);
+      primary_.upload(primary.data(), n);
+    }
+    if (serving >= 0) {
+      std::vector<unsigned char> served(n, 0);
+      std::vector<T const*> gate(n, nullptr), up(n, nullptr), down(n, nullptr);
+      for (std::size_t e = 0; e < n; ++e) {
+        if (!copies.holds(static_cast<int>(e), serving)) continue;
+        auto const& w = experts[e];
+        check(w.present(), who, ": ", serving_name, " ", serving, " serves expert ", e, " but its weights are missing");
+        check_expert_alignment(who, w, "", static_cast<int>(e));
+        served[e] = 1;
+        ++served_count_;
+        gate[e] = w.gate;
+        up[e] = w.up;
+        down[e] = w.down;
+      }
+      served_ = kc::DeviceArray<unsigned char>(n);
+      served_.upload(served.data(), n);
+      gate_ = kc::DeviceArray<T const*>(n);
+      gate_.upload(gate.data(), n);
+      up_ = kc::DeviceArray<T const*>(n);
+      up_.upload(up.data(), n);
+      down_ = kc::DeviceArray<T const*>(n);
+      down_.upload(down.data(), n);
+    }
+    errors_ = kc::DeviceArray<unsigned>(1);
+    kc::check_cuda(cudaMemset(errors_.get(), 0, sizeof(unsigned)), "cudaMemset");
+  }
+
+  [[nodiscard]] kernels::cuda::DeviceCopyTable copy_table() const { return {offsets_.get(), ranks_.get(), primary_.get()}; }
+  /// The built-in replica choice over the copy lists (replication::Table's rule).
+  [[nodiscard]] kernels::cuda::ReplicaView replica_view(bool prefer_source = true) const {
+    return {offsets_.get(), ranks_.get(), primary_.get(), prefer_source};
+  }
+  [[nodiscard]] unsigned char const* served() const { return served_.get(); }
+  [[nodiscard]] T const* const* gate() const { return gate_.get(); }
+  [[nodiscard]] T const* const* up() const { return up_.get(); }
+  [[nodiscard]] T const* const* down() const { return down_.get(); }
+  [[nodiscard]] int served_count() const { return served_count_; }
+  [[nodiscard]] unsigned* errors() const { return errors_.get(); }
+  /// The error word (kernels::cuda::DeviceError bits), after synchronising the device: a
+  /// diagnostic for tests and debugging, never on the hot path.
+  [[nodiscard]] unsigned read_errors() const {
+    namespace kc = kernels::cuda;
+    kc::check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize (errors)");
+    unsigned v = 0;
+    kc::check_cuda(cudaMemcpy(&v, errors_.get(), sizeof(v), cudaMemcpyDeviceToHost), "cudaMemcpy (errors)");
+    return v;
+  }
+
+private:
+  kernels::cuda::DeviceArray<int> offsets_, ranks_, primary_;
+  kernels::cuda::DeviceArray<unsigned char> served_;
+  kernels::cuda::DeviceArray<T const*> gate_, up_, down_;
+  kernels::cuda::DeviceArray<unsigned> errors_;
+  int served_count_ = 0;
+};
 
 }  // namespace moe::detail

@@ -159,7 +159,7 @@ public:
 
   /// Runs the layer under schedule `c` (pipeline, order, r1, r2; m_a is not used: the micro-batch
   /// size is tokens / r1). Every rank must call it with the same r1 and r2.
-  /// `verdict`: the caller's own check of its arguments (e.g. moe::DisaggregatedLayer's
+  /// `verdict`: the caller's own check of its arguments (e.g. the disaggregated moe::Layer's
   /// can_implement); a rejection there takes part in the ranks' agreement like the executor's own
   /// checks, so every rank stops with its message.
   void run(Arguments const& a, Config const& c, std::span<std::byte> workspace, Status const& verdict = {}) {

@@ -1,7 +1,8 @@
 #pragma once
-// moe::Layer: one expert-parallel MoE layer composed from policies.
+// The host execution path of moe::Layer (moe/layer/layer.hpp): a host-memory collective
+// (collective::InProcess, collective::Mpi) and schedule::Sequential.
 //
-//   using L = moe::Layer<Model, Router, Placement, Replicas, Schedule, Collective>;
+//   using L = moe::Layer<Model, Router, Placement, Replicas, moe::schedule::Sequential, moe::collective::Mpi>;
 //   L layer(comm, placement, replicas, weights, {.max_tokens = 512});
 //   std::vector<std::byte> ws(layer.workspace_size());          // caller-owned scratch
 //   layer.run({.tokens = n, .x = x, .y = y}, ws);                // may be called many times
@@ -19,8 +20,8 @@
 // first gathers every rank's per-expert pair counts (one all-gather of ranks x experts int32), the
 // policy routes the batch from them, and each rank deals its own pairs in token order.
 //
-// This header is the host execution path (InProcess and Mpi collectives). With a device
-// communicator the same Layer type runs the CUDA kernels: see moe/layer/cuda_layer.cuh.
+// Any router::Policy and any replication::Policy run here: this path is the reference the other
+// paths are checked against.
 
 #include <algorithm>
 #include <cstring>
@@ -34,111 +35,32 @@
 #include "moe/config.hpp"
 #include "moe/core/bf16.hpp"
 #include "moe/core/shape.hpp"
+#include "moe/core/weights.hpp"
 #include "moe/core/workspace.hpp"
 #include "moe/kernels/host.hpp"
-#include "moe/core/weights.hpp"
+#include "moe/layer/layer.hpp"
 #include "moe/plan/placement_table.hpp"
 #include "moe/plan/replica_table.hpp"
 #include "moe/router/router.hpp"
-#include "moe/schedule/disaggregated.hpp"
 #include "moe/schedule/sequential.hpp"
 
 namespace moe {
 
-/// Storage type of a shape: float or bf16.
-template <ShapeSpec S>
-using storage_t = std::conditional_t<S.dtype == DType::f32, float, bf16>;
-
-struct LayerOptions {
-  int max_tokens = 0;        ///< most tokens one rank passes to run(); sizes the workspace
-  bool deduplicate = true;   ///< one record per (token, rank); false sends one per (token, expert)
-};
-
-/// What one run() did on this rank (assignment and record counts, and the bytes its collectives sent).
-struct LayerStats {
-  long long tokens = 0;          ///< tokens this rank passed in
-  long long assignments = 0;     ///< token-expert assignments (tokens x top_k)
-  long long local_assignments = 0;  ///< of those, served on this rank
-  long long records_remote = 0;  ///< dispatch records sent to other ranks
-  long long records_local = 0;   ///< dispatch records kept on this rank
-  long long records_received = 0;  ///< dispatch records received (own included)
-  std::size_t record_bytes = 0;  ///< bytes of one dispatch record
-  std::size_t meta_bytes = 0;    ///< of which metadata
-  std::size_t dispatch_bytes = 0;  ///< bytes the dispatch all-to-all-v sent to other ranks
-  std::size_t combine_bytes = 0;   ///< bytes the combine all-to-all-v sent to other ranks
-  std::size_t control_bytes = 0;   ///< bytes of the record-count exchange (and, with batch-aware
-                                   ///< replicas, of the per-expert count all-gather)
-
-  [[nodiscard]] double local_activation_rate() const {
-    return assignments ? static_cast<double>(local_assignments) / static_cast<double>(assignments) : 0.0;
-  }
-};
-
-/// The host execution path. For a device communicator (collective::Nccl, cuda::SingleGpu) the
-/// specialisation in moe/layer/cuda_layer.cuh runs the CUDA kernels instead.
-namespace detail {
-
-/// The checks every execution path of a layer makes when it is built: the shape, the tables against
-/// the ranks, the options, and that this rank has the weights of every expert it serves. Returns
-/// the primary rank of each expert. `who` names the layer type in the messages.
-template <class T, placement::Policy Placement, replication::Policy Replicas>
-std::vector<int> check_layer_setup(char const* who, ShapeSpec const& s, int ranks, int rank, Placement const& placement,
-                                   Replicas const& replicas, LayerWeights<T> const& weights, int max_tokens) {
-  validate(s);
-  placement.validate(s.experts, ranks);
-  std::vector<int> primary(static_cast<std::size_t>(s.experts));
-  for (int e = 0; e < s.experts; ++e) primary[static_cast<std::size_t>(e)] = placement.rank_of(e);
-  replicas.validate(s.experts, ranks, primary);
-  check(max_tokens > 0, who, ": max_tokens must be positive, got ", max_tokens);
-  check(weights.router != nullptr, who, ": router weights are missing");
-  check(static_cast<int>(weights.experts.size()) == s.experts, who, ": weights list ", weights.experts.size(),
-        " experts, the shape has ", s.experts);
-  check(static_cast<int>(weights.shared.size()) == s.shared_experts, who, ": weights list ", weights.shared.size(),
-        " shared experts, the shape has ", s.shared_experts);
-  for (int e = 0; e < s.experts; ++e) {
-    bool mine = replicas.holds(e, primary[static_cast<std::size_t>(e)], rank);
-    check(!mine || weights.experts[static_cast<std::size_t>(e)].present(), who, ": rank ", rank, " serves expert ", e,
-          " but its weights are missing");
-  }
-  for (int e = 0; e < s.shared_experts; ++e)
-    check(weights.shared[static_cast<std::size_t>(e)].present(), who, ": shared expert ", e, " has no weights");
-  return primary;
-}
-
-/// The per-call checks every execution path makes on run()'s token count and pointers.
-inline Status check_run_arguments(char const* who, char const* options_name, int tokens, int max_tokens,
-                                  void const* x, void const* y, long long first_token = 0) {
-  if (tokens < 0) return {false, concat(who, ": negative token count ", tokens)};
-  if (first_token < 0)
-    return {false, concat(who, ": first_token (the global index of this rank's first token) must not be "
-                               "negative, got ", first_token)};
-  if (tokens > max_tokens)
-    return {false, concat(who, ": ", tokens, " tokens exceed the ", max_tokens, " the workspace was sized for (",
-                          options_name, "::max_tokens)")};
-  if (tokens > 0 && (x == nullptr || y == nullptr)) return {false, concat(who, ": input or output pointer is null")};
-  return {};
-}
-
-}  // namespace detail
-
 template <ModelShape Model, router::Policy Router, placement::Policy Placement, replication::Policy Replicas,
           schedule::Policy Schedule, collective::Communicator Comm>
-class Layer {
+  requires(execution_path<Schedule, Comm> == ExecutionPath::host)
+class Layer<Model, Router, Placement, Replicas, Schedule, Comm> {
 public:
   static constexpr ShapeSpec shape = Model::spec;
   using element_type = storage_t<shape>;
   using T = element_type;
+  using Options = LayerOptions<Schedule>;
+  static constexpr ExecutionPath path = ExecutionPath::host;
 
   static_assert(shape.hidden > 0 && shape.experts > 0 && shape.top_k > 0 && shape.top_k <= shape.experts,
                 "moe::Layer: the model shape needs positive sizes and top_k <= experts");
   static_assert(Router::fits(shape), "moe::Layer: this Router policy does not fit the model's scoring and "
                                      "grouping (see router::ForModel<Model>)");
-  static_assert(!schedule::DisaggregatedPolicy<Schedule>,
-                "moe::Layer with a disaggregated schedule (FinDep, PPPipe) is moe::DisaggregatedLayer: #include "
-                "<moe/layer/disaggregated.hpp> (and <moe/layer/cuda_disaggregated.cuh> for a device communicator)");
-  static_assert(Comm::memory == collective::Memory::host,
-                "moe::Layer: a device communicator (Nccl, cuda::SingleGpu) needs #include <moe/layer/cuda_layer.cuh>, "
-                "compiled by nvcc");
   static_assert(collective::Collective<Comm>, "moe::Layer: the host path needs a full collective::Collective");
 
   struct Arguments {
@@ -148,7 +70,7 @@ public:
     long long first_token = 0;    ///< global index of this rank's first token (spreads replica choice)
   };
 
-  Layer(Comm& comm, Placement placement, Replicas replicas, LayerWeights<T> weights, LayerOptions options)
+  Layer(Comm& comm, Placement placement, Replicas replicas, LayerWeights<T> weights, Options options)
       : comm_(&comm), placement_(std::move(placement)), replicas_(std::move(replicas)), weights_(weights),
         options_(options) {
     primary_ = detail::check_layer_setup("moe::Layer", shape, comm.size(), comm.rank(), placement_, replicas_, weights_,
@@ -556,7 +478,7 @@ private:
   Placement placement_;
   Replicas replicas_;
   LayerWeights<T> weights_;
-  LayerOptions options_;
+  Options options_;
   std::vector<int> primary_;
   std::size_t meta_bytes_ = 0;
   std::size_t payload_bytes_ = 0;

@@ -38,7 +38,7 @@ public:
   using T = typename InnerLayer::element_type;
   static constexpr std::size_t h = static_cast<std::size_t>(InnerLayer::shape.hidden);
   // The steps between the collectives (copies, the slice arithmetic) run on the host; a device
-  // layer (CudaLayer over collective::Nccl) has the same members but would be handed device
+  // layer (the device path over collective::Nccl) has the same members but would be handed device
   // pointers here. The device form of the shuffle is kernels/shuffle.cuh.
   static_assert(std::remove_cvref_t<decltype(std::declval<InnerLayer&>().comm())>::memory ==
                     collective::Memory::host,

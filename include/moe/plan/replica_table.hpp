@@ -135,4 +135,24 @@ CopyLists copy_lists(std::span<int const> primary, Replicas const& replicas) {
   return out;
 }
 
+/// The copy lists of any replica policy over `ranks` ranks: a replica table's own lists (in its
+/// order) or one copy per expert for replication::None, and for any other policy the ranks whose
+/// holds() is true, ascending. Every expert must have a copy.
+template <Policy Replicas>
+CopyLists copy_lists(std::span<int const> primary, Replicas const& replicas, int ranks) {
+  if constexpr (std::is_same_v<Replicas, Table> || std::is_same_v<Replicas, None>) {
+    return copy_lists(primary, replicas);
+  } else {
+    CopyLists out;
+    for (std::size_t e = 0; e < primary.size(); ++e) {
+      for (int r = 0; r < ranks; ++r)
+        if (replicas.holds(static_cast<int>(e), primary[e], r)) out.ranks.push_back(r);
+      check(static_cast<int>(out.ranks.size()) > out.first.back(), "replica policy: expert ", e,
+            " has no copy on any of the ", ranks, " ranks");
+      out.first.push_back(static_cast<int>(out.ranks.size()));
+    }
+    return out;
+  }
+}
+
 }  // namespace moe::replication

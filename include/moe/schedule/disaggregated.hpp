@@ -1,11 +1,12 @@
 #pragma once
-// Schedule policies of moe::DisaggregatedLayer (include/moe/layer/disaggregated.hpp): the pipeline
-// is picked at compile time by the type, the solved configuration travels as its value.
+// Schedule policies of the disaggregated moe::Layer (include/moe/layer/host_disaggregated.hpp and
+// device_disaggregated.cuh): the pipeline is picked at compile time by the type, the solved
+// configuration travels as its value, in the layer's options.
 //
 //   using S = moe::schedule::FinDep;                        // or moe::schedule::PPPipe
 //   S sched = S::from(moe::schedule::solve_findep(problem, models).config, problem.ag);
-//   moe::DisaggregatedLayer<Model, Router, Placement, moe::replication::None, S, Comm> layer(
-//       comm, on_eg, {}, weights, sched, {.max_tokens = n});
+//   moe::Layer<Model, Router, Placement, moe::replication::None, S, Comm> layer(
+//       comm, on_eg, {}, weights, {.max_tokens = n, .schedule = sched});
 //
 // `ag` is the size of the attention group: ranks [0, ag) of the collective hold the tokens, the
 // router and the shared experts; ranks [ag, size) form the expert group. r1 micro-batches per AG

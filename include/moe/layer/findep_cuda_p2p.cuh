@@ -1,0 +1,477 @@
+#pragma once
+// FinDEP / PPPipe on CUDA streams with the attention group and the expert group on different GPUs
+// (nvcc only): FinDepCudaP2PExecutor, the executor of the device disaggregated moe::Layer
+// (device_disaggregated.cuh). It runs the plan of the co-located executor (findep_cuda_executor.cuh)
+// with the A2E and E2A links as the communicators' send / recv (ncclSend / ncclRecv with
+// collective::Nccl).
+
+#include "moe/layer/findep_cuda_common.cuh"
+
+namespace moe::schedule {
+
+namespace detail_cuda {
+/// A device-memory communicator with point-to-point messages on a settable stream
+/// (collective::Nccl; tests use a staged stand-in).
+template <class C>
+concept PointToPointDevice = C::memory == collective::Memory::device &&
+                             requires(C& c, std::span<std::byte const> in, std::span<std::byte> out, cudaStream_t s) {
+                               { c.rank() } -> std::same_as<int>;
+                               { c.size() } -> std::same_as<int>;
+                               c.set_stream(s);
+                               c.send(in, 0, 0);
+                               c.recv(out, 0, 0);
+                             };
+}  // namespace detail_cuda
+
+/// The same schedule with the attention group and the expert group on different ranks (one GPU
+/// each): ranks [0, ag) are AG ranks (tokens, router, shared experts), ranks [ag, size) EG ranks
+/// (the routed experts, expert -> EG index by `on_eg`). The A2E and E2A link streams call the
+/// communicators' send / recv (ncclSend / ncclRecv with collective::Nccl); everything else is the
+/// co-located executor's. Per chunk and (AG, EG) pair, the A2E carries an 8-byte record count and
+/// a fixed region of `chunk` records (worst case: every token of the chunk has an expert on that EG
+/// rank), so no host synchronisation is needed; the EG reads only the counted records. The E2A
+/// carries `chunk` partial rows back.
+///
+/// Replicated experts (optional `replicas`, a replication::Table over EG indices) follow the host
+/// executor's rule (schedule/findep_executor.hpp): token t of AG rank p uses copy (p + t) mod n of
+/// the n copies the table lists for an expert, and an EG rank serves every expert it holds a copy of.
+///
+///   FinDepCudaP2PExecutor<Model, Router, collective::Nccl> ex(a2e_comm, e2a_comm, ag, on_eg, weights, options);
+///   ex.run({.tokens = n, .x = x, .y = y, .stream = s}, config, workspace);   // AG ranks
+///   ex.run({.tokens = n, .stream = s}, config, workspace);                    // EG ranks: same n, no x / y
+///
+/// Requirements: two communicators over the same ranks, one per link stream (NCCL runs the
+/// operations of one communicator in the order they were issued, so sends of chunk c + 1 on the
+/// A2E stream and receives of chunk c on the E2A stream would wait on each other); every rank calls
+/// run() with the same tokens (per AG rank) and configuration; the GPU must be able to run the A2E
+/// and E2A communication kernels concurrently (NCCL's usual caveat for several communicators).
+/// On an AG rank the plan's waits on EG operations (and on an EG rank those on AG operations) are
+/// satisfied by the messages themselves and dropped.
+///
+/// Never run on a GPU; it runs on the CUDA emulator (tests/cuda/test_findep_cuda.cu, over the staged
+/// communicator and the emulator's in-process NCCL; its workspace in test_workspace_exact_cuda.cu).
+template <ModelShape Model, router::Policy Router, class Comm>
+class FinDepCudaP2PExecutor {
+public:
+  static constexpr ShapeSpec shape = Model::spec;
+  using element_type = storage_t<shape>;
+  using T = element_type;
+
+  static_assert(detail_cuda::PointToPointDevice<Comm>,
+                "FinDepCudaP2PExecutor: Comm must be a device-memory communicator with send, recv and "
+                "set_stream(cudaStream_t) (e.g. collective::Nccl)");
+  static_assert(shape.hidden > 0 && shape.experts > 0 && shape.top_k > 0 && shape.top_k <= shape.experts,
+                "FinDepCudaP2PExecutor: the model shape needs positive sizes and top_k <= experts");
+  static_assert(Router::fits(shape), "FinDepCudaP2PExecutor: this Router policy does not fit the model");
+  static_assert(shape.hidden % kernels::cuda::vec_elems<T> == 0 && shape.expert_ffn % kernels::cuda::vec_elems<T> == 0 &&
+                    shape.shared_ffn % kernels::cuda::vec_elems<T> == 0,
+                "FinDepCudaP2PExecutor: hidden and FFN widths must be multiples of 16 bytes of the storage type");
+
+  struct Arguments {
+    int tokens = 0;        ///< tokens per AG rank (EG ranks pass the same number)
+    T const* x = nullptr;  ///< AG ranks: device, tokens x hidden, 16-byte aligned; EG ranks: unused
+    T* y = nullptr;        ///< AG ranks: device, tokens x hidden, written; EG ranks: unused
+    cudaStream_t stream = nullptr;
+  };
+
+  static constexpr int a2e_tag = 0;
+  static constexpr int e2a_tag = 1;
+
+  FinDepCudaP2PExecutor(Comm& a2e, Comm& e2a, int ag, placement::Table on_eg, LayerWeights<T> weights,
+                        FinDepCudaOptions options, replication::Table const& replicas = {})
+      : a2e_(&a2e), e2a_(&e2a), ag_(ag), eg_(a2e.size() - ag), placement_(std::move(on_eg)), weights_(weights),
+        options_(options) {
+    namespace kc = kernels::cuda;
+    moe::detail::keep_shared_list(weights_, shared_);  // run() reads the shared list
+    char const* who = "moe::schedule::FinDepCudaP2PExecutor";
+    moe::detail::prepare_gemm_path<T>(who, options_.gemm);  // probes before any capture
+    validate(shape);
+    check(&a2e != &e2a, who, ": the A2E and E2A streams need two communicators (one each); NCCL runs one "
+                        "communicator's operations in issue order, so one shared by both links would deadlock");
+    check(a2e.size() == e2a.size() && a2e.rank() == e2a.rank(), who, ": the two communicators differ (sizes ",
+          a2e.size(), " and ", e2a.size(), ", ranks ", a2e.rank(), " and ", e2a.rank(), ")");
+    check(ag_ >= 1, who, ": the attention group (AG) is empty; it needs at least one rank, got ag = ", ag_);
+    check(eg_ >= 1, who, ": the expert group (EG) is empty: the communicator has ", a2e.size(), " ranks and ", ag_,
+          " of them are AG ranks");
+    check(options_.max_tokens >= 1, who, ": max_tokens must be positive, got ", options_.max_tokens);
+    check(options_.max_chunks >= 1, who, ": max_chunks must be at least 1, got ", options_.max_chunks);
+    check(options_.max_chunks <= max_cuda_chunks, who, ": max_chunks = ", options_.max_chunks,
+          " is above the limit of ", max_cuda_chunks, " (about 5 CUDA events per chunk)");
+    placement_.validate(shape.experts, eg_);
+    check(static_cast<int>(weights_.experts.size()) == shape.experts, who, ": weights list ", weights_.experts.size(),
+          " experts, the shape has ", shape.experts);
+    check(static_cast<int>(weights_.shared.size()) == shape.shared_experts, who, ": weights list ",
+          weights_.shared.size(), " shared experts, the shape has ", shape.shared_experts);
+    // Each expert's copies (EG indices): the table's lists, or the placement's index.
+    if (!replicas.replicas().empty()) replicas.validate(shape.experts, eg_, placement_.ranks());
+    std::vector<int> const& eg_of = placement_.ranks();
+    replication::CopyLists copies = replication::copy_lists(eg_of, replicas);
+    if (is_ag()) {
+      check(weights_.router != nullptr, who, ": AG rank ", rank(), " has no router weights");
+      for (int e = 0; e < shape.shared_experts; ++e) {
+        auto const& w = weights_.shared[static_cast<std::size_t>(e)];
+        check(w.present(), who, ": AG rank ", rank(), " misses the weights of shared expert ", e);
+        moe::detail::check_expert_alignment(who, w, "shared ", e);
+      }
+      experts_ = moe::detail::DeviceExpertTable<T>(copies, eg_of, true, -1, weights_.experts, who);
+      scan_bytes_ = kc::exclusive_sum_bytes(static_cast<long long>(eg_) * options_.max_tokens);
+      count_ints_ = count_ints();
+    } else {
+      experts_ = moe::detail::DeviceExpertTable<T>(copies, eg_of, false, rank() - ag_, weights_.experts, who, "EG index");
+      sort_bytes_ = kc::sort_items_bytes(static_cast<long long>(ag_) * options_.max_tokens * k, shape.experts);
+    }
+    pool_.create(static_cast<std::size_t>(max_plan_events(options_.max_chunks, 1, true)) + run_events);
+    if (is_ag()) cublas_ = kc::make_cublas();
+  }
+
+  FinDepCudaP2PExecutor(FinDepCudaP2PExecutor const&) = delete;
+  FinDepCudaP2PExecutor& operator=(FinDepCudaP2PExecutor const&) = delete;
+
+  [[nodiscard]] int rank() const { return a2e_->rank(); }
+  [[nodiscard]] bool is_ag() const { return rank() < ag_; }
+  [[nodiscard]] int attention_ranks() const { return ag_; }
+  [[nodiscard]] int expert_ranks() const { return eg_; }
+
+  /// Bytes of caller-owned device workspace run() needs on this rank (an AG and an EG rank differ).
+  [[nodiscard]] std::size_t workspace_size() const {
+    core::Carver c;
+    Buffers b;
+    carve(c, b);
+    return c.used();
+  }
+
+  [[nodiscard]] Status can_implement(Arguments const& a, Config const& c) const {
+    char const* who = "moe::schedule::FinDepCudaP2PExecutor";
+    using moe::detail::concat;
+    if (is_ag()) {
+      Status st = moe::detail::check_run_arguments(who, "FinDepCudaOptions", a.tokens, options_.max_tokens, a.x, a.y);
+      if (!st.ok) return st;
+      if (reinterpret_cast<std::uintptr_t>(a.x) % 16 != 0 || reinterpret_cast<std::uintptr_t>(a.y) % 16 != 0)
+        return {false, concat(who, ": x and y must be 16-byte aligned")};
+    } else {
+      if (a.tokens < 0) return {false, concat(who, ": negative token count ", a.tokens)};
+      if (a.tokens > options_.max_tokens)
+        return {false, concat(who, ": ", a.tokens, " tokens per AG rank exceed the ", options_.max_tokens,
+                              " the workspace was sized for (FinDepCudaOptions::max_tokens)")};
+    }
+    return detail_cuda::check_schedule(who, a.tokens, c, options_.max_chunks);
+  }
+
+  /// One forward pass; every rank calls it with the same tokens (per AG rank) and configuration.
+  void run(Arguments const& a, Config const& c, std::span<std::byte> workspace) {
+    namespace kc = kernels::cuda;
+    Status st = can_implement(a, c);
+    check(st.ok, st.message);
+    core::check_workspace("moe::schedule::FinDepCudaP2PExecutor", workspace.size(), workspace_size());
+    if (a.tokens == 0) return;  // every rank sees the same count, so no rank waits for a message
+    StreamPlan const& plan = plans_.get(c, shape.shared_experts > 0, pool_.events.size() - run_events,
+                                        "moe::schedule::FinDepCudaP2PExecutor");
+    core::Carver carver(workspace);
+    Buffers b;
+    carve(carver, b);
+    Run r{a, b, a.tokens / c.r1 / c.r2};
+
+    std::size_t own = pool_.events.size() - run_events;  // fork, A2E done, E2A done, joins
+    pool_.fork(a.stream, own);
+    if (!is_ag())
+      kc::check_cuda(cudaMemsetAsync(experts_.errors(), 0, sizeof(unsigned), stream(Resource::eg)), "cudaMemsetAsync");
+
+    for (LaunchStep step : plan.launch) {
+      PlanOp const& o = plan.op(step);
+      if (!here(o.kind)) continue;
+      cudaStream_t s = stream(o.stream);
+      for (int w : o.waits) {
+        PlanEvent ev = plan.events[static_cast<std::size_t>(w)];
+        if (!here(plan.op({ev.stream, ev.index}).kind)) continue;  // the message itself orders it
+        kc::check_cuda(cudaStreamWaitEvent(s, pool_.events[static_cast<std::size_t>(w)], 0), "cudaStreamWaitEvent");
+      }
+      int chunk = o.mb * c.r2 + o.chunk;
+      switch (o.kind) {
+        case TaskKind::attention: attention(r, o.mb, c.r2); break;
+        case TaskKind::shared: shared_experts(r, o.mb, c.r2); break;
+        case TaskKind::a2e: is_ag() ? send_chunk(r, chunk) : receive_chunk(r, chunk); break;
+        case TaskKind::experts: experts(r, chunk); break;
+        case TaskKind::e2a: is_ag() ? receive_partials(r, chunk) : send_partials(r, chunk); break;
+      }
+      if (o.record >= 0)
+        kc::check_cuda(cudaEventRecord(pool_.events[static_cast<std::size_t>(o.record)], s), "cudaEventRecord");
+    }
+
+    if (is_ag()) {
+      // After every send (the record layout the sum reads) and every receive: y per chunk.
+      cudaStream_t ag = stream(Resource::ag);
+      for (Resource link : {Resource::a2e, Resource::e2a}) {
+        cudaEvent_t done = pool_.events[own + (link == Resource::a2e ? 1 : 2)];
+        kc::check_cuda(cudaEventRecord(done, stream(link)), "cudaEventRecord (link done)");
+        kc::check_cuda(cudaStreamWaitEvent(ag, done, 0), "cudaStreamWaitEvent (link done)");
+      }
+      auto n = static_cast<std::size_t>(r.chunk);
+      for (int q = 0; q < c.r1 * c.r2; ++q) {
+        auto uq = static_cast<std::size_t>(q);
+        std::size_t t0 = uq * n;
+        kc::finish_tokens<T>(ag, r.chunk, shape.hidden, eg_, b.rec_count.data() + uq * count_stride(r),
+                             b.rec_pos.data() + uq * count_stride(r), b.send_base.data() + uq * ueg(),
+                             b.returned.data() + ueg() * t0 * h,
+                             shape.shared_experts > 0 ? b.shared_acc.data() + t0 * h : nullptr, a.y + t0 * h);
+      }
+    }
+    pool_.join(a.stream, own + 3);
+    // The link streams are the executor's own: leave the communicators on the caller's stream, so a
+    // collective the engine issues next without set_stream is ordered after this layer.
+    a2e_->set_stream(a.stream);
+    e2a_->set_stream(a.stream);
+  }
+
+  /// Error bits of the last run() on an EG rank (kernels::cuda::DeviceError). Synchronises the device.
+  [[nodiscard]] unsigned errors() const { return experts_.read_errors(); }
+  [[nodiscard]] StreamPlan const& plan() const { return plans_.plan; }
+  [[nodiscard]] cudaStream_t stream(Resource r) const { return pool_.streams[static_cast<std::size_t>(r)]; }
+
+private:
+  static constexpr auto h = static_cast<std::size_t>(shape.hidden);
+  static constexpr int k = shape.top_k;
+  static constexpr auto uk = static_cast<std::size_t>(shape.top_k);
+  static constexpr auto E = static_cast<std::size_t>(shape.experts);
+  static constexpr std::size_t run_events = 3 + resource_count;  // fork, A2E done, E2A done, joins
+  static constexpr std::size_t meta_bytes = detail_cuda::findep_meta_bytes(shape.top_k);
+  static constexpr std::size_t record_bytes = meta_bytes + h * sizeof(T);  // h * sizeof(T): a multiple of 16
+
+  /// Whether this rank runs (its half of) an operation of the plan.
+  [[nodiscard]] bool here(TaskKind kind) const {
+    switch (kind) {
+      case TaskKind::attention:
+      case TaskKind::shared: return is_ag();
+      case TaskKind::experts: return !is_ag();
+      default: return true;  // links: the sending or the receiving half
+    }
+  }
+
+  [[nodiscard]] std::size_t ueg() const { return static_cast<std::size_t>(eg_); }
+  [[nodiscard]] std::size_t uag() const { return static_cast<std::size_t>(ag_); }
+  [[nodiscard]] std::size_t um() const { return static_cast<std::size_t>(options_.max_tokens); }
+  /// Most chunks a run() can have: r1 * r2 <= max_chunks, and every chunk holds a token.
+  [[nodiscard]] std::size_t uchunks() const {
+    return std::min(static_cast<std::size_t>(options_.max_chunks), um());
+  }
+
+  struct Buffers {
+    // AG rank. Per token: ids, gate_w, dest, shared_acc; per chunk: rec_count / rec_pos (a region
+    // of count_stride ints, 256-byte aligned for the CUB scan), send_count / send_base (eg each),
+    // send (eg x chunk records), returned (eg x chunk rows).
+    std::span<float> logits;
+    std::span<int> ids, dest;
+    std::span<float> gate_w;
+    std::span<T> shared_inter;
+    std::span<float> shared_acc;
+    std::span<std::byte> cublas;
+    std::span<int> rec_count, rec_pos;
+    std::span<std::byte> scan_temp;
+    std::span<std::uint64_t> send_count;
+    std::span<long long> send_base;
+    std::span<std::byte> send;
+    std::span<T> returned;
+    // EG rank. Per chunk: counts (ag), recv (ag x chunk records), back (ag x chunk rows); the rest
+    // is EG-stream scratch for the largest chunk.
+    std::span<std::uint64_t> counts;
+    std::span<std::byte> recv;
+    std::span<T> back;
+    std::span<long long> recv_base;
+    std::span<int> recv_n;
+    std::span<int> keys, values, sorted_keys, sorted_values, position;
+    std::span<std::byte> sort_temp;
+    std::span<int> offsets, tile_starts;
+    std::span<T> inter, expert_out;
+  };
+
+  struct Run {
+    Arguments const& a;
+    Buffers const& b;
+    int chunk;  // tokens per chunk
+  };
+
+  /// Ints between two chunks' record-count regions: eg x chunk rounded up to 64 (256 bytes).
+  [[nodiscard]] std::size_t count_stride(std::size_t chunk) const { return (ueg() * chunk + 63) / 64 * 64; }
+  [[nodiscard]] std::size_t count_stride(Run const& r) const { return count_stride(static_cast<std::size_t>(r.chunk)); }
+
+  /// Ints of the record-count regions (rec_count, rec_pos): the end of the last region over every
+  /// run the options allow. A run of q chunks has at most max_tokens / q tokens per chunk (q divides
+  /// its tokens), and its last region ends at (q - 1) x count_stride + eg x chunk.
+  [[nodiscard]] std::size_t count_ints() const {
+    std::size_t most = 0;
+    for (std::size_t q = 1; q <= uchunks(); ++q) {
+      std::size_t n = um() / q;
+      most = std::max(most, (q - 1) * count_stride(n) + ueg() * n);
+    }
+    return most;
+  }
+
+  void carve(core::Carver& c, Buffers& b) const {
+    std::size_t m = um();
+    if (is_ag()) {
+      bool shared = shape.shared_experts > 0;
+      b.logits = c.take<float>(m * E);
+      b.ids = c.take<int>(m * uk);
+      b.dest = c.take<int>(m * uk);
+      b.gate_w = c.take<float>(m * uk);
+      b.shared_inter = c.take<T>(shared ? m * static_cast<std::size_t>(shape.shared_ffn) : 0);
+      b.shared_acc = c.take<float>(shared ? m * h : 0);
+      b.cublas = c.take<std::byte>(options_.cublas_workspace);
+      b.rec_count = c.take<int>(count_ints_);
+      b.rec_pos = c.take<int>(count_ints_);
+      b.scan_temp = c.take<std::byte>(scan_bytes_);
+      b.send_count = c.take<std::uint64_t>(uchunks() * ueg());
+      b.send_base = c.take<long long>(uchunks() * ueg());
+      b.send = c.take<std::byte>(ueg() * m * record_bytes);
+      b.returned = c.take<T>(ueg() * m * h);
+    } else {
+      std::size_t slots = uag() * m, items = slots * uk;
+      b.counts = c.take<std::uint64_t>(uchunks() * uag());
+      b.recv = c.take<std::byte>(slots * record_bytes);
+      b.back = c.take<T>(slots * h);
+      b.recv_base = c.take<long long>(uag());
+      b.recv_n = c.take<int>(uag());
+      b.keys = c.take<int>(items);
+      b.values = c.take<int>(items);
+      b.sorted_keys = c.take<int>(items);
+      b.sorted_values = c.take<int>(items);
+      b.position = c.take<int>(items);
+      b.sort_temp = c.take<std::byte>(sort_bytes_);
+      b.offsets = c.take<int>(E + 1);
+      b.tile_starts = c.take<int>(E + 1);
+      std::size_t rows = slots * rows_per_record();  // <= items
+      b.inter = c.take<T>(rows * static_cast<std::size_t>(shape.expert_ffn));
+      b.expert_out = c.take<T>(rows * h);
+    }
+  }
+
+  /// EG rank: most expert rows one record yields here (a record names the experts of its token
+  /// that this rank serves, at most k).
+  [[nodiscard]] std::size_t rows_per_record() const {
+    return static_cast<std::size_t>(std::max(1, std::min(k, experts_.served_count())));
+  }
+
+  void attention(Run const& r, int i, int r2) const {
+    auto mb = r.chunk * r2;
+    auto first = static_cast<std::size_t>(i) * static_cast<std::size_t>(mb);
+    detail_cuda::findep_attention<shape, Router>(cublas_.get(), stream(Resource::ag), r.b.cublas, weights_, r.a.x + first * h,
+                                                 mb, r.b.logits.data(), r.b.ids.data() + first * uk,
+                                                 r.b.gate_w.data() + first * uk);
+  }
+
+  void shared_experts(Run const& r, int i, int r2) const {
+    auto mb = r.chunk * r2;
+    auto first = static_cast<std::size_t>(i) * static_cast<std::size_t>(mb);
+    moe::detail::shared_experts<shape>(stream(Resource::ag), weights_.shared, r.a.x + first * h, mb,
+                                       r.b.shared_inter.data(), r.b.shared_acc.data() + first * h, options_.gemm);
+  }
+
+  // AG, A2E stream: records of chunk q (one region of `chunk` records per EG rank), then per EG
+  // rank its record count and its region.
+  void send_chunk(Run const& r, int q) const {
+    namespace kc = kernels::cuda;
+    cudaStream_t s = stream(Resource::a2e);
+    Buffers const& b = r.b;
+    auto uq = static_cast<std::size_t>(q), n = static_cast<std::size_t>(r.chunk);
+    std::size_t t0 = uq * n;
+    int* count = b.rec_count.data() + uq * count_stride(r);
+    int* pos = b.rec_pos.data() + uq * count_stride(r);
+    std::uint64_t* send_count = b.send_count.data() + uq * ueg();
+    long long* send_base = b.send_base.data() + uq * ueg();
+    std::byte* records = b.send.data() + ueg() * t0 * record_bytes;
+    // Copy (p + t) mod n of an expert's n copies for token t of this AG rank p (no copy is local).
+    kc::ReplicaView view = experts_.replica_view(false);
+    kc::plan_records<k>(s, b.ids.data() + t0 * uk, r.chunk, eg_, view, rank(), static_cast<long long>(t0), true,
+                        b.dest.data() + t0 * uk, count);
+    kc::exclusive_sum(s, b.scan_temp.data(), b.scan_temp.size(), count, pos, static_cast<long long>(ueg() * n));
+    kc::send_layout(s, count, pos, r.chunk, eg_, static_cast<long long>(n), send_count, send_base);
+    kc::pack_records<T, k>(s, r.a.x + t0 * h, r.chunk, shape.hidden, b.ids.data() + t0 * uk, b.gate_w.data() + t0 * uk,
+                           b.dest.data() + t0 * uk, pos, send_base, true, records, record_bytes, meta_bytes, true);
+    a2e_->set_stream(s);
+    for (int g = 0; g < eg_; ++g) {
+      auto ug = static_cast<std::size_t>(g);
+      a2e_->send(std::as_bytes(std::span(send_count + ug, 1)), ag_ + g, a2e_tag);
+      a2e_->send(std::span<std::byte const>(records + ug * n * record_bytes, n * record_bytes), ag_ + g, a2e_tag);
+    }
+  }
+
+  // EG, A2E stream: chunk q's record count and region from every AG rank.
+  void receive_chunk(Run const& r, int q) const {
+    auto uq = static_cast<std::size_t>(q), n = static_cast<std::size_t>(r.chunk);
+    std::byte* records = r.b.recv.data() + uag() * uq * n * record_bytes;
+    a2e_->set_stream(stream(Resource::a2e));
+    for (int p = 0; p < ag_; ++p) {
+      auto up = static_cast<std::size_t>(p);
+      a2e_->recv(std::as_writable_bytes(std::span(r.b.counts.data() + uq * uag() + up, 1)), p, a2e_tag);
+      a2e_->recv(std::span<std::byte>(records + up * n * record_bytes, n * record_bytes), p, a2e_tag);
+    }
+  }
+
+  // EG, EG stream: this rank's experts on the records of chunk q from every AG rank.
+  void experts(Run const& r, int q) const {
+    namespace kc = kernels::cuda;
+    cudaStream_t s = stream(Resource::eg);
+    Buffers const& b = r.b;
+    auto uq = static_cast<std::size_t>(q), n = static_cast<std::size_t>(r.chunk);
+    std::byte const* records = b.recv.data() + uag() * uq * n * record_bytes;
+    kc::recv_layout(s, b.counts.data() + uq * uag(), ag_, static_cast<long long>(n), b.recv_base.data(),
+                    b.recv_n.data());
+    moe::detail::RoutedExperts<shape, T> pass;
+    pass.records = records;
+    pass.record_bytes = record_bytes;
+    pass.slots = static_cast<long long>(uag() * n);
+    pass.recv_base = b.recv_base.data();
+    pass.recv_n = b.recv_n.data();
+    pass.sources = ag_;
+    pass.a = records + meta_bytes;  // the token rows travel in the records
+    pass.a_stride = record_bytes;
+    pass.served = experts_.served();
+    pass.max_count = static_cast<int>(rows_per_record());
+    pass.gate = experts_.gate();
+    pass.up = experts_.up();
+    pass.down = experts_.down();
+    pass.grouping = {b.keys.data(),     b.values.data(),  b.sorted_keys.data(), b.sorted_values.data(),
+                     b.position.data(), b.offsets.data(), b.tile_starts.data(), b.sort_temp.data(),
+                     b.sort_temp.size()};
+    pass.inter = b.inter.data();
+    pass.expert_out = b.expert_out.data();
+    pass.back = b.back.data() + uag() * uq * n * h;
+    pass.errors = experts_.errors();
+    pass.path = options_.gemm;
+    pass.enqueue(s);
+  }
+
+  // EG, E2A stream: chunk q's partial rows back to every AG rank (its region of `chunk` rows).
+  void send_partials(Run const& r, int q) const {
+    auto uq = static_cast<std::size_t>(q), n = static_cast<std::size_t>(r.chunk);
+    T const* back = r.b.back.data() + uag() * uq * n * h;
+    e2a_->set_stream(stream(Resource::e2a));
+    for (int p = 0; p < ag_; ++p)
+      e2a_->send(std::as_bytes(std::span(back + static_cast<std::size_t>(p) * n * h, n * h)), p, e2a_tag);
+  }
+
+  // AG, E2A stream: chunk q's partial rows from every EG rank.
+  void receive_partials(Run const& r, int q) const {
+    auto uq = static_cast<std::size_t>(q), n = static_cast<std::size_t>(r.chunk);
+    T* returned = r.b.returned.data() + ueg() * uq * n * h;
+    e2a_->set_stream(stream(Resource::e2a));
+    for (int g = 0; g < eg_; ++g)
+      e2a_->recv(std::as_writable_bytes(std::span(returned + static_cast<std::size_t>(g) * n * h, n * h)), ag_ + g,
+                 e2a_tag);
+  }
+
+  Comm* a2e_;
+  Comm* e2a_;
+  int ag_, eg_;
+  placement::Table placement_;
+  LayerWeights<T> weights_;
+  std::vector<ExpertWeights<T>> shared_;  // weights_.shared points here (detail::keep_shared_list)
+  FinDepCudaOptions options_;
+  moe::detail::DeviceExpertTable<T> experts_;  // AG: copy lists; EG: served experts; error word
+  std::size_t scan_bytes_ = 0, sort_bytes_ = 0;
+  std::size_t count_ints_ = 0;  // count_ints(), computed once (a loop over max_chunks)
+  kernels::cuda::OwnedCublas cublas_;
+  detail_cuda::StreamPool pool_;  // plan events, then fork, A2E done, E2A done, joins
+  detail_cuda::PlanCache plans_;
+};
+
+}  // namespace moe::schedule
