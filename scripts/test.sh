@@ -57,7 +57,7 @@ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DMOE_REQUIRE_TEST_DEPS=ON "${
 cmake --build "$build" -j"$jobs"
 ctest --test-dir "$build" -L 'host|mpi|emu' --output-on-failure -j"$jobs"
 
-# The Python package (python/, docs/python.md) built from these headers, and its tests
+# The Python package (python/, docs/engines.md) built from these headers, and its tests
 # (tests/python: EPLB against eplb.py's cases, property and bad-input tests, the engine policies).
 # Its build folder python/build/ is kept, so a second run rebuilds only what changed.
 CMAKE_ARGS="${cache[*]}" CMAKE_BUILD_PARALLEL_LEVEL=$jobs moe_pip_install --no-build-isolation ./python

@@ -84,7 +84,7 @@ class Rebalance:
 
 def rebalance(weight, old_phy2log, num_gpus: int, *, num_groups: int = 1, num_nodes: int = 1,
               tolerance: float = 0.01, max_copies_per_layer: Optional[int] = None,
-              candidate_gpus: int = 4, hot_experts: int = 3) -> Rebalance:
+              candidate_gpus: int = 3, hot_experts: int = 2) -> Rebalance:
     """Rebalance keeping experts where they are: new loads weight [layers, experts] and the current
     layout old_phy2log [layers, slots] (slot p on GPU p // (slots / num_gpus)). The largest GPU load
     stays within (1 + tolerance) x EPLB's from scratch (num_groups, num_nodes as for EPLB); a larger

@@ -3,8 +3,9 @@
     import moe_compose.sglang
     moe_compose.sglang.install()   # sglang.srt.eplb.eplb_algorithms.rebalance_experts = ours
 
-SGLang has no plugin registry: install() replaces the module function, which SGLang looks up at
-each call (docs/engines.md has a launcher that does it in every scheduler process).
+SGLang has no registry of EPLB algorithms: install() replaces the module function, which SGLang
+looks up at each call. SGLang's general plugins (entry point group sglang.srt.plugins, loaded in
+every process) call plugin(), which installs it when MOE_COMPOSE_SGLANG_EPLB=1 (docs/engines.md).
 
 rebalance_experts(tokens_per_expert, num_physical_experts, num_local_physical_experts, num_groups,
 num_nodes, algorithm) -> (phy2log, log2phy, logcnt), as SGLang's: tokens_per_expert [X, layers,
@@ -66,3 +67,14 @@ def install() -> None:
     if eplb_algorithms.rebalance_experts is not rebalance_experts:
         _original = eplb_algorithms.rebalance_experts
         eplb_algorithms.rebalance_experts = rebalance_experts
+
+
+def plugin() -> bool:
+    """The `sglang.srt.plugins` entry point (SGLang's general plugins, loaded in every process):
+    installs this module's rebalance_experts when MOE_COMPOSE_SGLANG_EPLB=1."""
+    import os
+
+    if os.environ.get("MOE_COMPOSE_SGLANG_EPLB", "") not in ("1", "true", "yes"):
+        return False
+    install()
+    return True

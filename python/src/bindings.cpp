@@ -1,4 +1,4 @@
-// moe_compose._core: the nanobind bindings of moe-compose's planners (docs/python.md).
+// moe_compose._core: the nanobind bindings of moe-compose's planners (docs/engines.md, "Python").
 //
 // Every function takes C-contiguous CPU arrays of one dtype (the Python layer, moe_compose/_arrays.py,
 // converts what it is given), copies what it needs with the GIL held, runs the planner with the GIL
@@ -473,7 +473,7 @@ NB_MODULE(_core, m) {
         "EPLB (eplb.py's rebalance_experts): float32 [layers, experts] loads -> (phy2log, log2phy, logcnt), int64. "
         "hierarchical=None picks as eplb.py does (groups % nodes == 0).");
   m.def("rebalance", &rebalance, "weight"_a, "old_phy2log"_a, "num_gpus"_a, "tolerance"_a = 0.01,
-        "max_copies_per_layer"_a = -1, "num_groups"_a = 1, "num_nodes"_a = 1, "candidate_gpus"_a = 4, "hot_experts"_a = 3,
+        "max_copies_per_layer"_a = -1, "num_groups"_a = 1, "num_nodes"_a = 1, "candidate_gpus"_a = 3, "hot_experts"_a = 2,
         "Minimal-move rebalance (moe/replication/migration.hpp): new loads and the old slot layout -> dict with "
         "phy2log, log2phy, logcnt, transfers [N, 5] (layer, slot, expert, src, dst) and per-layer statistics.");
   m.def("transfer_time", &transfer_time, "topology"_a, "transfers"_a, "layers"_a, "expert_bytes"_a,

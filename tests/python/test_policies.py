@@ -80,3 +80,13 @@ def test_sglang_enum_torch_and_unsupported():
                            "deepseek_hierarchical")
     assert all(isinstance(x, torch.Tensor) for x in out)
     assert out[0].tolist() == c["phy2log"]
+
+
+def test_plugins_act_only_when_asked(monkeypatch):
+    import moe_compose.sglang
+    import moe_compose.vllm
+
+    monkeypatch.delenv("MOE_COMPOSE_VLLM_EPLB", raising=False)
+    monkeypatch.delenv("MOE_COMPOSE_SGLANG_EPLB", raising=False)
+    assert moe_compose.vllm.register() is False
+    assert moe_compose.sglang.plugin() is False

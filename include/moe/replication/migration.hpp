@@ -16,7 +16,8 @@
 //     changing one or two slots:
 //       swap     a slot of h with a slot of one of the `candidate_gpus` lightest GPUs;
 //       replace  a slot of h (whose expert has another copy) by an expert h held before, or by one
-//                of the `candidate_gpus` experts with the least load per copy after one more copy;
+//                of the `candidate_gpus` experts with the least load per copy after one more copy
+//                (chosen when the layer's search starts);
 //       add      a copy of one of h's `hot_experts` experts with the most load per copy into a slot of one of the lightest GPUs (whose expert has
 //                another copy), which takes load off every copy of that expert.
 //     A move must lower h's load and leave every GPU it touches below h's current load. Its gain
@@ -56,8 +57,8 @@ struct Options {
   long long max_copies_per_layer = -1;  ///< >= 0: at most this many slots needing a copy per layer
   int num_groups = 1;                 ///< EPLB reference: expert groups
   int num_nodes = 1;                  ///< EPLB reference and sources: nodes (GPU g on node g / (G / nodes))
-  int candidate_gpus = 4;             ///< lightest GPUs (and experts) a move may use
-  int hot_experts = 3;                ///< heaviest experts of the busiest GPU an `add` move may copy
+  int candidate_gpus = 3;             ///< lightest GPUs (and experts) a move may use
+  int hot_experts = 2;                ///< heaviest experts of the busiest GPU an `add` move may copy
 };
 
 /// One expert copy: `expert` of `layer` goes into `slot` on GPU dst, sent by GPU src.
@@ -184,6 +185,16 @@ class LayerSearch {
     int K = std::max(1, std::min(o.candidate_gpus, G));
     int max_steps = 4 * P_ + 16;
     order_.resize(uG);
+    // The experts with the least load per copy after one more copy (taken once per layer).
+    cand_.resize(uE);
+    std::iota(cand_.begin(), cand_.end(), 0);
+    int KE = std::min(K, E);
+    std::partial_sort(cand_.begin(), cand_.begin() + KE, cand_.end(), [&](int a, int b) {
+      double x = w_[static_cast<std::size_t>(a)] / (cnt_[static_cast<std::size_t>(a)] + 1);
+      double y = w_[static_cast<std::size_t>(b)] / (cnt_[static_cast<std::size_t>(b)] + 1);
+      return x < y || (x == y && a < b);
+    });
+    lightest_.assign(cand_.begin(), cand_.begin() + KE);
     while (st.steps < max_steps) {
       int h = static_cast<int>(std::max_element(L_.begin(), L_.end()) - L_.begin());
       double Lh = L_[static_cast<std::size_t>(h)];
@@ -222,19 +233,8 @@ class LayerSearch {
         }
       }
       // Replace a slot of h (the expert keeps another copy) by a former or a light expert.
-      light_.clear();
-      {
-        cand_.resize(uE);
-        std::iota(cand_.begin(), cand_.end(), 0);
-        int KE = std::min(K, E);
-        std::partial_sort(cand_.begin(), cand_.begin() + KE, cand_.end(), [&](int a, int b) {
-          double x = w_[static_cast<std::size_t>(a)] / (cnt_[static_cast<std::size_t>(a)] + 1);
-          double y = w_[static_cast<std::size_t>(b)] / (cnt_[static_cast<std::size_t>(b)] + 1);
-          return x < y || (x == y && a < b);
-        });
-        light_.assign(cand_.begin(), cand_.begin() + KE);
-        for (int p = h * S; p < (h + 1) * S; ++p) light_.push_back(old[p]);
-      }
+      light_.assign(lightest_.begin(), lightest_.end());
+      for (int p = h * S; p < (h + 1) * S; ++p) light_.push_back(old[p]);
       for (int i = h * S; i < (h + 1) * S; ++i) {
         int a = slot_[static_cast<std::size_t>(i)];
         if (cnt_[static_cast<std::size_t>(a)] < 2) continue;
@@ -318,7 +318,8 @@ class LayerSearch {
     int dcost = 0;
   };
 
-  [[nodiscard]] double per_copy(int e) const { return w_[static_cast<std::size_t>(e)] / cnt_[static_cast<std::size_t>(e)]; }
+  [[nodiscard]] double per_copy(int e) const { return u_[static_cast<std::size_t>(e)]; }
+  void refresh(int e) { u_[static_cast<std::size_t>(e)] = w_[static_cast<std::size_t>(e)] / cnt_[static_cast<std::size_t>(e)]; }
   /// 1 when GPU g held no copy of e in the old layout.
   [[nodiscard]] int put_cost(int g, int e) const {
     return oldm_[static_cast<std::size_t>(g) * static_cast<std::size_t>(E_) + static_cast<std::size_t>(e)] == 0 ? 1 : 0;
@@ -341,6 +342,8 @@ class LayerSearch {
       ++cnt_[static_cast<std::size_t>(e)];
       pos_[static_cast<std::size_t>(e)].push_back(p);
     }
+    u_.resize(static_cast<std::size_t>(E_));
+    for (int e = 0; e < E_; ++e) u_[static_cast<std::size_t>(e)] = cnt_[static_cast<std::size_t>(e)] > 0 ? w_[static_cast<std::size_t>(e)] / cnt_[static_cast<std::size_t>(e)] : 0.0;
     L_.assign(static_cast<std::size_t>(G_), 0.0);
     for (int p = 0; p < P_; ++p) L_[static_cast<std::size_t>(p / S_)] += per_copy(slot_[static_cast<std::size_t>(p)]);
     dL_.assign(static_cast<std::size_t>(G_), 0.0);
@@ -400,6 +403,8 @@ class LayerSearch {
       slot_[static_cast<std::size_t>(m.i)] = b;
       pos_[static_cast<std::size_t>(b)].push_back(m.i);
       ++cnt_[static_cast<std::size_t>(b)];
+      refresh(a);
+      refresh(b);
       shift(a, +1);
       shift(b, +1);
     }
@@ -431,9 +436,9 @@ class LayerSearch {
   }
 
   int E_ = 0, G_ = 0, S_ = 0, P_ = 0;
-  std::vector<double> w_, L_, dL_;
+  std::vector<double> w_, u_, L_, dL_;
   std::vector<float> wf_;
-  std::vector<int> oldm_, hot_, slot_, cnt_, order_, cand_, light_, touched_, tmp_, placed_, used_;
+  std::vector<int> oldm_, hot_, lightest_, slot_, cnt_, order_, cand_, light_, touched_, tmp_, placed_, used_;
   std::vector<std::vector<int>> pos_;
 };
 
@@ -482,7 +487,7 @@ inline Result rebalance(eplb::Matrix<float> const& weight, eplb::Matrix<int> con
   Result r{eplb::Matrix<int>(L, P), eplb::Matrix<int>(L, E, 0), {}, {}, gpus};
   r.layers.resize(static_cast<std::size_t>(L));
   detail::LayerSearch search;
-  std::vector<int> sends(static_cast<std::size_t>(gpus));
+  std::vector<int> sends(static_cast<std::size_t>(gpus)), first, fill, holders;
   for (int l = 0; l < L; ++l) {
     auto const* w = weight.v.data() + static_cast<std::size_t>(l) * static_cast<std::size_t>(E);
     auto const* old = old_phy2log.v.data() + static_cast<std::size_t>(l) * static_cast<std::size_t>(P);
@@ -492,15 +497,20 @@ inline Result rebalance(eplb::Matrix<float> const& weight, eplb::Matrix<int> con
     for (int p = 0; p < P; ++p) ++r.logcnt(l, out[p]);
     // Transfers: each slot whose expert its GPU did not hold receives it from a GPU that did.
     std::fill(sends.begin(), sends.end(), 0);
+    first.assign(static_cast<std::size_t>(E) + 1, 0);  // old slots of each expert, bucketed
+    for (int q = 0; q < P; ++q) ++first[static_cast<std::size_t>(old[q]) + 1];
+    for (int e = 0; e < E; ++e) first[static_cast<std::size_t>(e) + 1] += first[static_cast<std::size_t>(e)];
+    holders.resize(static_cast<std::size_t>(P));
+    fill = first;
+    for (int q = 0; q < P; ++q) holders[static_cast<std::size_t>(fill[static_cast<std::size_t>(old[q])]++)] = q;
     for (int p = 0; p < P; ++p) {
       int g = p / S, e = out[p];
       bool had = false;
       for (int q = g * S; q < (g + 1) * S && !had; ++q) had = old[q] == e;
       if (had) continue;
       int src = -1;
-      for (int q = 0; q < P; ++q) {
-        if (old[q] != e) continue;
-        int c = q / S;
+      for (int k = first[static_cast<std::size_t>(e)]; k < first[static_cast<std::size_t>(e) + 1]; ++k) {
+        int c = holders[static_cast<std::size_t>(k)] / S;
         auto better = [&](int x, int y) {  // is source x better than y?
           bool nx = x / per_node == g / per_node, ny = y / per_node == g / per_node;
           if (nx != ny) return nx;
