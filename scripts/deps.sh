@@ -28,7 +28,9 @@ moe_install_missing_packages() {
 }
 
 # Python packages the tests use (from PyPI when the python3 on PATH lacks them): PyYAML, the
-# independent reader of the TensorRT-LLM plan files in tests/planners/engine_load_check.py; and
+# independent reader of the TensorRT-LLM plan files in tests/planners/engine_load_check.py;
+# scikit-build-core, nanobind, numpy, pytest and hypothesis for the moe_compose package and its tests
+# (tests/python); and
 # nvidia-cutlass, whose CuTe headers are the oracle of the emulator's sm_90 swizzle, descriptor and
 # fragment models (tests/emu/hopper.cmake; CuTe also needs libcu++ and <cuda_fp16.h>: from the CUDA
 # toolkit where there is one, else from the PyPI packages nvidia-cuda-cccl and nvidia-cuda-runtime).
@@ -38,6 +40,13 @@ moe_pip_install() {
 moe_install_missing_python_packages() {
   local missing=()
   python3 -c "import yaml" >/dev/null 2>&1 || missing+=(pyyaml)
+  # The moe_compose package (python/): its build backend and bindings generator, and the test tools
+  # of tests/python (pytest, hypothesis; numpy is the package's one runtime dependency).
+  python3 -c "import scikit_build_core" >/dev/null 2>&1 || missing+=(scikit-build-core)
+  python3 -c "import nanobind" >/dev/null 2>&1 || missing+=(nanobind)
+  python3 -c "import numpy" >/dev/null 2>&1 || missing+=(numpy)
+  python3 -c "import pytest" >/dev/null 2>&1 || missing+=(pytest)
+  python3 -c "import hypothesis" >/dev/null 2>&1 || missing+=(hypothesis)
   python3 -c "import cutlass_library" >/dev/null 2>&1 || missing+=(nvidia-cutlass)
   if [ ! -e /usr/local/cuda/include/cccl/cuda/std/utility ] && [ ! -e /usr/local/cuda/include/cuda/std/utility ] &&
      ! python3 -c "import nvidia, os, sys; sys.exit(not any(os.path.exists(os.path.join(p, d, 'include', s, 'cuda/std/utility')) for p in nvidia.__path__ for d in os.listdir(p) for s in ('', 'cccl')))" >/dev/null 2>&1; then

@@ -4,7 +4,8 @@
 # CUDA tests. The real GPU tests (label cuda) run with `ctest -L cuda` on a machine with a GPU;
 # without one they report as skipped.
 #
-#   scripts/test.sh             Release build in build/, ctest -L 'host|mpi|emu'
+#   scripts/test.sh             Release build in build/, ctest -L 'host|mpi|emu', then the Python
+#                               package (pip install ./python) and pytest tests/python
 #   scripts/test.sh --sanitize  host and emu tests under AddressSanitizer + UndefinedBehaviorSanitizer
 #                               in build-sanitize/
 #   scripts/test.sh --tsan      the emulated kernel and stream tests under ThreadSanitizer in build-tsan/
@@ -55,3 +56,9 @@ build=${MOE_BUILD_DIR:-build}
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DMOE_REQUIRE_TEST_DEPS=ON "${cache[@]}"
 cmake --build "$build" -j"$jobs"
 ctest --test-dir "$build" -L 'host|mpi|emu' --output-on-failure -j"$jobs"
+
+# The Python package (python/, docs/engines.md) built from these headers, and its tests
+# (tests/python: EPLB against eplb.py's cases, property and bad-input tests, the engine policies).
+# Its build folder python/build/ is kept, so a second run rebuilds only what changed.
+CMAKE_ARGS="${cache[*]}" CMAKE_BUILD_PARALLEL_LEVEL=$jobs moe_pip_install --no-build-isolation ./python
+python3 -m pytest -q -rs tests/python  # -rs: every skipped test with its reason

@@ -1,0 +1,186 @@
+"""moe_compose: moe-compose's planners for Python (C++ headers under include/moe, bound with nanobind).
+
+EPLB identical to DeepSeek's eplb.py, rebalancing that moves the fewest expert weights (with the
+transfer list and its modelled time), CRAFT, ILPLoad, the joint planner, topologies, the traffic
+model, and the engines' statistics importers and plan writers. Arrays in: numpy arrays, torch
+tensors (CPU, without copies where the dtype fits) or anything with the array protocol; arrays out:
+numpy. Errors raise MoeError (a ValueError) with the library's message, or TypeError for a wrong
+dtype. Planners run with the GIL released. Drop-in policies: moe_compose.vllm, moe_compose.sglang.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from . import _arrays
+from ._core import (
+    MoeError,
+    Topology,
+    dragonfly,
+    dragonfly_sparse,
+    fat_tree,
+    fat_tree_sparse,
+    paper_cluster,
+    read_topology,
+)
+from . import _core
+
+__all__ = [
+    "MoeError", "Topology", "fat_tree", "fat_tree_sparse", "dragonfly", "dragonfly_sparse", "read_topology",
+    "paper_cluster", "rebalance_experts", "eplb", "rebalance", "Rebalance", "transfer_time", "evaluate_plan",
+    "craft", "ilp_load", "joint", "slot_map", "import_sglang_stat", "import_trtllm_stat",
+    "import_vllm_routed_experts", "write_engine_plan", "read_engine_plan", "node_topology", "expert_bytes",
+]
+
+
+def rebalance_experts(weight, num_replicas: int, num_groups: int, num_nodes: int, num_gpus: int):
+    """eplb.py's rebalance_experts: weight [layers, experts] -> (phy2log [layers, num_replicas],
+    log2phy [layers, experts, max copies] (-1 padded), logcnt [layers, experts]), int64 numpy arrays,
+    identical to eplb.py under torch (the hierarchical policy when num_groups % num_nodes == 0)."""
+    w = _arrays.loads(weight, "weight")
+    return _core.eplb(w, _arrays.count(num_replicas, "num_replicas"), _arrays.count(num_groups, "num_groups"),
+                      _arrays.count(num_nodes, "num_nodes"), _arrays.count(num_gpus, "num_gpus"))
+
+
+def eplb(weight, num_replicas: int, num_groups: int, num_nodes: int, num_gpus: int,
+         hierarchical: Optional[bool] = None):
+    """EPLB with the policy chosen explicitly (hierarchical=True/False) or as eplb.py does (None)."""
+    w = _arrays.loads(weight, "weight")
+    return _core.eplb(w, _arrays.count(num_replicas, "num_replicas"), _arrays.count(num_groups, "num_groups"),
+                      _arrays.count(num_nodes, "num_nodes"), _arrays.count(num_gpus, "num_gpus"), hierarchical)
+
+
+@dataclass
+class Rebalance:
+    """A minimal-move rebalance (moe/replication/migration.hpp).
+
+    phy2log, log2phy, logcnt: the new layout, as eplb.py's outputs.
+    transfers: [N, 5] int64 rows (layer, slot, expert, src_gpu, dst_gpu), one per slot whose GPU had
+    no copy of its new expert. copies: per layer, len(transfers of the layer). max_load,
+    eplb_max_load, old_max_load, mean_load: per layer GPU loads (new layout, EPLB from scratch, the
+    old layout under the new loads, mean). fallback: per layer, 1 where the layout is EPLB's,
+    relabelled to the old GPUs."""
+
+    phy2log: np.ndarray
+    log2phy: np.ndarray
+    logcnt: np.ndarray
+    transfers: np.ndarray
+    copies: np.ndarray
+    max_load: np.ndarray
+    eplb_max_load: np.ndarray
+    old_max_load: np.ndarray
+    mean_load: np.ndarray
+    fallback: np.ndarray
+    steps: np.ndarray
+    num_gpus: int
+
+    def transfer_time(self, topology: Topology, expert_bytes: float) -> dict:
+        """Modelled duration of the transfers on `topology` (see transfer_time)."""
+        return transfer_time(topology, self.transfers, self.phy2log.shape[0], expert_bytes)
+
+
+def rebalance(weight, old_phy2log, num_gpus: int, *, num_groups: int = 1, num_nodes: int = 1,
+              tolerance: float = 0.01, max_copies_per_layer: Optional[int] = None,
+              candidate_gpus: int = 3, hot_experts: int = 2) -> Rebalance:
+    """Rebalance keeping experts where they are: new loads weight [layers, experts] and the current
+    layout old_phy2log [layers, slots] (slot p on GPU p // (slots / num_gpus)). The largest GPU load
+    stays within (1 + tolerance) x EPLB's from scratch (num_groups, num_nodes as for EPLB); a larger
+    tolerance, or max_copies_per_layer, trades balance for fewer copies."""
+    w = _arrays.loads(weight, "weight")
+    old = _arrays.indices(old_phy2log, "old_phy2log")
+    if old.shape[0] != w.shape[0]:
+        raise ValueError(f"old_phy2log has {old.shape[0]} layers, weight has {w.shape[0]}")
+    tol = float(tolerance)
+    if not np.isfinite(tol) or tol < 0:
+        raise ValueError(f"tolerance must be >= 0 and finite, got {tolerance!r}")
+    cap = -1 if max_copies_per_layer is None else int(max_copies_per_layer)
+    if max_copies_per_layer is not None and cap < 0:
+        raise ValueError(f"max_copies_per_layer must be >= 0, got {max_copies_per_layer}")
+    d = _core.rebalance(w, old, _arrays.count(num_gpus, "num_gpus"), tol, cap, _arrays.count(num_groups, "num_groups"),
+                        _arrays.count(num_nodes, "num_nodes"), _arrays.count(candidate_gpus, "candidate_gpus"),
+                        _arrays.count(hot_experts, "hot_experts"))
+    return Rebalance(num_gpus=int(num_gpus), **d)
+
+
+def node_topology(num_gpus: int, num_nodes: int) -> Topology:
+    """num_nodes servers of num_gpus / num_nodes GPUs under one switch (the default cluster of a rebalance)."""
+    g, n = _arrays.count(num_gpus, "num_gpus"), _arrays.count(num_nodes, "num_nodes")
+    if g % n:
+        raise ValueError(f"{g} GPUs do not split over {n} nodes")
+    return fat_tree(1, n, g // n, 1)
+
+
+def expert_bytes(hidden: int = 7168, expert_ffn: int = 2048, bytes_per_param: float = 1.0) -> float:
+    """Bytes of one expert's weights (gate, up and down projections): 3 x hidden x ffn x bytes per
+    parameter (DeepSeek-V3 in FP8 by default: 44 MB)."""
+    return 3.0 * hidden * expert_ffn * bytes_per_param
+
+
+def transfer_time(topology: Topology, transfers, layers: int, expert_bytes: float) -> dict:
+    """Modelled time of a transfer list ([N, 5]: layer, slot, expert, src, dst, sorted by layer) on a
+    topology with the link-level traffic model: per layer the busiest directed link's bytes over its
+    bandwidth plus the largest path latency; layers one after another. Returns seconds,
+    layer_seconds, bytes, inter_node_bytes."""
+    t = _arrays.indices(transfers, "transfers")
+    if t.shape[0] == 0:
+        t = np.zeros((0, 5), dtype=np.int64)
+    return _core.transfer_time(topology, t, _arrays.count(layers, "layers"), float(expert_bytes))
+
+
+def evaluate_plan(topology: Topology, phy2log, loads, hidden: int = 7168, bytes_per_element: float = 2.0) -> dict:
+    """The traffic model's evaluation of a slot layout per layer: tokens from every GPU, each expert's
+    load split over its slots; dispatch_time, combine_time, hop_bytes, max_gpu_load, mean_gpu_load."""
+    return _core.evaluate_plan(topology, _arrays.indices(phy2log, "phy2log"),
+                               _arrays.loads(loads, "loads", dtype=np.float64), _arrays.count(hidden, "hidden"),
+                               float(bytes_per_element))
+
+
+def craft(loads, gpus: int, replication_factor: int = 0, threads: int = 1) -> dict:
+    """CRAFT replication on a load profile [batches, layers, experts] (a 2-D array is one batch)."""
+    a = _arrays._numpy(loads, "loads")
+    if getattr(a, "ndim", 0) == 2:
+        a = a[None]
+    return _core.craft(_arrays.loads(a, "loads", ndim=3, dtype=np.float64), _arrays.count(gpus, "gpus"),
+                       int(replication_factor), int(threads))
+
+
+def ilp_load(topology: Topology, loads, c_layer: int = 0, c_exp: int = 0) -> dict:
+    """ILPLoad placement (exact, as a min-cost flow) of loads [layers, experts] on a topology."""
+    return _core.ilp_load(topology, _arrays.loads(loads, "loads", dtype=np.float64), int(c_layer), int(c_exp))
+
+
+def joint(topology: Topology, loads, slots_per_gpu: int = 0, eps: float = 0.05) -> dict:
+    """The joint planner (replica counts, placement, routing) on loads [layers, experts]."""
+    return _core.joint(topology, _arrays.loads(loads, "loads", dtype=np.float64), int(slots_per_gpu), float(eps))
+
+
+def slot_map(copies, gpus: int, loads, slots_per_gpu: int = 0) -> np.ndarray:
+    """Engine slots (phy2log) from per-layer, per-expert GPU lists (as craft/joint return them)."""
+    return _core.slot_map(copies, _arrays.count(gpus, "gpus"), int(slots_per_gpu),
+                          _arrays.loads(loads, "loads", dtype=np.float64))
+
+
+def import_sglang_stat(path, experts: int = 0) -> dict:
+    return _core.import_sglang_stat(str(path), int(experts))
+
+
+def import_trtllm_stat(directory, experts: int = 0) -> dict:
+    return _core.import_trtllm_stat(str(directory), int(experts))
+
+
+def import_vllm_routed_experts(path, experts: int) -> dict:
+    return _core.import_vllm_routed_experts(str(path), int(experts))
+
+
+def write_engine_plan(format: str, path, phy2log, num_gpus: int, experts: int, hidden_layers: int = 0,
+                      first_moe: int = 0) -> None:
+    """Writes phy2log [moe layers, P] as `format` (sglang, trtllm, vllm, vllm-ascend; docs/engines.md)."""
+    _core.write_engine_plan(format, str(path), _arrays.indices(phy2log, "phy2log"), _arrays.count(num_gpus, "num_gpus"),
+                            _arrays.count(experts, "experts"), int(hidden_layers), int(first_moe))
+
+
+def read_engine_plan(format: str, path, num_gpus: int, experts: int, hidden_layers: int, first_moe: int = 0) -> np.ndarray:
+    return _core.read_engine_plan(format, str(path), int(num_gpus), int(experts), int(hidden_layers), int(first_moe))

@@ -1,0 +1,80 @@
+"""A drop-in for SGLang's EPLB (0.5.23: sglang.srt.eplb.eplb_algorithms.rebalance_experts).
+
+    import moe_compose.sglang
+    moe_compose.sglang.install()   # sglang.srt.eplb.eplb_algorithms.rebalance_experts = ours
+
+SGLang has no registry of EPLB algorithms: install() replaces the module function, which SGLang
+looks up at each call. SGLang's general plugins (entry point group sglang.srt.plugins, loaded in
+every process) call plugin(), which installs it when MOE_COMPOSE_SGLANG_EPLB=1 (docs/engines.md).
+
+rebalance_experts(tokens_per_expert, num_physical_experts, num_local_physical_experts, num_groups,
+num_nodes, algorithm) -> (phy2log, log2phy, logcnt), as SGLang's: tokens_per_expert [X, layers,
+experts] is summed over its first axis; the deepseek and deepseek_hierarchical algorithms give
+eplb.py's plan (identical to SGLang's deepseek.py); the others are passed on to SGLang's own
+function when it is installed, else raise NotImplementedError.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _arrays, eplb
+
+__all__ = ["rebalance_experts", "install"]
+
+_original = None
+
+
+def _name(algorithm) -> str:
+    return str(getattr(algorithm, "name", algorithm))
+
+
+def rebalance_experts(tokens_per_expert, num_physical_experts: int, num_local_physical_experts: int, num_groups,
+                      num_nodes: int, algorithm):
+    name = _name(algorithm)
+    if name not in ("deepseek", "deepseek_hierarchical"):
+        if _original is not None:
+            return _original(tokens_per_expert, num_physical_experts, num_local_physical_experts, num_groups, num_nodes,
+                             algorithm)
+        raise NotImplementedError(f"moe_compose.sglang: algorithm {name!r} (supported: deepseek, "
+                                  "deepseek_hierarchical)")
+    torch_in = _arrays.is_torch(tokens_per_expert)
+    t = _arrays._numpy(tokens_per_expert, "tokens_per_expert")
+    if getattr(t, "ndim", 0) != 3:
+        raise ValueError(f"tokens_per_expert must be [X, layers, experts], got shape {tuple(np.shape(t))}")
+    if t.dtype.kind not in "iuf":
+        raise TypeError(f"tokens_per_expert must hold integers or floats, got dtype {t.dtype}")
+    weight = t.sum(axis=0)  # as SGLang: summed in the input's dtype, then float32
+    phy = _arrays.count(num_physical_experts, "num_physical_experts")
+    local = _arrays.count(num_local_physical_experts, "num_local_physical_experts")
+    if phy % local:
+        raise ValueError(f"{phy} physical experts do not split into ranks of {local}")
+    hierarchical = name == "deepseek_hierarchical"
+    groups = 1 if num_groups is None else num_groups
+    out = eplb(weight, phy, groups, num_nodes, phy // local, hierarchical=hierarchical)
+    if torch_in:
+        import torch
+
+        return tuple(torch.from_numpy(x) for x in out)
+    return out
+
+
+def install() -> None:
+    """Replaces sglang.srt.eplb.eplb_algorithms.rebalance_experts with this module's function."""
+    global _original
+    from sglang.srt.eplb import eplb_algorithms
+
+    if eplb_algorithms.rebalance_experts is not rebalance_experts:
+        _original = eplb_algorithms.rebalance_experts
+        eplb_algorithms.rebalance_experts = rebalance_experts
+
+
+def plugin() -> bool:
+    """The `sglang.srt.plugins` entry point (SGLang's general plugins, loaded in every process):
+    installs this module's rebalance_experts when MOE_COMPOSE_SGLANG_EPLB=1."""
+    import os
+
+    if os.environ.get("MOE_COMPOSE_SGLANG_EPLB", "") not in ("1", "true", "yes"):
+        return False
+    install()
+    return True
