@@ -113,7 +113,7 @@ static void BM_ILPLoad_R1_256gpu(benchmark::State& st) {
     for (int e = 0; e < kExperts; ++e) f[l * kExperts + e] = load[l * kExperts + e] / s;
   }
   st.counters["objective"] = r.objective;
-  st.counters["greedy_objective"] = moe::speculative::objective(p, g, f);
+  st.counters["greedy_objective"] = placement::objective(p, g, f);
   st.counters["greedy_s"] = greedy_s;
   st.counters["gpu_groups"] = r.groups;
   st.counters["augmentations"] = r.augmentations;

@@ -28,13 +28,13 @@ placement::Problem small_problem() { return placement::make_problem(topology::fa
 TEST_CASE("placement objective rejects weights and assignments of the wrong shape") {
   auto p = small_problem();
   placement::Assignment a{2, 4, std::vector<int>(8, 0)};
-  CHECK(moe::speculative::objective(p, a, std::vector<double>(8, 1.0)) == moe::speculative::objective(p, a));
-  CHECK_THROWS_WITH(moe::speculative::objective(p, a, std::vector<double>(3, 1.0)),
+  CHECK(placement::objective(p, a, std::vector<double>(8, 1.0)) == placement::objective(p, a));
+  CHECK_THROWS_WITH(placement::objective(p, a, std::vector<double>(3, 1.0)),
                     Contains("weight has 3 entries, expected layers x experts = 2x4"));
   placement::Assignment short_a{2, 4, std::vector<int>(5, 0)};
-  CHECK_THROWS_WITH(moe::speculative::objective(p, short_a), Contains("with 5 entries, the problem is 2x4"));
+  CHECK_THROWS_WITH(placement::objective(p, short_a), Contains("with 5 entries, the problem is 2x4"));
   placement::Assignment far{2, 4, std::vector<int>(8, 9)};
-  CHECK_THROWS_WITH(moe::speculative::objective(p, far), Contains("GPU 9 outside [0, 4)"));
+  CHECK_THROWS_WITH(placement::objective(p, far), Contains("GPU 9 outside [0, 4)"));
 }
 
 TEST_CASE("placement problem validation names inconsistent sizes") {

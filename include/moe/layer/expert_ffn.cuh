@@ -200,9 +200,13 @@ void shared_experts(cudaStream_t s, std::span<ExpertWeights<T> const> shared, T 
 /// Checks that an expert's three matrices are 16-byte aligned (the kernels load 16-byte vectors).
 template <class T>
 void check_expert_alignment(char const* who, ExpertWeights<T> const& w, char const* kind, int e) {
-  for (auto [p, what] : {std::pair{w.gate, "gate"}, std::pair{w.up, "up"}, std::pair{w.down, "down"}})
+  auto one = [&](T const* p, char const* what) {
     check(reinterpret_cast<std::uintptr_t>(p) % 16 == 0, who, ": ", kind, what, " weights of expert ", e,
           " are not 16-byte aligned");
+  };
+  one(w.gate, "gate");
+  one(w.up, "up");
+  one(w.down, "down");
 }
 
 /// The device tables of routed experts that the device Layer and the FinDEP executors keep, made
