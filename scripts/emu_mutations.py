@@ -18,7 +18,7 @@ filter, and classifies the result:
     scripts/emu_mutations.py --work /tmp/mine --jobs 1   # another scratch worktree, one build job
 
 The baseline (no mutation) must pass in every flavour used, or the table means nothing; the script
-checks it first. Results are recorded in docs/cuda.md ("Mutation evidence").
+checks it first. Results are recorded in docs/results/emu-mutations.md.
 """
 import argparse
 import os

@@ -110,7 +110,8 @@ int main(int argc, char** argv) {
     bytes.append(reinterpret_cast<char const*>(a), 16).append(reinterpret_cast<char const*>(b), 8);
     std::ofstream(out / "safetensors" / "small.safetensors", std::ios::binary) << bytes;
   }
-  // moe_plan command lines from docs/planners.md and docs/engines.md, and a few more (words cut at spaces).
+  // moe_plan command lines from docs/planners.md, docs/results/ and docs/engines.md, and a few more
+  // (words cut at spaces).
   char const* command_lines[] = {
       "--model deepseek-r1 --topology fattree --c-layer 8 --out-dir plans",
       "--model olmoe-1b-7b --layers 3 --olmoe ../shared/data/olmoe-routing/olmoe-1b-7b/arxiv --leaves 4 "

@@ -82,7 +82,7 @@ TEST_CASE("OLMoE: cross-entropy beats two-stage balanced k-means at the same bal
 #if MOE_HAS_METIS && defined(MOE_WITH_METIS)
 TEST_CASE("OLMoE: cross-entropy beats METIS on the FITTED data's LAR at equal or better balance",
           "[speculative][olmoe][metis]") {
-  // In-sample only: on the held-out domain the two are within seed noise (docs/speculative.md, 6),
+  // In-sample only: on the held-out domain the two are within seed noise (docs/results/cocluster-olmoe.md),
   // so no held-out ordering between them is asserted.
   auto ce = moe::speculative::solve_cross_entropy(data().problem, quick());
   auto me = moe::speculative::solve_metis(data().problem);

@@ -44,7 +44,7 @@ enum class Fallback { modulo, prior };
 
 struct CappedEvalOptions {
   double capacity_factor = 1.1;  ///< occurrences per device <= factor * mean (>= 1)
-  Fallback fallback = Fallback::modulo;  ///< modulo was better on our validation split (docs/speculative.md)
+  Fallback fallback = Fallback::modulo;  ///< modulo was better on our validation split (docs/results/cocluster-olmoe.md)
 };
 
 struct CappedEval {
