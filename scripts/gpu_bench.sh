@@ -80,8 +80,8 @@ case ${1:-} in
   *) echo "gpu_bench.sh: unknown argument '$1' (--dry-run, --report DIR, --help)" >&2; exit 2 ;;
 esac
 
-build=${BUILD_DIR:-$root/build-gpu}
-results=${OUT:-$build/results}
+build=$(realpath -m -- "${BUILD_DIR:-$root/build-gpu}")
+results=$(realpath -m -- "${OUT:-$build/results}")
 deps_src=${GPU_DEPS_DIR:-$root/.gpu-deps}
 jobs=${JOBS:-$(nproc)}
 budget=${BUDGET:-540}
