@@ -93,7 +93,7 @@ declare -A cap=([configure]=90 [build]=330 [test]=150 [kernels]=150 [torch-gemm]
                 [torch-layer]=100 [shuffle]=60 [fit]=200)
 declare -A need=([configure]=15 [build]=30 [test]=20 [kernels]=30 [torch-gemm]=30 [layer]=30
                  [torch-layer]=30 [shuffle]=15 [fit]=45)
-declare -A what=([configure]="CMake configure (Ninja, Release, sm_90a)"
+declare -A what=([configure]="CMake configure (Release, sm_90a; Ninja when installed)"
                  [build]="build the 10 programs the steps below run (run.txt: targets), all cores"
                  [test]="ctest -L cuda (kernels and layers against the host reference)"
                  [kernels]="bench_cuda_moe: grouped GEMM, permute/pack/combine + copy, dense and loop baselines"
