@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
-# Run on a machine WITH apt (the dev machine), before a GPU session: downloads the Debian packages
-# that the GPU machine lacks and cannot fetch (it has no network) into .gpu-deps/ at the repo root.
-# The device tool carries that folder (git-ignored) when a `run` call names it in `carry`;
-# scripts/gpu_bench.sh unpacks every .deb there into <build>/deps (never into /) and points CMake
-# at it. Nothing is installed here: `apt-get download` only fetches the .deb files.
+# Brings Catch2 v2 and Google Benchmark along in the tree, for a GPU machine that lacks them and has
+# no network. Run it on a Debian 12 (amd64) machine with apt: it downloads the Debian packages into
+# .gpu-deps/ at the repository root (git-ignored; copy the tree with that folder to the GPU machine).
+# scripts/gpu_bench.sh unpacks every .deb found there into <build>/deps (never into /) and points
+# CMake at it. Nothing is installed here: `apt-get download` only fetches the .deb files.
 #
 #   scripts/gpu_deps.sh            # fetch what is missing
 #   scripts/gpu_deps.sh --force    # fetch again
 #
 # Packages (Debian 12 versions, x86-64):
-#   catch2               Catch2 v2 headers + CMake config (the test suite: find_package(Catch2 2 REQUIRED))
+#   catch2               Catch2 v2 headers + CMake config (the test suite: find_package(Catch2 2))
 #   libbenchmark-dev     Google Benchmark headers + CMake config (find_package(benchmark CONFIG))
 #   libbenchmark1debian  libbenchmark.so.1debian, the shared library the -dev package links against
-#                        (Debian ships no static libbenchmark.a)
+#                        (Debian ships no static libbenchmark.a); it needs glibc >= 2.32 and the
+#                        libstdc++ of g++ 12 or newer on the GPU machine
 # Also copied: nccl.h of this machine's CUDA toolkit into .gpu-deps/nccl-include/, used on the GPU
-# machine only when NCCL's library is found (e.g. the torch wheel nvidia-nccl-cu13) but no nccl.h.
+# machine only when the NCCL of the PyTorch wheel (nvidia-nccl-cu13) comes without its header.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -22,7 +23,7 @@ dest=$root/.gpu-deps
 packages=(catch2 libbenchmark-dev libbenchmark1debian)
 
 if [[ "$(dpkg --print-architecture 2>/dev/null)" != "amd64" ]]; then
-  echo "gpu_deps.sh: this machine is not amd64; the GPU machine is x86-64, fetch with -oAPT::Architecture=amd64" >&2
+  echo "gpu_deps.sh: this machine is not amd64; for an x86-64 GPU machine fetch with -oAPT::Architecture=amd64" >&2
   exit 1
 fi
 mkdir -p "$dest"

@@ -1,18 +1,19 @@
 #!/usr/bin/env python3
-"""Writes docs/cuda-results-<date>.md from the results folder of scripts/gpu_bench.sh.
+"""Writes the results file of a GPU run (scripts/gpu_bench.sh) from its results folder.
 
     python3 scripts/gpu_report.py RESULTS_DIR OUT.md
 
-RESULTS_DIR is <build>/results on the GPU machine, or the folder gpu-results.tar.gz (copied back
-from $OUT) was unpacked into. Every input is optional: a missing or truncated file gives an empty
-table or a note, so a partial session still yields a results file that says what is missing.
+RESULTS_DIR is the folder gpu_bench.sh writes into ($OUT, or <build>/results). Every input is
+optional: a missing or truncated file gives an empty table or a note, so a run that was cut off or
+stopped early still yields a results file that says what is missing.
 
 Inputs (all in RESULTS_DIR):
-  day.txt, device.txt, commit.txt    UTC date, `nvidia-smi` name/memory/driver, commit of the run
-  status/<step>.txt                  one line per step: ok / FAILED ... / timed out ... / not built
+  run.txt                            facts of the run: date, mode, device, commit, host, budget
+  steps.tsv                          every step with its cap, budget, time used and status
   cuda-tests.log                     `ctest -L cuda --output-on-failure`
-  bench_cuda_moe.json                Google Benchmark JSON (a run cut off by a timeout is repaired)
-  torch_baselines.json               PyTorch eager and torch._grouped_mm layer times, same shapes
+  bench_cuda_moe.json                Google Benchmark JSON of the kernels (a run cut off is repaired);
+  bench_cuda_moe.<part>.json         further parts (the layer benchmarks), merged by benchmark name
+  torch_baselines.json               PyTorch eager and torch._grouped_mm times, same shapes
   findep_fit_gpu.txt, findep_gpu_models.tsv, findep_fit_status.txt
   bench_cuda_shuffle.json
 """
@@ -48,11 +49,13 @@ def load_bench(path):
             return data, "cut off (timeout or crash); the entries before the cut are kept"
         except ValueError:
             pass
+    if '"benchmarks": [' in text:
+        return {"benchmarks": []}, "cut off (timeout or crash) before the first benchmark finished"
     return {"benchmarks": []}, "unreadable"
 
 
 def load_bench_parts(results, name):
-    """NAME.json and then every NAME.<part>.json (gpu_bench.sh BENCH_PART), merged by benchmark name:
+    """NAME.json and then every NAME.<part>.json (e.g. bench_cuda_moe.layer.json), merged by benchmark name:
     a later part's entry replaces an earlier one of the same name, new names are appended."""
     data, state = load_bench(os.path.join(results, name + ".json"))
     parts = sorted(f for f in os.listdir(results) if f.startswith(name + ".") and f.endswith(".json")
@@ -80,10 +83,12 @@ def fmt(v):
     return str(v)
 
 
-def tests_state(results):
+def tests_state(results, gpu_run):
     log = read_text(os.path.join(results, "cuda-tests.log"), None)
     if log is None:
         return "NOT RUN (no cuda-tests.log)"
+    if not gpu_run:
+        return "no GPU: every test skipped or not run, nothing checked (see cuda-tests.log)"
     # A skipped test (exit 77: the CUDA runtime saw no usable device, e.g. a driver older than the
     # toolkit) counts as passed for CTest; here it is a failure to report, not a success.
     if "tests passed, 0 tests failed" in log and "(Skipped)" not in log and "Not Run" not in log:
@@ -94,26 +99,38 @@ def tests_state(results):
 
 def main():
     results, out = sys.argv[1:3]
-    day = read_text(os.path.join(results, "day.txt")) or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
-    device = read_text(os.path.join(results, "device.txt")) or "unknown (no GPU stage recorded one)"
-    commit = read_text(os.path.join(results, "commit.txt")) or "unknown"
-    status_dir = os.path.join(results, "status")
-    steps = sorted(os.listdir(status_dir)) if os.path.isdir(status_dir) else []
+    run = {}
+    for line in read_text(os.path.join(results, "run.txt")).splitlines():
+        key, _, value = line.partition(": ")
+        run[key] = value
+    day = run.get("date", "")[:10] or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    steps = []
+    for line in read_text(os.path.join(results, "steps.tsv")).splitlines()[1:]:
+        fields = line.split("\t")
+        if len(fields) == 6:
+            steps.append(fields)
 
     data, bench_state = load_bench_parts(results, "bench_cuda_moe")
     cols = ["GB/s", "TFLOP/s", "tokens/s", "of_copy", "of_dense", "of_loop", "of_portable", "max_over_mean",
             "of_uniform"]
-    lines = [f"# CUDA results, {day}", "",
-             f"- device: {device}", f"- commit: {commit}",
-             f"- `ctest -L cuda`: {tests_state(results)}",
-             f"- bench_cuda_moe JSON: {bench_state}",
-             "- command: scripts/gpu_bench.sh (stages build, test, bench, fit, report; bench_cuda_moe uses "
-             "Google Benchmark with manual GPU time via CUDA events)"]
+    lines = [f"# moe-compose GPU results, {day}", ""]
+    mode = run.get("mode", "unknown")
+    if not mode.startswith("GPU run"):
+        lines += [f"**{mode}: nothing in this file is a measurement.** It shows that the run's steps work "
+                  "on this machine; the tables below are empty or hold no-device notes.", ""]
+    lines += [f"- {k}: {run[k]}" for k in ("mode", "device", "commit", "date", "host", "budget", "nvcc", "cmake", "targets")
+              if k in run]
+    lines += [f"- `ctest -L cuda`: {tests_state(results, mode.startswith('GPU run'))}",
+              f"- bench_cuda_moe JSON: {bench_state}",
+              "- command: scripts/gpu_bench.sh (Google Benchmark with the GPU's time from CUDA events; "
+              "docs/gpu.md explains every column)"]
     if steps:
-        lines += ["- steps:"]
-        for s in steps:
-            lines.append(f"  - {s[:-4] if s.endswith('.txt') else s}: {read_text(os.path.join(status_dir, s))}")
-    lines += ["", "| benchmark | kernel | time (us) | " + " | ".join(cols) + " |",
+        lines += ["", "## Steps, in the order they ran", "",
+                  "Budget: the seconds a step was allowed, the smaller of its cap and the time the run had left.", "",
+                  "| step | what | cap (s) | budget (s) | used (s) | status |", "|---|---|---:|---:|---:|---|"]
+        for st in steps:
+            lines.append("| " + " | ".join(f.replace("|", "\\|") for f in st) + " |")
+    lines += ["", "## bench_cuda_moe", "", "| benchmark | kernel | time (us) | " + " | ".join(cols) + " |",
               "|---|---|---:|" + "---:|" * len(cols)]
     ours = {}
     need = {}  # (model, tokens) -> (weight GB, GFLOP) of one Layer forward
@@ -190,12 +207,12 @@ def main():
               "plan, scan and sort; PackRecords: its data-moving kernel alone); grouped GEMM >= 0.9 of torch._grouped_mm and "
               "of_dense >= 0.6 at prefill; layer >= 2x eager and >= 1x grouped_mm.", ""]
 
-    # FinDEP performance models on this GPU (examples/schedule/findep_fit_gpu, docs/findep.md "GPU
+    # FinDEP performance models on this GPU (tools/schedule/findep_fit_gpu, docs/findep.md "GPU
     # microbenchmarks").
     fit_status = read_text(os.path.join(results, "findep_fit_status.txt")) or "not run"
     lines += ["", "## FinDEP performance models (findep_fit_gpu)", "",
               f"- status: {fit_status}",
-              "- command: examples/schedule/findep_fit_gpu --out findep_gpu_models.tsv --samples findep_gpu_samples.tsv",
+              "- command: tools/schedule/findep_fit_gpu --out findep_gpu_models.tsv --samples findep_gpu_samples.tsv",
               "", "```", read_text(os.path.join(results, "findep_fit_gpu.txt")) or "(no output)", "```"]
     models = read_text(os.path.join(results, "findep_gpu_models.tsv"), None)
     if models is not None:

@@ -18,7 +18,7 @@
 // of the Layer benchmarks (LayerOptions::gemm; default automatic), e.g. to measure the layer
 // with the portable kernel (the GroupedGemm benchmarks always time both kernels); --smoke, every
 // benchmark at reduced widths (hidden 64) with a 16 MiB copy baseline, which is what the CPU
-// emulator runs in CI (tests/emu) so that setup bugs show before a GPU session.
+// emulator runs in CI (tests/emu) so that setup bugs show before a GPU run.
 //
 // Without a GPU the program prints a note and exits with 0.
 

@@ -8,7 +8,7 @@ moe_emu_cuda_test(NAME test_workspace_exact_cuda_emu SOURCE test_workspace_exact
 moe_emu_cuda_test(NAME test_device_policies_emu SOURCE test_device_policies.cu)
 moe_emu_cuda_test(NAME test_nccl_ranks_emu SOURCE test_nccl_ranks.cu LABELS emu_tsan)
 # Smoke runs of the GPU benchmarks (tiny sizes, one iteration each) so that a benchmark's set-up bug
-# shows here before a GPU session: bench_cuda_moe --smoke at reduced widths, decode size only;
+# shows here before a GPU run: bench_cuda_moe --smoke at reduced widths, decode size only;
 # bench_cuda_shuffle at its smallest sizes.
 find_package(benchmark CONFIG QUIET)
 if(benchmark_FOUND AND NOT MOE_SANITIZE)
