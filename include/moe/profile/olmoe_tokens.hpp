@@ -22,7 +22,7 @@ inline constexpr int vocab = 50304;
 /// Layers recorded in the data set (of 16).
 inline constexpr int recorded_layers[] = {0, 7, 15};
 
-/// Folder of one domain, e.g. domain_dir("/work/shared/data", "arxiv").
+/// Folder of one domain, e.g. domain_dir("tests/data", "arxiv").
 inline std::string domain_dir(std::string_view data_dir, std::string_view domain) {
   return std::string(data_dir) + "/olmoe-routing/olmoe-1b-7b/" + std::string(domain);
 }
