@@ -29,6 +29,7 @@
 #include "moe/profile/route_split.hpp"
 #include "moe/profile/route_synthetic.hpp"
 #include "moe/topology/topology.hpp"
+#include "moe/topology/presets.hpp"
 #include "moe/topology/traffic.hpp"
 
 // Offline planners: placement (ILP/ILPLoad, heuristics, s-EG co-clustering) and replication.
