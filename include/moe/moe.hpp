@@ -30,6 +30,7 @@
 #include "moe/profile/route_synthetic.hpp"
 #include "moe/profile/token_batches.hpp"
 #include "moe/topology/topology.hpp"
+#include "moe/topology/presets.hpp"
 
 // Offline planners: placement (heuristics, ILP/ILPLoad, the joint planner, the traffic model) and
 // replication (EPLB, CRAFT, routed and batch-reactive policies).

@@ -112,3 +112,15 @@ TEST_CASE("moe_plan options: a bad command line names the option") {
     CHECK_THAT(error_of(b.words), Contains(b.message));
   }
 }
+
+TEST_CASE("moe_plan options: --preset") {
+  auto p = parse({"--preset", "dgx-h100:4"});
+  CHECK(p.preset == "dgx-h100:4");
+  CHECK(parse({}).preset.empty());
+  CHECK_THAT(error_of({"--preset", "dgx-a100"}),
+             Contains("--preset: unknown hardware preset 'dgx-a100' (known: h800, dgx-h100, dgx-h200, gb200-nvl72)"));
+  CHECK_THAT(error_of({"--preset", "h800:many"}), Contains("--preset: hardware preset 'h800:many'"));
+  // A preset is the whole cluster: the topology options contradict it.
+  for (char const* k : {"--topology", "--leaves", "--servers-per-leaf", "--gpus-per-server"})
+    CHECK_THAT(error_of({"--preset", "h800", k, "4"}), Contains(std::string("drop ") + k));
+}

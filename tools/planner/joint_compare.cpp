@@ -10,6 +10,8 @@
 //   joint_compare --scenario r1-fattree-256 --reactive both --reactive-rounds 20   (routes from
 //                 each batch's own counts: replication::Reactive, the host layer's greedy policy,
 //                 and study rows by linear programs and by parallel rounds; reactive_study.hpp)
+//   joint_compare --scenario r1-fattree-256 --preset dgx-h100   (R1 on a hardware preset's cluster,
+//                 NAME[:SERVERS]; moe/topology/presets.hpp)
 //
 // Scenarios, batches and plans: joint_scenarios.hpp (shared with simgrid_compare, which judges the
 // same plans in SimGrid).
@@ -71,6 +73,7 @@ int run(int argc, char** argv) {
   std::printf("scenario\tgpus\tpolicy\tbottleneck_us\thop_GB\tbalancedness\treplicas\treplica_GiB\tdest_per_token\tsolve_s\tbottleneck_levels\n");
   for (auto& sc : joint_scenarios::all_scenarios()) {
     if (!only.empty() && sc.name != only) continue;
+    if (opt.count("preset")) joint_scenarios::use_preset(sc, opt["preset"]);  // the model on a preset cluster
     joint_scenarios::Setup su;
     su.train_batches = train_batches;
     su.test_batches = test_batches;

@@ -58,6 +58,8 @@ Profile:   --profile FILE      a load profile (docs/plan-format.md)
            --write-profile FILE  save the profile used
 Topology:  --topology KIND|FILE  fattree (default), dragonfly, fattree-sparse, dragonfly-sparse, or a file
            --leaves N --servers-per-leaf N --gpus-per-server N   (default 16, 4, 4: the ILP paper's cluster)
+           --preset NAME[:SERVERS]  a hardware preset instead (docs/planners.md): h800, dgx-h100, dgx-h200,
+                               gb200-nvl72; SERVERS overrides its default number of nodes (racks for NVL72)
 Policies:  --policies LIST     comma list of rr, greedy, ilp, ilpload, eplb-pack, eplb, craft, joint (default all)
            --c-layer N --c-exp N   ILP capacities (default ceil(E/G) and ceil(L*E/G) + 6)
            --eplb-replicas N   EPLB redundant slots per layer (default: GPUs, rounded up so E + N splits over them)
@@ -107,7 +109,8 @@ int run(int argc, char** argv) {
   // Topology.
   std::string const& tk = o.topology;
   int leaves = o.leaves, spl = o.servers_per_leaf, gps = o.gpus_per_server;
-  topology::Topology topo = tk == "fattree"            ? topology::fat_tree(leaves, spl, gps)
+  topology::Topology topo = !o.preset.empty()          ? topology::preset_topology(o.preset)
+                            : tk == "fattree"          ? topology::fat_tree(leaves, spl, gps)
                             : tk == "dragonfly"        ? topology::dragonfly(leaves, spl, gps)
                             : tk == "fattree-sparse"   ? topology::fat_tree_sparse(leaves, spl, gps)
                             : tk == "dragonfly-sparse" ? topology::dragonfly_sparse(leaves, spl, gps)
@@ -364,7 +367,7 @@ int run(int argc, char** argv) {
 
   std::ostringstream rep;
   rep << "# moe_plan report: " << o.model << " (" << s.layers << " MoE layers x " << s.experts
-      << " experts, top-" << s.top_k << "), " << G << " GPUs on " << tk << ", c_layer " << c_layer << ", c_exp "
+      << " experts, top-" << s.top_k << "), " << G << " GPUs on " << (o.preset.empty() ? tk : "preset " + o.preset) << ", c_layer " << c_layer << ", c_exp "
       << c_exp << "\n# profile: " << source << "; planned on " << train.batches() << " batches, measured on "
       << test.batches() << "\n";
   rep << "policy\thops_mean\thops_std\tgain_vs_first\tbalancedness\treplicas\treplica_GiB\tseconds\tnote\n";

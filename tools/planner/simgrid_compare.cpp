@@ -17,7 +17,8 @@
 // --test-batches (1), --replay-layers (1: layer 0 of each held-out batch; N: layers 0 .. N-1),
 // --reactive off|greedy (greedy: add joint+reactive, default), --paths all|first, --explain on
 // (per phase, on stderr: the link of the bound and when its last flow ended; the phase's last flow
-// and the busiest link on its route).
+// and the busiest link on its route), --preset NAME[:SERVERS] (the scenario's model on a hardware
+// preset's cluster, moe/topology/presets.hpp: simgrid_compare --scenario r1-fattree-256 --preset h800).
 // SimGrid options (--cfg=..., --log=...) pass through; unless given, the network model is CM02
 // with TCP-gamma 0 and no cross-traffic (simgrid_replay::default_network_config) and SimGrid logs
 // only warnings.
@@ -164,7 +165,8 @@ int run(int argc, char** argv) {
   }
   for (auto const& [k, v] : opt)
     check(k == "scenario" || k == "plans" || k == "train-batches" || k == "tokens" || k == "test-tokens" ||
-              k == "test-batches" || k == "replay-layers" || k == "reactive" || k == "paths" || k == "explain",
+              k == "test-batches" || k == "replay-layers" || k == "reactive" || k == "paths" || k == "explain" ||
+              k == "preset",
           "unknown option --", k);
   auto geti = [&](char const* k, long long d, long long lo, long long hi) {
     return opt.count(k) ? core::parse_int(opt[k], std::string("--") + k, lo, hi) : d;
@@ -203,6 +205,7 @@ int run(int argc, char** argv) {
     auto& c = clusters.emplace_back();
     c.sc = std::move(sc0);
     auto& sc = c.sc;
+    if (opt.count("preset")) joint_scenarios::use_preset(sc, opt["preset"]);  // the model on a preset cluster
     auto data = joint_scenarios::make_data(sc, su);
     c.model = std::make_unique<topology::TrafficModel>(sc.topo);
     topology::TrafficOptions to;

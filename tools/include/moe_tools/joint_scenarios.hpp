@@ -43,6 +43,7 @@
 #include "moe/replication/reactive.hpp"
 #include "moe/replication/routed.hpp"
 #include "moe/placement/traffic.hpp"
+#include "moe/topology/presets.hpp"
 #include "moe_tools/reactive_study.hpp"
 
 namespace moe::joint_scenarios {
@@ -73,6 +74,14 @@ inline std::vector<Scenario> all_scenarios() {
     s.push_back(std::move(o));
   }
   return s;
+}
+
+/// Moves a scenario's model onto a hardware preset (--preset NAME[:SERVERS] of joint_compare and
+/// simgrid_compare; moe/topology/presets.hpp): the cluster and its link parameters become the
+/// preset's, and the name becomes the model's part of it, '@', the spec (r1@dgx-h100:32).
+inline void use_preset(Scenario& sc, std::string const& spec) {
+  sc.topo = topology::preset_topology(spec);
+  sc.name = sc.name.substr(0, sc.name.find('-')) + "@" + spec;
 }
 
 /// Tokens of one layer of a held-out batch: top-k experts without replacement, each token drawing

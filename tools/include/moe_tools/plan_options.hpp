@@ -20,6 +20,7 @@
 #include "moe/core/cli.hpp"
 #include "moe/core/tsv.hpp"
 #include "moe/models/models.hpp"
+#include "moe/topology/presets.hpp"
 #if MOE_PLAN_WITH_INTEROP
 #include "moe/interop/engine_plans.hpp"
 #endif
@@ -73,6 +74,7 @@ struct PlanOptions {
   bool layers_given = false;
 
   std::string topology = "fattree";  ///< a kind or a file name
+  std::string preset;                ///< --preset NAME[:SERVERS] (moe/topology/presets.hpp); empty: none
   int leaves = 16, servers_per_leaf = 4, gpus_per_server = 4;
 
   // Profile sources (at most one is given).
@@ -114,7 +116,8 @@ inline constexpr std::string_view kOptionNames[] = {
     "batches",        "tokens",        "concentration", "seed",             "train-fraction",   "write-profile",
     "policies",       "c-layer",       "c-exp",         "eplb-replicas",    "eplb-groups",      "eplb-nodes",
     "craft-r",        "joint-slots",   "joint-eps",     "joint-server-cap", "joint-z",          "joint-server-eps",
-    "joint-coact",    "joint-regroup", "out-dir",       "format",           "slots-per-gpu",    "report"};
+    "joint-coact",    "joint-regroup", "out-dir",       "format",           "slots-per-gpu",    "report",
+    "preset"};
 
 /// Parses moe_plan's words (argv without the program name). Options are `--name value` pairs; a
 /// later one replaces an earlier one of the same name. An unknown name (a typo such as --polices)
@@ -166,6 +169,15 @@ inline PlanOptions parse_plan_options(std::span<std::string const> words) {
   set_int(o.leaves, "leaves");
   set_int(o.servers_per_leaf, "servers-per-leaf");
   set_int(o.gpus_per_server, "gpus-per-server");
+  if (has("preset")) {
+    // A preset fixes the whole cluster: its size goes after the name (NAME:SERVERS).
+    for (char const* k : {"topology", "leaves", "servers-per-leaf", "gpus-per-server"})
+      check(!has(k), "--preset sets the cluster; drop --", k, " (choose the size as --preset NAME:SERVERS)");
+    o.preset = opt["preset"];
+    try {
+      (void)topology::parse_preset(o.preset);  // an unknown name or a bad size fails here
+    } catch (Error const& e) { fail("--preset: ", e.what()); }
+  }
 
   set_text(o.profile, "profile");
   set_text(o.olmoe, "olmoe");
