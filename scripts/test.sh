@@ -11,6 +11,8 @@
 #   scripts/test.sh --tsan      the emulated kernel and stream tests under ThreadSanitizer in build-tsan/
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The repository's hooks (scripts/hooks: commit subjects of at most 72 characters) in a git checkout.
+if git rev-parse --git-dir >/dev/null 2>&1; then git config core.hooksPath scripts/hooks || true; fi
 source scripts/deps.sh
 moe_install_missing_packages
 moe_install_missing_python_packages
