@@ -114,7 +114,7 @@ __global__ void fill_kernel(bf16* p, std::size_t n, unsigned seed, float scale) 
 }
 
 inline constexpr int softmax_threads = 256;
-inline constexpr int softmax_per_thread = fg::max_softmax_row / softmax_threads;
+inline constexpr int softmax_max_per_thread = fg::max_softmax_row / softmax_threads;
 
 __device__ __forceinline__ float block_reduce(float v, bool is_max, float* red) {
 #pragma unroll
@@ -140,15 +140,20 @@ __device__ __forceinline__ float block_reduce(float v, bool is_max, float* red) 
   return r;
 }
 
-/// In-place softmax of `rows` rows of n <= max_softmax_row bf16 values (one block per row; the
-/// row lives in registers: one read, one write).
+/// In-place softmax of `rows` rows of n <= PER * softmax_threads bf16 values (one block per row;
+/// the row lives in registers: one read, one write). PER is the launch's smallest power of two
+/// that holds the row (softmax_rows): a kernel sized for the longest row would spend the same
+/// time on a short row as on a long one, a fixed cost per row that grows with tokens (b s), not
+/// with the attention's work (b s^2). The first H200 run showed exactly that: the attention model
+/// reached R^2 0.84, seq 1024 ran 4x slower per score than seq 8192 (docs/results/gpu-runs.md).
+template <int PER>
 __global__ void __launch_bounds__(softmax_threads) softmax_rows_kernel(bf16* s, int n) {
   __shared__ float red[softmax_threads / 32];
   bf16* row = s + static_cast<std::size_t>(blockIdx.x) * static_cast<std::size_t>(n);
-  float v[softmax_per_thread];
+  float v[PER];
   float m = -INFINITY;
 #pragma unroll
-  for (int i = 0; i < softmax_per_thread; ++i) {
+  for (int i = 0; i < PER; ++i) {
     int j = static_cast<int>(threadIdx.x) + i * softmax_threads;
     v[i] = j < n ? kc::load_float(row[j]) : -INFINITY;
     m = fmaxf(m, v[i]);
@@ -156,17 +161,30 @@ __global__ void __launch_bounds__(softmax_threads) softmax_rows_kernel(bf16* s, 
   m = block_reduce(m, true, red);
   float sum = 0;
 #pragma unroll
-  for (int i = 0; i < softmax_per_thread; ++i) {
+  for (int i = 0; i < PER; ++i) {
     int j = static_cast<int>(threadIdx.x) + i * softmax_threads;
     v[i] = j < n ? __expf(v[i] - m) : 0.0f;
     sum += v[i];
   }
   float inv = 1.0f / block_reduce(sum, false, red);
 #pragma unroll
-  for (int i = 0; i < softmax_per_thread; ++i) {
+  for (int i = 0; i < PER; ++i) {
     int j = static_cast<int>(threadIdx.x) + i * softmax_threads;
     if (j < n) row[j] = kc::store_as<bf16>(v[i] * inv);
   }
+}
+
+/// Softmax of `rows` rows of n values each, with the kernel whose registers fit n.
+template <int PER = 1>
+void softmax_rows(bf16* s, long long rows, int n, cudaStream_t st) {
+  static_assert(PER <= softmax_max_per_thread);
+  if constexpr (PER < softmax_max_per_thread) {
+    if (n > PER * softmax_threads) return softmax_rows<PER * 2>(s, rows, n, st);
+  } else {
+    moe::check(n <= PER * softmax_threads, "findep_fit_gpu: softmax row ", n, " above ", PER * softmax_threads);
+  }
+  moe::kernels::cuda::launch(softmax_rows_kernel<PER>, static_cast<unsigned>(rows), softmax_threads, 0, st, s, n);
+  kc::check_launch("softmax_rows_kernel");
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -390,9 +408,7 @@ int run(Options const& opt) {
                                                         scores.get(), CUDA_R_16BF, seq, ss, nb, CUBLAS_COMPUTE_32F,
                                                         CUBLAS_GEMM_DEFAULT),
                              "cublasGemmStridedBatchedEx (Q K^T)");
-            moe::kernels::cuda::launch(softmax_rows_kernel, static_cast<unsigned>(static_cast<long long>(nb) * seq),
-                                       softmax_threads, 0, st, scores.get(), seq);
-            kc::check_launch("softmax_rows_kernel");
+            softmax_rows(scores.get(), static_cast<long long>(nb) * seq, seq, st);
             // Row-major O (seq x dk) = P V: column-major O^T (dk x seq) = V^T P^T.
             kc::check_cublas(cublasGemmStridedBatchedEx(cublas, CUBLAS_OP_N, CUBLAS_OP_N, dk, seq, seq, &one, vb,
                                                         CUDA_R_16BF, dk, qs, scores.get(), CUDA_R_16BF, seq, ss,
