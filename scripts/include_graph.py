@@ -7,7 +7,7 @@
                                         folder above its own that docs/architecture.md does not list
                                         as intended, or when a listed edge no longer exists
 
-The layering (bottom first) is the one of DESIGN.md. A header may include headers of its own folder
+The layering (bottom first) is the table of docs/architecture.md. A header may include headers of its own folder
 and of folders below it; every other folder edge must appear in docs/architecture.md's list of
 intended upward edges, one line each: "- `from -> to`: why".
 """
@@ -23,7 +23,7 @@ BEGIN, END = "<!-- include-graph:begin -->", "<!-- include-graph:end -->"
 
 # Bottom first. "." is include/moe itself (config.hpp at the bottom; moe.hpp, the umbrella, is left
 # out of the graph: it includes everything by design).
-LAYERS = ["core", "models", "plan", "router", "profile", "topology", "placement", "replication", "speculative",
+LAYERS = ["core", "models", "plan", "router", "profile", "topology", "replication", "placement", "speculative",
           "schedule", "collective", "kernels", "layer", "interop"]
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s+["<]moe/([^">]+)[">]', re.M)
 

@@ -14,7 +14,7 @@
 #include <random>
 
 #include "moe/replication/reactive.hpp"
-#include "moe/placement/traffic.hpp"
+#include "moe/topology/traffic.hpp"
 
 using namespace moe;
 using namespace moe::topology;

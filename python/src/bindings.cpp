@@ -34,7 +34,7 @@
 #include <moe/replication/eplb.hpp>
 #include <moe/replication/migration.hpp>
 #include <moe/topology/topology.hpp>
-#include <moe/placement/traffic.hpp>
+#include <moe/topology/traffic.hpp>
 
 namespace nb = nanobind;
 using namespace nb::literals;

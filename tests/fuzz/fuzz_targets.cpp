@@ -21,7 +21,7 @@
 #include "moe/schedule/perf_model.hpp"
 #include "moe/speculative/table_io.hpp"
 #include "moe/topology/topology.hpp"
-#include "moe/placement/traffic.hpp"
+#include "moe/topology/traffic.hpp"
 // moe_plan's option parser, with the engine formats (this build links yaml-cpp and libzip).
 #define MOE_PLAN_WITH_INTEROP 1
 #include "moe_tools/plan_options.hpp"

@@ -1,4 +1,4 @@
-// The traffic model (moe/placement/traffic.hpp, Choice::like_layer) against what the expert-parallel
+// The traffic model (moe/topology/traffic.hpp, Choice::like_layer) against what the expert-parallel
 // layer actually sends: 4 ranks on InProcess<4>, each rank one GPU of a 2-server cluster; per GPU,
 // the model's dispatch tokens on its NVLink up link equal the layer's remote dispatch records, and
 // its combine bytes equal the layer's combine bytes. Routes and weights are synthetic (seeded).
@@ -6,7 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include "layer_check.hpp"
-#include "moe/placement/traffic.hpp"
+#include "moe/topology/traffic.hpp"
 
 TEST_CASE("traffic model bytes equal the layer's sent bytes", "[layer][traffic]") {
   using namespace moe;

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "moe/topology/presets.hpp"
-#include "moe/placement/traffic.hpp"
+#include "moe/topology/traffic.hpp"
 
 using namespace moe::topology;
 using Catch::Contains;

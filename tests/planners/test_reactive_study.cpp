@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "moe/topology/topology.hpp"
-#include "moe/placement/traffic.hpp"
+#include "moe/topology/traffic.hpp"
 #include "moe_tools/reactive_study.hpp"
 
 namespace {

@@ -18,7 +18,7 @@
 
 #include "moe/plan/replica_table.hpp"
 #include "moe/topology/topology.hpp"
-#include "moe/placement/traffic.hpp"
+#include "moe/topology/traffic.hpp"
 #include "moe_tools/simgrid_replay.hpp"
 
 using namespace moe;

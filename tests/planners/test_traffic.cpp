@@ -1,4 +1,4 @@
-// Link-level traffic model (moe/placement/traffic.hpp): hand-worked small topologies, a brute-force
+// Link-level traffic model (moe/topology/traffic.hpp): hand-worked small topologies, a brute-force
 // reference that enumerates every shortest path per (token, destination) explicitly and every
 // combination of replica choices (it shares no code with the header), de-duplication, the aggregate
 // mode, and bad input. The random cases are synthetic (seeded std::mt19937).
@@ -11,7 +11,7 @@
 
 #include "moe/plan/replica_table.hpp"
 #include "moe/replication/routed.hpp"
-#include "moe/placement/traffic.hpp"
+#include "moe/topology/traffic.hpp"
 
 using namespace moe::topology;
 using moe::replication::CopyLists;

@@ -1,5 +1,5 @@
 // simgrid_compare: the plans of joint_compare (joint_scenarios.hpp) judged twice on the same
-// held-out batches: by the link-level traffic model (moe/placement/traffic.hpp) and by SimGrid's
+// held-out batches: by the link-level traffic model (moe/topology/traffic.hpp) and by SimGrid's
 // flow-level network model, which shares links among concurrent flows (simgrid_replay.hpp).
 //
 // Per scenario and plan, one layer's dispatch is replayed (every GPU pair's bytes, as the traffic

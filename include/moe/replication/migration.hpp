@@ -35,7 +35,7 @@
 // fallback). Transfers: every slot that needs a copy receives it from a GPU that held the expert
 // before: one in the same node if any, else the one with the fewest sends so far in this layer,
 // then the lowest index. transfer_time() models their duration on a topology with the link-level
-// traffic model (moe/placement/traffic.hpp): per layer, the busiest directed link's bytes over its
+// traffic model (moe/topology/traffic.hpp): per layer, the busiest directed link's bytes over its
 // bandwidth plus the largest path latency used; layers move one after another.
 
 #include <algorithm>
@@ -48,7 +48,7 @@
 #include "moe/config.hpp"
 #include "moe/replication/eplb.hpp"
 #include "moe/topology/topology.hpp"
-#include "moe/placement/traffic.hpp"
+#include "moe/topology/traffic.hpp"
 
 namespace moe::replication::migration {
 

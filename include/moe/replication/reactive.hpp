@@ -30,7 +30,7 @@
 
 #include "moe/config.hpp"
 #include "moe/plan/replica_table.hpp"
-#include "moe/placement/traffic.hpp"
+#include "moe/topology/traffic.hpp"
 
 namespace moe::replication {
 

@@ -7,7 +7,7 @@
 //   auto const& p = moe::topology::preset("gb200-nvl72");     // the numbers themselves
 //   for (auto n : moe::topology::preset_names()) ...
 //
-// What a preset describes, in the traffic model's terms (moe/placement/traffic.hpp):
+// What a preset describes, in the traffic model's terms (moe/topology/traffic.hpp):
 //   - a server is one NVLink domain: a DGX / HGX node of 8 GPUs, or a whole GB200 NVL72 rack of 72;
 //     `nvlink` is one GPU's NVLink bandwidth per direction (half the bidirectional figure the
 //     datasheets quote);

@@ -42,7 +42,7 @@ struct LinkLevel {
   friend bool operator==(LinkLevel const&, LinkLevel const&) = default;
 };
 
-/// Per-level link parameters of the traffic model (moe/placement/traffic.hpp). Defaults describe an
+/// Per-level link parameters of the traffic model (moe/topology/traffic.hpp). Defaults describe an
 /// H100 cluster with one 400 Gb/s NIC per GPU:
 ///   nvlink: GPU <-> its server (the NVSwitch fabric), per GPU: 450 GB/s per direction (NVIDIA H100
 ///           SXM datasheet: NVLink 4, 900 GB/s bidirectional per GPU), 1 us;

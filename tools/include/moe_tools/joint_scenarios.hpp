@@ -42,7 +42,7 @@
 #include "moe/replication/eplb.hpp"
 #include "moe/replication/reactive.hpp"
 #include "moe/replication/routed.hpp"
-#include "moe/placement/traffic.hpp"
+#include "moe/topology/traffic.hpp"
 #include "moe/topology/presets.hpp"
 #include "moe_tools/reactive_study.hpp"
 

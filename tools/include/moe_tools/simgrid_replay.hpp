@@ -1,5 +1,5 @@
 #pragma once
-// A second judge for the traffic model (moe/placement/traffic.hpp): the same cluster as a SimGrid
+// A second judge for the traffic model (moe/topology/traffic.hpp): the same cluster as a SimGrid
 // platform, and one layer's dispatch or combine replayed on it as concurrent flows.
 //
 // The platform. One SimGrid link per directed link of the traffic model (same index, bandwidth and
@@ -40,7 +40,7 @@
 #include <vector>
 
 #include "moe/config.hpp"
-#include "moe/placement/traffic.hpp"
+#include "moe/topology/traffic.hpp"
 
 namespace moe::simgrid_replay {
 

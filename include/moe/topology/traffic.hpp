@@ -51,7 +51,6 @@
 #include <vector>
 
 #include "moe/config.hpp"
-#include "moe/placement/problem.hpp"
 #include "moe/plan/replica_table.hpp"
 #include "moe/topology/topology.hpp"
 
@@ -101,17 +100,6 @@ inline LayerCopies equal_shares(replication::CopyLists copies) {
       out.share[static_cast<std::size_t>(i)] = 1.0 / n;
   }
   return out;
-}
-
-/// One copy per expert: layer l of an expert -> GPU assignment.
-inline LayerCopies single_copies(placement::Assignment const& a, int layer) {
-  check(layer >= 0 && layer < a.layers, "single_copies: layer ", layer, " outside [0, ", a.layers, ")");
-  replication::CopyLists c;
-  for (int e = 0; e < a.experts; ++e) {
-    c.ranks.push_back(a.at(layer, e));
-    c.first.push_back(static_cast<int>(c.ranks.size()));
-  }
-  return equal_shares(std::move(c));
 }
 
 /// Tokens of one layer: where each token is (its attention rank's GPU) and its top-k experts.
