@@ -15,7 +15,7 @@
 //             the portable WMMA kernel on the same data
 //
 // Options besides Google Benchmark's: --gemm=automatic|portable|hopper, the grouped-GEMM kernel
-// of the Layer benchmarks (LayerOptions::gemm; default automatic), e.g. to measure the layer
+// of the Layer benchmarks (Options::device.gemm; default automatic), e.g. to measure the layer
 // with the portable kernel (the GroupedGemm benchmarks always time both kernels); --smoke, every
 // benchmark at reduced widths (hidden 64) with a 16 MiB copy baseline, which is what the CPU
 // emulator runs in CI (tests/emu) so that setup bugs show before a GPU run.
@@ -41,7 +41,7 @@
 #include "moe/kernels/dispatch.cuh"
 #include "moe/kernels/gate.cuh"
 #include "moe/kernels/grouped_gemm.cuh"
-#include "moe/layer/device.cuh"
+#include "moe/layer/paths/device.cuh"
 #include "moe/moe.hpp"
 
 namespace kc = moe::kernels::cuda;
@@ -615,10 +615,10 @@ void BM_Combine(benchmark::State& state) {
 template <class Model>
 struct LayerSetup {
   using L = moe::Layer<Model, moe::router::ForModel<Model>, moe::placement::Table, moe::replication::None, moe::schedule::Sequential,
-                           moe::cuda::SingleGpu>;
+                           moe::collective::SingleGpu>;
   static constexpr moe::ShapeSpec s = Model::spec;
   int tokens;
-  moe::cuda::SingleGpu gpu;
+  moe::collective::SingleGpu gpu;
   L layer;
   Buf<std::byte> ws;
   Buf<bf16> x, y;
@@ -627,7 +627,7 @@ struct LayerSetup {
   LayerSetup(benchmark::State& state, int t)
       : tokens(t),
         layer(gpu, moe::placement::Table::contiguous(s.experts, 1), {}, ModelWeights<Model>::get().view(),
-              {.max_tokens = t, .gemm = g_layer_gemm}),
+              {.max_tokens = t, .device = {.gemm = g_layer_gemm}}),
         ws(layer.workspace_size()),
         x(static_cast<std::size_t>(t) * s.hidden),
         y(x.size()) {

@@ -13,7 +13,7 @@
 #include <random>
 
 #include "moe/collective/in_process.hpp"
-#include "moe/layer/host.hpp"
+#include "moe/layer/paths/host.hpp"
 #include "moe/models/models.hpp"
 #include "moe/layer/findep_executor.hpp"
 

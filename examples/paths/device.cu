@@ -1,6 +1,6 @@
-// The device execution path of moe::Layer on one GPU (cuda::SingleGpu, schedule::Sequential): the
+// The device execution path of moe::Layer on one GPU (collective::SingleGpu, schedule::Sequential): the
 // gate GEMM, routing, dispatch, grouped expert GEMMs and combine as CUDA kernels on the caller's
-// stream, with a caller-owned device workspace. With collective::Nccl instead of cuda::SingleGpu the
+// stream, with a caller-owned device workspace. With collective::Nccl instead of collective::SingleGpu the
 // same type runs expert-parallel over GPUs. Checked against the host reference. Synthetic, seeded
 // data: DeepSeek-V3 routing (256 experts, 8 groups, sigmoid, a shared expert) at hidden 64 / expert
 // width 32, fp32, 64 tokens.
@@ -17,7 +17,7 @@ namespace kc = moe::kernels::cuda;
 using Model = moe::models::Reduced<moe::models::DeepSeekV3, 64, 32, moe::DType::f32>;
 using Router = moe::router::ForModel<Model>;
 using Layer = moe::Layer<Model, Router, moe::placement::Table, moe::replication::None, moe::schedule::Sequential,
-                         moe::cuda::SingleGpu>;
+                         moe::collective::SingleGpu>;
 static_assert(Layer::path == moe::ExecutionPath::device);
 constexpr int tokens = 64;
 
@@ -45,7 +45,7 @@ int main() {
   kc::check_cuda(cudaMemcpy(dx, x.data(), n * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
   kc::check_cuda(cudaStreamCreate(&stream), "cudaStreamCreate");
   {
-    moe::cuda::SingleGpu gpu;
+    moe::collective::SingleGpu gpu;
     Layer layer(gpu, moe::placement::Table::contiguous(s.experts, 1), {}, dw.view(), {.max_tokens = tokens});
     kc::check_cuda(cudaMalloc(&ws, layer.workspace_size()), "cudaMalloc");
     Layer::Arguments a{.tokens = tokens, .x = dx, .y = dy, .stream = stream};

@@ -10,7 +10,7 @@
 #include <string_view>
 
 #include "moe/collective/in_process.hpp"
-#include "moe/layer/host_disaggregated.hpp"
+#include "moe/layer/paths/host_disaggregated.hpp"
 #include "moe/layer/reference.hpp"
 #include "moe/models/models.hpp"
 #include "moe/schedule/findep.hpp"

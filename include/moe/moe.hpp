@@ -38,7 +38,7 @@
 #include "moe/placement/heuristics.hpp"
 #include "moe/placement/network_simplex.hpp"
 #include "moe/placement/ilp.hpp"
-#include "moe/placement/traffic.hpp"
+#include "moe/topology/traffic.hpp"
 #include "moe/placement/eplb_packing.hpp"
 #include "moe/placement/metrics.hpp"
 #include "moe/placement/joint.hpp"
@@ -64,18 +64,19 @@
 // Collectives and host kernels.
 #include "moe/collective/concept.hpp"
 #include "moe/collective/in_process.hpp"
+#include "moe/collective/single_gpu.hpp"
 #include "moe/kernels/host.hpp"
 
 // moe::Layer and its host execution paths; the reference forward pass; the s-MoE shuffled layer.
 #include "moe/layer/layer.hpp"
-#include "moe/layer/host.hpp"
-#include "moe/layer/host_disaggregated.hpp"
+#include "moe/layer/paths/host.hpp"
+#include "moe/layer/paths/host_disaggregated.hpp"
 #include "moe/layer/reference.hpp"
 #include "moe/layer/shuffled.hpp"
 
 #if defined(__CUDACC__) || defined(MOE_CUDA_EMULATOR)
 // The device execution paths: nvcc, or the CPU emulator of tests/emu, which compiles CUDA sources
 // as C++ and defines MOE_CUDA_EMULATOR.
-#include "moe/layer/device.cuh"
-#include "moe/layer/device_disaggregated.cuh"
+#include "moe/layer/paths/device.cuh"
+#include "moe/layer/paths/device_disaggregated.cuh"
 #endif

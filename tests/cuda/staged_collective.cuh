@@ -66,9 +66,15 @@ public:
     host_->recv(h, peer, tag);
     to_device(h, out);
   }
+  /// The layer's agreement on a pass gathers every rank's vote.
+  void all_gather_v(std::span<std::byte const> in, std::span<std::byte> out, std::span<std::size_t const> counts) {
+    auto h_in = to_host(in);
+    std::vector<std::byte> h_out(out.size());
+    host_->all_gather_v(h_in, h_out, counts);
+    to_device(h_out, out);
+  }
   // Not used by the device paths under test; present so the type models collective::Collective.
   void reduce_scatter_v(std::span<float const>, std::span<float>, std::span<std::size_t const>) { unused(); }
-  void all_gather_v(std::span<std::byte const>, std::span<std::byte>, std::span<std::size_t const>) { unused(); }
   void all_reduce(std::span<float>) { unused(); }
 
 private:

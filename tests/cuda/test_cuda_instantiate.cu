@@ -8,8 +8,8 @@
 #include <catch2/catch.hpp>
 
 #include "cuda_test_support.cuh"
-#include "moe/layer/device_disaggregated.cuh"
-#include "moe/layer/device.cuh"
+#include "moe/layer/paths/device_disaggregated.cuh"
+#include "moe/layer/paths/device.cuh"
 #include "moe/moe.hpp"
 #if defined(MOE_TEST_NCCL)
 #include "moe/collective/nccl.hpp"
@@ -23,13 +23,13 @@ using MixtralSmallF32 = models::Reduced<models::Mixtral8x7B, 64, 96, DType::f32>
 using DeepSeekSmallF32 = models::Reduced<models::DeepSeekV3, 64, 32, DType::f32>;
 using DeepSeekSmallBf16 = models::Reduced<models::DeepSeekV3, 64, 32, DType::bf16>;
 
-template class Layer<models::DeepSeekV3, SigmoidGroupTopK, placement::Table, replication::None, schedule::Sequential, cuda::SingleGpu>;
-template class Layer<models::Mixtral8x7B, SoftmaxTopK, placement::Table, replication::None, schedule::Sequential, cuda::SingleGpu>;
-template class Layer<models::DeepSeekV2, GroupLimitedTopK, placement::Table, replication::Table, schedule::Sequential, cuda::SingleGpu>;
-template class Layer<models::KimiK2, SigmoidGroupTopK, placement::Table, replication::None, schedule::Sequential, cuda::SingleGpu>;
-template class Layer<MixtralSmallF32, SoftmaxTopK, placement::Table, replication::None, schedule::Sequential, cuda::SingleGpu>;
-template class Layer<DeepSeekSmallF32, SigmoidGroupTopK, placement::Table, replication::Table, schedule::Sequential, cuda::SingleGpu>;
-template class Layer<DeepSeekSmallBf16, SigmoidGroupTopK, placement::Table, replication::None, schedule::Sequential, cuda::SingleGpu>;
+template class Layer<models::DeepSeekV3, SigmoidGroupTopK, placement::Table, replication::None, schedule::Sequential, collective::SingleGpu>;
+template class Layer<models::Mixtral8x7B, SoftmaxTopK, placement::Table, replication::None, schedule::Sequential, collective::SingleGpu>;
+template class Layer<models::DeepSeekV2, GroupLimitedTopK, placement::Table, replication::Table, schedule::Sequential, collective::SingleGpu>;
+template class Layer<models::KimiK2, SigmoidGroupTopK, placement::Table, replication::None, schedule::Sequential, collective::SingleGpu>;
+template class Layer<MixtralSmallF32, SoftmaxTopK, placement::Table, replication::None, schedule::Sequential, collective::SingleGpu>;
+template class Layer<DeepSeekSmallF32, SigmoidGroupTopK, placement::Table, replication::Table, schedule::Sequential, collective::SingleGpu>;
+template class Layer<DeepSeekSmallBf16, SigmoidGroupTopK, placement::Table, replication::None, schedule::Sequential, collective::SingleGpu>;
 #if defined(MOE_TEST_NCCL)
 template class Layer<models::DeepSeekV3, SigmoidGroupTopK, placement::Table, replication::Table, schedule::Sequential, collective::Nccl>;
 template class Layer<models::Mixtral8x7B, SoftmaxTopK, placement::Table, replication::None, schedule::Sequential, collective::Nccl>;
@@ -45,7 +45,7 @@ static_assert(Layer<models::DeepSeekV3, SigmoidGroupTopK, placement::Table, repl
 #endif
 // The path follows the policies: a device communicator and schedule::Sequential give the device path.
 static_assert(Layer<models::Mixtral8x7B, SoftmaxTopK, placement::Table, replication::None, schedule::Sequential,
-                    cuda::SingleGpu>::path == ExecutionPath::device);
+                    collective::SingleGpu>::path == ExecutionPath::device);
 }  // namespace moe
 
 namespace {
@@ -54,14 +54,14 @@ namespace {
 template <class Model, class Router>
 std::size_t workspace_of(int max_tokens) {
   using L = moe::Layer<Model, Router, moe::placement::Table, moe::replication::None, moe::schedule::Sequential,
-                       moe::cuda::SingleGpu>;
+                       moe::collective::SingleGpu>;
   using T = typename L::element_type;
   constexpr moe::ShapeSpec s = Model::spec;
   alignas(16) static T placeholder[8];
   std::vector<moe::ExpertWeights<T>> experts(static_cast<std::size_t>(s.experts), {placeholder, placeholder, placeholder});
   std::vector<moe::ExpertWeights<T>> shared(static_cast<std::size_t>(s.shared_experts), {placeholder, placeholder, placeholder});
   moe::LayerWeights<T> w{placeholder, nullptr, experts, shared};
-  moe::cuda::SingleGpu gpu;
+  moe::collective::SingleGpu gpu;
   L layer(gpu, moe::placement::Table::contiguous(s.experts, 1), {}, w, {.max_tokens = max_tokens});
   return layer.workspace_size();
 }

@@ -1,5 +1,5 @@
 // The whole device layer (moe::CudaLayer) against the host reference forward, on one GPU
-// (cuda::SingleGpu) and through collective::Nccl at world size 1 (exact and padded exchanges).
+// (collective::SingleGpu) and through collective::Nccl at world size 1 (exact and padded exchanges).
 // Exits 77 (skipped) without a GPU.
 //
 // Routes depend on fp32 logits, and the GPU sums them in another order than the host, so a token
@@ -21,7 +21,7 @@
 #include "cuda_test_support.cuh"
 #include "layer_test_support.cuh"
 #include "staged_collective.cuh"
-#include "moe/layer/device.cuh"
+#include "moe/layer/paths/device.cuh"
 #include "moe/moe.hpp"
 #if defined(MOE_TEST_NCCL)
 #include "moe/collective/nccl.hpp"
@@ -77,19 +77,19 @@ Checked run_layer(int tokens, int max_tokens, std::uint64_t seed, Make make_laye
 }
 
 template <class Model, class Router, class Replicas = moe::replication::None>
-using SingleLayer = moe::Layer<Model, Router, moe::placement::Table, Replicas, moe::schedule::Sequential, moe::cuda::SingleGpu>;
+using SingleLayer = moe::Layer<Model, Router, moe::placement::Table, Replicas, moe::schedule::Sequential, moe::collective::SingleGpu>;
 
 template <class Model, class Router>
 Checked single_gpu(int tokens, int max_tokens, bool dedup, std::uint64_t seed, int repeats = 1,
                    kc::GemmPath gemm = kc::GemmPath::automatic) {
   using L = SingleLayer<Model, Router>;
-  static moe::cuda::SingleGpu gpu;
+  static moe::collective::SingleGpu gpu;
   return run_layer<L, Router>(
       tokens, max_tokens, seed,
       [&](moe::LayerWeights<typename L::element_type> w, int m) {
         return std::make_unique<L>(gpu, moe::placement::Table::contiguous(Model::spec.experts, 1),
                                    moe::replication::None{}, w,
-                                   moe::LayerOptions<>{.max_tokens = m, .deduplicate = dedup, .gemm = gemm});
+                                   moe::LayerOptions<moe::schedule::Sequential, moe::cuda::DeviceOptions>{.max_tokens = m, .deduplicate = dedup, .device = {.gemm = gemm}});
       },
       repeats);
 }
@@ -187,7 +187,7 @@ TEST_CASE("single-GPU layer forward can be captured in a CUDA graph and replayed
   constexpr moe::ShapeSpec s = L::shape;
   moe::RandomLayerWeights<moe::bf16> weights(s, 13);
   DeviceWeights<moe::bf16> dw(s, weights.view());
-  moe::cuda::SingleGpu gpu;
+  moe::collective::SingleGpu gpu;
   L layer(gpu, moe::placement::Table::contiguous(s.experts, 1), {}, dw.view(), {.max_tokens = 64});
   check_graph_replay(layer, 48, 14);
 }
@@ -197,7 +197,7 @@ TEST_CASE("single-GPU layer rejects bad arguments", "[cuda][layer][bad-input]") 
   constexpr moe::ShapeSpec s = L::shape;
   moe::RandomLayerWeights<float> weights(s, 9);
   DeviceWeights<float> dw(s, weights.view());
-  moe::cuda::SingleGpu gpu;
+  moe::collective::SingleGpu gpu;
   auto table = moe::placement::Table::contiguous(s.experts, 1);
   CHECK_THROWS_WITH(L(gpu, table, {}, dw.view(), {.max_tokens = 0}), Catch::Contains("max_tokens"));
   auto missing = dw.view();
@@ -214,16 +214,16 @@ TEST_CASE("single-GPU layer rejects bad arguments", "[cuda][layer][bad-input]") 
   CHECK_THROWS_WITH(layer.run({.tokens = 2, .x = x.get() + 1, .y = y.get()}, ws.bytes()), Catch::Contains("aligned"));
 
   // A GEMM kernel that cannot run is refused at construction, not at the first forward pass.
-  CHECK_THROWS_WITH(L(gpu, table, {}, dw.view(), {.max_tokens = 4, .gemm = kc::GemmPath::hopper}),
+  CHECK_THROWS_WITH(L(gpu, table, {}, dw.view(), {.max_tokens = 4, .device = {.gemm = kc::GemmPath::hopper}}),
                     Catch::Contains("bf16 only"));
-  CHECK_THROWS_WITH(L(gpu, table, {}, dw.view(), {.max_tokens = 4, .gemm = static_cast<kc::GemmPath>(7)}),
+  CHECK_THROWS_WITH(L(gpu, table, {}, dw.view(), {.max_tokens = 4, .device = {.gemm = static_cast<kc::GemmPath>(7)}}),
                     Catch::Contains("unknown GemmPath"));
   if (!kc::hopper_gemm_available()) {
     using B = SingleLayer<DeepSeekSmallBf16, moe::router::SigmoidGroupTopK>;
     moe::RandomLayerWeights<moe::bf16> wb(B::shape, 10);
     DeviceWeights<moe::bf16> dwb(B::shape, wb.view());
     CHECK_THROWS_WITH(B(gpu, moe::placement::Table::contiguous(B::shape.experts, 1), {}, dwb.view(),
-                        {.max_tokens = 4, .gemm = kc::GemmPath::hopper}),
+                        {.max_tokens = 4, .device = {.gemm = kc::GemmPath::hopper}}),
                       Catch::Contains("sm_90a"));
   }
 }
@@ -309,7 +309,7 @@ std::vector<RankResult> four_ranks(std::vector<int> const& counts, moe::placemen
     view.experts = mine;
     using L = moe::Layer<Model, Router, moe::placement::Table, Replicas, moe::schedule::Sequential, StagedDevice<N>>;
     L layer(comm, placement, replicas, view,
-            {.max_tokens = max_tokens, .deduplicate = dedup, .exchange = exchange});
+            {.max_tokens = max_tokens, .deduplicate = dedup, .device = {.exchange = exchange}});
     Device<std::byte> ws(layer.workspace_size());
     ws.poison();
     moe::test::Stream st;
@@ -410,7 +410,7 @@ Checked nccl_world1(int tokens, moe::cuda::Exchange exchange, std::uint64_t seed
   return run_layer<L, Router>(tokens, tokens, seed, [&](moe::LayerWeights<typename L::element_type> w, int m) {
     return std::make_unique<L>(comm, moe::placement::Table::contiguous(Model::spec.experts, 1),
                                moe::replication::None{}, w,
-                               moe::LayerOptions<>{.max_tokens = m, .exchange = exchange});
+                               moe::LayerOptions<moe::schedule::Sequential, moe::cuda::DeviceOptions>{.max_tokens = m, .device = {.exchange = exchange}});
   });
 }
 
@@ -458,7 +458,7 @@ std::vector<RankResult> nccl_four_ranks(std::vector<int> const& counts, moe::pla
           Device<T> dx(std::vector<T>(begin, begin + static_cast<std::ptrdiff_t>(std::max<std::size_t>(n, 1) * h)));
           Device<T> dy(std::max<std::size_t>(n, 1) * h);
           dy.poison();
-          L layer(comm, placement, moe::replication::None{}, view, {.max_tokens = max_tokens, .exchange = exchange});
+          L layer(comm, placement, moe::replication::None{}, view, {.max_tokens = max_tokens, .device = {.exchange = exchange}});
           Device<std::byte> ws(layer.workspace_size());
           ws.poison();
           layer.run({.tokens = static_cast<int>(n), .x = dx.get(), .y = dy.get(), .first_token = first, .stream = st},
@@ -502,6 +502,63 @@ TEST_CASE("four ranks, one device each, through collective::Nccl match the host 
   }
 }
 
+namespace {
+/// One pass on N NCCL ranks in which `bad` passes one token more than max_tokens: what each rank threw.
+std::vector<std::string> nccl_bad_rank(int N, int bad, moe::cuda::Exchange exchange) {
+  using Model = MixtralSmallF32;
+  using T = float;
+  using L = moe::Layer<Model, moe::router::SoftmaxTopK, moe::placement::Table, moe::replication::None,
+                       moe::schedule::Sequential, moe::collective::Nccl>;
+  constexpr moe::ShapeSpec s = Model::spec;
+  int const m = 4;
+  auto placement = moe::placement::Table::round_robin(s.experts, N);
+  moe::RandomLayerWeights<T> weights(s, 7);
+  auto x = random_tokens<T>(m + 1, s.hidden, 8);
+  std::vector<std::string> what(static_cast<std::size_t>(N));
+  auto id = moe::collective::Nccl::unique_id();
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < N; ++rank)
+    threads.emplace_back([&, rank] {
+      try {
+        moe::kernels::cuda::check_cuda(cudaSetDevice(rank), "cudaSetDevice");
+        moe::test::Stream st;
+        auto comm = moe::collective::Nccl::create(rank, N, id, st);
+        DeviceWeights<T> dw(s, weights.view());
+        L layer(comm, placement, moe::replication::None{}, dw.view(), {.max_tokens = m, .device = {.exchange = exchange}});
+        Device<T> dx(x), dy(x.size());
+        Device<std::byte> ws(layer.workspace_size());
+        int n = rank == bad ? m + 1 : m;
+        layer.run({.tokens = n, .x = dx.get(), .y = dy.get(), .stream = st}, ws.bytes());
+        st.synchronize("rank run");
+      } catch (std::exception const& e) {
+        what[static_cast<std::size_t>(rank)] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  return what;
+}
+}  // namespace
+
+TEST_CASE("device path: one rank's bad arguments make every rank throw the same error (NCCL)",
+          "[cuda][layer][nccl][agreement]") {
+  int devices = 0;
+  REQUIRE(cudaGetDeviceCount(&devices) == cudaSuccess);
+  for (int N : {2, 4}) {
+    if (devices < N) {
+      WARN("needs " << N << " devices; skipped");
+      continue;
+    }
+    for (auto ex : {moe::cuda::Exchange::exact, moe::cuda::Exchange::padded})
+      for (int bad : {0, N - 1}) {
+        INFO(N << " ranks, bad rank " << bad << ", exchange " << (ex == moe::cuda::Exchange::exact ? "exact" : "padded"));
+        auto what = nccl_bad_rank(N, bad, ex);
+        for (auto const& m : what) CHECK(m == what[0]);
+        CHECK_THAT(what[0], Catch::Contains(moe::detail::concat("rank ", bad, " rejected its arguments")) &&
+                                Catch::Contains("5 tokens exceed the 4"));
+      }
+  }
+}
+
 TEST_CASE("NCCL world size 1 through the same layer", "[cuda][layer][nccl]") {
   using moe::router::SigmoidGroupTopK;
   using moe::router::SoftmaxTopK;
@@ -532,7 +589,7 @@ TEST_CASE("NCCL padded exchange can be captured in a CUDA graph", "[cuda][layer]
   DeviceWeights<moe::bf16> dw(s, weights.view());
   {
     L layer(comm, moe::placement::Table::contiguous(s.experts, 1), {}, dw.view(),
-            {.max_tokens = 40, .exchange = moe::cuda::Exchange::padded});
+            {.max_tokens = 40, .device = {.exchange = moe::cuda::Exchange::padded}});
     check_graph_replay(layer, 40, 16);
   }
 }

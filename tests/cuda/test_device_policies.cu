@@ -14,7 +14,7 @@
 #include "cuda_test_support.cuh"
 #include "layer_test_support.cuh"
 #include "staged_collective.cuh"
-#include "moe/layer/device.cuh"
+#include "moe/layer/paths/device.cuh"
 #include "moe/moe.hpp"
 
 namespace {

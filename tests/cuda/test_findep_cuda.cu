@@ -1,5 +1,5 @@
 // FinDepCudaExecutor (CUDA streams and events, co-located AG/EG on one GPU) against the sequential
-// moe::Layer<..., cuda::SingleGpu> on the same device inputs and against the host
+// moe::Layer<..., collective::SingleGpu> on the same device inputs and against the host
 // moe::reference_forward, for both orders, both pipelines and several r1, r2; bad input.
 // FinDepCudaP2PExecutor (AG and EG on different ranks, point-to-point links) with several ranks on
 // one GPU: in-process threads and a staged device communicator (messages through host memory),
@@ -25,8 +25,8 @@
 #include "cuda_test_support.cuh"
 #include "layer_test_support.cuh"
 #include "staged_collective.cuh"
-#include "moe/layer/device_disaggregated.cuh"
-#include "moe/layer/device.cuh"
+#include "moe/layer/paths/device_disaggregated.cuh"
+#include "moe/layer/paths/device.cuh"
 #include "moe/moe.hpp"
 #include "moe/layer/findep_cuda_executor.cuh"
 #include "moe/layer/findep_cuda_p2p.cuh"
@@ -96,7 +96,7 @@ std::vector<ms::Config> configs() {
 template <class Model, class Router>
 void against_layer_and_reference(int tokens, std::uint64_t seed, double tolerance,
                                  kc::GemmPath gemm = kc::GemmPath::automatic) {
-  using L = moe::Layer<Model, Router, moe::placement::Table, moe::replication::None, moe::schedule::Sequential, moe::cuda::SingleGpu>;
+  using L = moe::Layer<Model, Router, moe::placement::Table, moe::replication::None, moe::schedule::Sequential, moe::collective::SingleGpu>;
   using Ex = ms::FinDepCudaExecutor<Model, Router>;
   using T = typename Ex::element_type;
   constexpr moe::ShapeSpec s = Model::spec;
@@ -109,8 +109,8 @@ void against_layer_and_reference(int tokens, std::uint64_t seed, double toleranc
   Device<T> dx(x), dy(x.size());
 
   moe::test::Stream st;
-  moe::cuda::SingleGpu gpu;
-  L layer(gpu, moe::placement::Table::contiguous(s.experts, 1), {}, dw.view(), {.max_tokens = tokens, .gemm = gemm});
+  moe::collective::SingleGpu gpu;
+  L layer(gpu, moe::placement::Table::contiguous(s.experts, 1), {}, dw.view(), {.max_tokens = tokens, .device = {.gemm = gemm}});
   Device<std::byte> lws(layer.workspace_size());
   layer.run({.tokens = tokens, .x = dx.get(), .y = dy.get(), .stream = st}, lws.bytes());
   auto seq = download_on(st, dy.get(), x.size());
@@ -585,8 +585,8 @@ TEST_CASE("FinDEP point-to-point executor and the device disaggregated Layer rej
            "attention group must hold between 1 and 2 of the 3 ranks");
     expect([&] { L(a2e, e2a, table, {}, dw.view(), {.max_tokens = 8, .schedule = {.ag = 3}}); }, "got ag = 3");
     expect([&] { L(a2e, table, {}, dw.view(), {.max_tokens = 8, .schedule = {.ag = 1, .r1 = 0}}); }, "r1 and r2 must be at least 1");
-    expect([&] { L(a2e, table, {}, dw.view(), {.max_tokens = 12, .schedule = {.ag = 1, .r1 = 4, .r2 = 3}, .max_chunks = 8}); },
-           "r1 * r2 = 12 chunks exceed LayerOptions::max_chunks = 8");
+    expect([&] { L(a2e, table, {}, dw.view(), {.max_tokens = 12, .schedule = {.ag = 1, .r1 = 4, .r2 = 3}, .device = {.max_chunks = 8}}); },
+           "r1 * r2 = 12 chunks exceed Options::device.max_chunks = 8");
     expect([&] { L(a2e, table, {}, dw.view(), {.max_tokens = 8, .schedule = {.ag = 2}}); }, "outside [0, 1)");  // 1 EG rank
     expect([&] { L(a2e, table, {}, dw.view(), {.max_tokens = 0, .schedule = {.ag = 1}}); }, "max_tokens must be positive");
     {

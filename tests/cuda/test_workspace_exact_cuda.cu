@@ -1,5 +1,5 @@
 // Exact workspace sizes of the device components (issue 15; the host ones are
-// tests/layer/test_workspace_exact.cpp): moe::CudaLayer on one GPU (cuda::SingleGpu) and on several
+// tests/layer/test_workspace_exact.cpp): moe::CudaLayer on one GPU (collective::SingleGpu) and on several
 // ranks of one GPU (moe::test::StagedDevice, both exchanges), the co-located
 // schedule::FinDepCudaExecutor, and schedule::FinDepCudaP2PExecutor on its AG and EG ranks (over
 // StagedDevice). For each component and shape the test
@@ -30,7 +30,7 @@
 
 #include "cuda_test_support.cuh"
 #include "layer_test_support.cuh"
-#include "moe/layer/device.cuh"
+#include "moe/layer/paths/device.cuh"
 #include "moe/moe.hpp"
 #include "moe/layer/findep_cuda_executor.cuh"
 #include "moe/layer/findep_cuda_p2p.cuh"
@@ -253,12 +253,12 @@ MayStayUnwritten layer_exemptions(int per_record, int k) {
 /// One GPU: every one of the max_tokens tokens picks experts 0..k-1 (all served here).
 template <class Model>
 Finding single_gpu_case(bool dedup, int m, std::size_t misalign) {
-  using L = moe::Layer<Model, Router, moe::placement::Table, moe::replication::None, moe::schedule::Sequential, moe::cuda::SingleGpu>;
+  using L = moe::Layer<Model, Router, moe::placement::Table, moe::replication::None, moe::schedule::Sequential, moe::collective::SingleGpu>;
   using T = typename L::element_type;
   constexpr moe::ShapeSpec s = Model::spec;
   Weights<T> w(s, 7);
   DeviceWeights<T> dw(s, w.view);
-  moe::cuda::SingleGpu gpu;
+  moe::collective::SingleGpu gpu;
   L layer(gpu, moe::placement::Table::contiguous(s.experts, 1), {}, dw.view(), {.max_tokens = m, .deduplicate = dedup});
   auto [size, pieces] = measure([&] { return layer.workspace_size(); });
   Finding f;
@@ -339,7 +339,7 @@ std::vector<Finding> ranks_case(moe::placement::Table const& table, std::vector<
     moe::test::StagedDevice<R> comm(host);
     int rank = host.rank();
     auto mine = static_cast<std::size_t>(rank * m) * h, n = static_cast<std::size_t>(m) * h;
-    L layer(comm, table, {}, dw.view(), {.max_tokens = m, .deduplicate = dedup, .exchange = exchange});
+    L layer(comm, table, {}, dw.view(), {.max_tokens = m, .deduplicate = dedup, .device = {.exchange = exchange}});
     auto [size, pieces] = measure([&] { return layer.workspace_size(); });
     Finding& f = found[static_cast<std::size_t>(rank)];
     DeviceBuffer ws(size, 16);

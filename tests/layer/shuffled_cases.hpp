@@ -87,7 +87,8 @@ std::vector<ShuffleOutcome> run_shuffle_case(Comm& comm, Prediction pred, bool d
   layer.run_baseline({.tokens = shuffle_batch, .partial = mine.data(), .y = y_base.data()}, ws);
   auto cb = comm.counters();
   o.all_reduce = cb[collective::Op::all_reduce];
-  o.all_gather[0] = cb[collective::Op::all_gather];
+  // The inner layer's agreement on its pass is an all-gather too (LayerStats::agreement_bytes).
+  o.all_gather[0] = cb[collective::Op::all_gather] - inner.stats().agreement_bytes;
   o.assignments[0] = inner.stats().assignments;
   o.local[0] = inner.stats().local_assignments;
   o.combine[0] = inner.stats().combine_bytes;
@@ -96,7 +97,7 @@ std::vector<ShuffleOutcome> run_shuffle_case(Comm& comm, Prediction pred, bool d
   layer.run_shuffled({.tokens = shuffle_batch, .partial = mine.data(), .y = y_shuf.data(), .predicted = predicted}, ws);
   auto cs = comm.counters();
   o.reduce_scatter = cs[collective::Op::reduce_scatter];
-  o.all_gather[1] = cs[collective::Op::all_gather];
+  o.all_gather[1] = cs[collective::Op::all_gather] - inner.stats().agreement_bytes;
   o.assignments[1] = inner.stats().assignments;
   o.local[1] = inner.stats().local_assignments;
   o.combine[1] = inner.stats().combine_bytes;

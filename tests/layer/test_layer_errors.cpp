@@ -115,7 +115,7 @@ TEST_CASE("more tokens than the workspace was sized for, or too small a workspac
                       l.run({.tokens = 2, .x = x.data(), .y = y.data(), .first_token = -3}, ws);
                     }),
                     Catch::Contains("first_token (the global index of this rank's first token) must not be negative, got -3"));
-  // Ranks disagreeing on max_tokens are caught when the record counts arrive.
+  // Ranks disagreeing on max_tokens are caught by the agreement before any data moves.
   CHECK_THROWS_WITH(on_two_ranks([&](auto& comm) {
                       int cap = comm.rank() == 0 ? 8 : 1;
                       L2 l(comm, placement, {}, weights().view(), {.max_tokens = cap});
@@ -123,7 +123,7 @@ TEST_CASE("more tokens than the workspace was sized for, or too small a workspac
                       int n = comm.rank() == 0 ? 8 : 1;
                       l.run({.tokens = n, .x = x.data(), .y = y.data()}, ws);
                     }),
-                    Catch::Contains("same LayerOptions::max_tokens"));
+                    Catch::Contains("every rank must build its layer with the same options: rank 0 has max_tokens 8"));
 }
 
 TEST_CASE("ranks with different placement tables are caught", "[layer][errors]") {

@@ -356,18 +356,22 @@ std::string mismatched_ranks(Replicas const& replicas, bool rank0_deduplicates) 
 
 TEST_CASE("moe::Layer: ranks with different options cannot overrun the exact buffers", "[layer][workspace]") {
   // Rank 0 (no de-duplication, 2 tokens) holds 12 assignments; rank 1 (de-duplicated, 4 tokens)
-  // sends it 4 records of 3 experts each. The record count (10 of at most 12) passes, the 18
-  // assignments do not: the layer stops with an error instead of writing past its buffers.
+  // would send it 4 records of 3 experts each, 18 assignments. The ranks' agreement on the pass
+  // sees the different options before any record moves, and every rank stops (the executor's own
+  // bound on received assignments stays behind it as a second line).
   CHECK_THAT(mismatched_ranks(replication::None{}, false),
-             Catch::Contains("rank 0 received 18 token-expert assignments but its workspace holds 12"));
+             Catch::Contains("every rank must build its layer with the same options: rank 0 has max_tokens 2, "
+                             "deduplicate 0") &&
+                 Catch::Contains("rank 1 has max_tokens 4, deduplicate 1"));
 }
 
 TEST_CASE("moe::Layer with batch-aware replicas: a rank reporting more pairs than max_tokens allows is refused",
           "[layer][workspace][reactive]") {
   // Rank 0 was built for 2 tokens (at most 6 pairs per rank), rank 1 for 4 and routes 4 tokens
-  // (12 pairs). Rank 0 refuses the gathered counts before the rule works on them.
+  // (12 pairs). The agreement refuses the pass before any count is gathered (behind it, rank 0
+  // would refuse the gathered counts before the rule works on them).
   CHECK_THAT(mismatched_ranks(replication::Reactive({{0}, {0}, {0}, {1}}, topology::fat_tree(1, 2, 1)), true),
-             Catch::Contains("rank 1 reported 12 token-expert pairs, more than the 6 of max_tokens x top_k on rank 0"));
+             Catch::Contains("every rank must build its layer with the same options: rank 0 has max_tokens 2"));
 }
 
 TEST_CASE("FinDepExecutor: the worst case writes every byte of an AG and an EG rank's workspace",

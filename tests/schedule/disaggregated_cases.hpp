@@ -8,7 +8,7 @@
 #include <type_traits>
 
 #include "executor_cases.hpp"
-#include "moe/layer/host_disaggregated.hpp"
+#include "moe/layer/paths/host_disaggregated.hpp"
 #include "moe/schedule/findep.hpp"
 
 namespace moe::test::findep {

@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "moe/layer/host.hpp"
+#include "moe/layer/paths/host.hpp"
 #include "moe/layer/reference.hpp"
 #include "moe/models/models.hpp"
 #include "../support/textbook.hpp"

@@ -109,8 +109,8 @@ Outcome run_scenario(Comm& comm, Scenario const& sc, Replicas replicas) {
       auto i = static_cast<std::size_t>(t) * k + j;
       int e = ids[i], src = o.source[static_cast<std::size_t>(t)];
       if constexpr (replication::BatchPolicy<Replicas>) {
-        auto const& p = layer.replicas().problem();
-        auto const& x = layer.replicas().routes();
+        auto const& p = layer.executor().replicas().problem();
+        auto const& x = layer.executor().replicas().routes();
         seen.resize(p.n.size());
         auto se = p.at(p.server_of[static_cast<std::size_t>(src)], e);
         double point = static_cast<double>(seen[se]++) + 0.5, acc = 0;

@@ -138,7 +138,8 @@ private:
 enum class Memory { host, device };
 
 /// The least a Layer needs to know of its communication backend: the memory space and the ranks.
-/// (cuda::SingleGpu is a Communicator that is not a Collective: one GPU, nothing to exchange.)
+/// (SingleGpu, collective/single_gpu.hpp, is a Communicator and nothing more: one GPU, nothing to
+/// exchange.)
 template <class C>
 concept Communicator = requires(C const& cc) {
   { C::memory } -> std::convertible_to<Memory>;
@@ -146,23 +147,54 @@ concept Communicator = requires(C const& cc) {
   { cc.size() } -> std::same_as<int>;
 };
 
+// The capabilities, each with the layer paths that need it:
+//
+//   capability      operations                            needed by
+//   Exchange        all_to_all, all_to_all_v,             host path; device path on more than one
+//                   all_gather_v, counters                rank; every path's agreement on a pass
+//   PointToPoint    send, recv (tagged)                   both disaggregated paths
+//   Reduce          reduce_scatter_v, all_reduce          the shuffled layer (s-MoE), the planners'
+//                                                         collective tests
+//   StreamOrdered   set_stream(stream): operations are    the device paths (with Memory::device)
+//                   enqueued on the caller's stream
+//   Duplicable      duplicate(): a second communicator    the device disaggregated path's
+//                   over the same ranks                   one-communicator constructor
+
 template <class C>
-concept Collective = requires(C& c, C const& cc, std::span<std::byte const> in, std::span<std::byte> out,
-                              std::span<std::size_t const> counts, std::span<float const> fin,
-                              std::span<float> fout, std::size_t block, int peer, int tag) {
-  { C::memory } -> std::convertible_to<Memory>;
-  { cc.rank() } -> std::same_as<int>;
-  { cc.size() } -> std::same_as<int>;
-  c.all_to_all(in, out, block);               // the same `block` bytes to every peer
-  c.all_to_all_v(in, counts, out, counts);    // send counts, then receive counts (bytes per peer)
-  c.reduce_scatter_v(fin, fout, counts);      // sum; counts = elements each rank keeps
-  c.all_gather_v(in, out, counts);            // counts = bytes each rank contributes
-  c.all_reduce(fout);                         // in place sum
-  c.send(in, peer, tag);
-  c.recv(out, peer, tag);
-  c.barrier();
+concept Exchange = Communicator<C> && requires(C& c, C const& cc, std::span<std::byte const> in,
+                                               std::span<std::byte> out, std::span<std::size_t const> counts,
+                                               std::size_t block) {
+  c.all_to_all(in, out, block);             // the same `block` bytes to every peer
+  c.all_to_all_v(in, counts, out, counts);  // send counts, then receive counts (bytes per peer)
+  c.all_gather_v(in, out, counts);          // counts = bytes each rank contributes
   { cc.counters() } -> std::convertible_to<Counters const&>;
   c.reset_counters();
 };
+
+template <class C>
+concept PointToPoint = Communicator<C> && requires(C& c, std::span<std::byte const> in, std::span<std::byte> out,
+                                                   int peer, int tag) {
+  c.send(in, peer, tag);
+  c.recv(out, peer, tag);
+};
+
+template <class C>
+concept Reduce = Communicator<C> && requires(C& c, std::span<float const> fin, std::span<float> fout,
+                                             std::span<std::size_t const> counts) {
+  c.reduce_scatter_v(fin, fout, counts);  // sum; counts = elements each rank keeps
+  c.all_reduce(fout);                     // in place sum
+};
+
+template <class C, class Stream>
+concept StreamOrdered = Communicator<C> && requires(C& c, Stream s) { c.set_stream(s); };
+
+template <class C>
+concept Duplicable = Communicator<C> && requires(C const& c) {
+  { c.duplicate() } -> std::same_as<C>;
+};
+
+/// Everything at once: what InProcess, Mpi and Nccl are.
+template <class C>
+concept Collective = Exchange<C> && PointToPoint<C> && Reduce<C> && requires(C& c) { c.barrier(); };
 
 }  // namespace moe::collective

@@ -24,7 +24,7 @@
 // scratch a stream reuses from one operation to the next (logits, grouping, GEMM intermediates)
 // is touched by that stream only.
 //
-// The result is the function of the sequential device moe::Layer<..., schedule::Sequential, cuda::SingleGpu>: the same
+// The result is the function of the sequential device moe::Layer<..., schedule::Sequential, collective::SingleGpu>: the same
 // kernels and roundings per token (records carry metadata only, the experts read the token rows
 // from the EG's copy, partials are stored in storage precision, the shared sum stays fp32). The
 // gate GEMM runs per micro-batch, so cuBLAS may sum the logits in another order than for the whole

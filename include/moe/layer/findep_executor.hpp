@@ -77,6 +77,7 @@
 #include "moe/core/weights.hpp"
 #include "moe/plan/placement_table.hpp"
 #include "moe/plan/replica_table.hpp"
+#include "moe/layer/records.hpp"
 #include "moe/router/router.hpp"
 #include "moe/schedule/problem.hpp"
 
@@ -164,6 +165,12 @@ public:
   /// checks, so every rank stops with its message.
   void run(Arguments const& a, Config const& c, std::span<std::byte> workspace, Status const& verdict = {}) {
     agree(a, c, workspace.size(), verdict);
+    run_agreed(a, c, workspace);
+  }
+
+  /// The pass without the agreement step, for a caller that has already agreed with every rank on
+  /// the arguments and the configuration (moe::Layer's front does, once for every path).
+  void run_agreed(Arguments const& a, Config const& c, std::span<std::byte> workspace) {
     core::Carver carver(workspace);
     if (is_ag()) {
       AgBuffers b;
@@ -254,9 +261,8 @@ private:
 
   static constexpr int tag(int i, int j, int r2, int part) { return 3 * ((i * r2 + j) % tag_window) + part; }
 
-  [[nodiscard]] std::size_t meta_bytes() const {
-    return 2 * sizeof(std::int32_t) + static_cast<std::size_t>(s_.top_k) * (sizeof(std::int32_t) + sizeof(float));
-  }
+  /// The dispatch record of moe/layer/records.hpp, its metadata unpadded.
+  [[nodiscard]] std::size_t meta_bytes() const { return moe::detail::record_meta_bytes_unpadded(s_.top_k); }
   [[nodiscard]] std::size_t record_bytes() const { return meta_bytes() + static_cast<std::size_t>(s_.hidden) * sizeof(T); }
 
   struct AgBuffers {
@@ -458,17 +464,17 @@ private:
 
   void pack(std::byte* out, int t, T const* x, AgBuffers const& b, int g) const {
     auto k = static_cast<std::size_t>(s_.top_k), h = static_cast<std::size_t>(s_.hidden);
-    std::int32_t hdr[2] = {t, 0};
-    auto* e = reinterpret_cast<std::int32_t*>(out + sizeof(hdr));
-    auto* w = reinterpret_cast<float*>(out + sizeof(hdr) + k * sizeof(std::int32_t));
+    std::memset(out, 0, meta_bytes());
+    std::int32_t* ids = moe::detail::record_experts(out);
+    float* w = moe::detail::record_weights(out, s_.top_k);
+    int n = 0;
     for (std::size_t q = 0; q < k; ++q) {
       std::size_t at = static_cast<std::size_t>(t) * k + q;
       if (b.dest[at] != g) continue;
-      e[hdr[1]] = b.ids[at];
-      w[hdr[1]] = b.gate[at];
-      ++hdr[1];
+      ids[n] = b.ids[at];
+      w[n++] = b.gate[at];
     }
-    std::memcpy(out, hdr, sizeof(hdr));
+    moe::detail::write_record_header(out, t, n);
     std::memcpy(out + meta_bytes(), x + static_cast<std::size_t>(t) * h, h * sizeof(T));
   }
 

@@ -17,19 +17,13 @@
 
 #include "moe/config.hpp"
 #include "moe/schedule/problem.hpp"
+#include "moe/schedule/policy.hpp"
 #include "moe/schedule/sequential.hpp"
 
 namespace moe::schedule {
 
 /// A schedule policy for a disaggregated (AG / EG) layer: a Policy that names its pipeline and
 /// carries the AG size and the configuration to run.
-template <class S>
-concept DisaggregatedPolicy = Policy<S> && requires(S const& s) {
-  { S::pipeline } -> std::convertible_to<Pipeline>;
-  { s.ag } -> std::convertible_to<int>;
-  { s.config() } -> std::same_as<Config>;
-};
-
 template <Pipeline P>
 struct DisaggregatedSchedule {
   static constexpr Pipeline pipeline = P;

@@ -1,18 +1,13 @@
 #pragma once
-// PipelineSchedule policy `schedule::Sequential`: the phases of one forward pass run one after the
-// other on the whole batch (route, dispatch, expert compute, combine). FinDEP and PPPipe reorder and
-// split these phases (see schedule/findep*.hpp).
+// The schedule `schedule::Sequential` (schedule::PhasedPolicy, schedule/policy.hpp): the phases of
+// one forward pass run one after the other on the whole batch (route, dispatch, expert compute,
+// combine). FinDEP and PPPipe split them over two groups of ranks (schedule/disaggregated.hpp).
 
-#include <concepts>
 #include <string_view>
 
-namespace moe::schedule {
+#include "moe/schedule/policy.hpp"
 
-/// A pipeline schedule names itself and drives the phases of a forward pass.
-template <class S>
-concept Policy = requires {
-  { S::name } -> std::convertible_to<std::string_view>;
-};
+namespace moe::schedule {
 
 struct Sequential {
   static constexpr std::string_view name = "sequential";
@@ -26,6 +21,6 @@ struct Sequential {
   }
 };
 
-static_assert(Policy<Sequential>);
+static_assert(PhasedPolicy<Sequential>);
 
 }  // namespace moe::schedule

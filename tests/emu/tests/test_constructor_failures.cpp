@@ -9,7 +9,7 @@
 #include <string>
 
 #include "layer_test_support.cuh"
-#include "moe/layer/device.cuh"
+#include "moe/layer/paths/device.cuh"
 #include "moe/moe.hpp"
 
 namespace {
@@ -90,8 +90,8 @@ TEST_CASE("a device layer whose construction fails part way leaks nothing", "[em
 
   auto single = [&] {
     using L = moe::Layer<Model, Router, moe::placement::Table, moe::replication::None, moe::schedule::Sequential,
-                         moe::cuda::SingleGpu>;
-    moe::cuda::SingleGpu gpu;
+                         moe::collective::SingleGpu>;
+    moe::collective::SingleGpu gpu;
     L layer(gpu, moe::placement::Table::contiguous(s.experts, 1), {}, view, {.max_tokens = 16});
   };
   auto two = [&] {

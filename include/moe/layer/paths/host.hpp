@@ -1,6 +1,8 @@
 #pragma once
 // The host execution path of moe::Layer (moe/layer/layer.hpp): a host-memory collective
-// (collective::InProcess, collective::Mpi) and schedule::Sequential.
+// (collective::InProcess, collective::Mpi) and a phased schedule (schedule::Sequential, or any
+// schedule::PhasedPolicy: its run(pass) calls the pass's phases). The layer front owns the checks,
+// the options and the ranks' agreement; this file is the executor it delegates to.
 //
 //   using L = moe::Layer<Model, Router, Placement, Replicas, moe::schedule::Sequential, moe::collective::Mpi>;
 //   L layer(comm, placement, replicas, weights, {.max_tokens = 512});
@@ -39,6 +41,7 @@
 #include "moe/core/workspace.hpp"
 #include "moe/kernels/host.hpp"
 #include "moe/layer/layer.hpp"
+#include "moe/layer/records.hpp"
 #include "moe/plan/placement_table.hpp"
 #include "moe/plan/replica_table.hpp"
 #include "moe/router/router.hpp"
@@ -46,22 +49,25 @@
 
 namespace moe {
 
+namespace layer {
+
+/// The host path's executor: the pass of moe::Layer on host memory (see the file comment).
 template <ModelShape Model, router::Policy Router, placement::Policy Placement, replication::Policy Replicas,
           schedule::Policy Schedule, collective::Communicator Comm>
-  requires(execution_path<Schedule, Comm> == ExecutionPath::host)
-class Layer<Model, Router, Placement, Replicas, Schedule, Comm> {
+class HostExecutor {
 public:
   static constexpr ShapeSpec shape = Model::spec;
-  using element_type = storage_t<shape>;
-  using T = element_type;
+  using T = storage_t<shape>;
+  using DeviceOptions = void;
   using Options = LayerOptions<Schedule>;
-  static constexpr ExecutionPath path = ExecutionPath::host;
+  static constexpr bool supports_no_dedup = true;
+  struct Buffers;
 
-  static_assert(shape.hidden > 0 && shape.experts > 0 && shape.top_k > 0 && shape.top_k <= shape.experts,
-                "moe::Layer: the model shape needs positive sizes and top_k <= experts");
-  static_assert(Router::fits(shape), "moe::Layer: this Router policy does not fit the model's scoring and "
-                                     "grouping (see router::ForModel<Model>)");
-  static_assert(collective::Collective<Comm>, "moe::Layer: the host path needs a full collective::Collective");
+  static_assert(collective::Exchange<Comm>, "moe::Layer (host): the host path needs a collective with "
+                                            "all_to_all(_v) and all_gather_v (collective::Exchange)");
+  static_assert(schedule::PhasedPolicy<Schedule>,
+                "moe::Layer (host): the schedule must be a schedule::PhasedPolicy (a run(pass) that calls the "
+                "pass's route, dispatch, compute and combine), e.g. schedule::Sequential");
 
   struct Arguments {
     int tokens = 0;               ///< tokens on this rank (may be 0)
@@ -70,54 +76,43 @@ public:
     long long first_token = 0;    ///< global index of this rank's first token (spreads replica choice)
   };
 
-  Layer(Comm& comm, Placement placement, Replicas replicas, LayerWeights<T> weights, Options options)
+  HostExecutor(Comm& comm, Placement placement, Replicas replicas, LayerWeights<T> weights, Options const& options)
       : comm_(&comm), placement_(std::move(placement)), replicas_(std::move(replicas)), weights_(weights),
         options_(options) {
-    primary_ = detail::check_layer_setup("moe::Layer", shape, comm.size(), comm.rank(), placement_, replicas_, weights_,
-                                         options_.max_tokens);
-    meta_bytes_ = round16(2 * sizeof(std::int32_t) + static_cast<std::size_t>(k) * (sizeof(std::int32_t) + sizeof(float)));
-    payload_bytes_ = round16(h * sizeof(T));
+    primary_ = detail::check_layer_setup("moe::Layer", shape, comm.size(), comm.rank(), placement_, replicas_, weights_);
+    meta_bytes_ = detail::record_meta_bytes(k);
+    payload_bytes_ = detail::round16(h * sizeof(T));
   }
 
-  /// Bytes of caller-owned workspace run() needs.
-  [[nodiscard]] std::size_t workspace_size() const {
-    core::Carver c;
-    Buffers b;
-    carve(c, b);
-    return c.used();
+  /// The host path's own checks of a pass (the front checks tokens, max_tokens and pointers).
+  [[nodiscard]] Status check_pass(Arguments const& a) const {
+    if (a.first_token < 0)
+      return {false, detail::concat("moe::Layer: first_token (the global index of this rank's first token) must not "
+                                    "be negative, got ", a.first_token)};
+    return {};
   }
 
-  [[nodiscard]] Status can_implement(Arguments const& a) const {
-    return detail::check_run_arguments("moe::Layer", "LayerOptions", a.tokens, options_.max_tokens, a.x, a.y,
-                                       a.first_token);
+  /// Every rank's vote, gathered over the collective.
+  [[nodiscard]] bool holds_tokens() const { return true; }
+
+  bool gather_votes(Arguments const&, detail::Vote const& mine, std::span<detail::Vote> votes) {
+    detail::gather_votes(*comm_, mine, votes);
+    return true;
   }
 
-  /// One forward pass of this rank's tokens. Every rank of the collective must call it.
-  void run(Arguments const& a, std::span<std::byte> workspace) {
-    Status st = can_implement(a);
-    check(st.ok, st.message);
-    core::check_workspace("moe::Layer", workspace.size(), workspace_size());
-    Pass pass(*this, a, workspace);
+  /// One forward pass of this rank's tokens, checked and agreed by the front.
+  void run(Arguments const& a, Buffers const& b, LayerStats& stats) {
+    Pass pass(*this, a, b, stats);
     Schedule::run(pass);
   }
 
-  [[nodiscard]] LayerStats const& stats() const { return stats_; }
-  [[nodiscard]] Comm& comm() const { return *comm_; }
   [[nodiscard]] std::vector<int> const& primary_ranks() const { return primary_; }
   /// The replica policy (for a batch-aware one, the state of the last batch's routes).
   [[nodiscard]] Replicas const& replicas() const { return replicas_; }
 
-private:
   static constexpr auto h = static_cast<std::size_t>(shape.hidden);
   static constexpr int k = shape.top_k;
   static constexpr auto E = static_cast<std::size_t>(shape.experts);
-
-  static constexpr std::size_t round16(std::size_t n) { return (n + 15) / 16 * 16; }
-
-  struct RecordHeader {
-    std::int32_t token;
-    std::int32_t count;
-  };
 
   struct Buffers {
     std::span<float> logits;        // max_tokens x E
@@ -204,16 +199,14 @@ private:
   /// The state of one forward pass; the Schedule calls its phases.
   class Pass {
   public:
-    Pass(Layer& layer, Arguments const& a, std::span<std::byte> workspace) : L(layer), a_(a) {
-      core::Carver c(workspace);
-      L.carve(c, b_);
+    Pass(HostExecutor& layer, Arguments const& a, Buffers const& b, LayerStats& stats)
+        : L(layer), a_(a), b_(b), stats_(stats) {
       ranks_ = L.comm_->size();
       rank_ = L.comm_->rank();
       rec_ = L.meta_bytes_ + L.payload_bytes_;
-      L.stats_ = {};
-      L.stats_.tokens = a.tokens;
-      L.stats_.record_bytes = rec_;
-      L.stats_.meta_bytes = L.meta_bytes_;
+      stats_.tokens = a.tokens;
+      stats_.record_bytes = rec_;
+      stats_.meta_bytes = L.meta_bytes_;
     }
 
     /// Gate GEMM, router, and the rank that serves each assignment.
@@ -232,9 +225,9 @@ private:
         int d = L.replicas_.choose(e, L.primary_[static_cast<std::size_t>(e)], rank_,
                                    a_.first_token + static_cast<long long>(i / k));
         b_.dest[i] = d;
-        L.stats_.local_assignments += d == rank_;
+        stats_.local_assignments += d == rank_;
       }
-      L.stats_.assignments = static_cast<long long>(t * k);
+      stats_.assignments = static_cast<long long>(t * k);
     }
 
     /// Batch-aware replicas: every rank's pairs per expert, gathered; the policy routes the batch
@@ -251,7 +244,7 @@ private:
       std::fill(block.begin(), block.end(), E * sizeof(std::int32_t));
       auto before = L.comm_->counters();
       L.comm_->all_gather_v(std::as_bytes(mine), std::as_writable_bytes(b_.all_counts), block);
-      L.stats_.control_bytes += L.comm_->counters().bytes_sent() - before.bytes_sent();
+      stats_.control_bytes += L.comm_->counters().bytes_sent() - before.bytes_sent();
       // A rank that agrees on the options routes at most max_tokens x k pairs; the rule's work
       // grows with the pairs, so more is refused rather than computed.
       auto most = static_cast<long long>(L.options_.max_tokens) * k;
@@ -271,9 +264,9 @@ private:
         auto e = static_cast<std::size_t>(b_.ids[i]);
         int d = L.replicas_.dealt(static_cast<int>(e), rank_, mine[e]++);
         b_.dest[i] = d;
-        L.stats_.local_assignments += d == rank_;
+        stats_.local_assignments += d == rank_;
       }
-      L.stats_.assignments = static_cast<long long>(t * k);
+      stats_.assignments = static_cast<long long>(t * k);
     }
 
     /// Packs records grouped by destination and exchanges them in one all-to-all-v.
@@ -292,7 +285,7 @@ private:
         write_record(b_.send.data() + r * rec_, t, slots);
       });
       for (std::size_t d = 0; d < ranks; ++d) {
-        (d == static_cast<std::size_t>(rank_) ? L.stats_.records_local : L.stats_.records_remote) +=
+        (d == static_cast<std::size_t>(rank_) ? stats_.records_local : stats_.records_remote) +=
             static_cast<long long>(send_records[d]);
       }
 
@@ -310,7 +303,7 @@ private:
             " records but its workspace holds ", L.max_recv_records(),
             " (do all ranks use the same LayerOptions::max_tokens?)");
       received_ = total;
-      L.stats_.records_received = static_cast<long long>(total);
+      stats_.records_received = static_cast<long long>(total);
       auto send_bytes = b_.counts.subspan(2 * ranks, ranks);
       auto recv_bytes = b_.counts.subspan(3 * ranks, ranks);
       for (std::size_t p = 0; p < ranks; ++p) {
@@ -320,8 +313,8 @@ private:
       auto middle = L.comm_->counters();
       L.comm_->all_to_all_v(b_.send, send_bytes, b_.recv, recv_bytes);
       auto after = L.comm_->counters();
-      L.stats_.control_bytes += middle.bytes_sent() - before.bytes_sent();
-      L.stats_.dispatch_bytes = after.bytes_sent() - middle.bytes_sent();
+      stats_.control_bytes += middle.bytes_sent() - before.bytes_sent();
+      stats_.dispatch_bytes = after.bytes_sent() - middle.bytes_sent();
     }
 
     /// Runs every local expert on the rows that chose it and forms one weighted partial per record.
@@ -329,9 +322,9 @@ private:
       auto starts = b_.bucket_start;
       std::fill(starts.begin(), starts.end(), 0);
       for (std::size_t r = 0; r < received_; ++r) {
-        auto const* hdr = header(r);
-        check(hdr->count >= 1 && hdr->count <= k, "moe::Layer: corrupt record (", hdr->count, " experts)");
-        for (int j = 0; j < hdr->count; ++j) {
+        int const count = record(r).header().count;
+        check(count >= 1 && count <= k, "moe::Layer: corrupt record (", count, " experts)");
+        for (int j = 0; j < count; ++j) {
           int e = experts_of(r)[j];
           check(e >= 0 && e < shape.experts && L.replicas_.holds(e, L.primary_[static_cast<std::size_t>(e)], rank_),
                 "moe::Layer: rank ", rank_, " received a token for expert ", e,
@@ -352,7 +345,7 @@ private:
       auto fill = b_.bucket_fill;
       std::copy(starts.begin(), starts.end() - 1, fill.begin());
       for (std::size_t r = 0; r < received_; ++r) {
-        for (int j = 0; j < header(r)->count; ++j) {
+        for (int j = 0, count = record(r).header().count; j < count; ++j) {
           int e = experts_of(r)[j];
           int at = fill[static_cast<std::size_t>(e)]++;
           b_.bucket_record[static_cast<std::size_t>(at)] = static_cast<int>(r);
@@ -395,7 +388,7 @@ private:
       }
       auto before = L.comm_->counters();
       L.comm_->all_to_all_v(std::as_bytes(b_.back), back_bytes, std::as_writable_bytes(b_.returned), ret_bytes);
-      L.stats_.combine_bytes = L.comm_->counters().bytes_sent() - before.bytes_sent();
+      stats_.combine_bytes = L.comm_->counters().bytes_sent() - before.bytes_sent();
 
       auto t = static_cast<std::size_t>(a_.tokens);
       std::fill(b_.y.begin(), b_.y.begin() + static_cast<std::ptrdiff_t>(t * h), 0.0f);
@@ -441,33 +434,26 @@ private:
     }
 
     void write_record(std::byte* out, int t, std::span<int const> slots) const {
-      std::memset(out, 0, L.meta_bytes_);
-      RecordHeader hdr{t, static_cast<std::int32_t>(slots.size())};
-      std::memcpy(out, &hdr, sizeof(hdr));
-      auto* ids = reinterpret_cast<std::int32_t*>(out + sizeof(hdr));
-      auto* w = reinterpret_cast<float*>(out + sizeof(hdr) + k * sizeof(std::int32_t));
+      std::int32_t ids[k];
+      float w[k];
       for (std::size_t i = 0; i < slots.size(); ++i) {
         std::size_t at = static_cast<std::size_t>(t) * k + static_cast<std::size_t>(slots[i]);
         ids[i] = b_.ids[at];
         w[i] = b_.gate[at];
       }
+      detail::write_record_meta(out, L.meta_bytes_, k, t, std::span(ids, slots.size()), std::span(w, slots.size()));
       std::memcpy(out + L.meta_bytes_, a_.x + static_cast<std::size_t>(t) * h, h * sizeof(T));
     }
 
-    [[nodiscard]] RecordHeader const* header(std::size_t r) const {
-      return reinterpret_cast<RecordHeader const*>(b_.recv.data() + r * rec_);
-    }
-    [[nodiscard]] std::int32_t const* experts_of(std::size_t r) const {
-      return reinterpret_cast<std::int32_t const*>(b_.recv.data() + r * rec_ + sizeof(RecordHeader));
-    }
-    [[nodiscard]] float const* weights_of(std::size_t r) const {
-      return reinterpret_cast<float const*>(b_.recv.data() + r * rec_ + sizeof(RecordHeader) + k * sizeof(std::int32_t));
-    }
+    [[nodiscard]] detail::RecordView record(std::size_t r) const { return {b_.recv.data() + r * rec_, k}; }
+    [[nodiscard]] std::int32_t const* experts_of(std::size_t r) const { return record(r).experts(); }
+    [[nodiscard]] float const* weights_of(std::size_t r) const { return record(r).weights(); }
     [[nodiscard]] std::byte const* payload(std::size_t r) const { return b_.recv.data() + r * rec_ + L.meta_bytes_; }
 
-    Layer& L;
+    HostExecutor& L;
     Arguments const& a_;
     Buffers b_;
+    LayerStats& stats_;
     int ranks_ = 0;
     int rank_ = 0;
     std::size_t rec_ = 0;
@@ -482,7 +468,15 @@ private:
   std::vector<int> primary_;
   std::size_t meta_bytes_ = 0;
   std::size_t payload_bytes_ = 0;
-  LayerStats stats_;
 };
+
+}  // namespace layer
+
+namespace detail {
+template <class Model, class Router, class Placement, class Replicas, class Schedule, class Comm>
+struct executor_of<ExecutionPath::host, Model, Router, Placement, Replicas, Schedule, Comm> {
+  using type = layer::HostExecutor<Model, Router, Placement, Replicas, Schedule, Comm>;
+};
+}  // namespace detail
 
 }  // namespace moe

@@ -1,9 +1,9 @@
 #pragma once
 // The device execution path of moe::Layer (moe/layer/layer.hpp; nvcc only): a device-memory
-// collective (cuda::SingleGpu, collective::Nccl) and schedule::Sequential, built from the kernels in
+// collective (collective::SingleGpu, collective::Nccl) and schedule::Sequential, built from the kernels in
 // moe/kernels/*.cuh. Same protocol as the host path (moe/layer/host.hpp):
 //
-//   using L = moe::Layer<Model, Router, placement::Table, replication::None, schedule::Sequential, cuda::SingleGpu>;
+//   using L = moe::Layer<Model, Router, placement::Table, replication::None, schedule::Sequential, collective::SingleGpu>;
 //   L layer(gpu, placement, replicas, device_weights, {.max_tokens = 4096});
 //   void* ws; cudaMalloc(&ws, layer.workspace_size());             // caller-owned device scratch
 //   layer.run({.tokens = n, .x = x, .y = y, .stream = s}, {static_cast<std::byte*>(ws), bytes});
@@ -19,10 +19,12 @@
 // roundings differ from the host Layer: a routed expert's output is stored in storage precision
 // before the weighted sum of a record (the host keeps it in fp32), and sums run in another order.
 //
-// Collectives:
-//   cuda::SingleGpu       world size 1, no communication: the send buffer is the receive buffer, and
-//                         records carry metadata only (the experts read the token rows from x).
-//   collective::Nccl      (or any device-memory Collective) with one of two exchanges:
+// Collectives (by capability, collective/concept.hpp):
+//   a Communicator without collective::Exchange (collective::SingleGpu): world size 1, no
+//                         communication: the send buffer is the receive buffer, and records carry
+//                         metadata only (the experts read the token rows from x).
+//   collective::Exchange + StreamOrdered (collective::Nccl), with one of two exchanges
+//                         (Options::device.exchange):
 //     Exchange::exact     counts first (a fixed-size all_to_all on the device), then ONE host
 //                         synchronisation: the counts are copied to pinned host memory and the
 //                         stream is synchronised, because all_to_all_v needs byte counts on the host.
@@ -43,6 +45,12 @@
 // experts run there, forked from the caller's stream at the start of run() and joined back before
 // the final sum, so they overlap routing, dispatch and the routed experts (graph capture follows
 // the fork and join).
+//
+// The ranks' agreement on a pass (moe::Layer::run): every rank's 256-byte vote goes through the
+// collective's all_gather_v on device memory, is copied to pinned host memory and read after one
+// stream synchronisation, before anything of the pass is enqueued. On one GPU, and while the
+// stream is being captured into a CUDA graph, there is no agreement step (nothing to wait for, or
+// the host cannot wait): the rank checks alone.
 
 #include <cublas_v2.h>
 
@@ -61,52 +69,72 @@
 #include "moe/kernels/grouped_gemm.cuh"
 #include "moe/layer/expert_ffn.cuh"
 #include "moe/layer/layer.hpp"
+#include "moe/layer/records.hpp"
 
 namespace moe {
 
-namespace cuda {
-
-/// One GPU and no communication: rank 0 of 1.
-struct SingleGpu {
-  static constexpr collective::Memory memory = collective::Memory::device;
-  [[nodiscard]] int rank() const { return 0; }
-  [[nodiscard]] int size() const { return 1; }
-};
-
-}  // namespace cuda
-
 namespace detail {
-template <class C>
-concept DeviceComm = C::memory == collective::Memory::device && requires(C const& c) {
-  { c.rank() } -> std::same_as<int>;
-  { c.size() } -> std::same_as<int>;
-};
-template <class C>
-concept DeviceCollective = DeviceComm<C> && collective::Collective<C> && requires(C& c, cudaStream_t s) {
-  c.set_stream(s);
+/// The device agreement of moe::Layer (see the file comment): gathers `mine` from every rank into
+/// `votes` through device memory (`dev`: ranks + 1 votes; `host`: pinned, ranks votes). Returns
+/// false, gathering nothing, on one rank or while `s` is being captured.
+template <class Comm>
+bool gather_votes_device(Comm& comm, cudaStream_t s, Vote const& mine, std::span<Vote> votes, Vote* dev, Vote* host) {
+  namespace kc = kernels::cuda;
+  if constexpr (!collective::Exchange<Comm>) {
+    return false;
+  } else {
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    kc::check_cuda(cudaStreamIsCapturing(s, &capturing), "cudaStreamIsCapturing");
+    if (capturing != cudaStreamCaptureStatusNone) return false;
+    auto n = votes.size();
+    host[0] = mine;  // staged through the pinned buffer's first slot, overwritten by the gather
+    kc::check_cuda(cudaMemcpyAsync(dev + n, host, sizeof(Vote), cudaMemcpyHostToDevice, s), "cudaMemcpyAsync (vote)");
+    std::vector<std::size_t> bytes(n, sizeof(Vote));
+    comm.set_stream(s);
+    comm.all_gather_v(std::as_bytes(std::span<Vote const>(dev + n, 1)), std::as_writable_bytes(std::span(dev, n)),
+                      bytes);
+    kc::check_cuda(cudaMemcpyAsync(host, dev, n * sizeof(Vote), cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync (votes)");
+    kc::check_cuda(cudaStreamSynchronize(s), "cudaStreamSynchronize (votes)");
+    std::copy(host, host + n, votes.begin());
+    return true;
+  }
+}
+
+/// The device memory of the agreement: ranks + 1 votes on the device, ranks pinned on the host.
+struct DeviceVotes {
+  kernels::cuda::DeviceArray<Vote> dev;
+  kernels::cuda::PinnedArray<Vote> host;
+  explicit DeviceVotes(int ranks = 0) {
+    if (ranks > 1) {
+      dev = kernels::cuda::DeviceArray<Vote>(static_cast<std::size_t>(ranks) + 1);
+      host = kernels::cuda::PinnedArray<Vote>(static_cast<std::size_t>(ranks));
+    }
+  }
 };
 }  // namespace detail
 
+namespace layer {
+
+/// The device path's executor (see the file comment).
 template <ModelShape Model, router::Policy Router, placement::Policy Placement, replication::Policy Replicas,
           schedule::Policy Schedule, collective::Communicator Comm>
-  requires(execution_path<Schedule, Comm> == ExecutionPath::device)
-class Layer<Model, Router, Placement, Replicas, Schedule, Comm> {
+class DeviceExecutor {
 public:
   static constexpr ShapeSpec shape = Model::spec;
-  using element_type = storage_t<shape>;
-  using T = element_type;
-  using Options = LayerOptions<Schedule>;
-  static constexpr ExecutionPath path = ExecutionPath::device;
-  static constexpr bool local = std::is_same_v<Comm, cuda::SingleGpu>;
+  using T = storage_t<shape>;
+  using DeviceOptions = cuda::DeviceOptions;
+  using Options = LayerOptions<Schedule, DeviceOptions>;
+  static constexpr bool supports_no_dedup = true;
+  /// No exchange capability: one GPU, every record stays on it.
+  static constexpr bool local = !collective::Exchange<Comm>;
+  struct Buffers;
 
-  static_assert(detail::DeviceComm<Comm>, "moe::Layer (device): the collective must work on device memory "
-                                          "(cuda::SingleGpu or collective::Nccl)");
-  static_assert(local || detail::DeviceCollective<Comm>,
-                "moe::Layer (device): a multi-rank collective needs all_to_all(_v) and set_stream(cudaStream_t)");
-  static_assert(shape.hidden > 0 && shape.experts > 0 && shape.top_k > 0 && shape.top_k <= shape.experts,
-                "moe::Layer (device): the model shape needs positive sizes and top_k <= experts");
-  static_assert(Router::fits(shape), "moe::Layer (device): this Router policy does not fit the model's scoring and "
-                                     "grouping (see router::ForModel<Model>)");
+  static_assert(local || collective::StreamOrdered<Comm, cudaStream_t>,
+                "moe::Layer (device): a collective that exchanges needs set_stream(cudaStream_t) "
+                "(collective::StreamOrdered) to enqueue on the caller's stream");
+  static_assert(std::is_same_v<Schedule, schedule::Sequential>,
+                "moe::Layer (device): the device path runs its phases in one fixed order and cannot honour this "
+                "schedule; use schedule::Sequential (a schedule that reorders phases runs on the host path)");
   static_assert(kernels::cuda::DeviceRouterPolicy<Router, shape>,
                 "moe::Layer (device): this Router has no device form; specialise "
                 "moe::kernels::cuda::DeviceRouter<Router> (moe/kernels/gate.cuh)");
@@ -127,16 +155,16 @@ public:
     cudaStream_t stream = nullptr;
   };
 
-  Layer(Comm& comm, Placement placement, Replicas replicas, LayerWeights<T> weights, Options options)
+  DeviceExecutor(Comm& comm, Placement placement, Replicas replicas, LayerWeights<T> weights, Options const& options)
       : comm_(&comm), placement_(std::move(placement)), replicas_(std::move(replicas)), weights_(weights),
         options_(options) {
     detail::keep_shared_list(weights_, shared_);  // run() reads the shared list; the routed go to tables
     int ranks = comm.size(), rank = comm.rank();
     std::vector<int> primary = detail::check_layer_setup("moe::Layer (device)", shape, ranks, rank, placement_, replicas_,
-                                                         weights_, options_.max_tokens);
+                                                         weights_);
     // Decide the grouped-GEMM kernel now (a one-time probe that synchronises), so that forward
     // passes, captured ones included, find the answer cached.
-    detail::prepare_gemm_path<T>("moe::Layer (device)", options_.gemm);
+    detail::prepare_gemm_path<T>("moe::Layer (device)", options_.device.gemm);
 
     // Replica lists (CSR), the served mask and the weight pointer tables.
     replication::CopyLists copies = replication::copy_lists(primary, replicas_, ranks);
@@ -158,58 +186,50 @@ public:
       join_ = kernels::cuda::make_event();
     }
     if (!local) host_counts_ = kernels::cuda::PinnedArray<std::uint64_t>(2 * static_cast<std::size_t>(ranks));
-    meta_bytes_ = round16(2 * sizeof(std::int32_t) + static_cast<std::size_t>(k) * (sizeof(std::int32_t) + sizeof(float)));
-    payload_bytes_ = round16(h * sizeof(T));
+    votes_ = detail::DeviceVotes(ranks);
+    meta_bytes_ = detail::record_meta_bytes(k);
+    payload_bytes_ = detail::round16(h * sizeof(T));
   }
 
-  Layer(Layer const&) = delete;
-  Layer& operator=(Layer const&) = delete;
-  ~Layer() = default;
+  DeviceExecutor(DeviceExecutor const&) = delete;
+  DeviceExecutor& operator=(DeviceExecutor const&) = delete;
+  ~DeviceExecutor() = default;
 
-  /// Bytes of caller-owned device workspace run() needs.
-  [[nodiscard]] std::size_t workspace_size() const {
-    core::Carver c;
-    Buffers b;
-    carve(c, b);
-    return c.used();
-  }
-
-  [[nodiscard]] Status can_implement(Arguments const& a) const {
-    Status st = moe::detail::check_run_arguments("moe::Layer (device)", "LayerOptions", a.tokens, options_.max_tokens,
-                                                  a.x, a.y, a.first_token);
-    if (!st.ok) return st;
+  /// The device path's own checks (the front checks tokens, max_tokens and pointers).
+  [[nodiscard]] Status check_pass(Arguments const& a) const {
+    if (a.first_token < 0)
+      return {false, detail::concat("moe::Layer (device): first_token (the global index of this rank's first token) "
+                                    "must not be negative, got ", a.first_token)};
     if (reinterpret_cast<std::uintptr_t>(a.x) % 16 != 0 || reinterpret_cast<std::uintptr_t>(a.y) % 16 != 0)
       return {false, "moe::Layer (device): x and y must be 16-byte aligned"};
-    return {};
-  }
-
-  /// One forward pass of this rank's tokens, enqueued on a.stream. Every rank must call it.
-  void run(Arguments const& a, std::span<std::byte> workspace) {
-    Status st = can_implement(a);
-    check(st.ok, st.message);
-    core::check_workspace("moe::Layer (device)", workspace.size(), workspace_size());
-    namespace kc = kernels::cuda;
-    core::Carver c(workspace);
-    Buffers b;
-    carve(c, b);
-    cudaStream_t s = a.stream;
     if constexpr (!local) {
       // The exact exchange synchronises the host once per forward pass (all_to_all_v needs host
       // byte counts). Under stream capture that would fail deep inside the runtime; say why
-      // instead, before anything is enqueued (a throw after the shared-expert fork would leave
-      // the capture with an unjoined stream).
+      // instead, before anything is enqueued.
       if (!padded()) {
         cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-        kc::check_cuda(cudaStreamIsCapturing(s, &capturing), "cudaStreamIsCapturing");
-        check(capturing == cudaStreamCaptureStatusNone,
-              "moe::Layer (device): Exchange::exact synchronises the host once per forward pass and cannot be "
-              "captured in a CUDA graph; use LayerOptions::exchange = cuda::Exchange::padded");
+        kernels::cuda::check_cuda(cudaStreamIsCapturing(a.stream, &capturing), "cudaStreamIsCapturing");
+        if (capturing != cudaStreamCaptureStatusNone)
+          return {false, "moe::Layer (device): Exchange::exact synchronises the host once per forward pass and "
+                         "cannot be captured in a CUDA graph; use Options::device.exchange = cuda::Exchange::padded"};
       }
     }
+    return {};
+  }
+
+  [[nodiscard]] bool holds_tokens() const { return true; }
+
+  bool gather_votes(Arguments const& a, detail::Vote const& mine, std::span<detail::Vote> votes) {
+    return detail::gather_votes_device(*comm_, a.stream, mine, votes, votes_.dev.get(), votes_.host.get());
+  }
+
+  /// One forward pass of this rank's tokens, enqueued on a.stream; checked and agreed by the front.
+  void run(Arguments const& a, Buffers const& b, LayerStats& stats_) {
+    namespace kc = kernels::cuda;
+    cudaStream_t s = a.stream;
     int const ranks = comm_->size(), rank = comm_->rank(), t = a.tokens;
     std::size_t const rec = record_bytes();
     long long const cap = padded() ? per_peer() : 0;
-    stats_ = {};
     stats_.tokens = t;
     stats_.assignments = static_cast<long long>(t) * k;
     stats_.record_bytes = rec;
@@ -223,7 +243,7 @@ public:
       cudaStream_t ss = side_.get();
       kc::check_cuda(cudaEventRecord(fork_.get(), s), "cudaEventRecord (fork)");
       kc::check_cuda(cudaStreamWaitEvent(ss, fork_.get(), 0), "cudaStreamWaitEvent (fork)");
-      detail::shared_experts<shape>(ss, weights_.shared, a.x, t, b.shared_inter.data(), shared_acc, options_.gemm);
+      detail::shared_experts<shape>(ss, weights_.shared, a.x, t, b.shared_inter.data(), shared_acc, options_.device.gemm);
       kc::check_cuda(cudaEventRecord(join_.get(), ss), "cudaEventRecord (join)");
     }
 
@@ -323,7 +343,7 @@ public:
     experts.expert_out = b.expert_out.data();
     experts.back = b.back.data();
     experts.errors = experts_.errors();
-    experts.path = options_.gemm;
+    experts.path = options_.device.gemm;
     experts.enqueue(s);
 
     // 4. Partials back, shared experts, sum in token order.
@@ -352,17 +372,9 @@ public:
   /// and debugging, not for the hot path.
   [[nodiscard]] unsigned errors() const { return experts_.read_errors(); }
 
-  /// Host-side statistics of the last run(). Record counts are known only with Exchange::exact.
-  [[nodiscard]] LayerStats const& stats() const { return stats_; }
-  [[nodiscard]] Comm& comm() const { return *comm_; }
-  [[nodiscard]] Options const& options() const { return options_; }
-
-private:
   static constexpr auto h = static_cast<std::size_t>(shape.hidden);
   static constexpr int k = shape.top_k;
   static constexpr auto E = static_cast<std::size_t>(shape.experts);
-
-  static constexpr std::size_t round16(std::size_t n) { return (n + 15) / 16 * 16; }
 
   struct Buffers {
     std::span<float> logits;            // m x E
@@ -386,7 +398,7 @@ private:
     std::span<std::byte> cublas;
   };
 
-  [[nodiscard]] bool padded() const { return !local && options_.exchange == cuda::Exchange::padded; }
+  [[nodiscard]] bool padded() const { return !local && options_.device.exchange == cuda::Exchange::padded; }
   /// Bytes of one dispatch record: metadata, then the token row, except on one GPU (metadata only).
   [[nodiscard]] std::size_t record_bytes() const { return local ? meta_bytes_ : meta_bytes_ + payload_bytes_; }
   /// Records one token sends one peer at most: 1 with de-duplication, else one per expert of the
@@ -452,7 +464,7 @@ private:
     b.returned = c.take<T>(local ? 0 : send_capacity() * h);
     b.shared_inter = c.take<T>(shape.shared_experts > 0 ? m * static_cast<std::size_t>(shape.shared_ffn) : 0);
     b.shared_acc = c.take<float>(shape.shared_experts > 0 ? m * h : 0);
-    b.cublas = c.take<std::byte>(options_.cublas_workspace);
+    b.cublas = c.take<std::byte>(options_.device.cublas_workspace);
   }
 
   Comm* comm_;
@@ -472,7 +484,16 @@ private:
   std::size_t payload_bytes_ = 0;
   mutable std::size_t scan_bytes_ = 0;  // CUB scratch sizes, queried once
   mutable std::size_t sort_bytes_ = 0;
-  LayerStats stats_;
+  detail::DeviceVotes votes_;
 };
+
+}  // namespace layer
+
+namespace detail {
+template <class Model, class Router, class Placement, class Replicas, class Schedule, class Comm>
+struct executor_of<ExecutionPath::device, Model, Router, Placement, Replicas, Schedule, Comm> {
+  using type = layer::DeviceExecutor<Model, Router, Placement, Replicas, Schedule, Comm>;
+};
+}  // namespace detail
 
 }  // namespace moe

@@ -1,0 +1,177 @@
+#pragma once
+// The device disaggregated execution path of moe::Layer (moe/layer/layer.hpp; nvcc only): a device
+// collective (collective::Nccl) and FinDEP or PPPipe with the attention group (AG) and the expert
+// group (EG) on different GPUs. The same policy slots and protocol as the host disaggregated path
+// (moe/layer/host_disaggregated.hpp), so an engine moves a disaggregated layer to GPUs by changing
+// the Collective:
+//
+//   using L = moe::Layer<Model, Router, moe::placement::Table, moe::replication::None,
+//                        moe::schedule::FinDep, moe::collective::Nccl>;
+//   L layer(nccl, on_eg, {}, device_weights,
+//           {.max_tokens = 4096, .schedule = {.ag = 2, .order = moe::schedule::Order::aass, .r1 = 4, .r2 = 2}});
+//   void* ws; cudaMalloc(&ws, layer.workspace_size());                  // AG and EG ranks differ
+//   layer.run({.tokens = n, .x = x, .y = y, .stream = s}, {static_cast<std::byte*>(ws), bytes});
+//
+// The work is schedule::FinDepCudaP2PExecutor's (moe/layer/findep_cuda_p2p.cuh): the plan's operations
+// on one CUDA stream per resource, the A2E and E2A links as send / recv on two communicators (NCCL
+// runs one communicator's operations in issue order, so one communicator per link stream). The
+// one-communicator constructor makes the second with `comm.duplicate()` (Nccl: ncclCommSplit), a
+// collective call, so every rank constructs its layer at the same point; the two-communicator
+// constructor takes both from the engine.
+//
+// Differences from the host disaggregated path, all because nothing here synchronises the host:
+// - EG ranks pass the token count of an AG rank (every AG rank has the same) and no x / y: the
+//   message sizes of every chunk follow from it, so no count has to be waited for. AG ranks pass
+//   their tokens, x and y (device memory, 16-byte aligned).
+// - Options: max_tokens, schedule, and device = {gemm, cublas_workspace, max_chunks}; max_chunks
+//   must hold the schedule's r1 * r2 (checked at construction).
+// - The ranks' agreement on a pass goes over the A2E communicator's device memory, with one host
+//   synchronisation (moe/layer/paths/device.cuh); under stream capture a rank checks alone.
+// - stats(): tokens and assignments on AG ranks, and the bytes this rank's link communicator sent
+//   (an AG rank's are all dispatch, an EG rank's all combine); no record counts.
+// Replicas: any replica policy with fixed copies over EG indices, with the host path's rule (token
+// t of AG rank p uses copy (p + t) mod n of an expert's n copies).
+
+#include <memory>
+#include <span>
+#include <type_traits>
+
+#include "moe/collective/concept.hpp"
+#include "moe/config.hpp"
+#include "moe/layer/layer.hpp"
+#include "moe/layer/paths/device.cuh"
+#include "moe/layer/records.hpp"
+#include "moe/schedule/disaggregated.hpp"
+#include "moe/layer/findep_cuda_p2p.cuh"
+
+namespace moe {
+
+namespace layer {
+
+/// The device disaggregated path's executor: schedule::FinDepCudaP2PExecutor behind the front.
+template <ModelShape Model, router::Policy Router, placement::Policy Placement, replication::Policy Replicas,
+          schedule::Policy Schedule, collective::Communicator Comm>
+class DeviceDisaggregatedExecutor {
+  using Executor = schedule::FinDepCudaP2PExecutor<Model, Router, Comm>;
+
+public:
+  static constexpr ShapeSpec shape = Model::spec;
+  using T = typename Executor::element_type;
+  using DeviceOptions = cuda::DisaggregatedOptions;
+  using Options = LayerOptions<Schedule, DeviceOptions>;
+  static constexpr bool supports_no_dedup = false;
+
+  static_assert(collective::PointToPoint<Comm> && collective::Exchange<Comm> &&
+                    collective::StreamOrdered<Comm, cudaStream_t>,
+                "moe::Layer (device disaggregated): the collective needs send / recv (collective::PointToPoint), "
+                "all_gather_v (collective::Exchange) and set_stream (collective::StreamOrdered)");
+  static_assert(!replication::BatchPolicy<Replicas>,
+                "moe::Layer (device disaggregated): a batch-aware replica policy routes on the host path only; "
+                "give the disaggregated path a replica policy with fixed copies (replication::Table, None)");
+
+  struct Arguments {
+    int tokens = 0;        ///< AG ranks: their tokens; EG ranks: the token count of an AG rank
+    T const* x = nullptr;  ///< AG ranks: device, tokens x hidden, 16-byte aligned; EG ranks: unused
+    T* y = nullptr;        ///< AG ranks: device, tokens x hidden, written; EG ranks: unused
+    cudaStream_t stream = nullptr;
+  };
+  struct Buffers {
+    std::span<std::byte> workspace;  // the executor carves it (AG and EG ranks differ)
+  };
+
+  /// One communicator; the E2A link gets `comm.duplicate()` (a collective call on every rank).
+  DeviceDisaggregatedExecutor(Comm& comm, Placement const& placement, Replicas const& replicas, LayerWeights<T> weights,
+                              Options const& options)
+    requires collective::Duplicable<Comm>
+      : DeviceDisaggregatedExecutor(duplicate(comm, placement, options), comm, nullptr, placement, replicas, weights,
+                                    options) {}
+
+  /// Two communicators over the same ranks: `a2e` for the tokens to the experts, `e2a` back.
+  DeviceDisaggregatedExecutor(Comm& a2e, Comm& e2a, Placement const& placement, Replicas const& replicas,
+                              LayerWeights<T> weights, Options const& options)
+      : DeviceDisaggregatedExecutor(nullptr, a2e, &e2a, placement, replicas, weights, options) {}
+
+  void carve(core::Carver& c, Buffers& b) const { b.workspace = c.take<std::byte>(executor_.workspace_size()); }
+
+  [[nodiscard]] Status check_pass(Arguments const& a) const {
+    return executor_.can_implement(executor_args(a), schedule_.config());
+  }
+  [[nodiscard]] bool holds_tokens() const { return executor_.is_ag(); }
+
+  bool gather_votes(Arguments const& a, detail::Vote const& mine, std::span<detail::Vote> votes) {
+    return detail::gather_votes_device(*a2e_, a.stream, mine, votes, votes_.dev.get(), votes_.host.get());
+  }
+
+  /// One forward pass, enqueued on a.stream; agreed by the front.
+  void run(Arguments const& a, Buffers const& b, LayerStats& stats) {
+    bool ag = executor_.is_ag();
+    collective::Counters const& link = ag ? a2e_->counters() : e2a_->counters();
+    std::size_t before = link.bytes_sent();
+    executor_.run(executor_args(a), schedule_.config(), b.workspace);
+    stats.tokens = ag ? a.tokens : 0;
+    stats.assignments = static_cast<long long>(stats.tokens) * shape.top_k;
+    stats.meta_bytes = detail::record_meta_bytes(shape.top_k);
+    stats.record_bytes = stats.meta_bytes + static_cast<std::size_t>(shape.hidden) * sizeof(T);
+    (ag ? stats.dispatch_bytes : stats.combine_bytes) = link.bytes_sent() - before;
+  }
+
+  [[nodiscard]] bool is_attention_rank() const { return executor_.is_ag(); }
+  /// Error bits of the last run() on an EG rank (kernels::cuda::DeviceError). Synchronises the device.
+  [[nodiscard]] unsigned errors() const { return executor_.errors(); }
+  [[nodiscard]] Executor const& executor() const { return executor_; }
+
+private:
+  static placement::Table eg_table(Placement const& p, int eg) { return detail::expert_group_table(p, shape.experts, eg); }
+
+  static void check_chunks(Options const& o) {
+    check(static_cast<long long>(o.schedule.r1) * o.schedule.r2 <= o.device.max_chunks,
+          "moe::Layer (device disaggregated): the schedule's r1 * r2 = ",
+          static_cast<long long>(o.schedule.r1) * o.schedule.r2, " chunks exceed Options::device.max_chunks = ",
+          o.device.max_chunks);
+  }
+
+  static schedule::FinDepCudaOptions executor_options(Options const& o) {
+    return {.max_tokens = o.max_tokens, .max_chunks = o.device.max_chunks,
+            .cublas_workspace = o.device.cublas_workspace, .gemm = o.device.gemm};
+  }
+
+  static std::unique_ptr<Comm> duplicate(Comm const& comm, Placement const& placement, Options const& o) {
+    // A bad schedule or placement fails before the collective call.
+    check_chunks(o);
+    (void)eg_table(placement, comm.size() - o.schedule.ag);
+    return std::make_unique<Comm>(comm.duplicate());
+  }
+
+  /// e2a == nullptr: the link uses `owned`.
+  DeviceDisaggregatedExecutor(std::unique_ptr<Comm> owned, Comm& a2e, Comm* e2a, Placement const& placement,
+                              Replicas const& replicas, LayerWeights<T> weights, Options const& options)
+      : owned_e2a_(std::move(owned)),
+        a2e_(&a2e),
+        e2a_(e2a ? e2a : owned_e2a_.get()),
+        schedule_((check_chunks(options), options.schedule)),
+        executor_(a2e, *e2a_, schedule_.ag, eg_table(placement, a2e.size() - schedule_.ag), weights,
+                  executor_options(options),
+                  detail::expert_group_copies(replicas, eg_table(placement, a2e.size() - schedule_.ag),
+                                              a2e.size() - schedule_.ag)),
+        votes_(a2e.size()) {}
+
+  static typename Executor::Arguments executor_args(Arguments const& a) { return {a.tokens, a.x, a.y, a.stream}; }
+
+  std::unique_ptr<Comm> owned_e2a_;  // the duplicate made by the one-communicator constructor
+  Comm* a2e_;
+  Comm* e2a_;
+  Schedule schedule_;
+  Executor executor_;
+  detail::DeviceVotes votes_;
+};
+
+}  // namespace layer
+
+namespace detail {
+template <class Model, class Router, class Placement, class Replicas, class Schedule, class Comm>
+struct executor_of<ExecutionPath::device_disaggregated, Model, Router, Placement, Replicas, Schedule, Comm> {
+  using type = layer::DeviceDisaggregatedExecutor<Model, Router, Placement, Replicas, Schedule, Comm>;
+};
+}  // namespace detail
+
+}  // namespace moe

@@ -1,0 +1,149 @@
+#pragma once
+// The host disaggregated execution path of moe::Layer (moe/layer/layer.hpp): a host-memory
+// collective (collective::InProcess, collective::Mpi) and a disaggregated schedule (schedule::FinDep
+// or schedule::PPPipe, schedule/disaggregated.hpp), whose type picks the pipeline and whose value,
+// in the options, carries the attention-group size and the solved configuration (order, r1, r2).
+//
+//   using L = moe::Layer<Model, Router, Placement, moe::replication::None, moe::schedule::FinDep, Comm>;
+//   L layer(comm, on_eg, {}, weights,
+//           {.max_tokens = 512, .schedule = {.ag = 2, .order = moe::schedule::Order::aass, .r1 = 3, .r2 = 2}});
+//   std::vector<std::byte> ws(layer.workspace_size());   // caller-owned scratch (AG and EG differ)
+//   layer.run({.tokens = n, .x = x, .y = y}, ws);          // every rank; EG ranks pass no tokens
+//
+// Ranks [0, ag) form the attention group: they hold the tokens, the router and the shared experts.
+// Ranks [ag, size) form the expert group: `placement` maps each routed expert to an EG index in
+// [0, size - ag), and an EG rank needs only its own experts' weights. The output on each AG rank is
+// the sequential layer's (moe/layer/host.hpp, moe::reference_forward) up to summation order. The
+// work is done by schedule::FinDepExecutor (moe/layer/findep_executor.hpp: host threads over the
+// collective's send / recv; see docs/findep.md); with collective::Mpi the MPI library must grant
+// MPI_THREAD_MULTIPLE.
+//
+// Replicas: any replica policy over EG indices with fixed copies (replication::None: one copy per
+// expert, on the placement's EG index; replication::Table, e.g. a CRAFT or EPLB plan for the expert
+// group; a user policy: its holds() is asked once, at construction). The placement's EG index must
+// be among each expert's copies. Token t of AG rank p uses copy (p + t) mod n of the n copies of an
+// expert; an EG rank needs the weights of every expert it holds a copy of.
+//
+// Options: max_tokens and schedule; deduplicate = false is refused by the front (a token always
+// goes once to each EG rank that serves one of its experts).
+// stats(): tokens and assignments on AG ranks; the bytes this rank sent (an AG rank's are all
+// dispatch, an EG rank's all combine) and those of the executor's own control messages; no record
+// counts. The agreement of the front is not in stats().
+
+#include <span>
+#include <type_traits>
+#include <vector>
+
+#include "moe/collective/concept.hpp"
+#include "moe/config.hpp"
+#include "moe/core/shape.hpp"
+#include "moe/core/weights.hpp"
+#include "moe/layer/findep_executor.hpp"
+#include "moe/layer/layer.hpp"
+#include "moe/layer/records.hpp"
+#include "moe/plan/placement_table.hpp"
+#include "moe/plan/replica_table.hpp"
+#include "moe/router/router.hpp"
+#include "moe/schedule/disaggregated.hpp"
+
+namespace moe {
+
+namespace layer {
+
+/// The host disaggregated path's executor: schedule::FinDepExecutor behind the front.
+template <ModelShape Model, router::Policy Router, placement::Policy Placement, replication::Policy Replicas,
+          schedule::Policy Schedule, collective::Communicator Comm>
+class HostDisaggregatedExecutor {
+public:
+  static constexpr ShapeSpec shape = Model::spec;
+  using T = storage_t<shape>;
+  using DeviceOptions = void;
+  using Options = LayerOptions<Schedule>;
+  static constexpr bool supports_no_dedup = false;
+
+  static_assert(collective::PointToPoint<Comm> && collective::Exchange<Comm>,
+                "moe::Layer (host disaggregated): the collective needs send / recv (collective::PointToPoint) "
+                "and all_gather_v (collective::Exchange)");
+  static_assert(!replication::BatchPolicy<Replicas>,
+                "moe::Layer (host disaggregated): a batch-aware replica policy routes on the host path only; "
+                "give the disaggregated path a replica policy with fixed copies (replication::Table, None)");
+
+  struct Arguments {
+    int tokens = 0;        ///< tokens on this rank (AG ranks; EG ranks pass 0)
+    T const* x = nullptr;  ///< tokens x hidden
+    T* y = nullptr;        ///< tokens x hidden, written
+  };
+  struct Buffers {
+    std::span<std::byte> workspace;  // the executor carves it (AG and EG ranks differ)
+  };
+
+  /// `placement` maps experts to EG ranks [0, size - options.schedule.ag); `replicas` any policy
+  /// over EG indices (its copies are asked once, here).
+  HostDisaggregatedExecutor(Comm& comm, Placement const& placement, Replicas const& replicas, LayerWeights<T> weights,
+                            Options const& options)
+      : comm_(&comm), schedule_(options.schedule),
+        executor_(comm, shape, schedule_.ag, eg_table(placement, comm.size() - schedule_.ag), weights, options.max_tokens,
+                  detail::expert_group_copies(replicas, eg_table(placement, comm.size() - schedule_.ag),
+                                              comm.size() - schedule_.ag)) {
+    check(static_cast<long long>(schedule_.r1) * schedule_.r2 <= options.max_tokens, "moe::Layer (disaggregated): r1 * r2 = ",
+          schedule_.r1, " * ", schedule_.r2, " chunks exceed max_tokens = ", options.max_tokens,
+          " (a chunk holds at least one token of a full batch)");
+  }
+
+  void carve(core::Carver& c, Buffers& b) const { b.workspace = c.take<std::byte>(executor_.workspace_size()); }
+
+  [[nodiscard]] Status check_pass(Arguments const& a) const {
+    if (!executor_.is_ag() && a.tokens != 0)
+      return {false, detail::concat("moe::Layer (disaggregated): rank ", executor_.attention_ranks() + executor_.eg_index(),
+                                    " is an expert-group rank and was given ", a.tokens,
+                                    " tokens; tokens live on the attention-group ranks")};
+    if (a.tokens % schedule_.r1 != 0)
+      return {false, detail::concat("moe::Layer (disaggregated): r1 = ", schedule_.r1, " does not divide the ", a.tokens,
+                                    " tokens of this attention-group rank")};
+    if ((a.tokens / schedule_.r1) % schedule_.r2 != 0)
+      return {false, detail::concat("moe::Layer (disaggregated): r2 = ", schedule_.r2, " does not divide the ",
+                                    a.tokens / schedule_.r1, " tokens of a micro-batch")};
+    return {};
+  }
+
+  [[nodiscard]] bool holds_tokens() const { return executor_.is_ag(); }
+
+  bool gather_votes(Arguments const&, detail::Vote const& mine, std::span<detail::Vote> votes) {
+    detail::gather_votes(*comm_, mine, votes);
+    return true;
+  }
+
+  /// One pass, agreed by the front: the executor's threads over send / recv.
+  void run(Arguments const& a, Buffers const& b, LayerStats& stats) {
+    auto before = comm_->counters();
+    executor_.run_agreed({a.tokens, a.x, a.y}, schedule_.config(), b.workspace);
+    auto const& after = comm_->counters();
+    stats.tokens = a.tokens;
+    stats.assignments = static_cast<long long>(a.tokens) * shape.top_k;
+    stats.meta_bytes = detail::record_meta_bytes_unpadded(shape.top_k);
+    stats.record_bytes = stats.meta_bytes + static_cast<std::size_t>(shape.hidden) * sizeof(T);
+    std::size_t sent = after[collective::Op::send] - before[collective::Op::send];
+    (executor_.is_ag() ? stats.dispatch_bytes : stats.combine_bytes) = sent;
+    stats.control_bytes = after.bytes_sent() - before.bytes_sent() - sent;
+  }
+
+  [[nodiscard]] bool is_attention_rank() const { return executor_.is_ag(); }
+
+private:
+  static placement::Table eg_table(Placement const& p, int eg) { return detail::expert_group_table(p, shape.experts, eg); }
+
+  Comm* comm_;
+  Schedule schedule_;
+  schedule::FinDepExecutor<Router, T, Comm> executor_;
+};
+
+}  // namespace layer
+
+namespace detail {
+template <class Model, class Router, class Placement, class Replicas, class Schedule, class Comm>
+struct executor_of<ExecutionPath::host_disaggregated, Model, Router, Placement, Replicas, Schedule, Comm> {
+  using type = layer::HostDisaggregatedExecutor<Model, Router, Placement, Replicas, Schedule, Comm>;
+};
+}  // namespace detail
+
+}  // namespace moe
