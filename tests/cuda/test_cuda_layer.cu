@@ -1,4 +1,4 @@
-// The whole device layer (moe::CudaLayer) against the host reference forward, on one GPU
+// The whole device layer (moe::Layer with cuda::SingleGpu or Nccl) against the host reference forward, on one GPU
 // (cuda::SingleGpu) and through collective::Nccl at world size 1 (exact and padded exchanges).
 // Exits 77 (skipped) without a GPU.
 //
@@ -230,7 +230,7 @@ TEST_CASE("single-GPU layer rejects bad arguments", "[cuda][layer][bad-input]") 
 
 // -----------------------------------------------------------------------------------------------
 // Several ranks on one GPU through moe::test::StagedDevice (staged_collective.cuh): the multi-rank
-// dispatch/combine logic of CudaLayer (both exchanges) without needing several GPUs.
+// dispatch/combine logic of the device Layer (both exchanges) without needing several GPUs.
 // -----------------------------------------------------------------------------------------------
 namespace {
 using moe::test::StagedDevice;

@@ -1,5 +1,5 @@
 #pragma once
-// PipelineSchedule policy `schedule::Sequential`: the phases of one forward pass run one after the
+// Schedule policy (schedule::Policy) `schedule::Sequential`: the phases of one forward pass run one after the
 // other on the whole batch (route, dispatch, expert compute, combine). FinDEP and PPPipe reorder and
 // split these phases (see schedule/findep*.hpp).
 
