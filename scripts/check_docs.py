@@ -80,7 +80,8 @@ class Repo:
         except (OSError, subprocess.CalledProcessError):
             self.files = set()
             for d, _, fs in os.walk(root):
-                if "/.git" in d or "/build" in d:
+                top = os.path.relpath(d, root).split(os.sep)[0]
+                if top.startswith((".git", "build")):
                     continue
                 for f in fs:
                     self.files.add(os.path.relpath(os.path.join(d, f), root))
