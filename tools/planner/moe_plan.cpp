@@ -352,6 +352,15 @@ int run(int argc, char** argv) {
       placement::joint::Options jo;
       jo.slots_per_gpu = o.joint_slots;
       jo.eps = o.joint_eps;
+      // A switch set on that this profile cannot honour is an error, not quietly off.
+      check(!(o.joint_server_cap_given && o.joint_server_cap) || train.batches() >= 2,
+            "--joint-server-cap on: the server cap needs the load spread of 2 or more planning batches, the profile "
+            "gives ", train.batches());
+      check(!(o.joint_coact_given && o.joint_coact) || !token_routes.empty(),
+            "--joint-coact on: co-location needs each token's experts, which only --import-vllm records");
+      check(!o.joint_regroup_given || (o.joint_coact && !token_routes.empty()),
+            "--joint-regroup: regrouping works on co-location, which is off here (it needs --import-vllm and "
+            "--joint-coact on)");
       if (o.joint_server_cap && train.batches() >= 2) jo.load_sd = placement::joint::load_spread(train);
       jo.z = o.joint_z;
       jo.server_eps = o.joint_server_eps;

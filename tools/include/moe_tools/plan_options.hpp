@@ -102,6 +102,9 @@ struct PlanOptions {
   bool joint_coact = true;       ///< co-location, when the profile records each token's experts
   bool joint_regroup = true;     ///< with co-location: swaps inside servers (joint step 3c)
   double joint_z = 2.0, joint_server_eps = 0.02;
+  /// Which of the three joint switches the command line set (a switch set "on" that the profile
+  /// cannot honour is an error, not silently off).
+  bool joint_server_cap_given = false, joint_coact_given = false, joint_regroup_given = false;
 
   std::string out_dir;  ///< empty: no plan files
   bool write_tsv = false;
@@ -236,6 +239,9 @@ inline PlanOptions parse_plan_options(std::span<std::string const> words) {
   on_off("joint-coact", o.joint_coact);
   on_off("joint-regroup", o.joint_regroup);
   on_off("joint-server-cap", o.joint_server_cap);
+  o.joint_server_cap_given = has("joint-server-cap");
+  o.joint_coact_given = has("joint-coact");
+  o.joint_regroup_given = has("joint-regroup");
   set_double(o.joint_z, "joint-z", 0, 100);
   set_double(o.joint_server_eps, "joint-server-eps", 0, 100);
   // A policy's options without the policy would do nothing: refuse them, naming the option.
