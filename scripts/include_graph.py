@@ -7,7 +7,7 @@
                                         folder above its own that docs/architecture.md does not list
                                         as intended, or when a listed edge no longer exists
 
-The layering (bottom first) is the table of docs/architecture.md. A header may include headers of its own folder
+The layering (bottom first) is the one docs/architecture.md describes. A header may include headers of its own folder
 and of folders below it; every other folder edge must appear in docs/architecture.md's list of
 intended upward edges, one line each: "- `from -> to`: why".
 """

@@ -18,8 +18,8 @@ done
 mkdir -p "$out"
 src="$root/tools/smpi/smpi_layer.cpp"
 bin="$out/smpi_layer"
-if [ ! -x "$bin" ] || [ -n "$(find "$root/include" "$src" -newer "$bin" -name '*.?pp' -print -quit)" ]; then
-  smpicxx -std=c++20 -O1 -I"$root/include" "$src" -o "$bin"
+if [ ! -x "$bin" ] || [ -n "$(find "$root/include" "$src" "$root/tools/include" -newer "$bin" -name '*.?pp' -print -quit)" ]; then
+  smpicxx -std=c++20 -O1 -I"$root/include" -I"$root/tools/include" "$src" -o "$bin"
 fi
 platform="$out/cluster-$ranks.xml"
 hosts="$out/hosts-$ranks"

@@ -12,7 +12,7 @@
 #include <limits>
 #include <string>
 
-#include "moe/core/cli.hpp"
+#include "moe_tools/cli.hpp"
 #include "moe/moe.hpp"
 
 namespace {
@@ -135,9 +135,9 @@ int main(int argc, char** argv) {
       if (a == "--model") {
         o.model = value();
       } else if (a == "--tokens") {
-        o.tokens = static_cast<int>(moe::core::parse_int(value(), a, 1, 1 << 20));
+        o.tokens = static_cast<int>(moe::tools::parse_int(value(), a, 1, 1 << 20));
       } else if (a == "--seed") {
-        o.seed = static_cast<std::uint64_t>(moe::core::parse_int(value(), a, 0, std::numeric_limits<long long>::max()));
+        o.seed = static_cast<std::uint64_t>(moe::tools::parse_int(value(), a, 0, std::numeric_limits<long long>::max()));
       } else {
         std::fprintf(stderr, "usage: moe_demo [--model olmoe|deepseek-v3-small] [--tokens N] [--seed S]\n");
         return 2;

@@ -1,5 +1,6 @@
-// The whole device layer (moe::CudaLayer) against the host reference forward, on one GPU
-// (collective::SingleGpu) and through collective::Nccl at world size 1 (exact and padded exchanges).
+// The whole device layer (moe::Layer with collective::SingleGpu or Nccl) against the host reference
+// forward, on one GPU (collective::SingleGpu) and through collective::Nccl at world size 1 (exact and
+// padded exchanges).
 // Exits 77 (skipped) without a GPU.
 //
 // Routes depend on fp32 logits, and the GPU sums them in another order than the host, so a token
@@ -230,7 +231,7 @@ TEST_CASE("single-GPU layer rejects bad arguments", "[cuda][layer][bad-input]") 
 
 // -----------------------------------------------------------------------------------------------
 // Several ranks on one GPU through moe::test::StagedDevice (staged_collective.cuh): the multi-rank
-// dispatch/combine logic of CudaLayer (both exchanges) without needing several GPUs.
+// dispatch/combine logic of the device Layer (both exchanges) without needing several GPUs.
 // -----------------------------------------------------------------------------------------------
 namespace {
 using moe::test::StagedDevice;

@@ -1,5 +1,5 @@
 // Exact workspace sizes of the device components (issue 15; the host ones are
-// tests/layer/test_workspace_exact.cpp): moe::CudaLayer on one GPU (collective::SingleGpu) and on several
+// tests/layer/test_workspace_exact.cpp): the device moe::Layer on one GPU (collective::SingleGpu) and on several
 // ranks of one GPU (moe::test::StagedDevice, both exchanges), the co-located
 // schedule::FinDepCudaExecutor, and schedule::FinDepCudaP2PExecutor on its AG and EG ranks (over
 // StagedDevice). For each component and shape the test
@@ -224,7 +224,7 @@ void expect_clean(std::vector<Finding> const& found, double tol) {
   CHECK(found[0].pieces_checked > 0);
 }
 
-/// The pieces of moe::CudaLayer::carve, in order.
+/// The pieces the device moe::Layer carves from its workspace, in order.
 std::vector<std::string> const layer_pieces = {
     "logits",      "ids",         "dest",          "weights",    "rec_count", "rec_pos",      "scan_temp",
     "counts",      "send_base",   "recv_base",     "recv_n",     "send",      "recv",         "keys",
@@ -282,7 +282,7 @@ Finding single_gpu_case(bool dedup, int m, std::size_t misalign) {
 
 }  // namespace
 
-TEST_CASE("CudaLayer on one GPU: the worst case writes every byte its workspace_size() counts",
+TEST_CASE("device Layer on one GPU: the worst case writes every byte its workspace_size() counts",
           "[cuda][layer][workspace]") {
   for (bool dedup : {true, false}) {
     for (std::size_t misalign : {std::size_t{0}, std::size_t{16}}) {
@@ -392,7 +392,7 @@ std::vector<Finding> ranks_case(moe::placement::Table const& table, std::vector<
 
 }  // namespace
 
-TEST_CASE("CudaLayer on several ranks: the worst case writes every byte its workspace_size() counts",
+TEST_CASE("device Layer on several ranks: the worst case writes every byte its workspace_size() counts",
           "[cuda][layer][ranks][workspace]") {
   using moe::cuda::Exchange;
   for (Exchange ex : {Exchange::exact, Exchange::padded}) {
@@ -421,7 +421,7 @@ TEST_CASE("CudaLayer on several ranks: the worst case writes every byte its work
   }
 }
 
-TEST_CASE("CudaLayer on several ranks: ranks with different options cannot overrun the exact buffers",
+TEST_CASE("device Layer on several ranks: ranks with different options cannot overrun the exact buffers",
           "[cuda][layer][ranks][workspace]") {
   // Rank 0 holds experts 0 and 1 and takes 2 tokens without de-duplication: its receive buffer
   // holds 2 ranks x 2 tokens x 2 records (a token sends a peer at most one record per expert the

@@ -11,7 +11,7 @@
 #include <string_view>
 
 #include "moe/config.hpp"
-#include "moe/core/cli.hpp"
+#include "moe_tools/cli.hpp"
 #include "moe/core/tsv.hpp"
 #include "moe/interop/engine_plans.hpp"
 #include "moe/plan/plan_io.hpp"
@@ -93,12 +93,12 @@ void run(std::string const& text) {
       if (!value.empty() && value.front() == ' ') value.erase(0, 1);
       try {
         if (kind == "int") {
-          long long a = moe::core::parse_int(lo, "--lo"), b = moe::core::parse_int(hi, "--hi");
-          long long v = moe::core::parse_int(value, "--value", a, b);
+          long long a = moe::tools::parse_int(lo, "--lo"), b = moe::tools::parse_int(hi, "--hi");
+          long long v = moe::tools::parse_int(value, "--value", a, b);
           if (v < a || v > b) __builtin_trap();
         } else {
-          double a = moe::core::parse_double(lo, "--lo"), b = moe::core::parse_double(hi, "--hi");
-          double v = moe::core::parse_double(value, "--value", a, b);
+          double a = moe::tools::parse_double(lo, "--lo"), b = moe::tools::parse_double(hi, "--hi");
+          double v = moe::tools::parse_double(value, "--value", a, b);
           if (!(v >= a && v <= b)) __builtin_trap();
         }
       } catch (moe::Error const&) {

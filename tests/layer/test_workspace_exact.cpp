@@ -383,7 +383,7 @@ TEST_CASE("FinDepExecutor: the worst case writes every byte of an AG and an EG r
   //                             the micro-batch is the whole batch (logits, shared expert);
   //   spread, one chunk         the AG tokens pick experts 0 and 4: each goes to both EG ranks;
   //   either, r1 * r2 = tokens  one token per chunk: the most (chunk, EG rank) lists.
-  // (moe::DisaggregatedLayer's workspace_size() is this executor's.)
+  // (The host disaggregated moe::Layer's workspace_size() is this executor's.)
   constexpr int R = 4, ag = 2, m = 4;
   constexpr ShapeSpec s = SharedWide::spec;
   using schedule::Config;

@@ -37,15 +37,16 @@ TEST_CASE("moe_plan options: defaults and a documented command line") {
   CHECK(d.write_tsv);
   CHECK_FALSE(d.c_layer.has_value());
 
-  auto o = parse({"--model",   "olmoe-1b-7b", "--layers",           "3",           "--olmoe",           "dir",
+  auto o = parse({"--model",   "olmoe-1b-7b", "--layers",           "3",           "--tokens",          "512",
                   "--leaves",  "4",           "--servers-per-leaf", "1",           "--gpus-per-server", "4",
-                  "--c-layer", "4",           "--out-dir",          "plans-olmoe", "--policies",        "rr,,joint",
+                  "--c-layer", "4",           "--out-dir",          "plans-olmoe", "--policies",        "rr,joint",
                   "--seed",    "0",           "--train-fraction",   "1",           "--synthetic-zipf",  "0,100"});
   CHECK(o.model == "olmoe-1b-7b");
   CHECK(o.shape.layers == 3);
   CHECK(o.shape.experts == 64);
   CHECK(o.layers_given);
-  CHECK(o.olmoe == "dir");
+  CHECK(o.tokens == 512.0);
+  CHECK(parse({"--olmoe", "dir"}).olmoe == "dir");
   CHECK(o.c_layer == 4);
   CHECK(o.out_dir == "plans-olmoe");
   CHECK(o.policies == std::vector<std::string>{"rr", "joint"});
@@ -81,7 +82,7 @@ TEST_CASE("moe_plan options: a bad command line names the option") {
       {{"--batches", "12abc"}, "--batches: '12abc' is not an integer"},
       {{"--leaves", "-1"}, "--leaves: -1 is outside [1, "},
       {{"--train-fraction", "nan"}, "--train-fraction: nan is outside [0, 1]"},
-      {{"--tokens", ""}, "--tokens: '' is not a number"},
+      {{"--tokens", ""}, "--tokens: empty value"},
       {{"--c-layer", "0"}, "--c-layer: 0 is outside [1, "},
       {{"--eplb-replicas", "-3"}, "--eplb-replicas: -3 is outside [0, "},
       {{"--seed", "-1"}, "--seed: -1 is outside [0, "},
@@ -96,14 +97,31 @@ TEST_CASE("moe_plan options: a bad command line names the option") {
       {{"--format", "sglang"}, "--format"},
       {{"--format", "tsv"}, "--format needs --out-dir"},
       {{"--profile", "a", "--olmoe", "b"}, "give at most one of --profile, --olmoe"},
-      {{"--batches"}, "bad argument '--batches' (options take a value"},
-      {{"plans"}, "bad argument 'plans'"},
+      {{"--batches"}, "--batches: missing value"},
+      {{"plans"}, "unexpected argument 'plans'"},
       {{"--polices", "rr"}, "unknown option '--polices'"},
       {{"--joint-server-cap", "yes"}, "--joint-server-cap takes on or off, got 'yes'"},
       {{"--joint-coact", "1"}, "--joint-coact takes on or off, got '1'"},
       {{"--joint-regroup", "On"}, "--joint-regroup takes on or off, got 'On'"},
       {{"--joint-z", "-1"}, "--joint-z: -1 is outside [0, 100]"},
       {{"--joint-server-eps", "x"}, "--joint-server-eps: 'x' is not a number"},
+      // Requests that would do nothing, or not what was asked (issue 37): named, never ignored.
+      {{"--format", "", "--out-dir", "d"}, "--format: empty value"},
+      {{"--format", ",", "--out-dir", "d"}, "--format: empty item in ','"},
+      {{"--format", "tsv,", "--out-dir", "d"}, "--format: empty item in 'tsv,'"},
+      {{"--policies", ""}, "--policies: empty value"},
+      {{"--policies", ","}, "--policies: empty item"},
+      {{"--policies", "rr,,joint"}, "--policies: empty item in 'rr,,joint'"},
+      {{"--policies", "rr", "--craft-r", "3"}, "--craft-r applies to the policy craft, which --policies does not"},
+      {{"--policies", "craft", "--c-exp", "9"}, "--c-exp applies to the policy rr, greedy, ilp or ilpload"},
+      {{"--policies", "eplb", "--joint-eps", "0.1"}, "--joint-eps applies to the policy joint"},
+      {{"--profile", "p.tsv", "--batches", "4"}, "--batches: only synthetic batches"},
+      {{"--profile", "p.tsv", "--seed", "4"}, "--seed: only synthetic batches"},
+      {{"--olmoe", "d", "--synthetic-zipf", "0.1,0.2"}, "--synthetic-zipf: the profile comes from another source (--olmoe)"},
+      {{"--synthetic-zipf", "0.9,0.1"}, "--synthetic-zipf: A (0.9) is above B (0.1)"},
+      {{"--train-fraction", "0"}, "--train-fraction: 0 leaves no batch"},
+      {{"--slots-per-gpu", "4"}, "--slots-per-gpu applies to the engine formats"},
+      {{"--slots-per-gpu", "4", "--out-dir", "d"}, "--slots-per-gpu applies to the engine formats"},
   };
   for (auto const& b : bad) {
     std::string line;

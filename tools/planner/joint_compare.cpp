@@ -24,8 +24,8 @@
 #include <string>
 #include <vector>
 
+#include "moe_tools/cli.hpp"
 #include "moe_tools/joint_scenarios.hpp"
-#include "moe/core/cli.hpp"
 #include "moe_tools/reactive_study.hpp"
 
 using namespace moe;
@@ -40,40 +40,49 @@ struct Row {
 };
 
 int run(int argc, char** argv) {
-  std::map<std::string, std::string> opt;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    check(a.rfind("--", 0) == 0 && i + 1 < argc, "bad argument '", a, "' (options take a value)");
-    opt[a.substr(2)] = argv[++i];
+  tools::Args const args(argc, argv,
+                         {{"train-batches"}, {"test-batches"}, {"tokens"}, {"layers"}, {"concentration"}, {"scenario"},
+                          {"reactive"}, {"reactive-rounds"}, {"reactive-rate"}, {"preset"}});
+  if (args.help()) {
+    std::printf("usage: joint_compare [--scenario NAME] [--preset NAME[:SERVERS]] [--train-batches N] [--test-batches N]\n"
+                "                     [--tokens N] [--layers N] [--concentration C] [--reactive off|greedy|lp|both]\n"
+                "                     [--reactive-rounds N] [--reactive-rate R]   (docs/planners.md)\n");
+    return tools::exit_ok;
   }
-  auto geti = [&](char const* k, long long d, long long lo, long long hi) {
-    return opt.count(k) ? core::parse_int(opt[k], std::string("--") + k, lo, hi) : d;
-  };
+  auto geti = [&](char const* k, long long d, long long lo, long long hi) { return args.integer(k, d, lo, hi); };
   int train_batches = static_cast<int>(geti("train-batches", 20, 1, 100000));
   int test_batches = static_cast<int>(geti("test-batches", 2, 1, 1000));
   int tokens = static_cast<int>(geti("tokens", 4096, 1, 1 << 20));
   int max_layers = static_cast<int>(geti("layers", 0, 0, core::limits::layers));
   // Batch-to-batch drift of the synthetic rows (profile::SampleOptions::concentration): larger is
   // closer to the marginals. The docs' table uses the default; other values are for sensitivity.
-  double concentration = opt.count("concentration") ? core::parse_double(opt["concentration"], "--concentration", 1.0, 1e9)
-                                                    : profile::SampleOptions{}.concentration;
-  std::string only = opt.count("scenario") ? opt["scenario"] : "";
+  double concentration = args.number("concentration", profile::SampleOptions{}.concentration, 1.0, 1e9);
+  std::string only = args.text("scenario");
   // Study rows (docs/planners.md): the joint placement with routes computed from each held-out
   // batch's own counts, by a greedy rule, by linear programs (GLPK) or by N parallel rounds.
-  std::string reactive = opt.count("reactive") ? opt["reactive"] : "off";
-  check(reactive == "off" || reactive == "greedy" || reactive == "lp" || reactive == "both",
-        "--reactive: expected off, greedy, lp or both, got '", reactive, "'");
+  std::string reactive = args.choice("reactive", "off", {"off", "greedy", "lp", "both"});
   bool reactive_greedy = reactive == "greedy" || reactive == "both", reactive_lp = reactive == "lp" || reactive == "both";
   int reactive_rounds = static_cast<int>(geti("reactive-rounds", 0, 0, 1000));
-  double reactive_rate = opt.count("reactive-rate") ? core::parse_double(opt["reactive-rate"], "--reactive-rate", 0.0, 1e6) : 3.0;
+  double reactive_rate = args.number("reactive-rate", 3.0, 0.0, 1e6);
 #ifndef MOE_JOINT_COMPARE_GLPK
   check(!reactive_lp, "--reactive lp and both need GLPK at build time (Debian libglpk-dev)");
 #endif
 
+  if (!only.empty()) {
+    std::string known;
+    bool found = false;
+    for (auto const& sc : joint_scenarios::all_scenarios()) {
+      found = found || sc.name == only;
+      known += (known.empty() ? "" : ", ") + sc.name;
+    }
+    check(found, "--scenario: unknown scenario '", only, "' (known: ", known, ")");
+  }
+  check(reactive != "off" || (!args.has("reactive-rounds") && !args.has("reactive-rate")),
+        "--reactive-rounds and --reactive-rate apply to the reactive rows: give --reactive greedy, lp or both");
   std::printf("scenario\tgpus\tpolicy\tbottleneck_us\thop_GB\tbalancedness\treplicas\treplica_GiB\tdest_per_token\tsolve_s\tbottleneck_levels\n");
   for (auto& sc : joint_scenarios::all_scenarios()) {
     if (!only.empty() && sc.name != only) continue;
-    if (opt.count("preset")) joint_scenarios::use_preset(sc, opt["preset"]);  // the model on a preset cluster
+    if (args.has("preset")) joint_scenarios::use_preset(sc, args.text("preset"));  // the model on a preset cluster
     joint_scenarios::Setup su;
     su.train_batches = train_batches;
     su.test_batches = test_batches;
@@ -187,10 +196,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (std::exception const& e) {
-    std::cerr << "joint_compare: " << e.what() << "\n";
-    return 2;
-  }
+  return moe::tools::guarded_main("joint_compare", [&] { return run(argc, argv); });
 }

@@ -18,7 +18,6 @@
 #include <string>
 #include <vector>
 
-#include "moe/core/cli.hpp"
 #include "moe/models/models.hpp"
 #include "moe/placement/eplb_packing.hpp"
 #include "moe/placement/heuristics.hpp"
@@ -35,6 +34,7 @@
 #include "moe/interop/engine_plans.hpp"
 #include "moe/interop/engine_stats.hpp"
 #endif
+#include "moe_tools/cli.hpp"
 #include "moe_tools/plan_options.hpp"
 
 using namespace moe;
@@ -54,14 +54,16 @@ Profile:   --profile FILE      a load profile (docs/plan-format.md)
                                one batch per iteration
            --import-vllm FILE  vLLM routed experts (JSON [tokens][moe layers][top_k]): one batch per request
            --batches N --tokens T --concentration C --seed S   per-batch sampling (synthetic batches)
-           --train-fraction F  batches used for planning (default 0.5), the rest for the report
+           --train-fraction F  share of the batches used for planning, in (0, 1] (default 0.5); the rest are
+                               the report's held-out batches (with 1, or one batch, the report is in-sample)
            --write-profile FILE  save the profile used
 Topology:  --topology KIND|FILE  fattree (default), dragonfly, fattree-sparse, dragonfly-sparse, or a file
            --leaves N --servers-per-leaf N --gpus-per-server N   (default 16, 4, 4: the ILP paper's cluster)
            --preset NAME[:SERVERS]  a hardware preset instead (docs/planners.md): h800, dgx-h100, dgx-h200,
                                gb200-nvl72; SERVERS overrides its default number of nodes (racks for NVL72)
 Policies:  --policies LIST     comma list of rr, greedy, ilp, ilpload, eplb-pack, eplb, craft, joint (default all)
-           --c-layer N --c-exp N   ILP capacities (default ceil(E/G) and ceil(L*E/G) + 6)
+           --c-layer N --c-exp N   capacities of rr, greedy, ilp, ilpload: experts per GPU in one layer
+                               (default ceil(E/G)) and in all layers (default max(ceil(L*E/G) + 6, L*c_layer))
            --eplb-replicas N   EPLB redundant slots per layer (default: GPUs, rounded up so E + N splits over them)
            --eplb-groups N --eplb-nodes N   EPLB hierarchy (default: model groups, servers)
            --craft-r R         CRAFT replicas per GPU (default 0 = automatic)
@@ -75,6 +77,8 @@ Policies:  --policies LIST     comma list of rr, greedy, ilp, ilpload, eplb-pack
                                token's experts: --import-vllm)
            --joint-regroup on|off   joint, with co-location: swap copies between the GPUs of a server
                                where that groups more co-chosen experts (default on)
+Exit status: 0 done; 2 a bad option or input file (the message names it); 3 any other failure
+           (docs/planners.md, "Exit statuses").
 Output:    --out-dir DIR       write DIR/plan_<policy>.tsv for each policy
            --format LIST       comma list of tsv (default), sglang, trtllm, vllm, vllm-ascend: the plan files
                                written per policy (docs/engines.md; vllm and vllm-ascend are experimental)
@@ -143,6 +147,8 @@ int run(int argc, char** argv) {
                " iterations)";
     } else {
       auto imp = profile::engine::import_vllm_routed_experts(*o.import_vllm, s.experts);
+      check(imp.routes.top_k() == s.top_k, *o.import_vllm, ": each token's routes list ", imp.routes.top_k(),
+            " experts, but ", o.model, " routes every token to top-", s.top_k, " (use the matching --model)");
       prof = std::move(imp.loads);
       token_routes = std::move(imp.routes);
       request_end = std::move(imp.request_end);
@@ -179,12 +185,33 @@ int run(int argc, char** argv) {
   check(prof.layers() == s.layers && prof.experts() == s.experts, "profile has ", prof.layers(), " layers x ",
         prof.experts(), " experts but the model has ", s.layers, " x ", s.experts, " (use --layers or another --model)");
   if (o.write_profile) profile::write_profile(*o.write_profile, prof);
+  // Planning batches: the first --train-fraction of them; the report measures the rest. With one
+  // batch, or --train-fraction 1, there is nothing held out: the report says so and is in-sample.
   double tf = o.train_fraction;
-  int train_b = std::max(1, std::min(prof.batches() - 1, static_cast<int>(prof.batches() * tf)));
-  if (prof.batches() == 1) train_b = 1;
+  bool const in_sample = prof.batches() == 1 || tf >= 1.0;
+  int train_b = in_sample ? prof.batches() : static_cast<int>(prof.batches() * tf);
+  check(train_b >= 1, "--train-fraction ", tf, " leaves none of the profile's ", prof.batches(),
+        " batches to plan from");
+  if (!in_sample) train_b = std::min(train_b, prof.batches() - 1);
   auto train = prof.slice(0, train_b);
-  auto test = prof.batches() > 1 ? prof.slice(train_b, prof.batches()) : prof;
+  auto test = in_sample ? prof : prof.slice(train_b, prof.batches());
   auto train_totals = train.totals();
+  // A profile without load plans nothing: every placement would look perfectly balanced.
+  auto all_zero = [](profile::LoadProfile const& p) {
+    for (double v : p.totals())
+      if (v != 0) return false;
+    return true;
+  };
+  check(!all_zero(prof), "the profile (", source, ") is all zeros: no expert received a token in any of its ",
+        prof.batches(), " batches, so there is nothing to plan from or to measure");
+  check(!all_zero(train), "the profile (", source, ") has no load in its ", train.batches(),
+        " planning batches: every count is zero, so there is nothing to plan from");
+  check(in_sample || !all_zero(test), "the profile (", source, ") has no load in its ", test.batches(),
+        " held-out batches: every count is zero, so the report could measure nothing (use --train-fraction 1)");
+  if (in_sample)
+    tools::warn("moe_plan", prof.batches() == 1 ? "the profile has 1 batch" : "--train-fraction 1",
+                ": the report measures the plans on the batches they were planned from (in-sample); give a "
+                "profile of 2 or more batches and --train-fraction below 1 for a held-out measure");
 
   // The default per-layer capacity is the least that can hold every expert: ceil(E / G).
   int c_layer = o.c_layer ? *o.c_layer : static_cast<int>(std::max<long long>(1, (s.experts + G - 1) / G));
@@ -310,12 +337,30 @@ int run(int argc, char** argv) {
       co.replication_factor = o.craft_r;
       auto p = replication::craft::plan(train, G, co);
       double secs = seconds_since(t0);
+      long long placed = 0;
+      for (int x : p.replicas) placed += x;
+      long long asked = static_cast<long long>(p.replication_factor) * G;
+      // CRAFT places the best selection whose total does not pass R x G; a total below it is not
+      // the plan asked for when R was given.
+      check(o.craft_r == 0 || placed == asked, "--craft-r ", o.craft_r, ": asks for ", asked, " replicas (",
+            o.craft_r, " x ", G, " GPUs), but the best CRAFT selection for ", s.layers, " layers places only ",
+            placed, " (", static_cast<double>(placed) / G, " per GPU); give a smaller --craft-r or 0 (automatic)");
       record(pol, from_tables(p.placement), p.tables, placement::Shares::from_tables(p.tables, G), secs,
-             "R = " + std::to_string(p.replication_factor) + " replicas/GPU");
+             "R = " + std::to_string(p.replication_factor) + " replicas/GPU" +
+                 (placed == asked ? std::string() : " (" + std::to_string(placed) + " placed)"));
     } else if (pol == "joint") {
       placement::joint::Options jo;
       jo.slots_per_gpu = o.joint_slots;
       jo.eps = o.joint_eps;
+      // A switch set on that this profile cannot honour is an error, not quietly off.
+      check(!(o.joint_server_cap_given && o.joint_server_cap) || train.batches() >= 2,
+            "--joint-server-cap on: the server cap needs the load spread of 2 or more planning batches, the profile "
+            "gives ", train.batches());
+      check(!(o.joint_coact_given && o.joint_coact) || !token_routes.empty(),
+            "--joint-coact on: co-location needs each token's experts, which only --import-vllm records");
+      check(!o.joint_regroup_given || (o.joint_coact && !token_routes.empty()),
+            "--joint-regroup: regrouping works on co-location, which is off here (it needs --import-vllm and "
+            "--joint-coact on)");
       if (o.joint_server_cap && train.batches() >= 2) jo.load_sd = placement::joint::load_spread(train);
       jo.z = o.joint_z;
       jo.server_eps = o.joint_server_eps;
@@ -369,7 +414,7 @@ int run(int argc, char** argv) {
   rep << "# moe_plan report: " << o.model << " (" << s.layers << " MoE layers x " << s.experts
       << " experts, top-" << s.top_k << "), " << G << " GPUs on " << (o.preset.empty() ? tk : "preset " + o.preset) << ", c_layer " << c_layer << ", c_exp "
       << c_exp << "\n# profile: " << source << "; planned on " << train.batches() << " batches, measured on "
-      << test.batches() << "\n";
+      << (in_sample ? "the same batches (in-sample)" : std::to_string(test.batches())) << "\n";
   rep << "policy\thops_mean\thops_std\tgain_vs_first\tbalancedness\treplicas\treplica_GiB\tseconds\tnote\n";
   char buf[512];
   for (auto const& r : rows) {
@@ -390,13 +435,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (moe::Error const& e) {
-    std::cerr << "moe_plan: " << e.what() << "\n";
-    return 2;
-  } catch (std::exception const& e) {
-    std::cerr << "moe_plan: " << e.what() << "\n";
-    return 2;
-  }
+  return moe::tools::guarded_main("moe_plan", [&] { return run(argc, argv); });
 }

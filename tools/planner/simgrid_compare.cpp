@@ -48,7 +48,7 @@
 #include <vector>
 
 #include "moe_tools/joint_scenarios.hpp"
-#include "moe/core/cli.hpp"
+#include "moe_tools/cli.hpp"
 #include "moe_tools/simgrid_replay.hpp"
 
 using namespace moe;
@@ -144,49 +144,36 @@ double max_diff(std::vector<double> const& a, std::vector<double> const& b) {
   return d;
 }
 
-std::set<std::string> split_list(std::string const& s) {
-  std::set<std::string> out;
-  std::stringstream in(s);
-  for (std::string x; std::getline(in, x, ',');)
-    if (!x.empty()) out.insert(x);
-  return out;
-}
 
 int run(int argc, char** argv) {
   xbt_log_control_set("root.threshold:warning");
   simgrid::s4u::Engine engine(&argc, argv);  // takes --cfg= and --log= out of argv
   sr::default_network_config();
 
-  std::map<std::string, std::string> opt;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    check(a.rfind("--", 0) == 0 && i + 1 < argc, "bad argument '", a, "' (options take a value)");
-    opt[a.substr(2)] = argv[++i];
+  tools::Args const args(argc, argv,
+                         {{"scenario"}, {"plans"}, {"train-batches"}, {"tokens"}, {"test-tokens"}, {"test-batches"},
+                          {"replay-layers"}, {"reactive"}, {"paths"}, {"explain"}, {"preset"}});
+  if (args.help()) {
+    std::printf("usage: simgrid_compare [--scenario NAME] [--plans LIST] [--preset NAME[:SERVERS]] [--train-batches N]\n"
+                "                       [--tokens N] [--test-tokens N] [--test-batches N] [--replay-layers N]\n"
+                "                       [--reactive off|greedy] [--paths all|first] [--explain on|off]   (docs/results/simgrid.md)\n");
+    return tools::exit_ok;
   }
-  for (auto const& [k, v] : opt)
-    check(k == "scenario" || k == "plans" || k == "train-batches" || k == "tokens" || k == "test-tokens" ||
-              k == "test-batches" || k == "replay-layers" || k == "reactive" || k == "paths" || k == "explain" ||
-              k == "preset",
-          "unknown option --", k);
-  auto geti = [&](char const* k, long long d, long long lo, long long hi) {
-    return opt.count(k) ? core::parse_int(opt[k], std::string("--") + k, lo, hi) : d;
-  };
+  auto geti = [&](char const* k, long long d, long long lo, long long hi) { return args.integer(k, d, lo, hi); };
   joint_scenarios::Setup su;
   su.train_batches = static_cast<int>(geti("train-batches", 20, 1, 100000));
   su.test_batches = static_cast<int>(geti("test-batches", 1, 1, 1000));
   su.tokens = static_cast<int>(geti("tokens", 4096, 1, 1 << 20));
   su.test_tokens = static_cast<int>(geti("test-tokens", 1024, 1, 1 << 20));
   int replay_layers = static_cast<int>(geti("replay-layers", 1, 1, core::limits::layers));
-  std::string only = opt.count("scenario") ? opt["scenario"] : "";
-  auto plans_wanted = split_list(opt.count("plans") ? opt["plans"] : "");
-  std::string reactive = opt.count("reactive") ? opt["reactive"] : "greedy";
-  check(reactive == "off" || reactive == "greedy", "--reactive: expected off or greedy, got '", reactive, "'");
-  std::string paths = opt.count("paths") ? opt["paths"] : "all";
-  check(paths == "all" || paths == "first", "--paths: expected all or first, got '", paths, "'");
-  bool split = paths == "all";
-  std::string explain_opt = opt.count("explain") ? opt["explain"] : "off";
-  check(explain_opt == "off" || explain_opt == "on", "--explain: expected off or on, got '", explain_opt, "'");
-  bool explain = explain_opt == "on";
+  std::string only = args.text("scenario");
+  std::set<std::string> plans_wanted;
+  if (args.has("plans"))
+    for (auto const& p : args.list("plans", "")) plans_wanted.insert(p);
+  std::string reactive = args.choice("reactive", "greedy", {"off", "greedy"});
+  bool split = args.choice("paths", "all", {"all", "first"}) == "all";
+  bool explain = args.on_off("explain", false);
+  std::set<std::string> plans_seen;
 
   // Everything is built before the simulation starts: scenarios, plans, demands, platforms.
   struct Cluster {
@@ -205,7 +192,7 @@ int run(int argc, char** argv) {
     auto& c = clusters.emplace_back();
     c.sc = std::move(sc0);
     auto& sc = c.sc;
-    if (opt.count("preset")) joint_scenarios::use_preset(sc, opt["preset"]);  // the model on a preset cluster
+    if (args.has("preset")) joint_scenarios::use_preset(sc, args.text("preset"));  // the model on a preset cluster
     auto data = joint_scenarios::make_data(sc, su);
     c.model = std::make_unique<topology::TrafficModel>(sc.topo);
     topology::TrafficOptions to;
@@ -214,6 +201,7 @@ int run(int argc, char** argv) {
     std::set<std::pair<int, int>> pairs;
     std::size_t first_job = jobs.size();
     for (auto const& plan : built.plans) {
+      plans_seen.insert(plan.name);
       if (!plans_wanted.empty() && plans_wanted.count(plan.name) == 0) continue;
       for (int b = 0; b < su.test_batches; ++b)
         for (int l = 0; l < std::min(replay_layers, sc.layers); ++l) {
@@ -245,6 +233,11 @@ int run(int argc, char** argv) {
     for (std::size_t i = first_job; i < jobs.size(); ++i) jobs[i].platform = c.platform.get();
   }
   check(any, "unknown scenario '", only, "'");
+  for (auto const& p : plans_wanted) {
+    std::string known;
+    for (auto const& q : plans_seen) known += (known.empty() ? "" : ", ") + q;
+    check(plans_seen.count(p) != 0, "--plans: no plan '", p, "' (known: ", known, ")");
+  }
   check(!jobs.empty(), "no plan matches --plans");
   root->seal();
 
@@ -292,10 +285,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (std::exception const& e) {
-    std::cerr << "simgrid_compare: " << e.what() << "\n";
-    return 2;
-  }
+  return moe::tools::guarded_main("simgrid_compare", [&] { return run(argc, argv); });
 }

@@ -65,6 +65,7 @@
 #include <string>
 #include <vector>
 
+#include "moe_tools/cli.hpp"
 #include "moe_tools/gpu_sweep.hpp"
 #include "moe/kernels/cuda_common.cuh"
 #include "moe/kernels/gate.cuh"
@@ -181,7 +182,7 @@ void softmax_rows(bf16* s, long long rows, int n, cudaStream_t st) {
   if constexpr (PER < softmax_max_per_thread) {
     if (n > PER * softmax_threads) return softmax_rows<PER * 2>(s, rows, n, st);
   } else {
-    moe::check(n <= PER * softmax_threads, "findep_fit_gpu: softmax row ", n, " above ", PER * softmax_threads);
+    moe::check(n <= PER * softmax_threads, "softmax row ", n, " above ", PER * softmax_threads);
   }
   moe::kernels::cuda::launch(softmax_rows_kernel<PER>, static_cast<unsigned>(rows), softmax_threads, 0, st, s, n);
   kc::check_launch("softmax_rows_kernel");
@@ -256,13 +257,13 @@ int run(Options const& opt) {
                  e != cudaSuccess ? cudaGetErrorString(e) : "device count 0");
     return 1;
   }
-  moe::check(opt.device >= 0 && opt.device < devices, "findep_fit_gpu: --device ", opt.device, " but ", devices,
+  moe::check(opt.device >= 0 && opt.device < devices, "--device ", opt.device, " but ", devices,
              " device(s) present");
   kc::check_cuda(cudaSetDevice(opt.device), "cudaSetDevice");
   cudaDeviceProp prop{};
   kc::check_cuda(cudaGetDeviceProperties(&prop, opt.device), "cudaGetDeviceProperties");
 #if !defined(MOE_FIT_GPU_NCCL)
-  moe::check(opt.link == "memcpy", "findep_fit_gpu: --link nccl needs a build with NCCL (moe::nccl target)");
+  moe::check(opt.link == "memcpy", "--link nccl needs a build with NCCL (moe::nccl target)");
 #endif
 
   std::vector<fg::Point> points = fg::sweep();
@@ -273,7 +274,7 @@ int run(Options const& opt) {
   std::printf("# device %d: %s, %.1f GiB (%.1f free); the sweep needs %.1f GiB\n", opt.device, prop.name,
               static_cast<double>(total_b) / (1 << 30), static_cast<double>(free_b) / (1 << 30),
               static_cast<double>(need) / (1 << 30));
-  moe::check(need <= free_b, "findep_fit_gpu: the sweep needs ", need >> 20, " MiB of device memory, ", free_b >> 20,
+  moe::check(need <= free_b, "the sweep needs ", need >> 20, " MiB of device memory, ", free_b >> 20,
              " MiB are free");
 
   cudaStream_t stream = nullptr;
@@ -359,7 +360,7 @@ int run(Options const& opt) {
   } catch (moe::Error const& err) {
     std::fprintf(stderr, "findep_fit_gpu: NCCL unavailable, link measured with cudaMemcpyAsync only: %s\n", err.what());
     nccl_ok = false;
-    moe::check(opt.link == "memcpy", "findep_fit_gpu: --link nccl but NCCL could not be set up");
+    moe::check(opt.link == "memcpy", "--link nccl but NCCL could not be set up");
   }
 #endif
 
@@ -391,7 +392,7 @@ int run(Options const& opt) {
         int const seq = p.seq, dk = fg::head_dim;
         long long const entries = static_cast<long long>(p.samples) * sh.heads();
         long long const chunk = fg::attention_chunk(sh, p.samples, p.seq);
-        moe::check(seq <= fg::max_softmax_row, "findep_fit_gpu: softmax row ", seq, " above ", fg::max_softmax_row);
+        moe::check(seq <= fg::max_softmax_row, "softmax row ", seq, " above ", fg::max_softmax_row);
         fn = [=, &q, &k, &v, &o, &scores](cudaStream_t st) {
           float const scale = 1.0f / std::sqrt(static_cast<float>(dk)), one = 1.0f, zero = 0.0f;
           long long const qs = static_cast<long long>(seq) * dk, ss = static_cast<long long>(seq) * seq;
@@ -420,7 +421,7 @@ int run(Options const& opt) {
         break;
       }
       case Op::shared: {
-        moe::check(s == moe::models::DeepSeekV2::spec, "findep_fit_gpu: the shared-expert call is instantiated for "
+        moe::check(s == moe::models::DeepSeekV2::spec, "the shared-expert call is instantiated for "
                                                        "DeepSeek-V2 only, not ", sh.name);
         auto shared = std::span<moe::ExpertWeights<bf16> const>(shared_views[si]);
         int T = static_cast<int>(p.tokens);
@@ -537,7 +538,7 @@ int run(Options const& opt) {
                    "cudaMemcpy (sanity)");
     for (std::size_t i = 0; i < n; ++i) {
       float x = is_float ? f[i] : static_cast<float>(b[i]);
-      moe::check(std::isfinite(x), "findep_fit_gpu: ", what, " output ", i, " is not finite (", x, ")");
+      moe::check(std::isfinite(x), "", what, " output ", i, " is not finite (", x, ")");
     }
   };
   kc::check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize (warm-up)");
@@ -634,29 +635,20 @@ int run(Options const& opt) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Options opt;
-  try {
-    for (int i = 1; i < argc; ++i) {
-      std::string a = argv[i];
-      bool more = i + 1 < argc;
-      if (a == "--out" && more) opt.out = argv[++i];
-      else if (a == "--samples" && more) opt.samples = argv[++i];
-      else if (a == "--reps" && more) opt.reps = std::stoi(argv[++i]);
-      else if (a == "--spin-us" && more) opt.spin_us = std::stod(argv[++i]);
-      else if (a == "--link" && more) opt.link = argv[++i];
-      else if (a == "--device" && more) opt.device = std::stoi(argv[++i]);
-      else if (a == "--list") opt.list = true;
-      else return usage();
+  return moe::tools::guarded_main("findep_fit_gpu", [&] {
+    moe::tools::Args const args(argc, argv, {{"out"}, {"samples"}, {"reps"}, {"spin-us"}, {"link"}, {"device"}, {"list", true}});
+    if (args.help()) {
+      usage();
+      return static_cast<int>(moe::tools::exit_ok);
     }
-  } catch (std::exception const&) {
-    return usage();
-  }
-  if (opt.reps < 1 || opt.spin_us < 0 || opt.spin_us > 1e5 || (opt.link != "memcpy" && opt.link != "nccl"))
-    return usage();
-  try {
+    Options opt;
+    opt.out = args.text("out", opt.out);
+    opt.samples = args.text("samples", opt.samples);
+    opt.reps = static_cast<int>(args.integer("reps", opt.reps, 1, 1000000));
+    opt.spin_us = args.number("spin-us", opt.spin_us, 0, 1e5);
+    opt.link = args.choice("link", opt.link, {"memcpy", "nccl"});
+    opt.device = static_cast<int>(args.integer("device", opt.device, 0, 1023));
+    opt.list = args.has("list");
     return run(opt);
-  } catch (std::exception const& e) {
-    std::fprintf(stderr, "findep_fit_gpu: %s\n", e.what());
-    return 1;
-  }
+  });
 }

@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "moe/core/cli.hpp"
+#include "moe_tools/cli.hpp"
 #include "moe_tools/host_ops.hpp"
 #include "moe/schedule/perf_model.hpp"
 
@@ -47,18 +47,15 @@ volatile float sink = 0;
 
 }  // namespace
 
-int main(int argc, char** argv) try {
-  std::string out_path = "findep_host_models.tsv", samples_path;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--out" && i + 1 < argc) out_path = argv[++i];
-    else if (a == "--samples" && i + 1 < argc) samples_path = argv[++i];
-    else if (a == "--reps" && i + 1 < argc) reps = static_cast<int>(moe::core::parse_int(argv[++i], a, 1, 1000000));
-    else {
-      std::cerr << "usage: findep_fit_host [--out models.tsv] [--samples samples.tsv] [--reps N]\n";
-      return 2;
-    }
+namespace {
+int run(int argc, char** argv) {
+  moe::tools::Args const args(argc, argv, {{"out"}, {"samples"}, {"reps"}});
+  if (args.help()) {
+    std::printf("usage: findep_fit_host [--out models.tsv] [--samples samples.tsv] [--reps N]\n");
+    return moe::tools::exit_ok;
   }
+  std::string out_path = args.text("out", "findep_host_models.tsv"), samples_path = args.text("samples");
+  reps = static_cast<int>(args.integer("reps", reps, 1, 1000000));
   std::vector<Point> points;
   auto add = [&](Op op, double work, std::function<void()> run) { points.push_back({op, work, std::move(run)}); };
 
@@ -175,7 +172,9 @@ int main(int argc, char** argv) try {
     std::printf("wrote %s\n", samples_path.c_str());
   }
   return 0;
-} catch (std::exception const& e) {  // bad options and files end with their message, not an abort
-  std::fprintf(stderr, "findep_fit_host: %s\n", e.what());
-  return 2;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  return moe::tools::guarded_main("findep_fit_host", [&] { return run(argc, argv); });
 }

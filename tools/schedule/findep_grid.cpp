@@ -14,33 +14,30 @@
 #include <limits>
 #include <string>
 
-#include "moe/core/cli.hpp"
+#include "moe_tools/cli.hpp"
 #include "moe/core/tsv.hpp"
 #include "moe/models/models.hpp"
 #include "moe/schedule/findep.hpp"
 
 using namespace moe::schedule;
 
-int main(int argc, char** argv) try {
-  PerfModels models = h100_cluster_reference();
-  double memory_gb = 40;
-  int layers_ds = 16, layers_qw = 48;  // the paper's reduced models on testbeds C and D
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--models" && i + 1 < argc) models = read_models(std::string(argv[++i]));
-    else if (a == "--memory-gb" && i + 1 < argc) memory_gb = moe::core::parse_double(argv[++i], a, 1e-9);
-    else if (a == "--link-gbs" && i + 1 < argc) {
-      double gbs = moe::core::parse_double(argv[++i], a, 1e-9);
-      models[Op::a2e].beta = models[Op::e2a].beta = 1.0 / (gbs * 1e3);  // us per byte
-      models.source += "; link " + std::string(argv[i]) + " GB/s";
-    }
-    else if (a == "--layers-deepseek" && i + 1 < argc) layers_ds = static_cast<int>(moe::core::parse_int(argv[++i], a, 1, moe::core::limits::layers));
-    else if (a == "--layers-qwen" && i + 1 < argc) layers_qw = static_cast<int>(moe::core::parse_int(argv[++i], a, 1, moe::core::limits::layers));
-    else {
-      std::cerr << "usage: findep_grid [--models file.tsv] [--link-gbs B] [--memory-gb G] [--layers-deepseek L] [--layers-qwen L]\n";
-      return 2;
-    }
+namespace {
+int run(int argc, char** argv) {
+  moe::tools::Args const args(argc, argv, {{"models"}, {"memory-gb"}, {"link-gbs"}, {"layers-deepseek"}, {"layers-qwen"}});
+  if (args.help()) {
+    std::printf("usage: findep_grid [--models file.tsv] [--link-gbs B] [--memory-gb G] [--layers-deepseek L] [--layers-qwen L]\n");
+    return moe::tools::exit_ok;
   }
+  PerfModels models = args.has("models") ? read_models(args.text("models")) : h100_cluster_reference();
+  double memory_gb = args.number("memory-gb", 40, 1e-9, std::numeric_limits<double>::max());
+  if (args.has("link-gbs")) {
+    double gbs = args.number("link-gbs", 0, 1e-9, std::numeric_limits<double>::max());
+    models[Op::a2e].beta = models[Op::e2a].beta = 1.0 / (gbs * 1e3);  // us per byte
+    models.source += "; link " + args.text("link-gbs") + " GB/s";
+  }
+  // The paper's reduced models on testbeds C and D.
+  int layers_ds = static_cast<int>(args.integer("layers-deepseek", 16, 1, moe::core::limits::layers));
+  int layers_qw = static_cast<int>(args.integer("layers-qwen", 48, 1, moe::core::limits::layers));
   struct Model { char const* name; moe::ShapeSpec spec; int layers; };
   Model list[] = {{"DeepSeek-V2", moe::models::DeepSeekV2::spec, layers_ds},
                   {"Qwen3-235B", moe::models::Qwen3_235B_A22B::spec, layers_qw}};
@@ -86,8 +83,10 @@ int main(int argc, char** argv) try {
       }
   std::printf("# worst solver/exhaustive %.4f; FinDEP/PPPipe speedup %.3f-%.3f; failed checks %d\n", worst,
               min_speed, max_speed, fails);
-  return fails == 0 ? 0 : 1;
-} catch (std::exception const& e) {  // bad options and files end with their message, not an abort
-  std::fprintf(stderr, "findep_grid: %s\n", e.what());
-  return 2;
+  return fails == 0 ? moe::tools::exit_ok : moe::tools::exit_check;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  return moe::tools::guarded_main("findep_grid", [&] { return run(argc, argv); });
 }

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "moe/collective/mpi.hpp"
-#include "moe/core/cli.hpp"
+#include "moe_tools/cli.hpp"
 #include "moe/moe.hpp"
 
 namespace {
@@ -81,11 +81,13 @@ int run(moe::collective::Mpi& comm, int tokens) {
 int main(int argc, char** argv) {
   moe::collective::MpiSession session(&argc, &argv, MPI_THREAD_SINGLE);
   moe::collective::Mpi comm;
-  try {
-    int tokens = argc > 1 ? static_cast<int>(moe::core::parse_int(argv[1], "tokens per rank", 1, 1 << 16)) : 16;
+  // Every rank parses the same words; rank 0 alone prints the message.
+  return moe::tools::guarded_main(comm.rank() == 0 ? "smpi_layer" : nullptr, [&] {
+    moe::tools::Args const args(argc, argv, {}, /*positionals=*/true);
+    moe::check(args.positionals().size() <= 1, "usage: smpi_layer [TOKENS_PER_RANK]");
+    int tokens = args.positionals().empty()
+                     ? 16
+                     : static_cast<int>(moe::tools::parse_int(args.positionals()[0], "tokens per rank", 1, 1 << 16));
     return run(comm, tokens);
-  } catch (std::exception const& e) {
-    if (comm.rank() == 0) std::fprintf(stderr, "smpi_layer: %s\n", e.what());
-    return 2;
-  }
+  });
 }

@@ -31,7 +31,7 @@
 #include <utility>
 #include <vector>
 
-#include "moe/core/cli.hpp"
+#include "moe_tools/cli.hpp"
 #include "moe/core/tsv.hpp"
 #include "moe/speculative/cocluster.hpp"
 #include "moe/speculative/cocluster_metis.hpp"
@@ -57,39 +57,48 @@ std::vector<std::string> split(std::string const& s) {
 }
 }  // namespace
 
-int main(int argc, char** argv) try {
+namespace {
+int run(int argc, char** argv) {
   using namespace moe;
-  std::string data = MOE_SHARED_DATA_DIR, train = "arxiv,book", eval = "github", layers_arg = "0,7,15", out;
-  int devices = 8, iterations = 30, samples = 16, polish = 2, final_polish = 10;
-  double split_fraction = 0, elite = 0.2, smoothing = 0.7, balance_weight = 0, fit_gamma = 1.1, cap = 1.1;
-  std::string fallback = "modulo", methods = "contiguous,metis,metis+refine,kmeans,ce-plain,ce";
-  unsigned long seed = 1;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string a = argv[i], v = argv[i + 1];
-    if (a == "--data") data = v;
-    else if (a == "--train") train = v;
-    else if (a == "--eval") eval = v;
-    else if (a == "--devices") devices = static_cast<int>(moe::core::parse_int(v, a, 1, 32767));
-    else if (a == "--layers") layers_arg = v;
-    else if (a == "--seed") seed = static_cast<unsigned long>(moe::core::parse_int(v, a, 0, std::numeric_limits<long long>::max()));
-    else if (a == "--iterations") iterations = static_cast<int>(moe::core::parse_int(v, a, 1, 1000000));
-    else if (a == "--samples") samples = static_cast<int>(moe::core::parse_int(v, a, 1, 1000000));
-    else if (a == "--polish") polish = static_cast<int>(moe::core::parse_int(v, a, 0, 1000000));
-    else if (a == "--final-polish") final_polish = static_cast<int>(moe::core::parse_int(v, a, 0, 1000000));
-    else if (a == "--split") split_fraction = moe::core::parse_double(v, a, 0, 1);
-    else if (a == "--out") out = v;
-    else if (a == "--elite") elite = moe::core::parse_double(v, a, 0, 1);
-    else if (a == "--smoothing") smoothing = moe::core::parse_double(v, a, 0, 1);
-    else if (a == "--balance-weight") balance_weight = moe::core::parse_double(v, a, 0);
-    else if (a == "--fit-gamma") fit_gamma = moe::core::parse_double(v, a, 0);
-    else if (a == "--cap") cap = moe::core::parse_double(v, a, 0);
-    else if (a == "--fallback") fallback = v;
-    else if (a == "--methods") methods = v;
-    else {
-      std::cerr << "unknown option " << a << "\n";
-      return 2;
-    }
+  using tools::parse_int;
+  tools::Args const args(argc, argv,
+                         {{"data"}, {"train"}, {"eval"}, {"devices"}, {"layers"}, {"seed"}, {"iterations"},
+                          {"samples"}, {"polish"}, {"final-polish"}, {"split"}, {"out"}, {"elite"}, {"smoothing"},
+                          {"balance-weight"}, {"fit-gamma"}, {"cap"}, {"fallback"}, {"methods"}});
+  if (args.help()) {
+    std::printf("usage: olmoe_cocluster [--data DIR] [--train LIST] [--eval LIST] [--devices N] [--layers LIST]\n"
+                "  [--seed S] [--iterations N] [--samples N] [--polish N] [--final-polish N] [--split F] [--out DIR]\n"
+                "  [--elite F] [--smoothing F] [--balance-weight W] [--fit-gamma G] [--cap C] [--fallback prior|modulo]\n"
+                "  [--methods LIST]   (docs/speculative.md)\n");
+    return tools::exit_ok;
   }
+  constexpr double kMax = std::numeric_limits<double>::max();
+  std::string data = args.text("data", MOE_SHARED_DATA_DIR), train = args.text("train", "arxiv,book"),
+              eval = args.text("eval", "github"), layers_arg = args.text("layers", "0,7,15"), out = args.text("out");
+  int devices = static_cast<int>(args.integer("devices", 8, 1, 32767));
+  int iterations = static_cast<int>(args.integer("iterations", 30, 1, 1000000));
+  int samples = static_cast<int>(args.integer("samples", 16, 1, 1000000));
+  int polish = static_cast<int>(args.integer("polish", 2, 0, 1000000));
+  int final_polish = static_cast<int>(args.integer("final-polish", 10, 0, 1000000));
+  double split_fraction = args.number("split", 0, 0, 1), elite = args.number("elite", 0.2, 0, 1),
+         smoothing = args.number("smoothing", 0.7, 0, 1), balance_weight = args.number("balance-weight", 0, 0, kMax),
+         fit_gamma = args.number("fit-gamma", 1.1, 0, kMax), cap = args.number("cap", 1.1, 0, kMax);
+  std::string fallback = args.choice("fallback", "modulo", {"prior", "modulo"});
+  std::string methods = args.text("methods", "contiguous,metis,metis+refine,kmeans,ce-plain,ce");
+  for (auto const& m : tools::parse_list(methods, "--methods"))
+    check(m == "contiguous" || m == "metis" || m == "metis+refine" || m == "kmeans" || m == "ce-plain" || m == "ce",
+          "--methods: unknown method '", m, "' (known: contiguous, metis, metis+refine, kmeans, ce-plain, ce)");
+#if !(MOE_HAS_METIS && defined(MOE_WITH_METIS))
+  // The default list skips METIS quietly where it is not built; a list the user gave does not.
+  for (auto const& m : tools::parse_list(methods, "--methods"))
+    check(!args.has("methods") || (m != "metis" && m != "metis+refine"), "--methods ", m,
+          ": this olmoe_cocluster was built without METIS (Debian libmetis-dev)");
+#endif
+  (void)tools::parse_list(layers_arg, "--layers");
+  (void)tools::parse_list(train, "--train");
+  (void)tools::parse_list(eval, "--eval");
+  unsigned long seed =
+      static_cast<unsigned long>(args.integer("seed", 1, 0, std::numeric_limits<long long>::max()));
   namespace ol = profile::olmoe;
   auto t0 = std::chrono::steady_clock::now();
   profile::RouteProfile fit, held;
@@ -105,10 +114,6 @@ int main(int argc, char** argv) try {
     held = ol::load(data, split(eval));
   }
   double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (fallback != "prior" && fallback != "modulo") {
-    std::cerr << "--fallback must be prior or modulo\n";
-    return 2;
-  }
   auto wanted = split(methods);
   auto want = [&](char const* m) { return std::find(wanted.begin(), wanted.end(), m) != wanted.end(); };
   speculative::CappedEvalOptions copt;
@@ -122,7 +127,7 @@ int main(int argc, char** argv) try {
               final_polish, seed);
   std::vector<double> shares(static_cast<std::size_t>(devices), 1.0 / devices);
   for (auto const& ls : split(layers_arg)) {
-    int layer = static_cast<int>(moe::core::parse_int(ls, "--layers", 0, moe::core::limits::layers - 1));
+    int layer = static_cast<int>(parse_int(ls, "--layers", 0, moe::core::limits::layers - 1));
     auto const& tr = fit.layer(layer);
     auto const& ev = held.layer(layer);
     auto problem = moe::speculative::CoclusterProblem::from_counts(tr, ol::top_k, devices);
@@ -207,7 +212,9 @@ int main(int argc, char** argv) try {
     std::printf("\n");
   }
   return 0;
-} catch (std::exception const& e) {
-  std::cerr << "olmoe_cocluster: " << e.what() << "\n";
-  return 1;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  return moe::tools::guarded_main("olmoe_cocluster", [&] { return run(argc, argv); });
 }

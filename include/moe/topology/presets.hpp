@@ -52,12 +52,13 @@
 //             InfiniBand per rack, one per GPU; DGX SuperPOD with DGX GB200: SU of 8 racks.
 
 #include <algorithm>
+#include <charconv>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <vector>
 
 #include "moe/config.hpp"
-#include "moe/core/cli.hpp"
 #include "moe/topology/topology.hpp"
 
 namespace moe::topology {
@@ -185,8 +186,14 @@ inline PresetSpec parse_preset(std::string_view spec) {
   out.servers = out.preset->default_servers;
   if (colon != std::string_view::npos) {
     long long limit = Topology::max_gpus / out.preset->gpus_per_server;
-    out.servers = static_cast<int>(
-        core::parse_int(spec.substr(colon + 1), "hardware preset '" + std::string(spec) + "': server count", 1, limit));
+    std::string_view count = spec.substr(colon + 1);
+    long long v = 0;
+    auto [ptr, ec] = std::from_chars(count.data(), count.data() + count.size(), v);
+    check(!count.empty() && ec != std::errc::invalid_argument && ptr == count.data() + count.size(), "hardware preset '",
+          spec, "': server count: '", count, "' is not an integer");
+    check(ec != std::errc::result_out_of_range && v >= 1 && v <= limit, "hardware preset '", spec, "': server count: ",
+          count, " is outside [1, ", limit, "]");
+    out.servers = static_cast<int>(v);
   }
   return out;
 }
