@@ -138,7 +138,8 @@ Checked check_case(Case const& c) {
     for (int e = 0; e < c.E; ++e) {
       long long sum = 0;
       for (int s = L.first[e]; s < L.first[e + 1]; ++s) {
-        long long x = take[static_cast<std::size_t>(r * L.slots + s)];
+        bool single = L.first[e + 1] - L.first[e] == 1;  // single-copy slots are not written
+        long long x = single ? n[static_cast<std::size_t>(r * c.E + e)] : take[static_cast<std::size_t>(r * L.slots + s)];
         REQUIRE(x >= 0);
         sum += x;
         int g = L.rank[s];
@@ -180,8 +181,12 @@ Checked check_case(Case const& c) {
       REQUIRE(s < L.first[e + 1]);
       ++per_slot[static_cast<std::size_t>(s)];
     }
-    for (int s = 0; s < L.slots; ++s)
-      REQUIRE(per_slot[static_cast<std::size_t>(s)] == take[static_cast<std::size_t>(r * L.slots + s)]);
+    for (int e = 0; e < c.E; ++e)
+      for (int s = L.first[e]; s < L.first[e + 1]; ++s) {
+        long long want = L.first[e + 1] - L.first[e] == 1 ? n[static_cast<std::size_t>(r * c.E + e)]
+                                                           : take[static_cast<std::size_t>(r * L.slots + s)];
+        REQUIRE(per_slot[static_cast<std::size_t>(s)] == want);
+      }
   }
   return {mx, lp_ceil, fixed};
 }

@@ -73,7 +73,8 @@ MOE_HOST_DEVICE inline int arc_count(int experts, int const* first) {
 
 /// 64-bit words of workspace solve() needs.
 MOE_HOST_DEVICE inline long long workspace_words(Layout const& L) {
-  return 7LL * L.ranks + 2LL * L.experts + 6LL * L.slots + L.servers + 2LL * L.arcs;
+  return 8LL * L.ranks + 2LL * L.experts + 6LL * L.slots + static_cast<long long>(L.servers + 2) * (L.experts + 1) +
+         2LL * L.arcs;
 }
 
 /// What solve() reports besides the split.
@@ -91,8 +92,8 @@ MOE_HOST_DEVICE inline long long lmax(long long a, long long b) { return a > b ?
 
 /// The workspace, carved from one array of 64-bit words.
 struct Work {
-  long long *N, *load, *y, *loc, *srvN, *sexp, *load0, *acc, *dist, *pred, *path, *rem, *arc_c, *arc_d, *multi, *mark,
-      *need;
+  long long *N, *load, *y, *loc, *srvN, *sexp, *load0, *P, *dist, *pred, *path, *rem, *arc_c, *arc_d, *multi, *mark,
+      *need, *srank, *sfirst;
   int n_multi = 0, n_arcs = 0;
 
   MOE_HOST_DEVICE Work(Layout const& L, long long* w) {
@@ -108,15 +109,17 @@ struct Work {
     load0 = take(L.ranks);
     dist = take(L.ranks);
     pred = take(L.ranks);
-    path = take(L.ranks + 1);
+    path = take(L.ranks + L.servers + 1);  // also: one pointer per server, and one more
     rem = take(L.ranks);
+    srank = take(L.ranks);
+    sfirst = take(L.servers + 1);
     y = take(L.slots);
     loc = take(L.slots);
     srvN = take(L.slots);
     sexp = take(L.slots);
     mark = take(L.slots);
     need = take(L.slots);
-    acc = take(L.servers);
+    P = take(static_cast<long long>(L.servers) * L.experts);
     arc_c = take(L.arcs);
     arc_d = take(L.arcs);
   }
@@ -230,7 +233,9 @@ constexpr long long inf = 0x3fffffffffffffffLL;
 }  // namespace detail
 
 /// Computes the split of one batch. `counts`: ranks x experts, rank-major, pairs of each (source
-/// rank, expert). `take`: ranks x slots, written: pairs of each (source rank, slot). `load`: ranks,
+/// rank, expert). `take`: ranks x slots, pairs of each (source rank, slot), written for the slots of
+/// experts with two copies or more (an expert with one copy sends every pair to it; its entries are
+/// left as they are, and dealt() does not read them). `load`: ranks,
 /// written: pairs each rank receives. `work`: workspace_words(L) words. Returns the outcome; on a
 /// negative count it writes nothing and returns bad = 1 (the host wrapper names the entry).
 MOE_HOST_DEVICE inline Outcome solve(Layout const& L, std::int32_t const* counts, std::int32_t* take, long long* load,
@@ -238,25 +243,42 @@ MOE_HOST_DEVICE inline Outcome solve(Layout const& L, std::int32_t const* counts
   using namespace detail;
   Outcome out;
   int G = L.ranks, E = L.experts;
-  for (long long i = 0; i < static_cast<long long>(G) * E; ++i)
-    if (counts[i] < 0) {
-      out.bad = 1;
-      return out;
-    }
   Work W(L, work);
-  // per-expert totals; fixed loads; experts with copies
-  long long total = 0;
-  for (int e = 0; e < E; ++e) W.N[e] = 0;
+  // the ranks of each server, in rank order
+  for (int v = 0; v <= L.servers; ++v) W.sfirst[v] = 0;
+  for (int r = 0; r < G; ++r) ++W.sfirst[L.server[r] + 1];
+  for (int v = 0; v < L.servers; ++v) W.sfirst[v + 1] += W.sfirst[v];
+  for (int v = 0; v < L.servers; ++v) W.path[v] = W.sfirst[v];
+  for (int r = 0; r < G; ++r) W.srank[W.path[L.server[r]]++] = r;
+  // pairs per (source server, expert), in one pass over the counts (which also finds a negative one)
+  for (long long i = 0; i < static_cast<long long>(L.servers) * E; ++i) W.P[i] = 0;
+  std::int32_t sign = 0;
   for (int r = 0; r < G; ++r) {
     std::int32_t const* row = counts + static_cast<long long>(r) * E;
-    for (int e = 0; e < E; ++e) W.N[e] += row[e];
+    long long* acc = W.P + static_cast<long long>(L.server[r]) * E;
+    for (int e = 0; e < E; ++e) acc[e] += row[e], sign |= row[e];
   }
+  if (sign < 0) {
+    out.bad = 1;
+    return out;
+  }
+  // per-expert totals; fixed loads and what stays on rank / server for single-copy experts
+  long long total = 0;
   for (int g = 0; g < G; ++g) W.load[g] = 0;
   W.n_multi = 0;
   for (int e = 0; e < E; ++e) {
-    total += W.N[e];
-    if (L.first[e + 1] - L.first[e] == 1) W.load[L.rank[L.first[e]]] += W.N[e];
-    else if (W.N[e] > 0) W.multi[W.n_multi++] = e;
+    long long n = 0;
+    for (int v = 0; v < L.servers; ++v) n += W.P[static_cast<long long>(v) * E + e];
+    W.N[e] = n;
+    total += n;
+    if (L.first[e + 1] - L.first[e] == 1) {
+      int g = L.rank[L.first[e]];
+      W.load[g] += n;
+      out.local += counts[static_cast<long long>(g) * E + e];
+      out.same_server += W.P[static_cast<long long>(L.server[g]) * E + e];
+    } else if (n > 0) {
+      W.multi[W.n_multi++] = e;
+    }
   }
   long long T = 0;
   for (int g = 0; g < G; ++g) T = lmax(T, W.load[g]);
@@ -266,11 +288,9 @@ MOE_HOST_DEVICE inline Outcome solve(Layout const& L, std::int32_t const* counts
   W.n_arcs = 0;
   for (int i = 0; i < W.n_multi; ++i) {
     int e = static_cast<int>(W.multi[i]);
-    for (int s = 0; s < L.servers; ++s) W.acc[s] = 0;
-    for (int r = 0; r < G; ++r) W.acc[L.server[r]] += counts[static_cast<long long>(r) * E + e];
     for (int c = L.first[e]; c < L.first[e + 1]; ++c) {
       W.loc[c] = counts[static_cast<long long>(L.rank[c]) * E + e];
-      W.srvN[c] = W.acc[L.server[L.rank[c]]];
+      W.srvN[c] = W.P[static_cast<long long>(L.server[L.rank[c]]) * E + e];
       for (int d = L.first[e]; d < L.first[e + 1]; ++d)
         if (d != c) W.arc_c[W.n_arcs] = c, W.arc_d[W.n_arcs] = d, ++W.n_arcs;
     }
@@ -388,32 +408,46 @@ MOE_HOST_DEVICE inline Outcome solve(Layout const& L, std::int32_t const* counts
   for (int g = 0; g < G; ++g) load[g] = W.load[g], out.max_load = lmax(out.max_load, W.load[g]);
   for (int e = 0; e < E; ++e) {
     int lo = L.first[e], hi = L.first[e + 1];
-    if (hi - lo == 1) {
-      for (int r = 0; r < G; ++r) {
-        std::int32_t n = counts[static_cast<long long>(r) * E + e];
-        take[static_cast<long long>(r) * L.slots + lo] = n;
-        if (L.rank[lo] == r) out.local += n;
-        if (L.server[L.rank[lo]] == L.server[r]) out.same_server += n;
-      }
-      continue;
-    }
+    if (hi - lo == 1) continue;  // one copy: all its pairs go there (take is not written)
     for (int r = 0; r < G; ++r) {
       W.rem[r] = counts[static_cast<long long>(r) * E + e];
       for (int c = lo; c < hi; ++c) take[static_cast<long long>(r) * L.slots + c] = 0;
     }
-    for (int c = lo; c < hi; ++c) W.need[c] = W.y[c];
-    for (int pass = 0; pass < 3; ++pass)
-      for (int c = lo; c < hi; ++c)
-        for (int r = 0; r < G && W.need[c] > 0; ++r) {
-          if (pass == 0 && r != L.rank[c]) continue;
-          if (pass == 1 && L.server[r] != L.server[L.rank[c]]) continue;
-          long long m = lmin(W.rem[r], W.need[c]);
-          if (m <= 0) continue;
-          take[static_cast<long long>(r) * L.slots + c] += static_cast<std::int32_t>(m);
-          W.rem[r] -= m, W.need[c] -= m;
-          if (pass == 0) out.local += m;
-          if (pass <= 1) out.same_server += m;
+    // own rank first
+    for (int c = lo; c < hi; ++c) {
+      int r = L.rank[c];
+      long long m = lmin(W.rem[r], W.y[c]);
+      take[static_cast<long long>(r) * L.slots + c] = static_cast<std::int32_t>(m);
+      W.rem[r] -= m, W.need[c] = W.y[c] - m;
+      out.local += m, out.same_server += m;
+    }
+    // then own server, then the rest: each in rank order (one pointer per server, one overall)
+    for (int v = 0; v < L.servers; ++v) W.path[v] = W.sfirst[v];
+    for (int c = lo; c < hi; ++c) {
+      int v = L.server[L.rank[c]];
+      long long& at = W.path[v];
+      while (W.need[c] > 0 && at < W.sfirst[v + 1]) {
+        int r = static_cast<int>(W.srank[at]);
+        long long m = lmin(W.rem[r], W.need[c]);
+        if (m == 0) {
+          ++at;
+          continue;
         }
+        take[static_cast<long long>(r) * L.slots + c] += static_cast<std::int32_t>(m);
+        W.rem[r] -= m, W.need[c] -= m, out.same_server += m;
+      }
+    }
+    int r = 0;
+    for (int c = lo; c < hi; ++c)
+      while (W.need[c] > 0 && r < G) {
+        long long m = lmin(W.rem[r], W.need[c]);
+        if (m == 0) {
+          ++r;
+          continue;
+        }
+        take[static_cast<long long>(r) * L.slots + c] += static_cast<std::int32_t>(m);
+        W.rem[r] -= m, W.need[c] -= m;
+      }
   }
   return out;
 }
@@ -422,6 +456,7 @@ MOE_HOST_DEVICE inline Outcome solve(Layout const& L, std::int32_t const* counts
 /// given the split `take` (ranks x slots). Pairs past the split's count go to the last copy.
 MOE_HOST_DEVICE inline int dealt(Layout const& L, std::int32_t const* take, int e, int r, long long m) {
   int lo = L.first[e], hi = L.first[e + 1];
+  if (hi - lo == 1) return L.rank[lo];
   std::int32_t const* row = take + static_cast<long long>(r) * L.slots;
   long long cum = 0;
   for (int c = lo; c < hi; ++c) {
@@ -495,15 +530,30 @@ public:
   void deal(int rank, std::span<int const> experts, std::span<int> out) const {
     check(out.size() == experts.size(), "batch split: deal into ", out.size(), " entries, ", experts.size(),
           " pairs");
-    seen_.assign(static_cast<std::size_t>(layout_.experts), 0);
+    check(rank >= 0 && rank < layout_.ranks, "batch split: deal for rank ", rank, ", outside [0, ", layout_.ranks, ")");
+    // per expert: the slot being filled and the pairs it still takes (a cursor, so O(1) a pair)
+    auto E = static_cast<std::size_t>(layout_.experts);
+    slot_.assign(lists_.first.begin(), lists_.first.end() - 1);
+    left_.resize(E);
+    auto const* row = take_.data() + static_cast<std::size_t>(rank) * static_cast<std::size_t>(layout_.slots);
+    for (std::size_t e = 0; e < E; ++e)
+      left_[e] = lists_.first[e + 1] - lists_.first[e] == 1 ? -1 : row[slot_[e]];
     for (std::size_t i = 0; i < experts.size(); ++i) {
       int e = experts[i];
       check(e >= 0 && e < layout_.experts, "batch split: pair ", i, " names expert ", e);
-      out[i] = dealt(e, rank, seen_[static_cast<std::size_t>(e)]++);
+      auto ue = static_cast<std::size_t>(e);
+      if (left_[ue] < 0) {  // one copy
+        out[i] = lists_.ranks[static_cast<std::size_t>(slot_[ue])];
+        continue;
+      }
+      while (left_[ue] == 0 && slot_[ue] + 1 < lists_.first[ue + 1]) left_[ue] = row[++slot_[ue]];
+      if (left_[ue] > 0) --left_[ue];
+      out[i] = lists_.ranks[static_cast<std::size_t>(slot_[ue])];
     }
   }
 
-  /// The last split: pairs per (source rank, slot), ranks x slots (slots in copy-list order).
+  /// The last split: pairs per (source rank, slot), ranks x slots (slots in copy-list order); the
+  /// slots of single-copy experts are not written (all of a rank's pairs of such an expert go there).
   [[nodiscard]] std::vector<std::int32_t> const& take() const { return take_; }
   /// The last split's pairs received per rank.
   [[nodiscard]] std::vector<long long> const& load() const { return load_; }
@@ -544,7 +594,8 @@ private:
   std::vector<std::int32_t> take_;
   std::vector<long long> load_;
   split::Outcome last_;
-  mutable std::vector<int> seen_;
+  mutable std::vector<int> slot_;
+  mutable std::vector<std::int64_t> left_;
 };
 
 static_assert(BatchPolicy<BatchSplit>);
