@@ -232,36 +232,49 @@ constexpr long long inf = 0x3fffffffffffffffLL;
 
 }  // namespace detail
 
-/// Computes the split of one batch. `counts`: ranks x experts, rank-major, pairs of each (source
-/// rank, expert). `take`: ranks x slots, pairs of each (source rank, slot), written for the slots of
-/// experts with two copies or more (an expert with one copy sends every pair to it; its entries are
-/// left as they are, and dealt() does not read them). `load`: ranks,
-/// written: pairs each rank receives. `work`: workspace_words(L) words. Returns the outcome; on a
-/// negative count it writes nothing and returns bad = 1 (the host wrapper names the entry).
-MOE_HOST_DEVICE inline Outcome solve(Layout const& L, std::int32_t const* counts, std::int32_t* take, long long* load,
-                                     long long* work) {
+/// Stage 1 of solve(), which the threads of a CUDA block share: the pairs per (source server, expert)
+/// of the experts e = part, part + parts, ... Returns the bitwise OR of the counts it read (negative
+/// when one of them is).
+MOE_HOST_DEVICE inline std::int32_t count_servers(Layout const& L, std::int32_t const* counts, long long* work, int part,
+                                                  int parts) {
+  detail::Work W(L, work);
+  std::int32_t sign = 0;
+  for (int e = part; e < L.experts; e += parts)
+    for (int v = 0; v < L.servers; ++v) W.P[static_cast<long long>(v) * L.experts + e] = 0;
+  if (parts == 1) {  // row by row (contiguous)
+    for (int r = 0; r < L.ranks; ++r) {
+      std::int32_t const* row = counts + static_cast<long long>(r) * L.experts;
+      long long* acc = W.P + static_cast<long long>(L.server[r]) * L.experts;
+      for (int e = 0; e < L.experts; ++e) acc[e] += row[e], sign |= row[e];
+    }
+    return sign;
+  }
+  for (int e = part; e < L.experts; e += parts)
+    for (int r = 0; r < L.ranks; ++r) {
+      std::int32_t n = counts[static_cast<long long>(r) * L.experts + e];
+      W.P[static_cast<long long>(L.server[r]) * L.experts + e] += n, sign |= n;
+    }
+  return sign;
+}
+
+/// Stage 2 of solve(), one thread: everything else, after count_servers() has covered every expert
+/// and `sign` is the OR of what its parts returned.
+MOE_HOST_DEVICE inline Outcome finish(Layout const& L, std::int32_t const* counts, std::int32_t* take, long long* load,
+                                      long long* work, std::int32_t sign) {
   using namespace detail;
   Outcome out;
   int G = L.ranks, E = L.experts;
   Work W(L, work);
+  if (sign < 0) {
+    out.bad = 1;
+    return out;
+  }
   // the ranks of each server, in rank order
   for (int v = 0; v <= L.servers; ++v) W.sfirst[v] = 0;
   for (int r = 0; r < G; ++r) ++W.sfirst[L.server[r] + 1];
   for (int v = 0; v < L.servers; ++v) W.sfirst[v + 1] += W.sfirst[v];
   for (int v = 0; v < L.servers; ++v) W.path[v] = W.sfirst[v];
   for (int r = 0; r < G; ++r) W.srank[W.path[L.server[r]]++] = r;
-  // pairs per (source server, expert), in one pass over the counts (which also finds a negative one)
-  for (long long i = 0; i < static_cast<long long>(L.servers) * E; ++i) W.P[i] = 0;
-  std::int32_t sign = 0;
-  for (int r = 0; r < G; ++r) {
-    std::int32_t const* row = counts + static_cast<long long>(r) * E;
-    long long* acc = W.P + static_cast<long long>(L.server[r]) * E;
-    for (int e = 0; e < E; ++e) acc[e] += row[e], sign |= row[e];
-  }
-  if (sign < 0) {
-    out.bad = 1;
-    return out;
-  }
   // per-expert totals; fixed loads and what stays on rank / server for single-copy experts
   long long total = 0;
   for (int g = 0; g < G; ++g) W.load[g] = 0;
@@ -450,6 +463,17 @@ MOE_HOST_DEVICE inline Outcome solve(Layout const& L, std::int32_t const* counts
       }
   }
   return out;
+}
+
+/// Computes the split of one batch. `counts`: ranks x experts, rank-major, pairs of each (source
+/// rank, expert). `take`: ranks x slots, pairs of each (source rank, slot), written for the slots of
+/// experts with two copies or more (an expert with one copy sends every pair to it; its entries are
+/// left as they are, and dealt() does not read them). `load`: ranks, written: pairs each rank
+/// receives. `work`: workspace_words(L) words. Returns the outcome; on a negative count it writes
+/// nothing and returns bad = 1 (the host wrapper names the entry).
+MOE_HOST_DEVICE inline Outcome solve(Layout const& L, std::int32_t const* counts, std::int32_t* take, long long* load,
+                                     long long* work) {
+  return finish(L, counts, take, load, work, count_servers(L, counts, work, 0, 1));
 }
 
 /// The copy of a (source rank, expert) pair: source rank r's m-th pair of expert e, in token order,
