@@ -59,6 +59,11 @@ struct Layout {
   int const* rank = nullptr;    ///< slots: the rank holding each copy
   int const* server = nullptr;  ///< ranks: the server of each rank
   int arcs = 0;                 ///< sum over experts with k >= 2 copies of k (k - 1): see arc_count
+  /// Balance slack, in thousandths of the mean rank load: 0 (the default) splits at the least max
+  /// load; s > 0 lets the tie-breaks (own rank, own server) use every rank up to
+  /// max(least max load, ceil(mean x (1000 + s) / 1000)), which keeps more pairs off the network at
+  /// the price of balance (no longer within the bound of the file comment).
+  int slack_permille = 0;
 };
 
 /// Arcs of the rank graph: one per ordered pair of copies of an expert with two copies or more.
@@ -360,7 +365,11 @@ MOE_HOST_DEVICE inline Outcome finish(Layout const& L, std::int32_t const* count
     W.load[end] += amount, W.load[g] -= amount;
   }
 
-  // --- 2-3. least cost at that T: successive shortest paths from the same start -------------------
+  // --- 2-3. least cost at that T (or the slack's cap): successive shortest paths from the same start
+  if (L.slack_permille > 0 && G > 0) {
+    long long den = 1000LL * G;
+    T = lmax(T, (total * (1000LL + L.slack_permille) + den - 1) / den);
+  }
   for (int g = 0; g < G; ++g) W.load[g] = W.load0[g];
   start(L, W);
   for (;;) {
@@ -499,21 +508,24 @@ class BatchSplit {
 public:
   BatchSplit() = default;
   /// `copies`: the ranks holding each expert (as replication::Table); `topo`: one rank per GPU.
-  BatchSplit(std::vector<std::vector<int>> copies, topology::Topology const& topo) : table_(copies) {
+  /// `slack_permille`: see split::Layout (0: the least max load).
+  BatchSplit(std::vector<std::vector<int>> copies, topology::Topology const& topo, int slack_permille = 0)
+      : table_(copies) {
     check(topo.finalized(), "batch split: the topology is not finalized");
     int G = topo.gpus();
     for (int g = 0; g < G; ++g) server_.push_back(topo.server_of(g));
-    init(copies, G, topo.servers());
+    init(copies, G, topo.servers(), slack_permille);
   }
   /// The same from the server of each rank (ranks = server_of_rank.size()).
-  BatchSplit(std::vector<std::vector<int>> copies, std::vector<int> server_of_rank) : table_(copies) {
+  BatchSplit(std::vector<std::vector<int>> copies, std::vector<int> server_of_rank, int slack_permille = 0)
+      : table_(copies) {
     server_ = std::move(server_of_rank);
     int S = 0;
     for (std::size_t g = 0; g < server_.size(); ++g) {
       check(server_[g] >= 0, "batch split: rank ", g, " is on server ", server_[g]);
       S = std::max(S, server_[g] + 1);
     }
-    init(copies, static_cast<int>(server_.size()), S);
+    init(copies, static_cast<int>(server_.size()), S, slack_permille);
   }
 
   // Policy: choose() is replication::Table's fixed rule (for callers that see one token at a time).
@@ -584,8 +596,11 @@ public:
   [[nodiscard]] split::Outcome const& outcome() const { return last_; }
 
 private:
-  void init(std::vector<std::vector<int>> const& copies, int G, int S) {
+  void init(std::vector<std::vector<int>> const& copies, int G, int S, int slack_permille) {
     check(G > 0, "batch split: no ranks");
+    check(slack_permille >= 0 && slack_permille <= 1000000, "batch split: the balance slack must be in [0, 1000000] "
+          "thousandths, got ", slack_permille);
+    layout_.slack_permille = slack_permille;
     for (std::size_t e = 0; e < copies.size(); ++e) {
       check(!copies[e].empty(), "batch split: expert ", e, " has no copy");
       for (std::size_t i = 0; i < copies[e].size(); ++i) {
