@@ -78,7 +78,8 @@ MOE_HOST_DEVICE inline int arc_count(int experts, int const* first) {
 
 /// 64-bit words of workspace solve() needs.
 MOE_HOST_DEVICE inline long long workspace_words(Layout const& L) {
-  return 8LL * L.ranks + 2LL * L.experts + 6LL * L.slots + static_cast<long long>(L.servers + 2) * (L.experts + 1) +
+  return 8LL * L.ranks + 3LL * L.experts + 6LL * L.slots + static_cast<long long>(L.servers + 2) * (L.experts + 1) +
+         static_cast<long long>(L.slots - L.experts + 1) * L.ranks +
          2LL * L.arcs;
 }
 
@@ -98,7 +99,7 @@ MOE_HOST_DEVICE inline long long lmax(long long a, long long b) { return a > b ?
 /// The workspace, carved from one array of 64-bit words.
 struct Work {
   long long *N, *load, *y, *loc, *srvN, *sexp, *load0, *P, *dist, *pred, *path, *rem, *arc_c, *arc_d, *multi, *mark,
-      *need, *srank, *sfirst;
+      *need, *srank, *sfirst, *mc, *supply;
   int n_multi = 0, n_arcs = 0;
 
   MOE_HOST_DEVICE Work(Layout const& L, long long* w) {
@@ -118,6 +119,8 @@ struct Work {
     rem = take(L.ranks);
     srank = take(L.ranks);
     sfirst = take(L.servers + 1);
+    mc = take(L.experts);
+    supply = take(static_cast<long long>(L.slots - L.experts + 1) * L.ranks);
     y = take(L.slots);
     loc = take(L.slots);
     srvN = take(L.slots);
@@ -428,13 +431,25 @@ MOE_HOST_DEVICE inline Outcome finish(Layout const& L, std::int32_t const* count
   // --- the split per (source rank, slot): own rank, then own server, then in order ---------------
   out.max_load = 0;
   for (int g = 0; g < G; ++g) load[g] = W.load[g], out.max_load = lmax(out.max_load, W.load[g]);
-  for (int e = 0; e < E; ++e) {
-    int lo = L.first[e], hi = L.first[e + 1];
-    if (hi - lo == 1) continue;  // one copy: all its pairs go there (take is not written)
-    for (int r = 0; r < G; ++r) {
-      W.rem[r] = counts[static_cast<long long>(r) * E + e];
-      for (int c = lo; c < hi; ++c) take[static_cast<long long>(r) * L.slots + c] = 0;
+  // the experts with copies; their sources' pairs, expert-major, and their take entries cleared,
+  // in one pass over the rows (one copy: all its pairs go there, take is not written)
+  int n_mc = 0;
+  for (int e = 0; e < E; ++e)
+    if (L.first[e + 1] - L.first[e] > 1) W.mc[n_mc++] = e;
+  for (int r = 0; r < G; ++r) {
+    std::int32_t const* row = counts + static_cast<long long>(r) * E;
+    std::int32_t* trow = take + static_cast<long long>(r) * L.slots;
+    for (int i = 0; i < n_mc; ++i) {
+      int e = static_cast<int>(W.mc[i]);
+      W.supply[static_cast<long long>(i) * G + r] = row[e];
+      for (int c = L.first[e]; c < L.first[e + 1]; ++c) trow[c] = 0;
     }
+  }
+  for (int i = 0; i < n_mc; ++i) {
+    int e = static_cast<int>(W.mc[i]);
+    int lo = L.first[e], hi = L.first[e + 1];
+    if (W.N[e] == 0) continue;
+    W.rem = W.supply + static_cast<long long>(i) * G;
     // own rank first
     for (int c = lo; c < hi; ++c) {
       int r = L.rank[c];
