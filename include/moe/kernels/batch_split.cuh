@@ -2,8 +2,9 @@
 // The per-batch replica split on the device: the split of replication::BatchSplit
 // (moe/replication/batch_split.hpp) computed by one thread block from device-resident counts, so
 // that a layer pass can go from the count exchange to the dispatch with no host round trip. The
-// block runs the host's own code (split::count_servers over its threads, then split::finish on
-// thread 0), so the result equals the host's bit for bit.
+// block runs the host's own code in its four stages (split::count_servers over its threads,
+// split::decide on thread 0, split::gather_sources and split::match over its threads), so the result
+// equals the host's bit for bit.
 //
 //   DeviceSplit split(policy.layout());        // once: uploads the copy lists and the servers
 //   split.run(d_counts, d_take, d_load, d_outcome, d_work, stream);   // per layer and batch
@@ -46,16 +47,42 @@ template <int Threads>
 __global__ void __launch_bounds__(Threads)
     batch_split_kernel(replication::split::Layout L, std::int32_t const* __restrict__ counts, std::int32_t* take,
                        long long* load, replication::split::Outcome* outcome, long long* global_work, int use_shared) {
+  namespace split = replication::split;
   MOE_EXTERN_SHARED(long long, smem);
   __shared__ int negative;
+  // raw storage: a __shared__ variable may not have a constructor (Outcome has initialisers)
+  static_assert(alignof(split::Outcome) <= alignof(long long));
+  __shared__ long long out_raw[(sizeof(split::Outcome) + sizeof(long long) - 1) / sizeof(long long)];
+  auto& out = *reinterpret_cast<split::Outcome*>(out_raw);
+  __shared__ unsigned long long local, same_server;
   long long* work = use_shared ? smem : global_work;
-  if (threadIdx.x == 0) negative = 0;
+  int tid = static_cast<int>(threadIdx.x), n = static_cast<int>(blockDim.x);
+  if (tid == 0) negative = 0, local = 0, same_server = 0;
   __syncthreads();
-  std::int32_t sign =
-      replication::split::count_servers(L, counts, work, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x));
-  if (sign < 0) atomicOr(&negative, 1);
+  // 1. pairs per (source server, expert): every thread, a stride of experts
+  if (split::count_servers(L, counts, work, tid, n) < 0) atomicOr(&negative, 1);
   __syncthreads();
-  if (threadIdx.x == 0) *outcome = replication::split::finish(L, counts, take, load, work, negative ? -1 : 0);
+  // 2. the loads and what each copy receives: one thread (the host's own code)
+  if (tid == 0) out = split::decide(L, counts, load, work, negative ? -1 : 0);
+  __syncthreads();
+  if (out.bad) {
+    if (tid == 0) *outcome = out;
+    return;
+  }
+  // 3-4. the sources of the experts with copies (a stride of rows), then their matching (a stride
+  // of experts); integer sums, so the order of the atomics does not change them
+  split::gather_sources(L, counts, take, work, tid, n);
+  __syncthreads();
+  long long l = 0, s = 0;
+  split::match(L, take, work, tid, n, &l, &s);
+  atomicAdd(&local, static_cast<unsigned long long>(l));
+  atomicAdd(&same_server, static_cast<unsigned long long>(s));
+  __syncthreads();
+  if (tid == 0) {
+    out.local += static_cast<long long>(local);
+    out.same_server += static_cast<long long>(same_server);
+    *outcome = out;
+  }
 }
 
 template <int Threads>

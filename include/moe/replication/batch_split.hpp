@@ -79,7 +79,7 @@ MOE_HOST_DEVICE inline int arc_count(int experts, int const* first) {
 /// 64-bit words of workspace solve() needs.
 MOE_HOST_DEVICE inline long long workspace_words(Layout const& L) {
   return 8LL * L.ranks + 3LL * L.experts + 6LL * L.slots + static_cast<long long>(L.servers + 2) * (L.experts + 1) +
-         static_cast<long long>(L.slots - L.experts + 1) * L.ranks +
+         static_cast<long long>(L.slots - L.experts + 1) * L.ranks + 4 +
          2LL * L.arcs;
 }
 
@@ -99,7 +99,7 @@ MOE_HOST_DEVICE inline long long lmax(long long a, long long b) { return a > b ?
 /// The workspace, carved from one array of 64-bit words.
 struct Work {
   long long *N, *load, *y, *loc, *srvN, *sexp, *load0, *P, *dist, *pred, *path, *rem, *arc_c, *arc_d, *multi, *mark,
-      *need, *srank, *sfirst, *mc, *supply;
+      *need, *srank, *sfirst, *mc, *supply, *hdr;
   int n_multi = 0, n_arcs = 0;
 
   MOE_HOST_DEVICE Work(Layout const& L, long long* w) {
@@ -120,6 +120,7 @@ struct Work {
     srank = take(L.ranks);
     sfirst = take(L.servers + 1);
     mc = take(L.experts);
+    hdr = take(4);
     supply = take(static_cast<long long>(L.slots - L.experts + 1) * L.ranks);
     y = take(L.slots);
     loc = take(L.slots);
@@ -265,10 +266,11 @@ MOE_HOST_DEVICE inline std::int32_t count_servers(Layout const& L, std::int32_t 
   return sign;
 }
 
-/// Stage 2 of solve(), one thread: everything else, after count_servers() has covered every expert
-/// and `sign` is the OR of what its parts returned.
-MOE_HOST_DEVICE inline Outcome finish(Layout const& L, std::int32_t const* counts, std::int32_t* take, long long* load,
-                                      long long* work, std::int32_t sign) {
+/// Stage 2 of solve(), one thread: the loads and the amount each copy receives, after
+/// count_servers() has covered every expert and `sign` is the OR of what its parts returned. The
+/// outcome's local and same_server count the single-copy experts only; match() adds the others.
+MOE_HOST_DEVICE inline Outcome decide(Layout const& L, std::int32_t const* counts, long long* load, long long* work,
+                                      std::int32_t sign) {
   using namespace detail;
   Outcome out;
   int G = L.ranks, E = L.experts;
@@ -428,65 +430,78 @@ MOE_HOST_DEVICE inline Outcome finish(Layout const& L, std::int32_t const* count
     W.load[end] += amount, W.load[origin] -= amount;
   }
 
-  // --- the split per (source rank, slot): own rank, then own server, then in order ---------------
   out.max_load = 0;
   for (int g = 0; g < G; ++g) load[g] = W.load[g], out.max_load = lmax(out.max_load, W.load[g]);
-  // the experts with copies; their sources' pairs, expert-major, and their take entries cleared,
-  // in one pass over the rows (one copy: all its pairs go there, take is not written)
-  int n_mc = 0;
+  // the experts with copies, for the matching stages (their count in the header word)
+  long long n_mc = 0;
   for (int e = 0; e < E; ++e)
     if (L.first[e + 1] - L.first[e] > 1) W.mc[n_mc++] = e;
-  for (int r = 0; r < G; ++r) {
+  W.hdr[0] = n_mc;
+  return out;
+}
+
+/// Stage 3 (the rows r = part, part + parts, ...): the sources' pairs of the experts with copies,
+/// expert-major, and their take entries cleared (one copy: all its pairs go there, take is not
+/// written). After decide().
+MOE_HOST_DEVICE inline void gather_sources(Layout const& L, std::int32_t const* counts, std::int32_t* take,
+                                           long long* work, int part, int parts) {
+  detail::Work W(L, work);
+  int G = L.ranks, E = L.experts;
+  long long n_mc = W.hdr[0];
+  for (int r = part; r < G; r += parts) {
     std::int32_t const* row = counts + static_cast<long long>(r) * E;
     std::int32_t* trow = take + static_cast<long long>(r) * L.slots;
-    for (int i = 0; i < n_mc; ++i) {
+    for (long long i = 0; i < n_mc; ++i) {
       int e = static_cast<int>(W.mc[i]);
-      W.supply[static_cast<long long>(i) * G + r] = row[e];
+      W.supply[i * G + r] = row[e];
       for (int c = L.first[e]; c < L.first[e + 1]; ++c) trow[c] = 0;
     }
   }
-  for (int i = 0; i < n_mc; ++i) {
+}
+
+/// Stage 4 (the experts with copies i = part, part + parts, ...): the split per (source rank, slot)
+/// of each: own rank first, then own server, then the rest, each in rank order. Adds the pairs kept
+/// on their rank and server to `local` and `same_server`. After gather_sources() for every row.
+MOE_HOST_DEVICE inline void match(Layout const& L, std::int32_t* take, long long* work, int part, int parts,
+                                  long long* local, long long* same_server) {
+  using namespace detail;
+  Work W(L, work);
+  int G = L.ranks;
+  long long n_mc = W.hdr[0], loc = 0, same = 0;
+  for (long long i = part; i < n_mc; i += parts) {
     int e = static_cast<int>(W.mc[i]);
     int lo = L.first[e], hi = L.first[e + 1];
     if (W.N[e] == 0) continue;
-    W.rem = W.supply + static_cast<long long>(i) * G;
-    // own rank first
+    long long* rem = W.supply + i * G;
     for (int c = lo; c < hi; ++c) {
       int r = L.rank[c];
-      long long m = lmin(W.rem[r], W.y[c]);
+      long long m = lmin(rem[r], W.y[c]);
       take[static_cast<long long>(r) * L.slots + c] = static_cast<std::int32_t>(m);
-      W.rem[r] -= m, W.need[c] = W.y[c] - m;
-      out.local += m, out.same_server += m;
+      rem[r] -= m, W.need[c] = W.y[c] - m;
+      loc += m, same += m;
     }
-    // then own server, then the rest: each in rank order (one pointer per server, one overall)
-    for (int v = 0; v < L.servers; ++v) W.path[v] = W.sfirst[v];
-    for (int c = lo; c < hi; ++c) {
+    for (int c = lo; c < hi; ++c) {  // the ranks of c's server, in order, skipping the used up
       int v = L.server[L.rank[c]];
-      long long& at = W.path[v];
-      while (W.need[c] > 0 && at < W.sfirst[v + 1]) {
+      for (long long at = W.sfirst[v]; W.need[c] > 0 && at < W.sfirst[v + 1]; ++at) {
         int r = static_cast<int>(W.srank[at]);
-        long long m = lmin(W.rem[r], W.need[c]);
-        if (m == 0) {
-          ++at;
-          continue;
-        }
+        long long m = lmin(rem[r], W.need[c]);
+        if (m == 0) continue;
         take[static_cast<long long>(r) * L.slots + c] += static_cast<std::int32_t>(m);
-        W.rem[r] -= m, W.need[c] -= m, out.same_server += m;
+        rem[r] -= m, W.need[c] -= m, same += m;
       }
     }
-    int r = 0;
-    for (int c = lo; c < hi; ++c)
+    for (int c = lo, r = 0; c < hi; ++c)
       while (W.need[c] > 0 && r < G) {
-        long long m = lmin(W.rem[r], W.need[c]);
+        long long m = lmin(rem[r], W.need[c]);
         if (m == 0) {
           ++r;
           continue;
         }
         take[static_cast<long long>(r) * L.slots + c] += static_cast<std::int32_t>(m);
-        W.rem[r] -= m, W.need[c] -= m;
+        rem[r] -= m, W.need[c] -= m;
       }
   }
-  return out;
+  *local += loc, *same_server += same;
 }
 
 /// Computes the split of one batch. `counts`: ranks x experts, rank-major, pairs of each (source
@@ -497,7 +512,11 @@ MOE_HOST_DEVICE inline Outcome finish(Layout const& L, std::int32_t const* count
 /// nothing and returns bad = 1 (the host wrapper names the entry).
 MOE_HOST_DEVICE inline Outcome solve(Layout const& L, std::int32_t const* counts, std::int32_t* take, long long* load,
                                      long long* work) {
-  return finish(L, counts, take, load, work, count_servers(L, counts, work, 0, 1));
+  Outcome out = decide(L, counts, load, work, count_servers(L, counts, work, 0, 1));
+  if (out.bad) return out;
+  gather_sources(L, counts, take, work, 0, 1);
+  match(L, take, work, 0, 1, &out.local, &out.same_server);
+  return out;
 }
 
 /// The copy of a (source rank, expert) pair: source rank r's m-th pair of expert e, in token order,
