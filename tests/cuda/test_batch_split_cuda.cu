@@ -135,6 +135,12 @@ TEST_CASE("device batch split on the edge cases", "[batch-split]") {
     auto c = random_case(rng, 32, 4, 256, 32, 120);
     CHECK(compare(c));  // the workspace fits in shared memory
   }
+  SECTION("counts whose per-server sums pass 2^31 (the host's 64-bit path)") {
+    std::mt19937 rng(13);
+    auto c = random_case(rng, 8, 2, 6, 6, 1);
+    for (auto& n : c.counts) n = n > 0 ? 400000000 + n : 0;
+    compare(c);
+  }
   SECTION("a workspace too large for shared memory goes to global memory") {
     std::mt19937 rng(12);
     auto c = random_case(rng, 16, 8, 2048, 64, 2);

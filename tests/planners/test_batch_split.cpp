@@ -332,3 +332,15 @@ TEST_CASE("batch split rejects bad counts with a clear error", "[batch-split][ba
   CHECK_THROWS_WITH(BatchSplit({{2}}, std::vector<int>{0, 0}), Catch::Contains("copy on rank 2"));
   CHECK_THROWS_WITH(BatchSplit({{}}, std::vector<int>{0}), Catch::Contains("has no copy"));
 }
+
+TEST_CASE("batch split sums counts whose totals pass 2^31", "[batch-split]") {
+  // two ranks of one server send 1.5e9 pairs each of expert 0 (copies on both): the per-server sum
+  // (3e9) does not fit 32 bits, so the split must take its 64-bit path and still balance exactly
+  BatchSplit policy({{0, 1}, {1}}, std::vector<int>{0, 0});
+  std::vector<std::int32_t> n = {1500000000, 7, 1500000000, 0};
+  auto out = policy.plan_batch(n);
+  REQUIRE(out.bad == 0);
+  CHECK(out.max_load == 1500000004);  // 3e9 + 7 pairs over 2 ranks, rounded up
+  CHECK(policy.load()[0] + policy.load()[1] == 3000000007LL);
+  CHECK(out.local == 3000000000LL - 3);  // rank 1 hands 3 of its own pairs to rank 0 to balance
+}

@@ -80,6 +80,7 @@ MOE_HOST_DEVICE inline int arc_count(int experts, int const* first) {
 MOE_HOST_DEVICE inline long long workspace_words(Layout const& L) {
   return 8LL * L.ranks + 3LL * L.experts + 6LL * L.slots + static_cast<long long>(L.servers + 2) * (L.experts + 1) +
          static_cast<long long>(L.slots - L.experts + 1) * L.ranks + 4 +
+         (static_cast<long long>(L.servers) * L.experts + 1) / 2 +
          2LL * L.arcs;
 }
 
@@ -99,7 +100,7 @@ MOE_HOST_DEVICE inline long long lmax(long long a, long long b) { return a > b ?
 /// The workspace, carved from one array of 64-bit words.
 struct Work {
   long long *N, *load, *y, *loc, *srvN, *sexp, *load0, *P, *dist, *pred, *path, *rem, *arc_c, *arc_d, *multi, *mark,
-      *need, *srank, *sfirst, *mc, *supply, *hdr;
+      *need, *srank, *sfirst, *mc, *supply, *hdr, *P32;
   int n_multi = 0, n_arcs = 0;
 
   MOE_HOST_DEVICE Work(Layout const& L, long long* w) {
@@ -121,6 +122,7 @@ struct Work {
     sfirst = take(L.servers + 1);
     mc = take(L.experts);
     hdr = take(4);
+    P32 = take((static_cast<long long>(L.servers) * L.experts + 1) / 2);  // 32-bit sums (host stage 1)
     supply = take(static_cast<long long>(L.slots - L.experts + 1) * L.ranks);
     y = take(L.slots);
     loc = take(L.slots);
@@ -250,11 +252,25 @@ MOE_HOST_DEVICE inline std::int32_t count_servers(Layout const& L, std::int32_t 
   std::int32_t sign = 0;
   for (int e = part; e < L.experts; e += parts)
     for (int v = 0; v < L.servers; ++v) W.P[static_cast<long long>(v) * L.experts + e] = 0;
-  if (parts == 1) {  // row by row (contiguous)
+  if (parts == 1) {  // row by row (contiguous), in 32-bit sums when no sum can reach 2^31
+    long long n = static_cast<long long>(L.servers) * L.experts;
+    auto* P32 = reinterpret_cast<std::uint32_t*>(W.P32);
+    for (long long i = 0; i < n; ++i) P32[i] = 0;
+    for (int r = 0; r < L.ranks; ++r) {
+      std::int32_t const* row = counts + static_cast<long long>(r) * L.experts;
+      std::uint32_t* acc = P32 + static_cast<long long>(L.server[r]) * L.experts;
+      for (int e = 0; e < L.experts; ++e) acc[e] += static_cast<std::uint32_t>(row[e]), sign |= row[e];
+    }
+    if (sign < 0) return sign;
+    if (sign <= 0x7fffffff / (L.ranks > 0 ? L.ranks : 1)) {  // every count <= sign: no sum wrapped
+      for (long long i = 0; i < n; ++i) W.P[i] = static_cast<long long>(P32[i]);
+      return sign;
+    }
+    for (long long i = 0; i < n; ++i) W.P[i] = 0;  // large counts: 64-bit sums
     for (int r = 0; r < L.ranks; ++r) {
       std::int32_t const* row = counts + static_cast<long long>(r) * L.experts;
       long long* acc = W.P + static_cast<long long>(L.server[r]) * L.experts;
-      for (int e = 0; e < L.experts; ++e) acc[e] += row[e], sign |= row[e];
+      for (int e = 0; e < L.experts; ++e) acc[e] += row[e];
     }
     return sign;
   }
