@@ -36,8 +36,14 @@
 // Every step is integer and visits ranks, experts and slots in index order, so every rank computes
 // the same split from the same counts, and the device equals the host bit for bit.
 //
-// Cost: linear in ranks x experts for the counts, then work on the experts with copies only (a few
-// microseconds for DeepSeek-V3 at EP32: benchmarks/planners/bench_batch_split.cpp).
+// Cost: linear in ranks x experts for the counts, then work on the experts with copies only: 15 to
+// 27 us per layer for DeepSeek-V3 at EP32 on one (shared) core, against 0.1 to 9 ms for Reactive
+// (benchmarks/planners/bench_batch_split.cpp, docs/results/batch-balance.md). The decision part
+// grows with ranks x arcs per shortest path: at 256 ranks with experts of 16 copies it takes ms.
+//
+// Stages (so that a CUDA block can share them): count_servers (any split of the experts), decide
+// (one thread), gather_sources (any split of the rows), match (any split of the experts with
+// copies); solve() runs them in order.
 
 #include <algorithm>
 #include <cstdint>
@@ -116,7 +122,7 @@ struct Work {
     load0 = take(L.ranks);
     dist = take(L.ranks);
     pred = take(L.ranks);
-    path = take(L.ranks + L.servers + 1);  // also: one pointer per server, and one more
+    path = take(L.ranks + L.servers + 1);  // the arcs of a shortest path; also a cursor per server
     rem = take(L.ranks);
     srank = take(L.ranks);
     sfirst = take(L.servers + 1);
