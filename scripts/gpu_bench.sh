@@ -15,7 +15,7 @@
 #   step         cap  min  what
 #   configure     90   15  CMake with Ninja, Release, sm_90a; Catch2 / Google Benchmark from the
 #                          system or from .gpu-deps (scripts/gpu_deps.sh); NCCL from the PyTorch wheel
-#   build        330   30  the `cuda` tests, bench_cuda_moe, bench_cuda_shuffle and findep_fit_gpu,
+#   build        330   30  the `cuda` tests, the three bench_cuda_* programs and findep_fit_gpu,
 #                          on every core, in one build call
 #   test         150   20  ctest -L cuda: every CUDA kernel and the layers against the host reference
 #   kernels      150   30  bench_cuda_moe: grouped GEMM (portable and Hopper kernels), permute, packing
@@ -26,6 +26,7 @@
 #                          grouped GEMM under real expert loads
 #   torch-layer  100   30  the same layer in PyTorch: an eager loop over experts, and torch._grouped_mm
 #   shuffle       60   15  bench_cuda_shuffle: s-TS predictor lookup, shuffle plan, row pack / unpack
+#   split         30   10  bench_cuda_batch_split: the per-batch replica split kernel (DeepSeek-V3, EP32)
 #   fit          200   45  findep_fit_gpu: the FinDEP performance models of this GPU
 #
 # Output (the results folder: $OUT when set, else <build>/results), rewritten after every step so
@@ -34,6 +35,7 @@
 #                            then the tables (scripts/gpu_report.py)
 #   bench_cuda_moe.json      raw Google Benchmark JSON of `kernels` (.layer.json: of `layer`)
 #   bench_cuda_shuffle.json  raw JSON of `shuffle`
+#   bench_cuda_batch_split.json  raw JSON of `split`
 #   torch_baselines.json     raw PyTorch timings (both torch steps)
 #   findep_gpu_models.tsv    the fitted models (findep_gpu_samples.tsv: the measured points)
 #   steps.tsv, run.txt, *.log   step table, run facts, the output of every step (run.log: all of it)
@@ -88,19 +90,20 @@ budget=${BUDGET:-540}
 min_time=${BENCH_MIN_TIME:-0.1}
 reserve=15   # seconds kept for the results file at the end
 
-steps=(configure build test kernels torch-gemm layer torch-layer shuffle fit)
+steps=(configure build test kernels torch-gemm layer torch-layer shuffle split fit)
 declare -A cap=([configure]=90 [build]=330 [test]=150 [kernels]=150 [torch-gemm]=90 [layer]=120
-                [torch-layer]=100 [shuffle]=60 [fit]=200)
+                [torch-layer]=100 [shuffle]=60 [split]=30 [fit]=200)
 declare -A need=([configure]=15 [build]=30 [test]=20 [kernels]=30 [torch-gemm]=30 [layer]=30
-                 [torch-layer]=30 [shuffle]=15 [fit]=45)
+                 [torch-layer]=30 [shuffle]=15 [split]=10 [fit]=45)
 declare -A what=([configure]="CMake configure (Release, sm_90a; Ninja when installed)"
-                 [build]="build the 10 programs the steps below run (run.txt: targets), all cores"
+                 [build]="build the programs the steps below run (run.txt: targets), all cores"
                  [test]="ctest -L cuda (kernels and layers against the host reference)"
                  [kernels]="bench_cuda_moe: grouped GEMM, permute/pack/combine + copy, dense and loop baselines"
                  [torch-gemm]="torch._grouped_mm on the grouped-GEMM shapes and real loads"
                  [layer]="bench_cuda_moe: single-GPU layer, layer as CUDA graph, GEMM under real loads"
                  [torch-layer]="PyTorch layer: eager loop over experts, torch._grouped_mm"
                  [shuffle]="bench_cuda_shuffle: s-TS lookup, shuffle plan, pack/unpack"
+                 [split]="bench_cuda_batch_split: per-batch replica split kernel, DeepSeek-V3 EP32"
                  [fit]="findep_fit_gpu: FinDEP performance models")
 kernel_filter='^(Copy|DenseGemm|CublasExpertLoop|GroupedGemmPortable|GroupedGemm|Permute|PackRecords|Combine)/'
 layer_filter='^(Layer|LayerGraph|GroupedGemmLoad)/'
@@ -111,6 +114,7 @@ mkdir -p "$results"
 # Only the files this script writes; $OUT may be a folder the caller keeps other things in.
 rm -f "$results"/{gpu-results.md,steps.tsv,run.txt,run.log,configure.log,build.log,cuda-tests.log} \
       "$results"/bench_cuda_moe{,.layer}.{json,txt,log} "$results"/bench_cuda_shuffle.{json,txt,log} \
+      "$results"/bench_cuda_batch_split.{json,txt,log} \
       "$results"/torch_baselines.json "$results"/torch-{gemm,layer}.log \
       "$results"/findep_{gpu_models,gpu_samples}.tsv "$results"/findep_fit_{gpu.txt,status.txt}
 exec > >(tee -a "$results/run.log") 2>&1
@@ -324,7 +328,7 @@ step_configure() {
   # The targets: what `ctest -L cuda` runs (a cuda test's program has the test's name), the two
   # benchmark programs and the FinDEP fit.
   tests=$(ctest --test-dir "$build" -N -L cuda 2>/dev/null | sed -n 's/^ *Test *#[0-9]*: *//p' | tr '\n' ' ')
-  targets=($tests bench_cuda_moe bench_cuda_shuffle findep_fit_gpu)
+  targets=($tests bench_cuda_moe bench_cuda_shuffle bench_cuda_batch_split findep_fit_gpu)
   cmake --build "$build" --target help >"$build/.moe-targets" 2>/dev/null || true
   missing=()
   for t in "${targets[@]}"; do have_target "$t" || missing+=("$t"); done
@@ -470,6 +474,7 @@ gbench() {
 step_kernels() { gbench "$1" bench_cuda_moe bench_cuda_moe --benchmark_filter="$kernel_filter" ${BENCH_GEMM:+--gemm=$BENCH_GEMM}; }
 step_layer() { gbench "$1" bench_cuda_moe bench_cuda_moe.layer --benchmark_filter="$layer_filter" ${BENCH_GEMM:+--gemm=$BENCH_GEMM}; }
 step_shuffle() { gbench "$1" bench_cuda_shuffle bench_cuda_shuffle; }
+step_split() { gbench "$1" bench_cuda_batch_split bench_cuda_batch_split; }
 
 torch_part() {
   local b=$1 part=$2 rc=0

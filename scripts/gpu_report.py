@@ -16,6 +16,7 @@ Inputs (all in RESULTS_DIR):
   torch_baselines.json               PyTorch eager and torch._grouped_mm times, same shapes
   findep_fit_gpu.txt, findep_gpu_models.tsv, findep_fit_status.txt
   bench_cuda_shuffle.json
+  bench_cuda_batch_split.json        the per-batch replica split kernel (step `split`)
 """
 import datetime
 import json
@@ -230,6 +231,21 @@ def main():
         if b.get("run_type") == "aggregate": continue
         lines.append(f"| {b['name'].replace('/manual_time', '')} | {fmt(b.get('real_time'))} | "
                      + " | ".join(fmt(b.get(c)) for c in scols) + " |")
+
+    # The per-batch replica split (include/moe/kernels/batch_split.cuh, docs/results/batch-balance.md):
+    # one block from device counts to the split, DeepSeek-V3 at EP32; target 10 us a layer.
+    bdata, bstate = load_bench(os.path.join(results, "bench_cuda_batch_split.json"))
+    bcols = ["graph_us", "shared_bytes", "fixed_max_over_mean", "split_max_over_mean"]
+    lines += ["", "## Per-batch replica split kernel (bench_cuda_batch_split)", "",
+              f"- bench_cuda_batch_split JSON: {bstate}",
+              "- time: mean of 50 back-to-back launches (CUDA events); graph_us: the same in one CUDA graph; "
+              "target (issue 35): 10 us a layer", "",
+              "| benchmark | time (us) | " + " | ".join(bcols) + " |", "|---|---:|" + "---:|" * len(bcols)]
+    for b in bdata.get("benchmarks", []):
+        if b.get("run_type") == "aggregate": continue
+        err = " (ERROR: " + b.get("error_message", "") + ")" if b.get("error_occurred") else ""
+        lines.append(f"| {b['name'].replace('/manual_time', '')}{err} | {fmt(b.get('real_time'))} | "
+                     + " | ".join(fmt(b.get(c)) for c in bcols) + " |")
     with open(out, "w") as f:
         f.write("\n".join(lines) + "\n")
     print("wrote", out)

@@ -6,13 +6,14 @@ moe_emu_cuda_test(NAME test_cuda_layer_emu SOURCE test_cuda_layer.cu)
 moe_emu_cuda_test(NAME test_cuda_instantiate_emu SOURCE test_cuda_instantiate.cu)
 moe_emu_cuda_test(NAME test_workspace_exact_cuda_emu SOURCE test_workspace_exact_cuda.cu)
 moe_emu_cuda_test(NAME test_device_policies_emu SOURCE test_device_policies.cu)
+moe_emu_cuda_test(NAME test_batch_split_cuda_emu SOURCE test_batch_split_cuda.cu LABELS emu_tsan)
 moe_emu_cuda_test(NAME test_nccl_ranks_emu SOURCE test_nccl_ranks.cu LABELS emu_tsan)
 # Smoke runs of the GPU benchmarks (tiny sizes, one iteration each) so that a benchmark's set-up bug
 # shows here before a GPU run: bench_cuda_moe --smoke at reduced widths, decode size only;
-# bench_cuda_shuffle at its smallest sizes.
+# bench_cuda_shuffle at its smallest sizes; bench_cuda_batch_split at one decode and the prefill size.
 find_package(benchmark CONFIG QUIET)
 if(benchmark_FOUND AND NOT MOE_SANITIZE)
-  foreach(_bench bench_cuda_moe bench_cuda_shuffle)
+  foreach(_bench bench_cuda_moe bench_cuda_shuffle bench_cuda_batch_split)
     set(_wrap ${CMAKE_CURRENT_BINARY_DIR}/gen/${_bench}_emu.cpp)
     file(CONFIGURE OUTPUT ${_wrap}
          CONTENT "// Generated: benchmarks/cuda/${_bench}.cu built for the CUDA emulator.\n#include \"${_bench}.cu\"\n")
@@ -27,7 +28,11 @@ if(benchmark_FOUND AND NOT MOE_SANITIZE)
   add_test(NAME bench_cuda_shuffle_emu_smoke
            COMMAND bench_cuda_shuffle_emu "--benchmark_filter=(olmoe/D8/128|Rows/bf16/tokens:128/hidden:2048/devices:8/)"
                    --benchmark_min_time=0.000001)
-  set_tests_properties(bench_cuda_moe_emu_smoke bench_cuda_shuffle_emu_smoke PROPERTIES
+  # bench_cuda_batch_split: the decode size and the deal (each checks the device split first).
+  add_test(NAME bench_cuda_batch_split_emu_smoke
+           COMMAND bench_cuda_batch_split_emu "--benchmark_filter=(DeviceSplit/16|DeviceSplit/4096|Deal)"
+                   --benchmark_min_time=0.000001)
+  set_tests_properties(bench_cuda_moe_emu_smoke bench_cuda_shuffle_emu_smoke bench_cuda_batch_split_emu_smoke PROPERTIES
                        LABELS emu TIMEOUT 900 FAIL_REGULAR_EXPRESSION "ERROR OCCURRED|moe-emu:")
 endif()
 

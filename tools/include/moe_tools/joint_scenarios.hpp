@@ -13,7 +13,8 @@
 //
 // Plans (make_plans), in joint_compare's row order: contiguous (or round robin), EPLB, EPLB counts +
 // the joint placement, CRAFT (when experts >= GPUs), ILPLoad, joint, and joint+reactive (the host
-// layer's replication::Reactive on the joint plan's copies) when asked. Each plan prepares, per
+// layer's replication::Reactive on the joint plan's copies) when asked, with joint+split and
+// eplb+split (replication::BatchSplit on the joint plan's and EPLB's copies). Each plan prepares, per
 // layer and held-out batch, an evaluator: the traffic model's report for a run of that batch's
 // tokens, routed as moe::Layer routes them with the plan's replica policy.
 
@@ -40,6 +41,7 @@
 #include "moe/profile/token_batches.hpp"
 #include "moe/replication/craft.hpp"
 #include "moe/replication/eplb.hpp"
+#include "moe/replication/batch_split.hpp"
 #include "moe/replication/reactive.hpp"
 #include "moe/replication/routed.hpp"
 #include "moe/topology/traffic.hpp"
@@ -368,6 +370,55 @@ inline Plans make_plans(Scenario const& sc, Data const& data, topology::TrafficM
                                         "layer in %.3f ms (one core, not charged in the row)\n",
                                         name.c_str(), 1e3 * *route_s / runs);
                          }});
+    // replication::BatchSplit (the per-batch split at the least max rank load, own rank and server
+    // first) on the same copies, and on EPLB's: charged the same all-gather.
+    auto split_row = [&](std::string row, std::vector<std::vector<std::vector<int>>> copies,
+                         std::shared_ptr<std::vector<std::vector<int>>> primary, int slack) {
+      auto pols = std::make_shared<std::vector<replication::BatchSplit>>();
+      for (auto& c : copies) pols->emplace_back(std::move(c), sc.topo, slack);
+      auto split_s = std::make_shared<double>(0.0);
+      out.plans.push_back({row, out.joint_s, out.jreps, exchange_us,
+                           [&model, to, pols, primary, split_s, G, E](int l, topology::Batch const& batch) -> LayerEval {
+                             auto& policy = (*pols)[static_cast<std::size_t>(l)];
+                             auto counts = replication::reactive::pair_counts(batch, G, E);
+                             auto t = clock::now();
+                             policy.plan_batch(counts);
+                             *split_s += std::chrono::duration<double>(clock::now() - t).count();
+                             auto dealt = std::make_shared<replication::reactive::PairRoutes>();
+                             dealt->k = batch.top_k;
+                             dealt->experts = &batch.experts;
+                             dealt->gpu.resize(batch.experts.size());
+                             std::vector<int> seen(static_cast<std::size_t>(G) * static_cast<std::size_t>(E), 0);
+                             for (int tk = 0; tk < batch.tokens(); ++tk)
+                               for (int j = 0; j < batch.top_k; ++j) {
+                                 auto i = static_cast<std::size_t>(tk * batch.top_k + j);
+                                 int src = batch.source[static_cast<std::size_t>(tk)], e = batch.experts[i];
+                                 dealt->gpu[i] = policy.dealt(e, src, seen[static_cast<std::size_t>(src * E + e)]++);
+                               }
+                             return [&model, to, dealt, primary, l](topology::Batch const& b, long long first) {
+                               return model.evaluate_policy(*dealt, (*primary)[static_cast<std::size_t>(l)], b, to, first);
+                             };
+                           },
+                           [split_s, name, row](double runs) {
+                             std::fprintf(stderr,
+                                          "%s: %s (replication::BatchSplit) computes the split of a layer in %.3f ms "
+                                          "(one core, not charged in the row)\n",
+                                          name.c_str(), row.c_str(), 1e3 * *split_s / runs);
+                           }});
+    };
+    std::vector<std::vector<std::vector<int>>> jc, ec;
+    auto jprim = std::make_shared<std::vector<std::vector<int>>>(), eprim = std::make_shared<std::vector<std::vector<int>>>();
+    for (int l = 0; l < L; ++l) {
+      jc.push_back((*routed)[static_cast<std::size_t>(l)].table().replicas());
+      jprim->push_back(joint->plan[static_cast<std::size_t>(l)].placement.ranks());
+      auto lt = replication::eplb::layer_tables(er, l);
+      ec.push_back(lt.replicas.replicas());
+      eprim->push_back(lt.placement.ranks());
+    }
+    split_row("joint+split", jc, jprim, 0);
+    // with Reactive's balance slack (eps = 5 %) for the tie-breaks: more pairs kept on their server
+    split_row("joint+split-slack5%", jc, jprim, static_cast<int>(std::lround(jo.eps * 1000)));
+    split_row("eplb+split", ec, eprim, 0);
   }
   return out;
 }

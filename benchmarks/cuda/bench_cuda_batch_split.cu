@@ -1,0 +1,135 @@
+// The per-batch replica split on the GPU (kernels::cuda::DeviceSplit, moe/kernels/batch_split.cuh):
+// one kernel, one block, from device-resident counts to the split, on the scenario of the host
+// benchmark (benchmarks/planners/batch_split_scenario.hpp: DeepSeek-V3 at EP32, EPLB 288 slots,
+// 4 servers of 8) at 16, 64, 256 and 4096 tokens per rank. Time per split: the mean over 50
+// back-to-back launches on one stream (CUDA events), after a warm-up; `graph_us`: the same 50
+// launches captured in one CUDA graph and replayed (no launch overhead between them). The device
+// result is checked against the host split (max load and every take entry) before timing.
+// DealOneRank: one rank's 4096 x 8 pairs dealt to ranks by the reference deal kernel.
+// scripts/gpu_bench.sh runs it as the step `split`.
+#include <benchmark/benchmark.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "../planners/batch_split_scenario.hpp"
+#include "moe/kernels/batch_split.cuh"
+#include "moe/kernels/cuda_common.cuh"
+#include "moe/replication/batch_split.hpp"
+
+namespace kc = moe::kernels::cuda;
+using moe::replication::split::Outcome;
+
+namespace {
+
+cudaStream_t stream() {
+  static cudaStream_t s = [] {
+    cudaStream_t x;
+    kc::check_cuda(cudaStreamCreate(&x), "cudaStreamCreate");
+    return x;
+  }();
+  return s;
+}
+
+template <class F>
+double mean_us(F&& body, int reps) {
+  body();
+  kc::check_cuda(cudaStreamSynchronize(stream()), "warm-up");
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  cudaEventRecord(a, stream());
+  for (int i = 0; i < reps; ++i) body();
+  cudaEventRecord(b, stream());
+  cudaEventSynchronize(b);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, a, b);
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return static_cast<double>(ms) * 1e3 / reps;
+}
+
+void BM_DeviceSplit(benchmark::State& state, int tokens) {
+  auto s = moe::bench_split::make(tokens);
+  moe::replication::BatchSplit host(s.copies, s.topo);
+  auto want = host.plan_batch(s.counts);
+  kc::DeviceSplit dev(host.layout());
+  kc::DeviceArray<std::int32_t> counts(s.counts.size()), take(dev.take_size());
+  kc::DeviceArray<long long> load(dev.load_size());
+  kc::DeviceArray<Outcome> outcome(1);
+  kc::DeviceArray<unsigned char> work(dev.workspace_bytes() ? dev.workspace_bytes() : 1);
+  counts.upload(s.counts.data(), s.counts.size());
+  auto run = [&] { dev.run(counts.get(), take.get(), load.get(), outcome.get(), work.get(), stream()); };
+  run();
+  Outcome got{};
+  std::vector<std::int32_t> t(dev.take_size());
+  kc::check_cuda(cudaStreamSynchronize(stream()), "split");
+  kc::check_cuda(cudaMemcpy(&got, outcome.get(), sizeof got, cudaMemcpyDeviceToHost), "outcome");
+  kc::check_cuda(cudaMemcpy(t.data(), take.get(), t.size() * sizeof(std::int32_t), cudaMemcpyDeviceToHost), "take");
+  auto const& L = host.layout();
+  bool same = got.bad == 0 && got.max_load == want.max_load && got.local == want.local;
+  for (int e = 0; e < L.experts && same; ++e)
+    if (L.first[e + 1] - L.first[e] > 1)
+      for (int r = 0; r < L.ranks; ++r)
+        for (int c = L.first[e]; c < L.first[e + 1]; ++c)
+          same &= t[static_cast<std::size_t>(r * L.slots + c)] == host.take()[static_cast<std::size_t>(r * L.slots + c)];
+  if (!same) {
+    state.SkipWithError("the device split differs from the host split");
+    return;
+  }
+  constexpr int reps = 50;
+  for (auto _ : state) state.SetIterationTime(mean_us(run, reps) * 1e-6);
+  // the same launches in one CUDA graph
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  kc::check_cuda(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal), "capture");
+  for (int i = 0; i < reps; ++i) run();
+  kc::check_cuda(cudaStreamEndCapture(stream(), &graph), "end capture");
+  kc::check_cuda(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  double graph_us = mean_us([&] { kc::check_cuda(cudaGraphLaunch(exec, stream()), "graph launch"); }, 5) / reps;
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  state.counters["graph_us"] = graph_us;
+  state.counters["shared_bytes"] = static_cast<double>(dev.shared_bytes());
+  state.counters["split_max_over_mean"] = static_cast<double>(want.max_load) / s.mean;
+  state.counters["fixed_max_over_mean"] = s.fixed_ratio;
+  state.SetLabel("DeepSeek-V3 EP32, EPLB 288 slots, h800:4");
+}
+
+void BM_DeviceSplitDealOneRank(benchmark::State& state, int tokens) {
+  auto s = moe::bench_split::make(tokens);
+  moe::replication::BatchSplit host(s.copies, s.topo);
+  host.plan_batch(s.counts);
+  kc::DeviceSplit dev(host.layout());
+  kc::DeviceArray<std::int32_t> take(dev.take_size());
+  take.upload(host.take().data(), host.take().size());
+  auto const& ids = s.ids[0];
+  kc::DeviceArray<int> d_ids(ids.size()), dest(ids.size());
+  d_ids.upload(ids.data(), ids.size());
+  auto run = [&] { dev.deal(take.get(), 0, d_ids.get(), static_cast<long long>(ids.size()), dest.get(), stream()); };
+  for (auto _ : state) state.SetIterationTime(mean_us(run, 10) * 1e-6);
+  state.SetLabel("rank 0's pairs, reference deal kernel");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("bench_cuda_batch_split: no CUDA device, nothing measured\n");
+    return 0;
+  }
+  for (int tokens : {16, 64, 256, 4096})
+    benchmark::RegisterBenchmark(("DeviceSplit/" + std::to_string(tokens)).c_str(), BM_DeviceSplit, tokens)
+        ->UseManualTime()
+        ->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark("DeviceSplitDealOneRank/4096", BM_DeviceSplitDealOneRank, 4096)
+      ->UseManualTime()
+      ->Unit(benchmark::kMicrosecond);
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

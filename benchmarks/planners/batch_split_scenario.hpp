@@ -1,0 +1,68 @@
+#pragma once
+// The scenario of the per-batch split benchmarks (benchmarks/planners/bench_batch_split.cpp on the
+// host, benchmarks/cuda/bench_cuda_batch_split.cu on the GPU): DeepSeek-V3 at EP32, 256 experts,
+// top-8, 32 ranks in 4 servers of 8 (preset h800:4), an EPLB plan of 288 slots (32 redundant
+// copies) made from the mean loads. Synthetic, seeded: expert popularity Gamma(0.7) (std::mt19937
+// seed 11); each rank's batch drawn after a drift of +-25 % per expert (seed 12); a rank's tokens
+// take top-8 distinct experts (seed 100 + rank).
+#include <algorithm>
+#include <random>
+#include <vector>
+
+#include "moe/replication/eplb.hpp"
+#include "moe/plan/replica_table.hpp"
+#include "moe/topology/presets.hpp"
+
+namespace moe::bench_split {
+constexpr int kExperts = 256, kTopK = 8, kRanks = 32, kSlots = 288;
+
+struct Setup {
+  topology::Topology topo;
+  std::vector<std::vector<int>> copies;
+  std::vector<std::int32_t> counts;  // ranks x experts
+  std::vector<std::vector<int>> ids;  // per rank, tokens x k
+  double fixed_ratio = 0, mean = 0;
+};
+
+inline Setup make(int tokens) {
+  Setup s;
+  s.topo = topology::preset_topology("h800:4");
+  std::mt19937 rng(11);
+  std::gamma_distribution<double> gam(0.7, 1.0);
+  std::vector<double> pop(kExperts);
+  for (auto& p : pop) p = gam(rng);
+  auto plan = replication::eplb::rebalance_experts(pop, 1, kExperts, kSlots, 8, 4, kRanks);
+  s.copies = replication::eplb::layer_tables(plan, 0).replicas.replicas();
+  std::mt19937 drift_rng(12);
+  std::uniform_real_distribution<double> drift(0.75, 1.25);
+  std::vector<double> now = pop;
+  for (auto& p : now) p *= drift(drift_rng);
+  s.counts.assign(static_cast<std::size_t>(kRanks * kExperts), 0);
+  std::vector<long long> fixed(kRanks, 0);
+  replication::Table table(s.copies);
+  for (int r = 0; r < kRanks; ++r) {
+    std::mt19937 tr(100 + static_cast<unsigned>(r));
+    std::discrete_distribution<int> pick(now.begin(), now.end());
+    std::vector<int> ids;
+    for (int t = 0; t < tokens; ++t) {
+      int row[kTopK];
+      for (int j = 0; j < kTopK;) {
+        int e = pick(tr);
+        bool dup = false;
+        for (int q = 0; q < j; ++q) dup |= row[q] == e;
+        if (dup) continue;
+        row[j++] = e;
+        ids.push_back(e);
+        ++s.counts[static_cast<std::size_t>(r * kExperts + e)];
+        ++fixed[static_cast<std::size_t>(table.choose(e, s.copies[static_cast<std::size_t>(e)][0], r,
+                                                       static_cast<long long>(r) * tokens + t))];
+      }
+    }
+    s.ids.push_back(std::move(ids));
+  }
+  s.mean = static_cast<double>(tokens) * kTopK;
+  s.fixed_ratio = static_cast<double>(*std::max_element(fixed.begin(), fixed.end())) / s.mean;
+  return s;
+}
+
+}  // namespace moe::bench_split

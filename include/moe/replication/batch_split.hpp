@@ -1,0 +1,698 @@
+#pragma once
+// Per-batch replica split: `replication::BatchSplit`, and the computation under it
+// (`replication::split`), shared by the host and the device (moe/kernels/batch_split.cuh runs the
+// same code in one CUDA thread block).
+//
+// The question. Each expert e has copies on the ranks of its copy list (one slot per copy). A batch
+// brings n(r, e) token-expert pairs of expert e from source rank r. A split says, for every
+// (source rank r, slot c of expert e), how many of r's pairs of e go to copy c. A rank receives the
+// pairs of every slot it holds. The split minimises, in this order:
+//   1. the largest number of pairs any rank receives (the integer optimum, which is the LP optimum
+//      with fractional splits rounded up: the problem is a flow with integer capacities);
+//   2. the pairs that leave their own rank (maximise the pairs served by a copy on their source);
+//   3. the pairs that leave their own server (NVLink domain);
+// the pairs that still cross the network are matched to copies in a fixed order.
+//
+// How. Experts with one copy have no choice; their pairs are the fixed load F(g) of each rank. For
+// the others only the amount y(c) each copy receives decides 1-3: the local pairs are
+// sum min(y(c), n(rank of c, e)), and, once y is fixed, the most pairs that can stay on their server
+// is sum over (e, server s) of min(Y(e, s), N(e, s)) (Y: what copies of e on s receive; N: what
+// ranks of s send to e), reached by matching own-rank pairs first, then own-server pairs. Both
+// terms are concave in y, so 2-3 are a separable convex-cost flow on a graph of ranks:
+// moving one pair of e from copy c (rank g) to copy d (rank h) is an arc g -> h whose cost is the
+// change of  A x local + B x same-server  (A > B x all pairs: lexicographic).
+//   - Start: every expert on its own, at its cheapest: local pairs on their copy, then each server's
+//     pairs on its own copies, the rest (sources on servers without a copy) levelled over the
+//     copies' rank loads. This start has no negative cycle (each expert alone is optimal and the
+//     costs of two experts do not interact).
+//   - The max load T: from the lower bound max(max F, ceil(all pairs / ranks)), pairs of ranks above
+//     T move along residual arcs (breadth-first) to ranks below T. When no rank below T can be
+//     reached, the reached ranks U hold every copy of every expert they serve, so any split loads
+//     them with at least their present total: T rises to ceil(load(U) / |U|) (a Newton step of the
+//     parametric flow). This ends at the least feasible T, which no split can beat.
+//   - The tie-breaks: from the same start, successive shortest paths (Bellman-Ford on the rank
+//     graph, all ranks above T as sources) move each rank's excess over T at least cost, so the
+//     result is the least-cost split among those with max load T.
+// Every step is integer and visits ranks, experts and slots in index order, so every rank computes
+// the same split from the same counts, and the device equals the host bit for bit.
+//
+// Cost: linear in ranks x experts for the counts, then work on the experts with copies only: 15 to
+// 27 us per layer for DeepSeek-V3 at EP32 on one (shared) core, against 0.1 to 9 ms for Reactive
+// (benchmarks/planners/bench_batch_split.cpp, docs/results/batch-balance.md). The decision part
+// grows with ranks x arcs per shortest path: at 256 ranks with experts of 16 copies it takes ms.
+//
+// Stages (so that a CUDA block can share them): count_servers (any split of the experts), decide
+// (one thread), gather_sources (any split of the rows), match (any split of the experts with
+// copies); solve() runs them in order.
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "moe/config.hpp"
+#include "moe/plan/replica_table.hpp"
+#include "moe/topology/topology.hpp"
+
+namespace moe::replication {
+
+namespace split {
+
+/// The layer's copies and topology, as flat arrays (the device form holds the same in device memory).
+struct Layout {
+  int ranks = 0, experts = 0, slots = 0, servers = 0;
+  int const* first = nullptr;   ///< experts + 1: the slots of expert e are first[e] .. first[e + 1]
+  int const* rank = nullptr;    ///< slots: the rank holding each copy
+  int const* server = nullptr;  ///< ranks: the server of each rank
+  int arcs = 0;                 ///< sum over experts with k >= 2 copies of k (k - 1): see arc_count
+  /// Balance slack, in thousandths of the mean rank load: 0 (the default) splits at the least max
+  /// load; s > 0 lets the tie-breaks (own rank, own server) use every rank up to
+  /// max(least max load, ceil(mean x (1000 + s) / 1000)), which keeps more pairs off the network at
+  /// the price of balance (no longer within the bound of the file comment).
+  int slack_permille = 0;
+};
+
+/// Arcs of the rank graph: one per ordered pair of copies of an expert with two copies or more.
+MOE_HOST_DEVICE inline int arc_count(int experts, int const* first) {
+  int a = 0;
+  for (int e = 0; e < experts; ++e) {
+    int k = first[e + 1] - first[e];
+    if (k >= 2) a += k * (k - 1);
+  }
+  return a;
+}
+
+/// 64-bit words of workspace solve() needs.
+MOE_HOST_DEVICE inline long long workspace_words(Layout const& L) {
+  return 8LL * L.ranks + 3LL * L.experts + 6LL * L.slots + static_cast<long long>(L.servers + 2) * (L.experts + 1) +
+         static_cast<long long>(L.slots - L.experts + 1) * L.ranks + 4 +
+         (static_cast<long long>(L.servers) * L.experts + 1) / 2 +
+         2LL * L.arcs;
+}
+
+/// What solve() reports besides the split.
+struct Outcome {
+  long long max_load = 0;       ///< the largest pairs any rank receives
+  long long local = 0;          ///< pairs served on their source rank
+  long long same_server = 0;    ///< pairs served on their source server (local ones included)
+  int bad = 0;  ///< 0; 1: a negative count (nothing written); 2: an internal fault (a bug: report it)
+};
+
+namespace detail {
+
+MOE_HOST_DEVICE inline long long lmin(long long a, long long b) { return a < b ? a : b; }
+MOE_HOST_DEVICE inline long long lmax(long long a, long long b) { return a > b ? a : b; }
+
+/// The workspace, carved from one array of 64-bit words.
+struct Work {
+  long long *N, *load, *y, *loc, *srvN, *sexp, *load0, *P, *dist, *pred, *path, *rem, *arc_c, *arc_d, *multi, *mark,
+      *need, *srank, *sfirst, *mc, *supply, *hdr, *P32;
+  int n_multi = 0, n_arcs = 0;
+
+  MOE_HOST_DEVICE Work(Layout const& L, long long* w) {
+    long long* p = w;
+    auto take = [&p](long long n) {
+      long long* q = p;
+      p += n;
+      return q;
+    };
+    N = take(L.experts);
+    multi = take(L.experts);
+    load = take(L.ranks);
+    load0 = take(L.ranks);
+    dist = take(L.ranks);
+    pred = take(L.ranks);
+    path = take(L.ranks + L.servers + 1);  // the arcs of a shortest path; also a cursor per server
+    rem = take(L.ranks);
+    srank = take(L.ranks);
+    sfirst = take(L.servers + 1);
+    mc = take(L.experts);
+    hdr = take(4);
+    P32 = take((static_cast<long long>(L.servers) * L.experts + 1) / 2);  // 32-bit sums (host stage 1)
+    supply = take(static_cast<long long>(L.slots - L.experts + 1) * L.ranks);
+    y = take(L.slots);
+    loc = take(L.slots);
+    srvN = take(L.slots);
+    sexp = take(L.slots);
+    mark = take(L.slots);
+    need = take(L.slots);
+    P = take(static_cast<long long>(L.servers) * L.experts);
+    arc_c = take(L.arcs);
+    arc_d = take(L.arcs);
+  }
+};
+
+/// Y(e, server of slot c): what the copies of c's expert on c's server receive.
+MOE_HOST_DEVICE inline long long server_take(Layout const& L, Work const& W, int e, int c) {
+  int s = L.server[L.rank[c]];
+  long long Y = 0;
+  for (int d = L.first[e]; d < L.first[e + 1]; ++d)
+    if (L.server[L.rank[d]] == s) Y += W.y[d];
+  return Y;
+}
+
+/// Spreads `amount` pairs of one expert over its slots c with mark[c] == tag, raising the lowest rank
+/// loads first (water-filling; the remainder one pair each to the lowest slots at the final level).
+MOE_HOST_DEVICE inline void level(Layout const& L, Work& W, int e, long long tag, long long amount) {
+  if (amount <= 0) return;
+  // the slots, in order of rank load then slot (insertion sort: an expert has few copies)
+  int k = 0;
+  long long* ord = W.need;  // scratch: the first k entries from first[e]
+  long long* o = ord + L.first[e];
+  for (int c = L.first[e]; c < L.first[e + 1]; ++c) {
+    if (W.mark[c] != tag) continue;
+    int i = k++;
+    while (i > 0) {
+      long long prev = o[i - 1];
+      long long lp = W.load[L.rank[prev]], lc = W.load[L.rank[c]];
+      if (lp < lc || (lp == lc && prev < c)) break;
+      o[i] = prev;
+      --i;
+    }
+    o[i] = c;
+  }
+  // the level: the largest h with sum over the j lowest of (h - load) <= amount
+  long long sum = 0;
+  int j = 1;
+  long long h = W.load[L.rank[o[0]]];
+  for (;;) {
+    long long next = j < k ? W.load[L.rank[o[j]]] : -1;
+    if (j < k && sum + (next - h) * j <= amount) {
+      sum += (next - h) * j;
+      h = next;
+      ++j;
+      continue;
+    }
+    long long q = (amount - sum) / j;
+    h += q;
+    sum += q * j;
+    break;
+  }
+  long long extra = amount - sum;  // < j: one more to the lowest slots (slot order) among the j
+  for (int c = L.first[e]; c < L.first[e + 1]; ++c) {
+    bool in = false;
+    for (int i = 0; i < j; ++i) in |= o[i] == c;
+    if (!in) continue;
+    long long add = h - W.load[L.rank[c]];
+    if (extra > 0) ++add, --extra;
+    W.y[c] += add;
+    W.load[L.rank[c]] += add;
+  }
+}
+
+/// The cheapest start: every expert with copies alone (local, then server, then levelled).
+MOE_HOST_DEVICE inline void start(Layout const& L, Work& W) {
+  for (int c = 0; c < L.slots; ++c) W.y[c] = 0, W.mark[c] = -1;
+  for (int i = 0; i < W.n_multi; ++i) {
+    int e = static_cast<int>(W.multi[i]);
+    long long placed = 0;
+    for (int c = L.first[e]; c < L.first[e + 1]; ++c) {
+      W.y[c] = W.loc[c];
+      W.load[L.rank[c]] += W.loc[c];
+      placed += W.loc[c];
+    }
+    for (int c = L.first[e]; c < L.first[e + 1]; ++c) {
+      int s = L.server[L.rank[c]];
+      bool first_on_server = true;
+      for (int d = L.first[e]; d < c; ++d) first_on_server &= L.server[L.rank[d]] != s;
+      if (!first_on_server) continue;
+      long long local = 0;
+      for (int d = L.first[e]; d < L.first[e + 1]; ++d)
+        if (L.server[L.rank[d]] == s) W.mark[d] = c, local += W.loc[d];
+      level(L, W, e, c, W.srvN[c] - local);
+      placed += W.srvN[c] - local;
+    }
+    for (int c = L.first[e]; c < L.first[e + 1]; ++c) W.mark[c] = -2;
+    level(L, W, e, -2, W.N[e] - placed);
+  }
+}
+
+/// Cost change (A x lost local + B x lost same-server) of moving one pair of an expert from slot c
+/// to slot d, and how many pairs can move before it changes (or c runs out).
+MOE_HOST_DEVICE inline long long move_cost(Layout const& L, Work const& W, int e, int c, int d, long long A,
+                                           long long* room) {
+  long long cost = 0, r = W.y[c];
+  if (W.y[c] <= W.loc[c]) cost += A;
+  else r = lmin(r, W.y[c] - W.loc[c]);
+  if (W.y[d] < W.loc[d]) cost -= A, r = lmin(r, W.loc[d] - W.y[d]);
+  if (L.server[L.rank[c]] != L.server[L.rank[d]]) {
+    long long Yc = server_take(L, W, e, c), Yd = server_take(L, W, e, d);
+    if (Yc <= W.srvN[c]) cost += 1;
+    else r = lmin(r, Yc - W.srvN[c]);
+    if (Yd < W.srvN[d]) cost -= 1, r = lmin(r, W.srvN[d] - Yd);
+  }
+  *room = r;
+  return cost;
+}
+
+constexpr long long inf = 0x3fffffffffffffffLL;
+
+}  // namespace detail
+
+/// Stage 1 of solve(), which the threads of a CUDA block share: the pairs per (source server, expert)
+/// of the experts e = part, part + parts, ... Returns the bitwise OR of the counts it read (negative
+/// when one of them is).
+MOE_HOST_DEVICE inline std::int32_t count_servers(Layout const& L, std::int32_t const* counts, long long* work, int part,
+                                                  int parts) {
+  detail::Work W(L, work);
+  std::int32_t sign = 0;
+  for (int e = part; e < L.experts; e += parts)
+    for (int v = 0; v < L.servers; ++v) W.P[static_cast<long long>(v) * L.experts + e] = 0;
+  if (parts == 1) {  // row by row (contiguous), in 32-bit sums when no sum can reach 2^31
+    long long n = static_cast<long long>(L.servers) * L.experts;
+    auto* P32 = reinterpret_cast<std::uint32_t*>(W.P32);
+    for (long long i = 0; i < n; ++i) P32[i] = 0;
+    for (int r = 0; r < L.ranks; ++r) {
+      std::int32_t const* row = counts + static_cast<long long>(r) * L.experts;
+      std::uint32_t* acc = P32 + static_cast<long long>(L.server[r]) * L.experts;
+      for (int e = 0; e < L.experts; ++e) acc[e] += static_cast<std::uint32_t>(row[e]), sign |= row[e];
+    }
+    if (sign < 0) return sign;
+    if (sign <= 0x7fffffff / (L.ranks > 0 ? L.ranks : 1)) {  // every count <= sign: no sum wrapped
+      for (long long i = 0; i < n; ++i) W.P[i] = static_cast<long long>(P32[i]);
+      return sign;
+    }
+    for (long long i = 0; i < n; ++i) W.P[i] = 0;  // large counts: 64-bit sums
+    for (int r = 0; r < L.ranks; ++r) {
+      std::int32_t const* row = counts + static_cast<long long>(r) * L.experts;
+      long long* acc = W.P + static_cast<long long>(L.server[r]) * L.experts;
+      for (int e = 0; e < L.experts; ++e) acc[e] += row[e];
+    }
+    return sign;
+  }
+  for (int e = part; e < L.experts; e += parts)
+    for (int r = 0; r < L.ranks; ++r) {
+      std::int32_t n = counts[static_cast<long long>(r) * L.experts + e];
+      W.P[static_cast<long long>(L.server[r]) * L.experts + e] += n, sign |= n;
+    }
+  return sign;
+}
+
+/// Stage 2 of solve(), one thread: the loads and the amount each copy receives, after
+/// count_servers() has covered every expert and `sign` is the OR of what its parts returned. The
+/// outcome's local and same_server count the single-copy experts only; match() adds the others.
+MOE_HOST_DEVICE inline Outcome decide(Layout const& L, std::int32_t const* counts, long long* load, long long* work,
+                                      std::int32_t sign) {
+  using namespace detail;
+  Outcome out;
+  int G = L.ranks, E = L.experts;
+  Work W(L, work);
+  if (sign < 0) {
+    out.bad = 1;
+    return out;
+  }
+  // the ranks of each server, in rank order
+  for (int v = 0; v <= L.servers; ++v) W.sfirst[v] = 0;
+  for (int r = 0; r < G; ++r) ++W.sfirst[L.server[r] + 1];
+  for (int v = 0; v < L.servers; ++v) W.sfirst[v + 1] += W.sfirst[v];
+  for (int v = 0; v < L.servers; ++v) W.path[v] = W.sfirst[v];
+  for (int r = 0; r < G; ++r) W.srank[W.path[L.server[r]]++] = r;
+  // per-expert totals; fixed loads and what stays on rank / server for single-copy experts
+  long long total = 0;
+  for (int g = 0; g < G; ++g) W.load[g] = 0;
+  W.n_multi = 0;
+  for (int e = 0; e < E; ++e) {
+    long long n = 0;
+    for (int v = 0; v < L.servers; ++v) n += W.P[static_cast<long long>(v) * E + e];
+    W.N[e] = n;
+    total += n;
+    if (L.first[e + 1] - L.first[e] == 1) {
+      int g = L.rank[L.first[e]];
+      W.load[g] += n;
+      out.local += counts[static_cast<long long>(g) * E + e];
+      out.same_server += W.P[static_cast<long long>(L.server[g]) * E + e];
+    } else if (n > 0) {
+      W.multi[W.n_multi++] = e;
+    }
+  }
+  long long T = 0;
+  for (int g = 0; g < G; ++g) T = lmax(T, W.load[g]);
+  T = lmax(T, G > 0 ? (total + G - 1) / G : 0);
+  long long A = total + 1;  // one local pair outweighs every same-server pair
+  // local and same-server sources of the experts with copies; the arcs between their copies
+  W.n_arcs = 0;
+  for (int i = 0; i < W.n_multi; ++i) {
+    int e = static_cast<int>(W.multi[i]);
+    for (int c = L.first[e]; c < L.first[e + 1]; ++c) {
+      W.loc[c] = counts[static_cast<long long>(L.rank[c]) * E + e];
+      W.srvN[c] = W.P[static_cast<long long>(L.server[L.rank[c]]) * E + e];
+      for (int d = L.first[e]; d < L.first[e + 1]; ++d)
+        if (d != c) W.arc_c[W.n_arcs] = c, W.arc_d[W.n_arcs] = d, ++W.n_arcs;
+    }
+  }
+  for (int e = 0; e < E; ++e)
+    for (int c = L.first[e]; c < L.first[e + 1]; ++c) W.sexp[c] = e;
+  for (int g = 0; g < G; ++g) W.load0[g] = W.load[g];
+  start(L, W);
+
+  // --- 1. the least max load: breadth-first augmentation with Newton steps on T -------------------
+  for (;;) {
+    bool any = false;
+    for (int g = 0; g < G; ++g) {
+      W.dist[g] = W.load[g] > T ? 0 : -1;
+      W.pred[g] = -1;
+      any |= W.load[g] > T;
+    }
+    if (!any) break;
+    // breadth-first over arcs with pairs to move (rounds over the arc list: the graph is small)
+    int end = -1;
+    for (long long round = 0; end < 0; ++round) {
+      bool grew = false;
+      for (int a = 0; a < W.n_arcs; ++a) {
+        int c = static_cast<int>(W.arc_c[a]), d = static_cast<int>(W.arc_d[a]);
+        int g = L.rank[c], h = L.rank[d];
+        if (W.dist[g] != round || W.dist[h] >= 0 || W.y[c] <= 0) continue;
+        W.dist[h] = round + 1, W.pred[h] = a, grew = true;
+      }
+      for (int h = 0; h < G && end < 0; ++h)
+        if (W.dist[h] == round + 1 && W.load[h] < T) end = h;
+      if (!grew) break;
+    }
+    if (end < 0) {  // the reached ranks hold all their experts' copies: T rises to their mean
+      long long sum = 0, n = 0;
+      for (int g = 0; g < G; ++g)
+        if (W.dist[g] >= 0) sum += W.load[g], ++n;
+      T = lmax(T + 1, (sum + n - 1) / n);
+      continue;
+    }
+    long long amount = T - W.load[end];
+    int g = end;
+    while (W.dist[g] > 0) {
+      int a = static_cast<int>(W.pred[g]);
+      amount = lmin(amount, W.y[W.arc_c[a]]);
+      g = L.rank[W.arc_c[a]];
+    }
+    amount = lmin(amount, W.load[g] - T);
+    g = end;
+    while (W.dist[g] > 0) {
+      int a = static_cast<int>(W.pred[g]);
+      W.y[W.arc_c[a]] -= amount, W.y[W.arc_d[a]] += amount;
+      g = L.rank[W.arc_c[a]];
+    }
+    W.load[end] += amount, W.load[g] -= amount;
+  }
+
+  // --- 2-3. least cost at that T (or the slack's cap): successive shortest paths from the same start
+  if (L.slack_permille > 0 && G > 0) {
+    long long den = 1000LL * G;
+    T = lmax(T, (total * (1000LL + L.slack_permille) + den - 1) / den);
+  }
+  for (int g = 0; g < G; ++g) W.load[g] = W.load0[g];
+  start(L, W);
+  for (;;) {
+    bool any = false;
+    for (int g = 0; g < G; ++g) {
+      W.dist[g] = W.load[g] > T ? 0 : inf;
+      W.pred[g] = -1;
+      any |= W.load[g] > T;
+    }
+    if (!any) break;
+    bool changed = true;
+    for (int round = 0; changed && round <= G; ++round) {
+      changed = false;
+      for (int a = 0; a < W.n_arcs; ++a) {
+        int c = static_cast<int>(W.arc_c[a]), d = static_cast<int>(W.arc_d[a]);
+        int g = L.rank[c], h = L.rank[d];
+        if (W.dist[g] == inf || W.y[c] <= 0) continue;
+        long long room = 0;
+        long long nd = W.dist[g] + move_cost(L, W, static_cast<int>(W.sexp[c]), c, d, A, &room);
+        if (nd < W.dist[h]) W.dist[h] = nd, W.pred[h] = a, changed = true;
+      }
+    }
+    int end = -1;
+    for (int h = 0; h < G; ++h)
+      if (W.load[h] < T && W.dist[h] != inf && (end < 0 || W.dist[h] < W.dist[end])) end = h;
+    if (changed || end < 0) {  // a negative cycle or no way out: impossible from a feasible T
+      out.bad = 2;
+      return out;
+    }
+    // the path back to its origin (an excess rank); its capacity, one pair when it moves an expert
+    // twice (the costs of the two moves would interact)
+    int len = 0, g = end;
+    while (W.pred[g] >= 0 && len <= G) {
+      W.path[len++] = W.pred[g];
+      g = L.rank[W.arc_c[W.pred[g]]];
+    }
+    if (len > G) {
+      out.bad = 2;
+      return out;
+    }
+    int origin = g;
+    long long amount = lmin(T - W.load[end], W.load[origin] - T);
+    bool repeat = false;
+    for (int i = 0; i < len; ++i) {
+      int c = static_cast<int>(W.arc_c[W.path[i]]), d = static_cast<int>(W.arc_d[W.path[i]]);
+      long long room = 0;
+      move_cost(L, W, static_cast<int>(W.sexp[c]), c, d, A, &room);
+      amount = lmin(amount, room);
+      for (int j = 0; j < i; ++j) repeat |= W.sexp[W.arc_c[W.path[j]]] == W.sexp[c];
+    }
+    if (repeat) amount = 1;
+    for (int i = 0; i < len; ++i) W.y[W.arc_c[W.path[i]]] -= amount, W.y[W.arc_d[W.path[i]]] += amount;
+    W.load[end] += amount, W.load[origin] -= amount;
+  }
+
+  out.max_load = 0;
+  for (int g = 0; g < G; ++g) load[g] = W.load[g], out.max_load = lmax(out.max_load, W.load[g]);
+  // the experts with copies, for the matching stages (their count in the header word)
+  long long n_mc = 0;
+  for (int e = 0; e < E; ++e)
+    if (L.first[e + 1] - L.first[e] > 1) W.mc[n_mc++] = e;
+  W.hdr[0] = n_mc;
+  return out;
+}
+
+/// Stage 3 (the rows r = part, part + parts, ...): the sources' pairs of the experts with copies,
+/// expert-major, and their take entries cleared (one copy: all its pairs go there, take is not
+/// written). After decide().
+MOE_HOST_DEVICE inline void gather_sources(Layout const& L, std::int32_t const* counts, std::int32_t* take,
+                                           long long* work, int part, int parts) {
+  detail::Work W(L, work);
+  int G = L.ranks, E = L.experts;
+  long long n_mc = W.hdr[0];
+  for (int r = part; r < G; r += parts) {
+    std::int32_t const* row = counts + static_cast<long long>(r) * E;
+    std::int32_t* trow = take + static_cast<long long>(r) * L.slots;
+    for (long long i = 0; i < n_mc; ++i) {
+      int e = static_cast<int>(W.mc[i]);
+      W.supply[i * G + r] = row[e];
+      for (int c = L.first[e]; c < L.first[e + 1]; ++c) trow[c] = 0;
+    }
+  }
+}
+
+/// Stage 4 (the experts with copies i = part, part + parts, ...): the split per (source rank, slot)
+/// of each: own rank first, then own server, then the rest, each in rank order. Adds the pairs kept
+/// on their rank and server to `local` and `same_server`. After gather_sources() for every row.
+MOE_HOST_DEVICE inline void match(Layout const& L, std::int32_t* take, long long* work, int part, int parts,
+                                  long long* local, long long* same_server) {
+  using namespace detail;
+  Work W(L, work);
+  int G = L.ranks;
+  long long n_mc = W.hdr[0], loc = 0, same = 0;
+  for (long long i = part; i < n_mc; i += parts) {
+    int e = static_cast<int>(W.mc[i]);
+    int lo = L.first[e], hi = L.first[e + 1];
+    if (W.N[e] == 0) continue;
+    long long* rem = W.supply + i * G;
+    for (int c = lo; c < hi; ++c) {
+      int r = L.rank[c];
+      long long m = lmin(rem[r], W.y[c]);
+      take[static_cast<long long>(r) * L.slots + c] = static_cast<std::int32_t>(m);
+      rem[r] -= m, W.need[c] = W.y[c] - m;
+      loc += m, same += m;
+    }
+    for (int c = lo; c < hi; ++c) {  // the ranks of c's server, in order, skipping the used up
+      int v = L.server[L.rank[c]];
+      for (long long at = W.sfirst[v]; W.need[c] > 0 && at < W.sfirst[v + 1]; ++at) {
+        int r = static_cast<int>(W.srank[at]);
+        long long m = lmin(rem[r], W.need[c]);
+        if (m == 0) continue;
+        take[static_cast<long long>(r) * L.slots + c] += static_cast<std::int32_t>(m);
+        rem[r] -= m, W.need[c] -= m, same += m;
+      }
+    }
+    for (int c = lo, r = 0; c < hi; ++c)
+      while (W.need[c] > 0 && r < G) {
+        long long m = lmin(rem[r], W.need[c]);
+        if (m == 0) {
+          ++r;
+          continue;
+        }
+        take[static_cast<long long>(r) * L.slots + c] += static_cast<std::int32_t>(m);
+        rem[r] -= m, W.need[c] -= m;
+      }
+  }
+  *local += loc, *same_server += same;
+}
+
+/// Computes the split of one batch. `counts`: ranks x experts, rank-major, pairs of each (source
+/// rank, expert). `take`: ranks x slots, pairs of each (source rank, slot), written for the slots of
+/// experts with two copies or more (an expert with one copy sends every pair to it; its entries are
+/// left as they are, and dealt() does not read them). `load`: ranks, written: pairs each rank
+/// receives. `work`: workspace_words(L) words. Returns the outcome; on a negative count it writes
+/// nothing and returns bad = 1 (the host wrapper names the entry).
+MOE_HOST_DEVICE inline Outcome solve(Layout const& L, std::int32_t const* counts, std::int32_t* take, long long* load,
+                                     long long* work) {
+  Outcome out = decide(L, counts, load, work, count_servers(L, counts, work, 0, 1));
+  if (out.bad) return out;
+  gather_sources(L, counts, take, work, 0, 1);
+  match(L, take, work, 0, 1, &out.local, &out.same_server);
+  return out;
+}
+
+/// The copy of a (source rank, expert) pair: source rank r's m-th pair of expert e, in token order,
+/// given the split `take` (ranks x slots). Pairs past the split's count go to the last copy.
+MOE_HOST_DEVICE inline int dealt(Layout const& L, std::int32_t const* take, int e, int r, long long m) {
+  int lo = L.first[e], hi = L.first[e + 1];
+  if (hi - lo == 1) return L.rank[lo];
+  std::int32_t const* row = take + static_cast<long long>(r) * L.slots;
+  long long cum = 0;
+  for (int c = lo; c < hi; ++c) {
+    cum += row[c];
+    if (m < cum) return L.rank[c];
+  }
+  return L.rank[hi - 1];
+}
+
+}  // namespace split
+
+/// Replica policy that balances each batch: from every rank's per-expert pair counts (the all-gather
+/// the layer makes: ranks x experts int32), the split of split::solve, the same on every rank; each
+/// rank then deals its own pairs of an expert in token order (dealt). A BatchPolicy, like Reactive.
+class BatchSplit {
+public:
+  BatchSplit() = default;
+  /// `copies`: the ranks holding each expert (as replication::Table); `topo`: one rank per GPU.
+  /// `slack_permille`: see split::Layout (0: the least max load).
+  BatchSplit(std::vector<std::vector<int>> copies, topology::Topology const& topo, int slack_permille = 0)
+      : table_(copies) {
+    check(topo.finalized(), "batch split: the topology is not finalized");
+    int G = topo.gpus();
+    for (int g = 0; g < G; ++g) server_.push_back(topo.server_of(g));
+    init(copies, G, topo.servers(), slack_permille);
+  }
+  /// The same from the server of each rank (ranks = server_of_rank.size()).
+  BatchSplit(std::vector<std::vector<int>> copies, std::vector<int> server_of_rank, int slack_permille = 0)
+      : table_(copies) {
+    server_ = std::move(server_of_rank);
+    int S = 0;
+    for (std::size_t g = 0; g < server_.size(); ++g) {
+      check(server_[g] >= 0, "batch split: rank ", g, " is on server ", server_[g]);
+      S = std::max(S, server_[g] + 1);
+    }
+    init(copies, static_cast<int>(server_.size()), S, slack_permille);
+  }
+
+  // Policy: choose() is replication::Table's fixed rule (for callers that see one token at a time).
+  [[nodiscard]] int choose(int expert, int primary, int source_rank, long long token) const {
+    return table_.choose(expert, primary, source_rank, token);
+  }
+  [[nodiscard]] bool holds(int expert, int primary, int rank) const { return table_.holds(expert, primary, rank); }
+  void validate(int experts, int ranks, std::span<int const> placement) const {
+    check(ranks == layout_.ranks, "batch split: built for ", layout_.ranks, " ranks, the layer has ", ranks);
+    table_.validate(experts, ranks, placement);
+  }
+  [[nodiscard]] Table const& table() const { return table_; }
+  [[nodiscard]] split::Layout const& layout() const { return layout_; }
+  /// The server of each rank and the copy lists, as split::Layout points to them.
+  [[nodiscard]] std::vector<int> const& servers() const { return server_; }
+  [[nodiscard]] CopyLists const& copy_lists() const { return lists_; }
+
+  /// Splits the batch whose pairs per (rank, expert) are `counts` (ranks x experts, rank-major).
+  /// Throws moe::Error on a count array of the wrong size or a negative count.
+  split::Outcome plan_batch(std::span<std::int32_t const> counts) {
+    auto G = static_cast<std::size_t>(layout_.ranks), E = static_cast<std::size_t>(layout_.experts);
+    check(counts.size() == G * E, "batch split: ", counts.size(), " counts, expected ", G, " ranks x ", E, " experts");
+    auto out = split::solve(layout_, counts.data(), take_.data(), load_.data(), work_.data());
+    if (out.bad == 1) {
+      for (std::size_t i = 0; i < counts.size(); ++i)
+        check(counts[i] >= 0, "batch split: rank ", i / E, " reports ", counts[i], " pairs of expert ", i % E);
+    }
+    check(out.bad == 0, "batch split: internal fault (no way to move a rank's excess); please report it");
+    last_ = out;
+    return out;
+  }
+
+  /// The rank serving `rank`'s m-th pair of `expert` in token order (after plan_batch).
+  [[nodiscard]] int dealt(int expert, int rank, int m) const {
+    return split::dealt(layout_, take_.data(), expert, rank, m);
+  }
+  /// Deals one rank's pairs: `experts` (tokens x k, token-major) -> the serving rank of each pair.
+  void deal(int rank, std::span<int const> experts, std::span<int> out) const {
+    check(out.size() == experts.size(), "batch split: deal into ", out.size(), " entries, ", experts.size(),
+          " pairs");
+    check(rank >= 0 && rank < layout_.ranks, "batch split: deal for rank ", rank, ", outside [0, ", layout_.ranks, ")");
+    // per expert: the slot being filled and the pairs it still takes (a cursor, so O(1) a pair)
+    auto E = static_cast<std::size_t>(layout_.experts);
+    slot_.assign(lists_.first.begin(), lists_.first.end() - 1);
+    left_.resize(E);
+    auto const* row = take_.data() + static_cast<std::size_t>(rank) * static_cast<std::size_t>(layout_.slots);
+    for (std::size_t e = 0; e < E; ++e)
+      left_[e] = lists_.first[e + 1] - lists_.first[e] == 1 ? -1 : row[slot_[e]];
+    for (std::size_t i = 0; i < experts.size(); ++i) {
+      int e = experts[i];
+      check(e >= 0 && e < layout_.experts, "batch split: pair ", i, " names expert ", e);
+      auto ue = static_cast<std::size_t>(e);
+      if (left_[ue] < 0) {  // one copy
+        out[i] = lists_.ranks[static_cast<std::size_t>(slot_[ue])];
+        continue;
+      }
+      while (left_[ue] == 0 && slot_[ue] + 1 < lists_.first[ue + 1]) left_[ue] = row[++slot_[ue]];
+      if (left_[ue] > 0) --left_[ue];
+      out[i] = lists_.ranks[static_cast<std::size_t>(slot_[ue])];
+    }
+  }
+
+  /// The last split: pairs per (source rank, slot), ranks x slots (slots in copy-list order); the
+  /// slots of single-copy experts are not written (all of a rank's pairs of such an expert go there).
+  [[nodiscard]] std::vector<std::int32_t> const& take() const { return take_; }
+  /// The last split's pairs received per rank.
+  [[nodiscard]] std::vector<long long> const& load() const { return load_; }
+  [[nodiscard]] split::Outcome const& outcome() const { return last_; }
+
+private:
+  void init(std::vector<std::vector<int>> const& copies, int G, int S, int slack_permille) {
+    check(G > 0, "batch split: no ranks");
+    check(slack_permille >= 0 && slack_permille <= 1000000, "batch split: the balance slack must be in [0, 1000000] "
+          "thousandths, got ", slack_permille);
+    layout_.slack_permille = slack_permille;
+    for (std::size_t e = 0; e < copies.size(); ++e) {
+      check(!copies[e].empty(), "batch split: expert ", e, " has no copy");
+      for (std::size_t i = 0; i < copies[e].size(); ++i) {
+        int g = copies[e][i];
+        check(g >= 0 && g < G, "batch split: expert ", e, " has a copy on rank ", g, ", outside [0, ", G, ")");
+        for (std::size_t j = 0; j < i; ++j)
+          check(copies[e][j] != g, "batch split: expert ", e, " lists rank ", g, " twice");
+        lists_.ranks.push_back(g);
+      }
+      lists_.first.push_back(static_cast<int>(lists_.ranks.size()));
+    }
+    layout_.ranks = G;
+    layout_.experts = static_cast<int>(copies.size());
+    layout_.slots = static_cast<int>(lists_.ranks.size());
+    layout_.servers = S;
+    layout_.first = lists_.first.data();
+    layout_.rank = lists_.ranks.data();
+    layout_.server = server_.data();
+    layout_.arcs = split::arc_count(layout_.experts, layout_.first);
+    work_.assign(static_cast<std::size_t>(split::workspace_words(layout_)), 0);
+    take_.assign(static_cast<std::size_t>(G) * static_cast<std::size_t>(layout_.slots), 0);
+    load_.assign(static_cast<std::size_t>(G), 0);
+  }
+
+  Table table_;
+  std::vector<int> server_;
+  CopyLists lists_;
+  split::Layout layout_;
+  std::vector<long long> work_;
+  std::vector<std::int32_t> take_;
+  std::vector<long long> load_;
+  split::Outcome last_;
+  mutable std::vector<int> slot_;
+  mutable std::vector<std::int64_t> left_;
+};
+
+static_assert(BatchPolicy<BatchSplit>);
+
+}  // namespace moe::replication

@@ -1,0 +1,164 @@
+// The device split (kernels::cuda::DeviceSplit, moe/kernels/batch_split.cuh) against the host's
+// replication::BatchSplit: on many seeded cases (1-48 ranks on 1-6 servers, random copy tables,
+// skewed counts, zero tokens, all pairs to one expert, DeepSeek-V3-sized, and a layout whose
+// workspace is too large for shared memory) the device's take (the slots of experts with copies),
+// loads and outcome equal the host's bit for bit; the device deal of one rank's pairs equals the
+// host's deal; a negative count sets outcome.bad and writes nothing.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <random>
+#include <vector>
+
+#include "cuda_test_support.cuh"
+#include "moe/kernels/batch_split.cuh"
+#include "moe/replication/batch_split.hpp"
+
+namespace {
+
+using moe::replication::BatchSplit;
+using moe::replication::split::Outcome;
+using moe::test::Device;
+
+struct Case {
+  std::vector<int> server;
+  std::vector<std::vector<int>> copies;
+  std::vector<std::int32_t> counts;  // ranks x experts
+};
+
+Case random_case(std::mt19937& rng, int G, int servers, int E, int extra, int scale) {
+  Case c;
+  for (int g = 0; g < G; ++g) c.server.push_back(g * servers / G);
+  c.copies.resize(static_cast<std::size_t>(E));
+  for (int e = 0; e < E; ++e) c.copies[static_cast<std::size_t>(e)].push_back(static_cast<int>(rng() % G));
+  for (int i = 0; i < extra; ++i) {
+    auto& l = c.copies[rng() % static_cast<unsigned>(E)];
+    if (static_cast<int>(l.size()) >= G) continue;
+    int g;
+    do g = static_cast<int>(rng() % G);
+    while (std::find(l.begin(), l.end(), g) != l.end());
+    l.push_back(g);
+  }
+  std::gamma_distribution<double> gam(0.5, 1.0);
+  std::vector<double> w(static_cast<std::size_t>(E));
+  for (auto& x : w) x = gam(rng);
+  c.counts.resize(static_cast<std::size_t>(G * E));
+  for (int r = 0; r < G; ++r)
+    for (int e = 0; e < E; ++e) {
+      std::poisson_distribution<int> p(scale * w[static_cast<std::size_t>(e)] * (0.5 + (rng() % 100) / 100.0));
+      c.counts[static_cast<std::size_t>(r * E + e)] = p(rng);
+    }
+  return c;
+}
+
+/// Runs host and device on the case; requires equality. Returns whether the workspace was shared.
+bool compare(Case const& c) {
+  BatchSplit host(c.copies, c.server);
+  auto hout = host.plan_batch(c.counts);
+  auto const& L = host.layout();
+  moe::kernels::cuda::DeviceSplit dev(L);
+  Device<std::int32_t> counts(c.counts);
+  Device<std::int32_t> take(std::max<std::size_t>(dev.take_size(), 1));
+  Device<long long> load(dev.load_size());
+  Device<Outcome> outcome(1);
+  Device<unsigned char> work(std::max<std::size_t>(dev.workspace_bytes(), 1));
+  take.poison();
+  dev.run(counts.get(), take.get(), load.get(), outcome.get(), dev.workspace_bytes() ? work.get() : nullptr, nullptr);
+  auto dtake = take.download();
+  auto dload = load.download();
+  auto dout = outcome.download()[0];
+  REQUIRE(dout.bad == 0);
+  CHECK(dout.max_load == hout.max_load);
+  CHECK(dout.local == hout.local);
+  CHECK(dout.same_server == hout.same_server);
+  REQUIRE(dload == host.load());
+  // every slot of an expert with copies, every source rank
+  for (int e = 0; e < L.experts; ++e) {
+    if (L.first[e + 1] - L.first[e] == 1) continue;
+    for (int r = 0; r < L.ranks; ++r)
+      for (int s = L.first[e]; s < L.first[e + 1]; ++s) {
+        auto i = static_cast<std::size_t>(r) * static_cast<std::size_t>(L.slots) + static_cast<std::size_t>(s);
+        REQUIRE(dtake[i] == host.take()[i]);
+      }
+  }
+  // the deal of rank 0's pairs (a token order made from the counts: expert ids interleaved)
+  if (L.ranks > 0) {
+    std::vector<int> ids;
+    std::vector<std::int32_t> left(c.counts.begin(), c.counts.begin() + L.experts);
+    for (bool more = true; more;) {
+      more = false;
+      for (int e = L.experts - 1; e >= 0; --e)
+        if (left[static_cast<std::size_t>(e)] > 0) --left[static_cast<std::size_t>(e)], ids.push_back(e), more = true;
+    }
+    std::vector<int> want(ids.size());
+    host.deal(0, ids, want);
+    if (!ids.empty()) {
+      Device<int> d_ids(ids), d_dest(ids.size());
+      d_dest.poison();
+      dev.deal(take.get(), 0, d_ids.get(), static_cast<long long>(ids.size()), d_dest.get(), nullptr);
+      REQUIRE(d_dest.download() == want);
+    }
+  }
+  return dev.shared_bytes() > 0;
+}
+
+}  // namespace
+
+TEST_CASE("device batch split equals the host split bit for bit", "[batch-split]") {
+  int shared = 0, global = 0;
+  for (unsigned seed = 1; seed <= 120; ++seed) {
+    std::mt19937 rng(seed);
+    int servers = 1 + static_cast<int>(seed % 6);
+    int G = servers * (1 + static_cast<int>(rng() % 8));
+    int E = 1 + static_cast<int>(rng() % 64);
+    int extra = static_cast<int>(rng() % static_cast<unsigned>(E + G));
+    int scale = seed % 7 == 0 ? 0 : 1 + static_cast<int>(rng() % 200);
+    INFO("seed " << seed << ": G " << G << ", servers " << servers << ", E " << E << ", extra " << extra);
+    auto c = random_case(rng, G, servers, E, extra, scale);
+    (compare(c) ? shared : global) += 1;
+  }
+  CHECK(shared > 0);
+}
+
+TEST_CASE("device batch split on the edge cases", "[batch-split]") {
+  SECTION("all pairs to one expert with copies on every rank") {
+    std::mt19937 rng(5);
+    auto c = random_case(rng, 16, 2, 8, 0, 0);
+    c.copies[2].clear();
+    for (int g = 0; g < 16; ++g) c.copies[2].push_back((g * 5) % 16);
+    std::fill(c.counts.begin(), c.counts.end(), 0);
+    for (int r = 0; r < 16; ++r) c.counts[static_cast<std::size_t>(r * 8 + 2)] = 100 + r;
+    compare(c);
+  }
+  SECTION("DeepSeek-V3 at EP32: 256 experts, 32 more copies, 4 servers of 8") {
+    std::mt19937 rng(11);
+    auto c = random_case(rng, 32, 4, 256, 32, 120);
+    CHECK(compare(c));  // the workspace fits in shared memory
+  }
+  SECTION("counts whose per-server sums pass 2^31 (the host's 64-bit path)") {
+    std::mt19937 rng(13);
+    auto c = random_case(rng, 8, 2, 6, 6, 1);
+    for (auto& n : c.counts) n = n > 0 ? 400000000 + n : 0;
+    compare(c);
+  }
+  SECTION("a workspace too large for shared memory goes to global memory") {
+    std::mt19937 rng(12);
+    auto c = random_case(rng, 16, 8, 2048, 64, 2);
+    CHECK_FALSE(compare(c));
+  }
+}
+
+TEST_CASE("device batch split flags a negative count and writes nothing", "[batch-split]") {
+  BatchSplit host({{0, 1}, {1}}, std::vector<int>{0, 0});
+  moe::kernels::cuda::DeviceSplit dev(host.layout());
+  Device<std::int32_t> counts(std::vector<std::int32_t>{1, 2, -4, 0});
+  Device<std::int32_t> take(dev.take_size());
+  Device<long long> load(dev.load_size());
+  Device<Outcome> outcome(1);
+  take.poison();
+  load.poison();
+  dev.run(counts.get(), take.get(), load.get(), outcome.get(), nullptr, nullptr);
+  CHECK(outcome.download()[0].bad == 1);
+  for (auto v : take.download()) CHECK(v == -1);
+  for (auto v : load.download()) CHECK(v == -1);
+}
