@@ -26,7 +26,7 @@
 #                          grouped GEMM under real expert loads
 #   torch-layer  100   30  the same layer in PyTorch: an eager loop over experts, and torch._grouped_mm
 #   shuffle       60   15  bench_cuda_shuffle: s-TS predictor lookup, shuffle plan, row pack / unpack
-#   split         30   10  bench_cuda_batch_split: the per-batch replica split kernel (DeepSeek-V3, EP32)
+#   split         60   20  bench_cuda_batch_split: the per-batch replica split kernel (DeepSeek-V3, EP32)
 #   fit          200   45  findep_fit_gpu: the FinDEP performance models of this GPU
 #
 # Output (the results folder: $OUT when set, else <build>/results), rewritten after every step so
@@ -92,9 +92,9 @@ reserve=15   # seconds kept for the results file at the end
 
 steps=(configure build test kernels torch-gemm layer torch-layer shuffle split fit)
 declare -A cap=([configure]=90 [build]=330 [test]=150 [kernels]=150 [torch-gemm]=90 [layer]=120
-                [torch-layer]=100 [shuffle]=60 [split]=30 [fit]=200)
+                [torch-layer]=100 [shuffle]=60 [split]=60 [fit]=200)
 declare -A need=([configure]=15 [build]=30 [test]=20 [kernels]=30 [torch-gemm]=30 [layer]=30
-                 [torch-layer]=30 [shuffle]=15 [split]=10 [fit]=45)
+                 [torch-layer]=30 [shuffle]=15 [split]=20 [fit]=45)
 declare -A what=([configure]="CMake configure (Release, sm_90a; Ninja when installed)"
                  [build]="build the programs the steps below run (run.txt: targets), all cores"
                  [test]="ctest -L cuda (kernels and layers against the host reference)"

@@ -425,8 +425,9 @@ TEST_CASE("device Layer on several ranks: ranks with different options cannot ov
           "[cuda][layer][ranks][workspace]") {
   // Rank 0 holds experts 0 and 1 and takes 2 tokens without de-duplication: its receive buffer
   // holds 2 ranks x 2 tokens x 2 records (a token sends a peer at most one record per expert the
-  // peer holds). Rank 1 was built for 4 tokens and sends it 8 records; with rank 0's own 4 that is
-  // 12: the exact exchange stops with an error instead of writing past the buffer.
+  // peer holds). Rank 1 was built for 4 tokens and would send it 8 records; with rank 0's own 4
+  // that is 12. The ranks' agreement on the pass sees the different options before any record
+  // moves (behind it, the exact exchange would stop at the count instead of writing past the buffer).
   constexpr moe::ShapeSpec s = Top3Bf16::spec;
   using L = moe::Layer<Top3Bf16, Router, moe::placement::Table, moe::replication::None, moe::schedule::Sequential, moe::test::StagedDevice<2>>;
   Weights<moe::bf16> w(s, 3);
@@ -445,7 +446,8 @@ TEST_CASE("device Layer on several ranks: ranks with different options cannot ov
   } catch (moe::Error const& e) {
     message = e.what();
   }
-  CHECK_THAT(message, Catch::Contains("rank 0 would receive 12 records but its workspace holds 8"));
+  CHECK_THAT(message, Catch::Contains("every rank must build its layer with the same options: rank 0 has max_tokens 2") &&
+                          Catch::Contains("rank 1 has max_tokens 4"));
 }
 
 // -----------------------------------------------------------------------------------------------

@@ -72,9 +72,10 @@ public:
     namespace kc = kernels::cuda;
     moe::detail::keep_shared_list(weights_, shared_);  // run() reads the shared list
     moe::detail::prepare_gemm_path<T>("moe::schedule::FinDepCudaExecutor", options_.gemm);  // probes before any capture
+    check(options_.max_tokens > 0, "moe::schedule::FinDepCudaExecutor: max_tokens must be positive, got ",
+          options_.max_tokens);
     (void)moe::detail::check_layer_setup("moe::schedule::FinDepCudaExecutor", shape, 1, 0,
-                                         placement::Table::contiguous(shape.experts, 1), replication::None{}, weights_,
-                                         options_.max_tokens);
+                                         placement::Table::contiguous(shape.experts, 1), replication::None{}, weights_);
     check(options_.max_chunks >= 1, "moe::schedule::FinDepCudaExecutor: max_chunks must be at least 1, got ",
           options_.max_chunks);
     check(options_.max_chunks <= max_cuda_chunks, "moe::schedule::FinDepCudaExecutor: max_chunks = ",
