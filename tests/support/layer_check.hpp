@@ -108,7 +108,25 @@ Outcome run_scenario(Comm& comm, Scenario const& sc, Replicas replicas) {
     for (std::size_t j = 0; j < k; ++j) {
       auto i = static_cast<std::size_t>(t) * k + j;
       int e = ids[i], src = o.source[static_cast<std::size_t>(t)];
-      if constexpr (replication::BatchPolicy<Replicas>) {
+      if constexpr (requires { layer.executor().replicas().take(); }) {
+        // replication::BatchSplit: rank src's m-th pair of e goes to the copy whose running sum of
+        // take (this rank's row, copies in list order) first exceeds m; one copy takes them all.
+        auto const& pol = layer.executor().replicas();
+        auto const& lists = pol.copy_lists();
+        auto slots = static_cast<std::size_t>(lists.ranks.size());
+        seen.resize(counts.size() * static_cast<std::size_t>(s.experts));
+        long long m = seen[static_cast<std::size_t>(src) * static_cast<std::size_t>(s.experts) + static_cast<std::size_t>(e)]++;
+        int lo = lists.first[static_cast<std::size_t>(e)], hi = lists.first[static_cast<std::size_t>(e) + 1];
+        o.dest[i] = lists.ranks[static_cast<std::size_t>(lo)];
+        long long acc = 0;
+        for (int c = lo; hi - lo > 1 && c < hi; ++c) {
+          acc += pol.take()[static_cast<std::size_t>(src) * slots + static_cast<std::size_t>(c)];
+          if (m < acc) {
+            o.dest[i] = lists.ranks[static_cast<std::size_t>(c)];
+            break;
+          }
+        }
+      } else if constexpr (replication::BatchPolicy<Replicas>) {
         auto const& p = layer.executor().replicas().problem();
         auto const& x = layer.executor().replicas().routes();
         seen.resize(p.n.size());

@@ -584,6 +584,27 @@ public:
     init(copies, static_cast<int>(server_.size()), S, slack_permille);
   }
 
+  // layout_ points into this object's own vectors: a copy or a move points it at its own.
+  BatchSplit(BatchSplit const& o) : BatchSplit(o, 0) {}
+  BatchSplit(BatchSplit&& o) noexcept : BatchSplit(std::move(o), 0) {}
+  BatchSplit& operator=(BatchSplit const& o) {
+    if (this != &o) *this = BatchSplit(o);
+    return *this;
+  }
+  BatchSplit& operator=(BatchSplit&& o) noexcept {
+    table_ = std::move(o.table_);
+    server_ = std::move(o.server_);
+    lists_ = std::move(o.lists_);
+    layout_ = o.layout_;
+    work_ = std::move(o.work_);
+    take_ = std::move(o.take_);
+    load_ = std::move(o.load_);
+    last_ = o.last_;
+    relink();
+    return *this;
+  }
+  ~BatchSplit() = default;
+
   // Policy: choose() is replication::Table's fixed rule (for callers that see one token at a time).
   [[nodiscard]] int choose(int expert, int primary, int source_rank, long long token) const {
     return table_.choose(expert, primary, source_rank, token);
@@ -652,6 +673,19 @@ public:
   [[nodiscard]] split::Outcome const& outcome() const { return last_; }
 
 private:
+  template <class O>
+  BatchSplit(O&& o, int)
+      : table_(std::forward<O>(o).table_), server_(std::forward<O>(o).server_), lists_(std::forward<O>(o).lists_),
+        layout_(o.layout_), work_(std::forward<O>(o).work_), take_(std::forward<O>(o).take_),
+        load_(std::forward<O>(o).load_), last_(o.last_) {
+    relink();
+  }
+  void relink() {
+    layout_.first = lists_.first.data();
+    layout_.rank = lists_.ranks.data();
+    layout_.server = server_.data();
+  }
+
   void init(std::vector<std::vector<int>> const& copies, int G, int S, int slack_permille) {
     check(G > 0, "batch split: no ranks");
     check(slack_permille >= 0 && slack_permille <= 1000000, "batch split: the balance slack must be in [0, 1000000] "
