@@ -3,7 +3,7 @@
 // batches and batches measured after a drift. Writes one TSV row per (model, plan, drift, tokens
 // per rank): max/mean of the pairs the ranks receive (averaged over the measured batches) for the
 // fixed rule, the split, the LP optimum and Reactive, and the modelled all-to-all time (dispatch +
-// combine, traffic model of moe/placement/traffic.hpp, the split and Reactive charged the all-gather
+// combine, traffic model of moe/topology/traffic.hpp, the split and Reactive charged the all-gather
 // of per-expert counts) on the model's hardware preset.
 //
 // Cases (all seeded; docs/results/batch-balance.md):
@@ -33,7 +33,8 @@
 #include <vector>
 
 #include "moe/placement/joint.hpp"
-#include "moe/placement/traffic.hpp"
+#include "moe/topology/traffic.hpp"
+#include "moe_tools/cli.hpp"
 #include "moe/profile/olmoe_tokens.hpp"
 #include "moe/profile/route_split.hpp"
 #include "moe/profile/token_batches.hpp"
@@ -199,12 +200,12 @@ int main(int argc, char** argv) try {
     check(i + 1 < argc, "batch_balance: ", a, " needs a value");
     std::string v = argv[++i];
     if (a == "--batches") {
-      batches = static_cast<int>(core::parse_int(v, "--batches", 1, 1000));
+      batches = static_cast<int>(tools::parse_int(v, "--batches", 1, 1000));
     } else if (a == "--models") {
       models = split_list(v);
     } else if (a == "--sizes") {
       sizes.clear();
-      for (auto const& x : split_list(v)) sizes.push_back(static_cast<int>(core::parse_int(x, "--sizes", 1, 1 << 16)));
+      for (auto const& x : split_list(v)) sizes.push_back(static_cast<int>(tools::parse_int(x, "--sizes", 1, 1 << 16)));
     } else {
       fail("batch_balance: unknown option ", a, " (--batches N, --models a,b, --sizes n,m)");
     }
