@@ -1,16 +1,16 @@
 // A collective of one's own: Metered<N> forwards every operation to an in-process collective and
 // counts, per operation, the calls and the bytes this rank hands to it. A collective is what
-// moe::Layer communicates through; on the host path (memory == Memory::host) it needs the whole
-// moe::collective::Collective concept: rank(), size(), all_to_all, all_to_all_v, reduce_scatter_v,
-// all_gather_v, all_reduce, send/recv, barrier, counters() and reset_counters(). The layer calls,
-// per run(): all_to_all (each rank's record counts and bytes per peer), then all_to_all_v (the
-// dispatch records), then all_to_all_v again (the partial sums back); every rank calls them in
-// the same order. counters() must count the bytes sent to other ranks (the layer's statistics are
+// moe::Layer communicates through; the host path needs its Exchange capability
+// (collective/concept.hpp: rank(), size(), all_to_all, all_to_all_v, all_gather_v, counters() and
+// reset_counters()); this one models the whole moe::collective::Collective concept. The layer
+// calls, per run(): all_gather_v (the ranks' agreement on the pass, 256 bytes per rank), all_to_all
+// (each rank's record counts and bytes per peer), then all_to_all_v (the dispatch records), then
+// all_to_all_v again (the partial sums back); every rank calls them in the same order. counters() must count the bytes sent to other ranks (the layer's statistics are
 // differences of it).
 //
 // Checks: the layer on 4 in-process ranks over Metered matches moe::reference_forward; each rank
-// made exactly 1 all_to_all and 2 all_to_all_v calls; the bytes Metered saw leave for other ranks
-// equal the layer's dispatch + combine + control bytes.
+// made exactly 1 all_gather_v, 1 all_to_all and 2 all_to_all_v calls; the bytes Metered saw leave
+// for other ranks equal the layer's agreement + dispatch + combine + control bytes.
 #include <array>
 #include <memory>
 #include <span>
@@ -96,13 +96,14 @@ int main() {
   for (int r = 0; r < ranks; ++r) {
     auto const& m = made[static_cast<std::size_t>(r)]->meter();
     auto const& st = run.stats[static_cast<std::size_t>(r)];
-    std::size_t seen = m.bytes[0] + m.bytes[1], layer = st.dispatch_bytes + st.combine_bytes + st.control_bytes;
+    std::size_t seen = m.bytes[0] + m.bytes[1] + m.bytes[3],
+                layer = st.agreement_bytes + st.dispatch_bytes + st.combine_bytes + st.control_bytes;
     std::printf("rank %d: all_to_all x%lld, all_to_all_v x%lld; %zu bytes to other ranks, layer stats %zu\n", r,
                 m.calls[0], m.calls[1], seen, layer);
-    calls_ok = calls_ok && m.calls[0] == 1 && m.calls[1] == 2 && m.calls[2] + m.calls[3] + m.calls[4] + m.calls[5] == 0;
+    calls_ok = calls_ok && m.calls[3] == 1 && m.calls[0] == 1 && m.calls[1] == 2 && m.calls[2] + m.calls[4] + m.calls[5] == 0;
     bytes_ok = bytes_ok && seen == layer;
   }
-  ok &= expect(calls_ok, "one all_to_all and two all_to_all_v per rank, nothing else");
-  ok &= expect(bytes_ok, "bytes metered = the layer's dispatch + combine + control bytes");
+  ok &= expect(calls_ok, "one all_gather_v, one all_to_all and two all_to_all_v per rank, nothing else");
+  ok &= expect(bytes_ok, "bytes metered = the layer's agreement + dispatch + combine + control bytes");
   return ok ? 0 : 1;
 }

@@ -62,7 +62,7 @@ std::string disaggregated_path_bad_rank(Comm& comm, int bad) {
   static RandomLayerWeights<float> const w(S::spec, 5);
   int const m = 8, eg = comm.size() - 1;
   std::vector<float> x(static_cast<std::size_t>(m) * S::spec.hidden, 0.5f), y(x.size());
-  L layer(comm, placement::Table::contiguous(S::spec.experts, eg), {}, w.view(),
+  L layer(comm, placement::Table::round_robin(S::spec.experts, eg), {}, w.view(),
           {.max_tokens = m, .schedule = {.ag = 1, .order = schedule::Order::aass, .r1 = 2, .r2 = 2}});
   std::vector<std::byte> ws(layer.workspace_size());
   bool ag = layer.is_attention_rank();

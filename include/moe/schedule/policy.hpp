@@ -1,5 +1,5 @@
 #pragma once
-// What a schedule (the PipelineSchedule of a moe::Layer) is. Two kinds, and the paths that take them:
+// What a schedule (the schedule policy of a moe::Layer) is. Two kinds, and the paths that take them:
 //
 //   PhasedPolicy         a static run(pass) that calls the pass's phases route(), dispatch(),
 //                        compute() and combine() in the order it chooses, once each (the host path

@@ -106,7 +106,7 @@ TEST_CASE("a device layer whose construction fails part way leaks nothing", "[em
   CHECK(fail_each_call("cublasCreate", single) == 1);
   CHECK(fail_each_call("cudaStreamCreateWithFlags", single) == 1);  // the shared experts' stream
   CHECK(fail_each_call("cudaEventCreateWithFlags", single) == 2);   // fork and join
-  CHECK(fail_each_call("cudaMallocHost", two) == 1);                 // the pinned record counts
+  CHECK(fail_each_call("cudaMallocHost", two) == 2);  // the pinned record counts and the ranks' votes
   CHECK(fail_each_call("cudaMallocHost", single) == 0);              // one GPU exchanges no counts
   CHECK(held() == start);
 }
