@@ -122,6 +122,19 @@ def transfers_for(old: np.ndarray, new: np.ndarray, gpus: int, nodes: int) -> np
 
 
 # ---------------------------------------------------------------------------------------------
+def scattered_groups(phy2log: np.ndarray, experts: int, groups: int, nodes: int, gpus: int) -> int:
+    """(layer, group) pairs whose experts' slots sit on more than one node (GPU g on node
+    g // (gpus / nodes)): EPLB's hierarchical policy keeps each at one node."""
+    L, P = phy2log.shape
+    node = (np.arange(P) // (P // gpus)) // (gpus // nodes)
+    group = phy2log // (experts // groups)
+    n = 0
+    for l in range(L):
+        for k in range(groups):
+            n += len(set(node[group[l] == k].tolist())) > 1
+    return n
+
+
 # Scenarios.
 
 def deepseek_snapshots(n: int, seed: int = 1):
@@ -170,8 +183,9 @@ def drift(args):
     vllm_default, _ = load_engine_policies(args.vllm_wheel, args.sglang_wheel)
     print(f"# drift: {args.snapshots} rebalances per scenario; vLLM policy {vllm_default.__module__}")
     print("| model | policy | copies from another GPU per rebalance (% of slots) | max GPU load / mean | "
-          "max load vs EPLB (mean, worst layer) | modelled transfer time per rebalance |")
-    print("|---|---|---|---|---|---|")
+          "max load vs EPLB (mean, worst layer) | modelled transfer time per rebalance | "
+          "groups on more than one node (per rebalance, of layers x groups) |")
+    print("|---|---|---|---|---|---|---|")
     for name, sc in SCENARIOS.items():
         snaps = sc["snapshots"](args.snapshots)
         P, groups, nodes, G = sc["slots"], sc["groups"], sc["nodes"], sc["gpus"]
@@ -192,7 +206,7 @@ def drift(args):
                     ("moe_compose.rebalance, tolerance 0.01", ours(0.01)), ("moe_compose.rebalance, tolerance 0.05", ours(0.05))]
         for pname, fn in policies:
             cur = start.copy()
-            moves, ratio, vs, worst, secs = [], [], [], [], []
+            moves, ratio, vs, worst, secs, split = [], [], [], [], [], []
             for w in snaps[1:]:
                 new = np.asarray(fn(w, cur), dtype=np.int64)
                 ref = mc.rebalance_experts(w, P, groups, nodes, G)[0]
@@ -204,10 +218,13 @@ def drift(args):
                 vs.append(float(rel.mean()))
                 worst.append(float(rel.max()))
                 secs.append(mc.transfer_time(topo, transfers_for(cur, new, G, nodes), new.shape[0], sc["expert_bytes"])["seconds"])
+                split.append(scattered_groups(new, E, groups, nodes, G))
                 cur = new
             m = statistics.mean(moves)
             print(f"| {name} | {pname} | {m:,.0f} ({100 * m / cur.size:.1f}%) | {statistics.mean(ratio):.4f} | "
-                  f"{statistics.mean(vs):.4f}, {max(worst):.4f} | {1e3 * statistics.mean(secs):.1f} ms |")
+                  f"{statistics.mean(vs):.4f}, {max(worst):.4f} | {1e3 * statistics.mean(secs):.1f} ms | "
+                  + (f"{statistics.mean(split):.1f} of {new.shape[0] * groups} |" if groups % nodes == 0 and nodes > 1
+                     else "n/a (EPLB's global policy) |"))
         sys.stdout.flush()
 
 

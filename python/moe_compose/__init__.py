@@ -62,7 +62,11 @@ class Rebalance:
     no copy of its new expert. copies: per layer, len(transfers of the layer). max_load,
     eplb_max_load, old_max_load, mean_load: per layer GPU loads (new layout, EPLB from scratch, the
     old layout under the new loads, mean). fallback: per layer, 1 where the layout is EPLB's,
-    relabelled to the old GPUs."""
+    relabelled to the old GPUs. scattered_groups: per layer, expert groups with copies on more than
+    one node (0 wherever group_rule holds). group_rule: True when EPLB would use its hierarchical
+    policy (num_groups % num_nodes == 0, more than one node) and every group was kept on one node;
+    False when that rule does not apply (EPLB's global policy, as eplb.py falls back). old_gpus: GPUs
+    of the old placement (more than num_gpus after a scale-down: transfer sources may be >= num_gpus)."""
 
     phy2log: np.ndarray
     log2phy: np.ndarray
@@ -75,6 +79,9 @@ class Rebalance:
     mean_load: np.ndarray
     fallback: np.ndarray
     steps: np.ndarray
+    scattered_groups: np.ndarray
+    group_rule: bool
+    old_gpus: int
     num_gpus: int
 
     def transfer_time(self, topology: Topology, expert_bytes: float) -> dict:
@@ -84,11 +91,16 @@ class Rebalance:
 
 def rebalance(weight, old_phy2log, num_gpus: int, *, num_groups: int = 1, num_nodes: int = 1,
               tolerance: float = 0.01, max_copies_per_layer: Optional[int] = None,
-              candidate_gpus: int = 3, hot_experts: int = 2) -> Rebalance:
+              candidate_gpus: int = 3, hot_experts: int = 2, num_replicas: Optional[int] = None) -> Rebalance:
     """Rebalance keeping experts where they are: new loads weight [layers, experts] and the current
-    layout old_phy2log [layers, slots] (slot p on GPU p // (slots / num_gpus)). The largest GPU load
-    stays within (1 + tolerance) x EPLB's from scratch (num_groups, num_nodes as for EPLB); a larger
-    tolerance, or max_copies_per_layer, trades balance for fewer copies."""
+    layout old_phy2log [layers, old slots] (slot p on GPU p // S, S = num_replicas / num_gpus). The
+    largest GPU load stays within (1 + tolerance) x EPLB's from scratch (num_groups, num_nodes as for
+    EPLB, whose group-to-node rule is kept when it applies); a larger tolerance, or
+    max_copies_per_layer, trades balance for fewer copies.
+
+    Elastic expert parallelism (as vLLM passes it): num_replicas (default: the old width) below the
+    old width means GPUs num_gpus.. of the old layout leave (their experts are re-homed); -1 entries
+    are empty slots (a new GPU's), filled with copies."""
     w = _arrays.loads(weight, "weight")
     old = _arrays.indices(old_phy2log, "old_phy2log")
     if old.shape[0] != w.shape[0]:
@@ -99,9 +111,10 @@ def rebalance(weight, old_phy2log, num_gpus: int, *, num_groups: int = 1, num_no
     cap = -1 if max_copies_per_layer is None else int(max_copies_per_layer)
     if max_copies_per_layer is not None and cap < 0:
         raise ValueError(f"max_copies_per_layer must be >= 0, got {max_copies_per_layer}")
+    reps = 0 if num_replicas is None else _arrays.count(num_replicas, "num_replicas")
     d = _core.rebalance(w, old, _arrays.count(num_gpus, "num_gpus"), tol, cap, _arrays.count(num_groups, "num_groups"),
                         _arrays.count(num_nodes, "num_nodes"), _arrays.count(candidate_gpus, "candidate_gpus"),
-                        _arrays.count(hot_experts, "hot_experts"))
+                        _arrays.count(hot_experts, "hot_experts"), reps)
     return Rebalance(num_gpus=int(num_gpus), **d)
 
 
@@ -133,9 +146,26 @@ def transfer_time(topology: Topology, transfers, layers: int, expert_bytes: floa
 def evaluate_plan(topology: Topology, phy2log, loads, hidden: int = 7168, bytes_per_element: float = 2.0) -> dict:
     """The traffic model's evaluation of a slot layout per layer: tokens from every GPU, each expert's
     load split over its slots; dispatch_time, combine_time, hop_bytes, max_gpu_load, mean_gpu_load."""
-    return _core.evaluate_plan(topology, _arrays.indices(phy2log, "phy2log"),
-                               _arrays.loads(loads, "loads", dtype=np.float64), _arrays.count(hidden, "hidden"),
-                               float(bytes_per_element))
+    p = _arrays.indices(phy2log, "phy2log")
+    ld = _finite(_arrays.loads(loads, "loads", dtype=np.float64), "loads")
+    if ld.shape[0] != p.shape[0]:
+        raise ValueError(f"loads has {ld.shape[0]} layers, phy2log {p.shape[0]}")
+    if p.size and p.max() >= ld.shape[1]:
+        raise ValueError(f"loads has {ld.shape[1]} experts per layer, but phy2log names expert {int(p.max())}: "
+                         f"loads must be [layers, experts]")
+    return _core.evaluate_plan(topology, p, ld, _arrays.count(hidden, "hidden"), float(bytes_per_element))
+
+
+def _finite(a: np.ndarray, name: str) -> np.ndarray:
+    """a, after checking every entry is finite and >= 0; the first bad one is named by its position
+    ((layer, expert) for [layers, experts]; (batch, layer, expert) for profiles)."""
+    bad = ~np.isfinite(a) | (a < 0)
+    if bad.any():
+        pos = tuple(int(i) for i in np.argwhere(bad)[0])
+        names = ("layer", "expert") if a.ndim == 2 else ("batch", "layer", "expert")
+        where = ", ".join(f"{n} {i}" for n, i in zip(names, pos))
+        raise ValueError(f"{name}: {where} is {a[pos]}; loads must be finite and >= 0")
+    return a
 
 
 def craft(loads, gpus: int, replication_factor: int = 0, threads: int = 1) -> dict:
@@ -143,18 +173,22 @@ def craft(loads, gpus: int, replication_factor: int = 0, threads: int = 1) -> di
     a = _arrays._numpy(loads, "loads")
     if getattr(a, "ndim", 0) == 2:
         a = a[None]
-    return _core.craft(_arrays.loads(a, "loads", ndim=3, dtype=np.float64), _arrays.count(gpus, "gpus"),
+    return _core.craft(_finite(_arrays.loads(a, "loads", ndim=3, dtype=np.float64), "loads"), _arrays.count(gpus, "gpus"),
                        int(replication_factor), int(threads))
 
 
 def ilp_load(topology: Topology, loads, c_layer: int = 0, c_exp: int = 0) -> dict:
     """ILPLoad placement (exact, as a min-cost flow) of loads [layers, experts] on a topology."""
-    return _core.ilp_load(topology, _arrays.loads(loads, "loads", dtype=np.float64), int(c_layer), int(c_exp))
+    c_layer, c_exp = _arrays.integer(c_layer, "c_layer"), _arrays.integer(c_exp, "c_exp")
+    if c_layer < 0 or c_exp < 0:
+        raise ValueError(f"c_layer and c_exp must be >= 0 (0: moe_plan's defaults), got c_layer={c_layer}, c_exp={c_exp}")
+    return _core.ilp_load(topology, _finite(_arrays.loads(loads, "loads", dtype=np.float64), "loads"), c_layer, c_exp)
 
 
 def joint(topology: Topology, loads, slots_per_gpu: int = 0, eps: float = 0.05) -> dict:
     """The joint planner (replica counts, placement, routing) on loads [layers, experts]."""
-    return _core.joint(topology, _arrays.loads(loads, "loads", dtype=np.float64), int(slots_per_gpu), float(eps))
+    return _core.joint(topology, _finite(_arrays.loads(loads, "loads", dtype=np.float64), "loads"), int(slots_per_gpu),
+                       float(eps))
 
 
 def slot_map(copies, gpus: int, loads, slots_per_gpu: int = 0) -> np.ndarray:
@@ -172,7 +206,7 @@ def import_trtllm_stat(directory, experts: int = 0) -> dict:
 
 
 def import_vllm_routed_experts(path, experts: int) -> dict:
-    return _core.import_vllm_routed_experts(str(path), int(experts))
+    return _core.import_vllm_routed_experts(str(path), _arrays.count(experts, "experts"))
 
 
 def write_engine_plan(format: str, path, phy2log, num_gpus: int, experts: int, hidden_layers: int = 0,

@@ -48,6 +48,13 @@ def indices(x, name: str, ndim: int = 2) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.int64)
 
 
+def integer(x, name: str) -> int:
+    """A Python int (numpy and torch integer scalars accepted), any sign."""
+    if isinstance(x, bool) or not hasattr(x, "__index__"):
+        raise TypeError(f"{name} must be an integer, got {x!r}")
+    return int(x.__index__())
+
+
 def count(x, name: str) -> int:
     """A positive Python int (numpy and torch integer scalars accepted)."""
     if isinstance(x, bool) or not hasattr(x, "__index__"):

@@ -39,12 +39,22 @@ def rebalance_experts(tokens_per_expert, num_physical_experts: int, num_local_ph
         raise NotImplementedError(f"moe_compose.sglang: algorithm {name!r} (supported: deepseek, "
                                   "deepseek_hierarchical)")
     torch_in = _arrays.is_torch(tokens_per_expert)
-    t = _arrays._numpy(tokens_per_expert, "tokens_per_expert")
-    if getattr(t, "ndim", 0) != 3:
-        raise ValueError(f"tokens_per_expert must be [X, layers, experts], got shape {tuple(np.shape(t))}")
-    if t.dtype.kind not in "iuf":
-        raise TypeError(f"tokens_per_expert must hold integers or floats, got dtype {t.dtype}")
-    weight = t.sum(axis=0)  # as SGLang: summed in the input's dtype, then float32
+    if torch_in:
+        # As SGLang: tokens_per_expert.sum(dim=0) in the caller's dtype (a float16 or bfloat16 sum
+        # rounds to that dtype: 2048 + 1 stays 2048 in bfloat16), then .float() (deepseek.py).
+        t = tokens_per_expert.detach().cpu()
+        if t.dim() != 3:
+            raise ValueError(f"tokens_per_expert must be [X, layers, experts], got shape {tuple(t.shape)}")
+        if t.dtype.is_complex or t.dtype == _torch_bool():
+            raise TypeError(f"tokens_per_expert must hold integers or floats, got dtype {t.dtype}")
+        weight = t.sum(dim=0).float()
+    else:
+        t = _arrays._numpy(tokens_per_expert, "tokens_per_expert")
+        if getattr(t, "ndim", 0) != 3:
+            raise ValueError(f"tokens_per_expert must be [X, layers, experts], got shape {tuple(np.shape(t))}")
+        if t.dtype.kind not in "iuf":
+            raise TypeError(f"tokens_per_expert must hold integers or floats, got dtype {t.dtype}")
+        weight = t.sum(axis=0, dtype=t.dtype)  # summed in the input's dtype, then float32
     phy = _arrays.count(num_physical_experts, "num_physical_experts")
     local = _arrays.count(num_local_physical_experts, "num_local_physical_experts")
     if phy % local:
@@ -57,6 +67,12 @@ def rebalance_experts(tokens_per_expert, num_physical_experts: int, num_local_ph
 
         return tuple(torch.from_numpy(x) for x in out)
     return out
+
+
+def _torch_bool():
+    import torch
+
+    return torch.bool
 
 
 def install() -> None:

@@ -76,14 +76,15 @@ moe::replication::eplb::Matrix<float> matrix_f32(F32_2D const& a, char const* wh
   return m;
 }
 
-moe::replication::eplb::Matrix<int> matrix_i32(I64_2D const& a, char const* what, long long limit) {
+moe::replication::eplb::Matrix<int> matrix_i32(I64_2D const& a, char const* what, long long limit, long long lowest = 0) {
   long long r = static_cast<long long>(a.shape(0)), c = static_cast<long long>(a.shape(1));
   check_size(r, c, what);
   moe::replication::eplb::Matrix<int> m(static_cast<int>(r), static_cast<int>(c));
   int64_t const* d = a.data();
   for (std::size_t i = 0; i < m.v.size(); ++i) {
-    moe::check(d[i] >= 0 && d[i] < limit, what, ": entry ", d[i], " at row ", static_cast<long long>(i) / c, ", column ",
-               static_cast<long long>(i) % c, " is outside [0, ", limit, ")");
+    moe::check(d[i] >= lowest && d[i] < limit, what, ": entry ", d[i], " at row ", static_cast<long long>(i) / c, ", column ",
+               static_cast<long long>(i) % c, " is outside [", lowest, ", ", limit, ")",
+               lowest < 0 ? " (-1 marks an empty slot)" : "");
     m.v[i] = static_cast<int>(d[i]);
   }
   return m;
@@ -144,7 +145,8 @@ nb::tuple eplb(F32_2D weight, long long num_replicas, long long num_groups, long
 }
 
 nb::dict rebalance(F32_2D weight, I64_2D old_phy2log, long long num_gpus, double tolerance, long long max_copies_per_layer,
-                   long long num_groups, long long num_nodes, long long candidate_gpus, long long hot_experts) {
+                   long long num_groups, long long num_nodes, long long candidate_gpus, long long hot_experts,
+                   long long num_replicas) {
   auto w = matrix_f32(weight, "weight");
   check_positive(num_gpus, "num_gpus");
   check_positive(num_groups, "num_groups");
@@ -153,8 +155,12 @@ nb::dict rebalance(F32_2D weight, I64_2D old_phy2log, long long num_gpus, double
   check_positive(hot_experts, "hot_experts");
   moe::check(old_phy2log.shape(0) == static_cast<size_t>(w.rows), "old placement has ", old_phy2log.shape(0),
              " layers, the weights ", w.rows);
-  auto old = matrix_i32(old_phy2log, "old placement", w.cols);
+  // -1: an empty slot (vLLM's elastic scale-up pads the old map with it).
+  auto old = matrix_i32(old_phy2log, "old placement", w.cols, -1);
+  moe::check(num_replicas >= 0 && num_replicas <= (1LL << 24), "num_replicas must be in [0, 2^24], got ", num_replicas);
+  if (num_replicas > 0) check_size(w.rows, num_replicas, "phy2log");
   moe::replication::migration::Options o;
+  o.num_replicas = static_cast<int>(num_replicas);
   o.tolerance = tolerance;
   o.max_copies_per_layer = max_copies_per_layer;
   o.num_groups = static_cast<int>(num_groups);
@@ -177,10 +183,11 @@ nb::dict rebalance(F32_2D weight, I64_2D old_phy2log, long long num_gpus, double
   tr.reserve(r.transfers.size() * 5);
   for (auto const& x : r.transfers) tr.insert(tr.end(), {x.layer, x.slot, x.expert, x.src, x.dst});
   d["transfers"] = to_numpy(std::move(tr), {r.transfers.size(), 5});
-  std::vector<int64_t> copies, fallback, steps;
+  std::vector<int64_t> copies, fallback, steps, scattered;
   std::vector<double> mx, emx, omx, mean;
   for (auto const& s : r.layers) {
     copies.push_back(s.copies);
+    scattered.push_back(s.scattered_groups);
     fallback.push_back(s.fallback);
     steps.push_back(s.steps);
     mx.push_back(s.max_load);
@@ -196,6 +203,9 @@ nb::dict rebalance(F32_2D weight, I64_2D old_phy2log, long long num_gpus, double
   d["eplb_max_load"] = to_numpy(std::move(emx), {L});
   d["old_max_load"] = to_numpy(std::move(omx), {L});
   d["mean_load"] = to_numpy(std::move(mean), {L});
+  d["scattered_groups"] = to_numpy(std::move(scattered), {L});
+  d["group_rule"] = r.group_rule;
+  d["old_gpus"] = r.old_gpus;
   return d;
 }
 
@@ -474,6 +484,7 @@ NB_MODULE(_core, m) {
         "hierarchical=None picks as eplb.py does (groups % nodes == 0).");
   m.def("rebalance", &rebalance, "weight"_a, "old_phy2log"_a, "num_gpus"_a, "tolerance"_a = 0.01,
         "max_copies_per_layer"_a = -1, "num_groups"_a = 1, "num_nodes"_a = 1, "candidate_gpus"_a = 3, "hot_experts"_a = 2,
+        "num_replicas"_a = 0,
         "Minimal-move rebalance (moe/replication/migration.hpp): new loads and the old slot layout -> dict with "
         "phy2log, log2phy, logcnt, transfers [N, 5] (layer, slot, expert, src, dst) and per-layer statistics.");
   m.def("transfer_time", &transfer_time, "topology"_a, "transfers"_a, "layers"_a, "expert_bytes"_a,

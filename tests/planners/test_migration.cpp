@@ -176,6 +176,124 @@ TEST_CASE("migration: the copy cap is a hard limit") {
   }
 }
 
+// Copies of a new layout (G GPUs of S slots) against an old one of any width (-1: empty slot):
+// slots whose GPU held no copy of their expert; GPUs past the old width held nothing.
+int copies_elastic(std::vector<int> const& old, std::vector<int> const& row, int S) {
+  int P = static_cast<int>(row.size()), Pold = static_cast<int>(old.size()), n = 0;
+  for (int p = 0; p < P; ++p) {
+    int g = p / S;
+    bool held = false;
+    for (int q = g * S; q < (g + 1) * S && q < Pold; ++q) held = held || old[q] == row[p];
+    n += !held;
+  }
+  return n;
+}
+
+// The fewest copies over all P-slot layouts within the target (every expert placed).
+int brute_force_elastic(std::vector<float> const& w, std::vector<int> const& old, int G, int P, double target) {
+  int E = static_cast<int>(w.size()), S = P / G;
+  std::vector<int> row(P, 0);
+  int best = P + 1;
+  while (true) {
+    double m = max_load(w, row, G);
+    if (m >= 0 && m <= target) best = std::min(best, copies_elastic(old, row, S));
+    int i = 0;
+    while (i < P && row[i] == E - 1) row[i++] = 0;
+    if (i == P) break;
+    ++row[i];
+  }
+  return best;
+}
+
+TEST_CASE("migration: elastic scale-down and scale-up against brute force") {
+  // Scale-down: the old layout is wider (GPUs >= G leave); scale-up: new GPUs' slots are -1.
+  std::mt19937 rng(19);
+  int cases = 0, optimal = 0;
+  struct Shape {
+    int E, Gold, G, S;
+  };
+  for (Shape sh : {Shape{3, 3, 2, 2}, Shape{4, 3, 2, 3}, Shape{4, 2, 3, 2}, Shape{3, 1, 2, 3}, Shape{5, 3, 2, 3}}) {
+    for (int rep = 0; rep < 8; ++rep) {
+      int Pold = sh.Gold * sh.S, P = sh.G * sh.S;
+      std::gamma_distribution<double> gam(0.7, 100.0);
+      eplb::Matrix<float> w(1, sh.E);
+      for (auto& x : w.v) x = static_cast<float>(1.0 + gam(rng));
+      eplb::Matrix<int> old(1, sh.G > sh.Gold ? P : Pold);
+      std::fill(old.v.begin(), old.v.end(), -1);  // scale-up: padded to the new width with -1
+      auto lay = random_layout(rng, sh.E, Pold);
+      std::copy(lay.begin(), lay.end(), old.v.begin());
+      double tol = rep % 2 ? 0.05 : 0.0;
+      migration::Options o;
+      o.tolerance = tol;
+      o.num_replicas = P;
+      auto r = migration::rebalance(w, old, sh.G, o);
+      auto ref = migration::eplb_reference(w, P, 1, 1, sh.G);
+      double target = (1 + tol) * max_load(w.v, ref.phy2log.v, sh.G);
+      INFO("E " << sh.E << " old GPUs " << sh.Gold << " GPUs " << sh.G << " S " << sh.S << " rep " << rep);
+      REQUIRE(static_cast<int>(r.phy2log.v.size()) == P);
+      REQUIRE(max_load(w.v, r.phy2log.v, sh.G) >= 0);  // every expert placed
+      REQUIRE(max_load(w.v, r.phy2log.v, sh.G) <= target * (1 + 1e-12));
+      CHECK(r.layers[0].copies == copies_elastic(old.v, r.phy2log.v, sh.S));
+      CHECK(static_cast<int>(r.transfers.size()) == r.layers[0].copies);
+      for (auto const& t : r.transfers) {  // sources held the expert, departed GPUs included
+        auto const* src = old.v.data() + t.src * sh.S;
+        CHECK(std::find(src, src + sh.S, t.expert) != src + sh.S);
+        CHECK(t.dst == t.slot / sh.S);
+      }
+      int best = brute_force_elastic(w.v, old.v, sh.G, P, target * (1 + 1e-12));
+      CHECK(r.layers[0].copies >= best);
+      CHECK(r.layers[0].copies <= best + sh.S);
+      ++cases;
+      optimal += r.layers[0].copies == best;
+    }
+  }
+  WARN("elastic migration vs brute force: " << optimal << " of " << cases << " optimal");
+  CHECK(optimal * 10 >= cases * 6);
+}
+
+TEST_CASE("migration: the group-to-node rule is kept when EPLB is hierarchical") {
+  std::mt19937 rng(23);
+  int L = 8, E = 32, G = 8, P = 40, groups = 8, nodes = 2;
+  eplb::Matrix<float> w(L, E);
+  std::gamma_distribution<double> gam(0.7, 100.0);
+  for (auto& x : w.v) x = static_cast<float>(gam(rng));
+  migration::Options o;
+  o.num_groups = groups;
+  o.num_nodes = nodes;
+  // From a random layout (groups scattered everywhere) and from EPLB's, over drifting loads.
+  eplb::Matrix<int> old(L, P);
+  for (int l = 0; l < L; ++l) {
+    auto row = random_layout(rng, E, P);
+    std::copy(row.begin(), row.end(), old.v.begin() + l * P);
+  }
+  std::uniform_real_distribution<double> drift(0.75, 1.25);
+  for (int step = 0; step < 4; ++step) {
+    for (auto& x : w.v) x = static_cast<float>(x * drift(rng));
+    auto r = migration::rebalance(w, old, G, o);
+    CHECK(r.group_rule);
+    for (int l = 0; l < L; ++l) {
+      INFO("step " << step << " layer " << l);
+      // Independent count: per group, the set of nodes holding any of its experts' slots.
+      std::vector<std::set<int>> at(groups);
+      for (int p = 0; p < P; ++p) at[r.phy2log(l, p) / (E / groups)].insert((p / (P / G)) / (G / nodes));
+      for (auto const& s : at) CHECK(s.size() == 1);
+      CHECK(r.layers[l].scattered_groups == 0);
+      CHECK(r.layers[l].max_load <= r.layers[l].eplb_max_load * 1.01 * (1 + 1e-12));
+      std::vector<int> row(r.phy2log.v.begin() + l * P, r.phy2log.v.begin() + (l + 1) * P);
+      CHECK(max_load(std::vector<float>(w.v.begin() + l * E, w.v.begin() + (l + 1) * E), row, G) ==
+            Approx(r.layers[l].max_load).epsilon(1e-9));
+    }
+    old = r.phy2log;
+  }
+  // 4 groups over 3 nodes: EPLB's global policy, and the result says the rule does not apply.
+  eplb::Matrix<int> start = migration::eplb_reference(w, 48, 1, 1, 8).phy2log;
+  migration::Options flat;
+  flat.num_groups = 4;
+  flat.num_nodes = 3;  // 8 GPUs do not split over 3 nodes: allowed, as eplb.py's global policy
+  auto f = migration::rebalance(w, start, 8, flat);
+  CHECK_FALSE(f.group_rule);
+}
+
 TEST_CASE("migration: bad input names the problem") {
   eplb::Matrix<float> w(1, 4, 1.0f);
   eplb::Matrix<int> old(1, 6);
@@ -187,6 +305,14 @@ TEST_CASE("migration: bad input names the problem") {
   auto outside = old;
   outside.v[5] = 9;
   CHECK_THROWS_WITH(migration::rebalance(w, outside, 2), Catch::Contains("outside [0, 4)"));
+  auto below = old;
+  below.v[5] = -2;
+  CHECK_THROWS_WITH(migration::rebalance(w, below, 2), Catch::Contains("-1 marks an empty slot"));
+  migration::Options narrow;
+  narrow.num_replicas = 4;  // 2 slots per GPU: the old 6 slots are 3 GPUs, fine; 5 slots are not
+  eplb::Matrix<int> five(1, 5);
+  five.v = {0, 1, 2, 3, 0};
+  CHECK_THROWS_WITH(migration::rebalance(w, five, 2, narrow), Catch::Contains("not whole GPUs of 2 slots"));
   auto nan = w;
   nan.v[1] = std::numeric_limits<float>::quiet_NaN();
   CHECK_THROWS_WITH(migration::rebalance(nan, old, 2), Catch::Contains("not finite"));

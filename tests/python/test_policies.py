@@ -25,12 +25,12 @@ def test_vllm_policy_with_old_placement_moves_little():
     w0 = rng.gamma(0.7, 100, size=(4, 64)).astype(np.float32)
     old = MoeComposeEplbPolicy.rebalance_experts(w0, 80, 8, 2, 16)
     w1 = (w0 * rng.uniform(0.75, 1.25, size=w0.shape)).astype(np.float32)
-    new = MoeComposeEplbPolicy.rebalance_experts(w1, 80, 8, 2, 16, old)
+    new, r = MoeComposeEplbPolicy.rebalance_experts_with_details(w1, 80, 8, 2, 16, old)
     assert new.shape == old.shape and new.dtype == np.int64
-    r = MoeComposeEplbPolicy.last
+    np.testing.assert_array_equal(new, MoeComposeEplbPolicy.rebalance_experts(w1, 80, 8, 2, 16, old))
     assert r is not None and (r.max_load <= 1.01 * r.eplb_max_load * (1 + 1e-9)).all()
     assert int(r.copies.sum()) < 0.3 * old.size
-    with pytest.raises(ValueError, match="slots per layer"):
+    with pytest.raises(ValueError, match="not whole GPUs of 5 slots"):
         MoeComposeEplbPolicy.rebalance_experts(w1, 80, 8, 2, 16, old[:, :64])
 
 
@@ -90,3 +90,23 @@ def test_plugins_act_only_when_asked(monkeypatch):
     monkeypatch.delenv("MOE_COMPOSE_SGLANG_EPLB", raising=False)
     assert moe_compose.vllm.register() is False
     assert moe_compose.sglang.plugin() is False
+
+
+def test_sglang_sums_in_the_callers_dtype():
+    """SGLang sums tokens_per_expert over its first axis in the caller's dtype (then float32): in
+    float16, 2048 + 1 stays 2048. The real SGLang is compared in every dtype by
+    tests/engines/sglang_eplb.py (scripts/engine_check.sh)."""
+    rng = np.random.default_rng(9)
+    t = rng.gamma(0.6, 3000.0, size=(3, 2, 16)).astype(np.float16)
+    t[0, 0, :2], t[1, 0, :2], t[2, 0, :2] = 2048, 1, 0  # expert 0 and 1 of layer 0: 2048 in float16
+    got = sglang_rebalance(t, 24, 6, 4, 2, "deepseek")
+    ref = mc.eplb(t.sum(axis=0, dtype=np.float16).astype(np.float32), 24, 4, 2, 4, hierarchical=False)
+    for a, b in zip(got, ref):
+        np.testing.assert_array_equal(a, b)
+    assert t.sum(axis=0, dtype=np.float16)[0, 0] == 2048 and t.astype(np.float32).sum(axis=0)[0, 0] == 2049
+    torch = torch_or_skip()
+    tb = torch.tensor(t.astype(np.float32)).to(torch.bfloat16)
+    got = sglang_rebalance(tb, 24, 6, 4, 2, "deepseek")
+    ref = mc.eplb(tb.sum(dim=0).float().numpy(), 24, 4, 2, 4, hierarchical=False)
+    for a, b in zip(got, ref):
+        np.testing.assert_array_equal(a.numpy(), b)

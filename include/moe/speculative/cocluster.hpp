@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "moe/config.hpp"
+#include "moe/core/hungarian.hpp"
 #include "moe/core/rng.hpp"
 #include "moe/plan/placement_table.hpp"
 #include "moe/profile/route_profile.hpp"
@@ -319,55 +320,8 @@ inline void align_labels(std::vector<int>& labels, std::vector<int> const& refer
   for (auto& l : labels) l = map[static_cast<std::size_t>(l)];
 }
 
-/// Minimum-cost assignment of n rows to m >= n columns (Hungarian method, O(n^2 m)); cost is
-/// row-major n x m. Returns the column of each row.
-inline std::vector<int> hungarian(std::vector<double> const& cost, std::size_t n, std::size_t m) {
-  const double inf = std::numeric_limits<double>::infinity();
-  std::vector<double> u(n + 1, 0.0), v(m + 1, 0.0), minv(m + 1);
-  std::vector<std::size_t> p(m + 1, 0), way(m + 1, 0);
-  std::vector<char> used(m + 1);
-  for (std::size_t i = 1; i <= n; ++i) {
-    p[0] = i;
-    std::size_t j0 = 0;
-    std::fill(minv.begin(), minv.end(), inf);
-    std::fill(used.begin(), used.end(), 0);
-    do {
-      used[j0] = 1;
-      std::size_t i0 = p[j0], j1 = 0;
-      double delta = inf;
-      for (std::size_t j = 1; j <= m; ++j) {
-        if (used[j]) continue;
-        double cur = cost[(i0 - 1) * m + (j - 1)] - u[i0] - v[j];
-        if (cur < minv[j]) {
-          minv[j] = cur;
-          way[j] = j0;
-        }
-        if (minv[j] < delta) {
-          delta = minv[j];
-          j1 = j;
-        }
-      }
-      for (std::size_t j = 0; j <= m; ++j) {
-        if (used[j]) {
-          u[p[j]] += delta;
-          v[j] -= delta;
-        } else {
-          minv[j] -= delta;
-        }
-      }
-      j0 = j1;
-    } while (p[j0] != 0);
-    do {
-      std::size_t j1 = way[j0];
-      p[j0] = p[j1];
-      j0 = j1;
-    } while (j0 != 0);
-  }
-  std::vector<int> col(n, -1);
-  for (std::size_t j = 1; j <= m; ++j)
-    if (p[j] != 0) col[p[j] - 1] = static_cast<int>(j - 1);
-  return col;
-}
+/// Minimum-cost assignment of n rows to m >= n columns: the library's one implementation.
+using core::hungarian;
 
 /// Best expert grouping (exactly E/D per device) for fixed token labels: maximises the local
 /// activations, an assignment problem solved exactly.
