@@ -31,9 +31,13 @@
 // compile error rather than a setting that is silently ignored.
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -45,6 +49,7 @@
 #include "moe/core/weights.hpp"
 #include "moe/core/workspace.hpp"
 #include "moe/kernels/gemm_path.hpp"
+#include "moe/layer/live.hpp"
 #include "moe/plan/placement_table.hpp"
 #include "moe/plan/replica_table.hpp"
 #include "moe/router/router.hpp"
@@ -100,6 +105,7 @@ struct LayerOptions {
   /// configuration (order, r1, r2); schedule::Sequential carries nothing.
   Schedule schedule{};
   Device device{};  ///< the path's own options
+  live::Options live{};  ///< load window and re-planning while serving (moe/layer/live.hpp; host path)
 };
 
 template <class Schedule>
@@ -107,6 +113,7 @@ struct LayerOptions<Schedule, void> {
   int max_tokens = 0;       ///< most tokens one rank passes to run(); sizes the workspace
   bool deduplicate = true;  ///< one record per (token, rank); false sends one per (token, expert)
   Schedule schedule{};      ///< the schedule's value (see above)
+  live::Options live{};     ///< load window and re-planning while serving (moe/layer/live.hpp; host path)
 };
 
 /// What one run() did on this rank: assignment and record counts, and the bytes its communication
@@ -128,6 +135,13 @@ struct LayerStats {
                                    ///< replicas, of the per-expert count all-gather)
   std::size_t agreement_bytes = 0;  ///< bytes of the ranks' agreement on the pass (moe::Layer::run:
                                     ///< one 256-byte vote to every other rank; 0 on one rank)
+  // With a load window (LayerOptions::live.window > 0; moe/layer/live.hpp):
+  long long rank_load_max = 0;     ///< most token-expert pairs any rank received this pass
+  double rank_load_mean = 0;       ///< pairs received per rank this pass, averaged over the ranks
+  std::size_t window_bytes = 0;    ///< bytes of the window's all-gather of per-expert and per-rank counts
+  std::size_t migration_bytes = 0;  ///< expert weight bytes this rank sent to others for a migration
+  double migration_seconds = 0;    ///< host time of this pass's migration chunk (pack, exchange, unpack)
+  int plans_adopted = 0;           ///< plans switched to since the layer was built
 
   [[nodiscard]] double local_activation_rate() const {
     return assignments ? static_cast<double>(local_assignments) / static_cast<double>(assignments) : 0.0;
@@ -206,8 +220,10 @@ replication::Table expert_group_copies(Replicas const& replicas, placement::Tabl
 /// arguments passed, why not, and the settings every rank must share.
 struct Vote {
   std::int32_t ok = 0;
-  std::int32_t settings[7] = {};  ///< max_tokens, deduplicate, pipeline, order, r1, r2, 0
-  char message[224] = {};
+  std::int32_t settings[12] = {};  ///< max_tokens, deduplicate, pipeline, order, r1, r2, then live::Options:
+                                   ///< window, replan_every, spare_slots, bytes/pass (KiB), tolerance, nodes
+  std::int32_t live[4] = {};       ///< re-plan state, plan hash, re-plans started, 0 (see Layer)
+  char message[188] = {};
 };
 static_assert(sizeof(Vote) == 256);
 
@@ -220,7 +236,9 @@ inline void decide(std::span<Vote const> votes, char const* who) {
            std::string(votes[r].message, strnlen(votes[r].message, sizeof(votes[r].message))));
   auto describe = [](Vote const& v) {
     return concat("max_tokens ", v.settings[0], ", deduplicate ", v.settings[1], ", schedule ", v.settings[2], "/",
-                  v.settings[3], "/", v.settings[4], "/", v.settings[5], " (pipeline/order/r1/r2)");
+                  v.settings[3], "/", v.settings[4], "/", v.settings[5], " (pipeline/order/r1/r2), live ",
+                  v.settings[6], "/", v.settings[7], "/", v.settings[8], "/", v.settings[9], "/", v.settings[10], "/",
+                  v.settings[11], " (window/replan_every/spare_slots/KiB per pass/tolerance/nodes)");
   };
   for (std::size_t r = 1; r < votes.size(); ++r)
     check(std::equal(std::begin(votes[r].settings), std::end(votes[r].settings), std::begin(votes[0].settings)), who,
@@ -293,7 +311,9 @@ public:
   /// Every rank of `comm` builds its layer with the same options (checked on every pass).
   Layer(Comm& comm, Placement placement, Replicas replicas, LayerWeights<T> weights, Options options)
       : comm_(&comm), options_(checked(options, comm.size())),
-        exec_(comm, std::move(placement), std::move(replicas), weights, options_) {}
+        exec_(comm, std::move(placement), std::move(replicas), weights, options_) {
+    start_live();
+  }
 
   /// The device disaggregated path: two communicators over the same ranks, `a2e` for the tokens to
   /// the experts, `e2a` for the partial results back (the one-communicator form duplicates it).
@@ -308,6 +328,8 @@ public:
     core::Carver c;
     typename Executor::Buffers b;
     exec_.carve(c, b);
+    LiveBuffers lb;
+    carve_live(c, lb);
     return c.used();
   }
 
@@ -334,9 +356,149 @@ public:
     core::Carver c(workspace);
     typename Executor::Buffers b;
     exec_.carve(c, b);
+    LiveBuffers lb;
+    carve_live(c, lb);
     stats_ = {};
     stats_.agreement_bytes = sent() - before;
     exec_.run(a, b, stats_);
+    if constexpr (counts_loads) {
+      if (live_) after_pass(b, lb);
+    }
+  }
+
+  // ---- Re-planning while serving (LayerOptions::live; moe/layer/live.hpp) ----
+
+  /// Whether this layer type counts loads (the host path) and can re-plan (and its placement is a
+  /// placement::Table, its replicas a copy list: replication::Table or replication::BatchSplit).
+  static constexpr bool counts_loads = requires(typename Executor::Buffers const& b) { b.load_counts; };
+  static constexpr bool can_replan = counts_loads && live::Replannable<Placement, Replicas>;
+
+  /// The last LayerOptions::live.window passes' loads (the same on every rank).
+  [[nodiscard]] live::LoadWindow const& load_window() const
+    requires counts_loads
+  {
+    check(live_ != nullptr, "moe::Layer: no load window (LayerOptions::live.window is 0)");
+    return live_->window;
+  }
+  /// The plan the layer serves with now.
+  [[nodiscard]] live::Plan plan() const
+    requires can_replan
+  {
+    live::Plan p;
+    p.primary = exec_.primary_ranks();
+    p.copies.resize(p.primary.size());
+    for (std::size_t e = 0; e < p.primary.size(); ++e)
+      for (int r = 0; r < comm_->size(); ++r)
+        if (exec_.replicas().holds(static_cast<int>(e), p.primary[e], r)) p.copies[e].push_back(r);
+    return p;
+  }
+  /// Elements (T) of one expert slot in the arena: gate | up | down.
+  [[nodiscard]] static constexpr std::size_t slot_elements() {
+    return 3 * static_cast<std::size_t>(shape.expert_ffn) * static_cast<std::size_t>(shape.hidden);
+  }
+  /// Slots of the arena on every rank: the most experts a rank holds in the first plan, plus
+  /// LayerOptions::live.spare_slots.
+  [[nodiscard]] int arena_slots() const
+    requires can_replan
+  {
+    return live_ ? live_->width + options_.live.spare_slots : 0;
+  }
+  [[nodiscard]] std::size_t arena_elements() const
+    requires can_replan
+  {
+    return static_cast<std::size_t>(arena_slots()) * slot_elements();
+  }
+  /// Hands the layer the caller-owned expert slots (arena_elements() elements, alive as long as
+  /// the layer). This rank's experts move into it (an expert whose weights already lie in a slot,
+  /// as gate | up | down, stays there and is not copied); from now on the layer reads them there
+  /// and migrations write into its free slots. Call it once, before the first migration.
+  void attach_arena(std::span<T> arena)
+    requires can_replan
+  {
+    check(live_ != nullptr, "moe::Layer: attach_arena needs LayerOptions::live.window > 0");
+    check(live_->arena.empty(), "moe::Layer: the arena is already attached");
+    check(live_->state == LiveState::idle, "moe::Layer: attach_arena during a re-plan");
+    check(arena.size() >= arena_elements(), "moe::Layer: the arena holds ", arena.size(), " elements, ",
+          arena_slots(), " slots need ", arena_elements(), " (arena_elements())");
+    auto& L = *live_;
+    auto current = exec_.expert_weights();
+    std::vector<ExpertWeights<T>> experts(current.begin(), current.end());
+    std::size_t per = slot_elements() / 3;
+    auto const* base = arena.data();
+    auto slots = static_cast<std::size_t>(arena_slots());
+    std::vector<int> slot_of(experts.size(), -1), owner(slots, -1);
+    auto in_arena = [&](T const* p) { return p >= base && p < base + slots * slot_elements(); };
+    // Experts already in a slot stay; others must not overlap the arena.
+    for (std::size_t e = 0; e < experts.size(); ++e) {
+      auto const& w = experts[e];
+      if (!w.present()) continue;
+      bool any = in_arena(w.gate) || in_arena(w.up) || in_arena(w.down);
+      if (!any) continue;
+      auto off = static_cast<std::size_t>(w.gate - base);
+      bool slotted = off % slot_elements() == 0 && w.up == w.gate + per && w.down == w.gate + 2 * per;
+      check(slotted && owner[off / slot_elements()] < 0, "moe::Layer: expert ", e, "'s weights lie in the arena but "
+            "not as one slot (gate | up | down at a multiple of slot_elements())");
+      slot_of[e] = static_cast<int>(off / slot_elements());
+      owner[off / slot_elements()] = static_cast<int>(e);
+    }
+    std::size_t next = 0;
+    for (std::size_t e = 0; e < experts.size(); ++e) {
+      auto const& w = experts[e];
+      if (!w.present() || slot_of[e] >= 0) continue;
+      while (owner[next] >= 0) ++next;
+      T* dst = arena.data() + next * slot_elements();
+      std::copy(w.gate, w.gate + per, dst);
+      std::copy(w.up, w.up + per, dst + per);
+      std::copy(w.down, w.down + per, dst + 2 * per);
+      slot_of[e] = static_cast<int>(next);
+      owner[next] = static_cast<int>(e);
+    }
+    for (std::size_t e = 0; e < experts.size(); ++e)
+      if (slot_of[e] >= 0) {
+        T const* at = arena.data() + static_cast<std::size_t>(slot_of[e]) * slot_elements();
+        experts[e] = {at, at + per, at + 2 * per};
+      }
+    L.arena = arena;
+    L.slot_of = std::move(slot_of);
+    L.experts = std::move(experts);
+    exec_.set_expert_weights(L.experts);
+  }
+  /// Starts a re-plan from the load window now (as LayerOptions::live.replan_every does). Every
+  /// rank calls it between the same two passes (the ranks compare how many re-plans they started).
+  void replan()
+    requires can_replan
+  {
+    check(live_ != nullptr && options_.live.spare_slots > 0, "moe::Layer: replan() needs LayerOptions::live.window "
+          "and live.spare_slots > 0");
+    check(live_->state == LiveState::idle, "moe::Layer: replan() while a re-plan or migration is under way");
+    check(live_->window.size() > 0, "moe::Layer: replan() before any pass filled the load window");
+    auto& L = *live_;
+    ++L.started;
+    L.state = LiveState::planning;
+    L.replanner.start(L.window.expert_loads(), live::layout_of(plan(), comm_->size(), L.width), comm_->size(),
+                      options_.live.spare_slots, options_.live.tolerance_permille, options_.live.nodes, L.hook);
+  }
+  /// Migrates to a plan made elsewhere: a slot layout of ranks x w (w <= the first plan's width),
+  /// -1 empty. Every rank calls it with the same layout between the same two passes. A layout that
+  /// names an expert outside the model, leaves one on no rank or gives a rank more new experts than
+  /// it has free slots is refused before any byte moves: every rank's next run() throws the same
+  /// moe::Error naming it, and the layer keeps its plan.
+  void migrate_to(std::span<int const> layout)
+    requires can_replan
+  {
+    check(live_ != nullptr, "moe::Layer: migrate_to needs LayerOptions::live.window > 0");
+    check(live_->state == LiveState::idle, "moe::Layer: migrate_to while a re-plan or migration is under way");
+    ++live_->started;
+    prepare(std::vector<int>(layout.begin(), layout.end()));
+  }
+  /// Whether a re-plan or migration is under way on this rank.
+  [[nodiscard]] bool migrating() const { return live_ && live_->state != LiveState::idle; }
+  /// Test seam: called at each step of a migration on this rank (a throw there is a fault there).
+  void set_fault_hook(std::function<void(live::Step)> hook)
+    requires can_replan
+  {
+    check(live_ != nullptr, "moe::Layer: fault hooks need LayerOptions::live.window > 0");
+    live_->hook = std::move(hook);
   }
 
   /// What the last run() did on this rank (see LayerStats and the path's executor).
@@ -364,6 +526,7 @@ public:
 
 private:
   static Options checked(Options const& o, int ranks) {
+    check_live(o.live, ranks);
     check(o.max_tokens > 0, "moe::Layer: Options::max_tokens must be positive, got ", o.max_tokens);
     check(o.deduplicate || Executor::supports_no_dedup, "moe::Layer: Options::deduplicate = false is not supported on "
           "the disaggregated paths (a token goes once to each expert-group rank that serves one of its experts)");
@@ -388,26 +551,403 @@ private:
   }
 
   void agree(Arguments const& a, Status const& st) {
+    detail::Vote mine;
+    mine.ok = st.ok ? 1 : 0;
+    std::memcpy(mine.message, st.message.data(), std::min(st.message.size(), sizeof(mine.message) - 1));
+    mine.settings[0] = options_.max_tokens;
+    mine.settings[1] = options_.deduplicate ? 1 : 0;
+    if constexpr (schedule::DisaggregatedPolicy<Schedule>) {
+      schedule::Config c = options_.schedule.config();
+      mine.settings[2] = static_cast<std::int32_t>(c.pipeline);
+      mine.settings[3] = static_cast<std::int32_t>(c.order);
+      mine.settings[4] = c.r1;
+      mine.settings[5] = c.r2;
+    }
+    live::Options const& lo = options_.live;
+    mine.settings[6] = lo.window;
+    mine.settings[7] = lo.replan_every;
+    mine.settings[8] = lo.spare_slots;
+    mine.settings[9] = static_cast<std::int32_t>(lo.migration_bytes_per_pass >> 10);
+    mine.settings[10] = lo.tolerance_permille;
+    mine.settings[11] = lo.nodes;
+    if constexpr (counts_loads) {
+      if (live_) live_vote(mine);
+    }
     if (comm_->size() > 1) {
-      detail::Vote mine;
-      mine.ok = st.ok ? 1 : 0;
-      std::memcpy(mine.message, st.message.data(), std::min(st.message.size(), sizeof(mine.message) - 1));
-      mine.settings[0] = options_.max_tokens;
-      mine.settings[1] = options_.deduplicate ? 1 : 0;
-      if constexpr (schedule::DisaggregatedPolicy<Schedule>) {
-        schedule::Config c = options_.schedule.config();
-        mine.settings[2] = static_cast<std::int32_t>(c.pipeline);
-        mine.settings[3] = static_cast<std::int32_t>(c.order);
-        mine.settings[4] = c.r1;
-        mine.settings[5] = c.r2;
-      }
       votes_.resize(static_cast<std::size_t>(comm_->size()));
       if (exec_.gather_votes(a, mine, votes_)) {
         detail::decide(votes_, "moe::Layer");
+        if constexpr (counts_loads) {
+          if (live_) decide_live(votes_);
+        }
         return;
       }
     }
     check(st.ok, st.message);
+    if constexpr (counts_loads) {
+      if (live_) decide_live(std::span<detail::Vote const>(&mine, 1));
+    }
+  }
+
+  // ---- Re-planning while serving: the state of this rank (see moe/layer/live.hpp) ----
+
+  enum class LiveState : std::int32_t { idle = 0, planning, ready, moving, moved, failed };
+
+  struct LiveData {
+    live::LoadWindow window;
+    live::Replanner replanner;
+    std::function<void(live::Step)> hook;
+    LiveState state = LiveState::idle;
+    std::string failure;
+    long long passes = 0;  ///< passes run
+    int started = 0;       ///< re-plans started (every rank counts the same)
+    int adopted = 0;       ///< plans switched to
+    int width = 0;         ///< most experts a rank holds (the first plan's)
+    // the expert slots
+    std::span<T> arena;
+    std::vector<int> slot_of;                ///< expert -> arena slot on this rank, -1
+    std::vector<ExpertWeights<T>> experts;   ///< the weights the executor reads
+    // the plan in flight
+    live::Plan next;
+    std::uint32_t hash = 0;
+    live::ChunkSchedule schedule;
+    std::vector<int> incoming_slot;  ///< per move: the arena slot it fills on this rank, -1
+    int chunk = 0;                   ///< passes of the schedule done
+    std::vector<ExpertWeights<T>> next_experts;
+    std::vector<int> next_slot_of;
+    std::optional<Placement> next_placement;
+    std::optional<Replicas> next_replicas;
+  };
+
+  /// The live buffers carved from the caller's workspace after the executor's.
+  struct LiveBuffers {
+    std::span<std::int32_t> gathered;  ///< ranks x (experts + ranks)
+    std::span<std::byte> send, recv;   ///< one chunk each way
+  };
+
+  void carve_live(core::Carver& c, LiveBuffers& lb) const {
+    if constexpr (counts_loads) {
+      if (options_.live.window <= 0) return;
+      auto R = static_cast<std::size_t>(comm_->size());
+      lb.gathered = c.take<std::int32_t>(R * (static_cast<std::size_t>(shape.experts) + R));
+      if (options_.live.migration_bytes_per_pass > 0) {
+        lb.send = c.take<std::byte>(options_.live.migration_bytes_per_pass);
+        lb.recv = c.take<std::byte>(options_.live.migration_bytes_per_pass);
+      }
+    } else {
+      (void)c, (void)lb;
+    }
+  }
+
+  static void check_live(live::Options const& o, int ranks) {
+    check(o.window >= 0 && o.replan_every >= 0 && o.spare_slots >= 0 && o.tolerance_permille >= 0,
+          "moe::Layer: LayerOptions::live fields must not be negative (window ", o.window, ", replan_every ",
+          o.replan_every, ", spare_slots ", o.spare_slots, ", tolerance_permille ", o.tolerance_permille, ")");
+    check(o.nodes >= 1 && ranks % o.nodes == 0, "moe::Layer: LayerOptions::live.nodes (", o.nodes,
+          ") must divide the ", ranks, " ranks");
+    bool replanning = o.replan_every > 0 || o.spare_slots > 0 || o.migration_bytes_per_pass > 0;
+    check(o.window == 0 || counts_loads, "moe::Layer: LayerOptions::live.window: load windows run on the host path "
+          "(collective::InProcess, collective::Mpi with schedule::Sequential) for now");
+    check(!replanning || can_replan, "moe::Layer: LayerOptions::live: re-planning needs the host path with a "
+          "placement::Table and replication::Table or replication::BatchSplit");
+    check(!replanning || o.window > 0, "moe::Layer: LayerOptions::live: re-planning needs a load window (window > 0)");
+    check(o.replan_every == 0 || (o.spare_slots > 0 && o.migration_bytes_per_pass > 0),
+          "moe::Layer: LayerOptions::live.replan_every needs spare_slots > 0 and migration_bytes_per_pass > 0");
+    check(o.migration_bytes_per_pass >> 10 <= 0x7fffffffu, "moe::Layer: LayerOptions::live.migration_bytes_per_pass (",
+          o.migration_bytes_per_pass, ") is too large");
+  }
+
+  void start_live() {
+    if constexpr (counts_loads) {
+      if (options_.live.window <= 0) return;
+      live_ = std::make_unique<LiveData>();
+      live_->window = live::LoadWindow(options_.live.window, shape.experts, comm_->size());
+      if constexpr (can_replan) live_->width = live::width_of(plan(), comm_->size());
+    }
+  }
+
+  void fail_live(std::string why) {
+    live_->state = LiveState::failed;
+    live_->failure = std::move(why);
+  }
+
+  /// Drops the plan in flight: every rank keeps the old plan and the old weights.
+  void abort_live() noexcept {
+    auto& L = *live_;
+    L.replanner.drop();
+    L.state = LiveState::idle;
+    L.failure.clear();
+    L.next = {};
+    L.schedule = {};
+    L.incoming_slot.clear();
+    L.chunk = 0;
+    L.next_experts.clear();
+    L.next_slot_of.clear();
+    L.next_placement.reset();
+    L.next_replicas.reset();
+  }
+
+  /// This rank's re-plan state in its vote (a finished re-plan is taken and prepared first).
+  void live_vote(detail::Vote& mine) {
+    auto& L = *live_;
+    if constexpr (can_replan) {
+      if (L.state == LiveState::planning && L.replanner.ready()) {
+        try {
+          prepare(L.replanner.take().layout);
+        } catch (std::exception const& e) {
+          fail_live(detail::concat("the re-planner failed: ", e.what()));
+        }
+      }
+    }
+    mine.live[0] = static_cast<std::int32_t>(L.state);
+    mine.live[1] = static_cast<std::int32_t>(L.hash);
+    mine.live[2] = L.started;
+    mine.live[3] = static_cast<std::int32_t>(options_.live.migration_bytes_per_pass & 1023u);
+    if (L.state == LiveState::failed && mine.ok) {
+      std::memset(mine.message, 0, sizeof(mine.message));
+      std::memcpy(mine.message, L.failure.data(), std::min(L.failure.size(), sizeof(mine.message) - 1));
+    }
+  }
+
+  /// The same decision on every rank, from the same votes: abort (and throw) on any failure or
+  /// mismatch, start the moves when every rank has the same plan ready, switch when every rank
+  /// has moved.
+  void decide_live(std::span<detail::Vote const> votes) {
+    auto& L = *live_;
+    auto n = votes.size();
+    for (std::size_t r = 1; r < n; ++r) {
+      if (votes[r].live[2] != votes[0].live[2]) {
+        abort_live();
+        fail("moe::Layer: rank 0 has started ", votes[0].live[2], " re-plans, rank ", r, " ", votes[r].live[2],
+             " (replan() and migrate_to() must be called on every rank between the same two passes); every rank "
+             "keeps its plan");
+      }
+      if (votes[r].live[3] != votes[0].live[3]) {
+        abort_live();
+        fail("moe::Layer: every rank must build its layer with the same LayerOptions::live.migration_bytes_per_pass");
+      }
+    }
+    for (std::size_t r = 0; r < n; ++r)
+      if (votes[r].live[0] == static_cast<std::int32_t>(LiveState::failed)) {
+        abort_live();
+        fail("moe::Layer: rank ", r, "'s re-plan failed, so every rank keeps the old plan and weights: ",
+             std::string(votes[r].message, strnlen(votes[r].message, sizeof(votes[r].message))));
+      }
+    auto all = [&](LiveState s) {
+      return std::all_of(votes.begin(), votes.end(),
+                         [&](detail::Vote const& v) { return v.live[0] == static_cast<std::int32_t>(s); });
+    };
+    if (all(LiveState::ready)) {
+      for (std::size_t r = 1; r < n; ++r)
+        if (votes[r].live[1] != votes[0].live[1]) {
+          abort_live();
+          fail("moe::Layer: the ranks made different plans (rank 0's and rank ", r, "'s differ); every rank keeps "
+               "its plan (the re-planner is deterministic: do all ranks use the same options and window?)");
+        }
+      L.state = LiveState::moving;
+      L.chunk = 0;
+    } else if (all(LiveState::moved)) {
+      if constexpr (can_replan) commit_live();
+    }
+  }
+
+  /// Checks a new plan against this layer and prepares its moves; on success the rank is ready.
+  void prepare(std::vector<int> const& layout)
+    requires can_replan
+  {
+    auto& L = *live_;
+    try {
+      int R = comm_->size(), me = comm_->rank();
+      auto cur = plan();
+      auto next = live::plan_of(layout, R, shape.experts, cur.primary);
+      std::vector<int> held(static_cast<std::size_t>(R)), held_now(static_cast<std::size_t>(R)),
+          incoming(static_cast<std::size_t>(R));
+      for (auto const& c : next.copies)
+        for (int r : c) ++held[static_cast<std::size_t>(r)];
+      for (auto const& c : cur.copies)
+        for (int r : c) ++held_now[static_cast<std::size_t>(r)];
+      for (int r = 0; r < R; ++r)
+        check(held[static_cast<std::size_t>(r)] <= L.width, "the plan gives rank ", r, " ",
+              held[static_cast<std::size_t>(r)], " experts; a rank holds at most ", L.width, " (the first plan's)");
+      auto moves = live::moves_between(cur, next, R, options_.live.nodes);
+      for (auto const& m : moves) ++incoming[static_cast<std::size_t>(m.dst)];
+      int slots = L.width + options_.live.spare_slots;
+      for (int r = 0; r < R; ++r) {
+        int free = slots - held_now[static_cast<std::size_t>(r)];
+        check(incoming[static_cast<std::size_t>(r)] <= free, "the plan gives rank ", r, " ",
+              incoming[static_cast<std::size_t>(r)], " new experts; it has ", free,
+              " free slots (LayerOptions::live.spare_slots)");
+      }
+      check(moves.empty() || !L.arena.empty(), "the plan moves experts, but rank ", me,
+            " has no arena for them (Layer::attach_arena)");
+      live::ChunkSchedule sched(moves, R, slot_elements() * sizeof(T), options_.live.migration_bytes_per_pass);
+      std::vector<int> taken(static_cast<std::size_t>(slots), 0), where(moves.size(), -1);
+      for (int s : L.slot_of)
+        if (s >= 0) taken[static_cast<std::size_t>(s)] = 1;
+      std::size_t at = 0;
+      for (std::size_t i = 0; i < moves.size(); ++i) {
+        if (moves[i].dst != me) continue;
+        while (taken[at]) ++at;
+        taken[at] = 1;
+        where[i] = static_cast<int>(at);
+      }
+      L.hash = live::hash_layout(live::layout_of(next, R, L.width));
+      L.next = std::move(next);
+      L.schedule = std::move(sched);
+      L.incoming_slot = std::move(where);
+      L.chunk = 0;
+      L.state = LiveState::ready;
+    } catch (std::exception const& e) {
+      fail_live(e.what());
+    }
+  }
+
+  /// After the pass: the window's gather, then one chunk of the moves.
+  void after_pass(typename Executor::Buffers const& b, LiveBuffers const& lb) {
+    auto& L = *live_;
+    auto R = static_cast<std::size_t>(comm_->size()), E = static_cast<std::size_t>(shape.experts);
+    std::vector<std::size_t> bytes(R, (E + R) * sizeof(std::int32_t));
+    std::size_t before = sent();
+    comm_->all_gather_v(std::as_bytes(b.load_counts.first(E + R)), std::as_writable_bytes(lb.gathered), bytes);
+    stats_.window_bytes = sent() - before;
+    L.window.push(lb.gathered);
+    auto loads = L.window.rank_loads(L.window.size() - 1);
+    long long sum = 0;
+    for (long long v : loads) stats_.rank_load_max = std::max(stats_.rank_load_max, v), sum += v;
+    stats_.rank_load_mean = static_cast<double>(sum) / static_cast<double>(R);
+    if constexpr (can_replan) {
+      if (L.state == LiveState::moving) {
+        auto t0 = std::chrono::steady_clock::now();
+        if (L.chunk < L.schedule.passes()) exchange_chunk(lb);
+        if (L.state == LiveState::moving && L.chunk >= L.schedule.passes()) prepare_switch();
+        stats_.migration_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      }
+      ++L.passes;
+      if (options_.live.replan_every > 0 && L.passes % options_.live.replan_every == 0 && L.state == LiveState::idle)
+        replan();
+    } else {
+      ++L.passes;
+    }
+    stats_.plans_adopted = L.adopted;
+  }
+
+  /// One pass of the schedule: pack this rank's pieces by receiver, one all-to-all-v, unpack what
+  /// came into the arena. A fault is caught (the rank still takes part in the exchange) and voted
+  /// on the next pass.
+  void exchange_chunk(LiveBuffers const& lb)
+    requires can_replan
+  {
+    auto& L = *live_;
+    int R = comm_->size(), me = comm_->rank();
+    auto pieces = L.schedule.pass(L.chunk);
+    auto const& moves = L.schedule.moves();
+    std::vector<std::size_t> send(static_cast<std::size_t>(R)), recv(static_cast<std::size_t>(R)),
+        at(static_cast<std::size_t>(R));
+    for (auto const& p : pieces) {
+      auto const& m = moves[static_cast<std::size_t>(p.move)];
+      if (m.src == me) send[static_cast<std::size_t>(m.dst)] += p.bytes;
+      if (m.dst == me) recv[static_cast<std::size_t>(m.src)] += p.bytes;
+    }
+    std::size_t part = slot_elements() / 3 * sizeof(T);
+    try {
+      if (L.hook) L.hook(live::Step::pack);
+      for (std::size_t d = 1; d < at.size(); ++d) at[d] = at[d - 1] + send[d - 1];
+      auto current = exec_.expert_weights();
+      for (auto const& p : pieces) {
+        auto const& m = moves[static_cast<std::size_t>(p.move)];
+        if (m.src != me) continue;
+        auto& o = at[static_cast<std::size_t>(m.dst)];
+        live::read_slot(current[static_cast<std::size_t>(m.expert)], part, p.offset, p.bytes, lb.send.data() + o);
+        o += p.bytes;
+      }
+    } catch (std::exception const& e) {
+      fail_live(detail::concat("rank ", me, " could not pack its weights (chunk ", L.chunk, "): ", e.what()));
+    }
+    std::size_t before = sent();
+    comm_->all_to_all_v(lb.send, send, lb.recv, recv);
+    stats_.migration_bytes = sent() - before;
+    if (L.state == LiveState::failed) return;
+    try {
+      if (L.hook) L.hook(live::Step::unpack);
+      std::fill(at.begin(), at.end(), 0);
+      for (std::size_t s = 1; s < at.size(); ++s) at[s] = at[s - 1] + recv[s - 1];
+      auto* arena = reinterpret_cast<std::byte*>(L.arena.data());
+      for (auto const& p : pieces) {
+        auto const& m = moves[static_cast<std::size_t>(p.move)];
+        if (m.dst != me) continue;
+        auto slot = static_cast<std::size_t>(L.incoming_slot[static_cast<std::size_t>(p.move)]);
+        auto& o = at[static_cast<std::size_t>(m.src)];
+        std::memcpy(arena + slot * slot_elements() * sizeof(T) + p.offset, lb.recv.data() + o, p.bytes);
+        o += p.bytes;
+      }
+      ++L.chunk;
+    } catch (std::exception const& e) {
+      fail_live(detail::concat("rank ", me, " could not unpack chunk ", L.chunk, ": ", e.what()));
+    }
+  }
+
+  /// Every move received: the next tables and weight list, checked as the constructor checks.
+  void prepare_switch()
+    requires can_replan
+  {
+    auto& L = *live_;
+    try {
+      if (L.hook) L.hook(live::Step::prepare_switch);
+      int R = comm_->size(), me = comm_->rank();
+      auto E = static_cast<std::size_t>(shape.experts);
+      std::size_t per = slot_elements() / 3;
+      std::vector<int> slot_of(E, -1);
+      std::vector<ExpertWeights<T>> experts(E);
+      auto const& moves = L.schedule.moves();
+      for (std::size_t i = 0; i < moves.size(); ++i)
+        if (moves[i].dst == me) slot_of[static_cast<std::size_t>(moves[i].expert)] = L.incoming_slot[i];
+      for (std::size_t e = 0; e < E; ++e) {
+        auto const& c = L.next.copies[e];
+        if (std::find(c.begin(), c.end(), me) == c.end()) {
+          slot_of[e] = -1;
+          continue;
+        }
+        if (slot_of[e] < 0) slot_of[e] = L.slot_of.empty() ? -1 : L.slot_of[e];
+        if (slot_of[e] >= 0) {
+          T const* w = L.arena.data() + static_cast<std::size_t>(slot_of[e]) * slot_elements();
+          experts[e] = {w, w + per, w + 2 * per};
+        } else {
+          experts[e] = exec_.expert_weights()[e];  // no arena: nothing moved, the weights stay
+        }
+      }
+      L.next_placement.emplace(L.next.primary);
+      L.next_replicas.emplace(live::rebuilt(exec_.replicas(), L.next.copies));
+      LayerWeights<T> w = exec_.weights();
+      w.experts = experts;
+      detail::check_layer_setup("moe::Layer", shape, R, me, *L.next_placement, *L.next_replicas, w);
+      L.next_experts = std::move(experts);
+      L.next_slot_of = std::move(slot_of);
+      L.state = LiveState::moved;
+    } catch (std::exception const& e) {
+      fail_live(detail::concat("rank ", me_rank(), " could not prepare the switch: ", e.what()));
+    }
+  }
+
+  [[nodiscard]] int me_rank() const { return comm_->rank(); }
+
+  /// Every rank has moved: switch to the new plan (nothing here can fail).
+  void commit_live() noexcept
+    requires can_replan
+  {
+    auto& L = *live_;
+    L.experts.swap(L.next_experts);
+    if (!L.next_slot_of.empty() && !L.arena.empty()) L.slot_of = std::move(L.next_slot_of);
+    exec_.adopt(std::move(*L.next_placement), std::move(*L.next_replicas), std::move(L.next.primary), L.experts);
+    ++L.adopted;
+    L.next_replicas.reset();
+    L.next_placement.reset();
+    L.state = LiveState::idle;
+    L.next = {};
+    L.schedule = {};
+    L.incoming_slot.clear();
+    L.next_experts.clear();
+    L.next_slot_of.clear();
+    L.chunk = 0;
   }
 
   Comm* comm_;
@@ -415,6 +955,7 @@ private:
   Executor exec_;
   LayerStats stats_;
   std::vector<detail::Vote> votes_;
+  std::unique_ptr<LiveData> live_;
 };
 
 }  // namespace moe

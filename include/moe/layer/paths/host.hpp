@@ -109,6 +109,19 @@ public:
   [[nodiscard]] std::vector<int> const& primary_ranks() const { return primary_; }
   /// The replica policy (for a batch-aware one, the state of the last batch's routes).
   [[nodiscard]] Replicas const& replicas() const { return replicas_; }
+  [[nodiscard]] LayerWeights<T> const& weights() const { return weights_; }
+  [[nodiscard]] std::span<ExpertWeights<T> const> expert_weights() const { return weights_.experts; }
+
+  /// Re-planning (moe/layer/live.hpp): the front moves the experts into its arena...
+  void set_expert_weights(std::span<ExpertWeights<T> const> experts) noexcept { weights_.experts = experts; }
+  /// ... and switches to a new plan the front has checked (nothing here can fail).
+  void adopt(Placement placement, Replicas replicas, std::vector<int> primary,
+             std::span<ExpertWeights<T> const> experts) noexcept {
+    placement_ = std::move(placement);
+    replicas_ = std::move(replicas);
+    primary_ = std::move(primary);
+    weights_.experts = experts;
+  }
 
   static constexpr auto h = static_cast<std::size_t>(shape.hidden);
   static constexpr int k = shape.top_k;
@@ -138,6 +151,8 @@ public:
     std::span<float> y;             // max_tokens x hidden accumulator
     std::span<std::int32_t> pair_counts;  // E: this rank's pairs per expert (batch-aware replicas)
     std::span<std::int32_t> all_counts;   // ranks x E: every rank's, gathered
+    std::span<std::int32_t> load_counts;  // E + ranks: this pass's pairs per expert, then per serving rank
+                                          // (load window, LayerOptions::live.window > 0)
   };
 
   [[nodiscard]] std::size_t slots_per_token() const {
@@ -194,6 +209,7 @@ public:
       b.pair_counts = c.take<std::int32_t>(E);
       b.all_counts = c.take<std::int32_t>(ranks * E);
     }
+    if (options_.live.window > 0) b.load_counts = c.take<std::int32_t>(E + ranks);
   }
 
   /// The state of one forward pass; the Schedule calls its phases.
@@ -218,16 +234,28 @@ public:
       router::route_all<Router>(shape, b_.logits, bias, a_.tokens, b_.ids, b_.gate);
       if constexpr (replication::BatchPolicy<Replicas>) {
         plan_batch();
-        return;
+      } else {
+        for (std::size_t i = 0; i < t * k; ++i) {
+          int e = b_.ids[i];
+          int d = L.replicas_.choose(e, L.primary_[static_cast<std::size_t>(e)], rank_,
+                                     a_.first_token + static_cast<long long>(i / k));
+          b_.dest[i] = d;
+          stats_.local_assignments += d == rank_;
+        }
+        stats_.assignments = static_cast<long long>(t * k);
       }
+      count_loads();
+    }
+
+    /// The load window's counts of this pass: pairs per expert, then pairs per serving rank.
+    void count_loads() {
+      if (b_.load_counts.empty()) return;
+      std::fill(b_.load_counts.begin(), b_.load_counts.end(), 0);
+      auto t = static_cast<std::size_t>(a_.tokens);
       for (std::size_t i = 0; i < t * k; ++i) {
-        int e = b_.ids[i];
-        int d = L.replicas_.choose(e, L.primary_[static_cast<std::size_t>(e)], rank_,
-                                   a_.first_token + static_cast<long long>(i / k));
-        b_.dest[i] = d;
-        stats_.local_assignments += d == rank_;
+        ++b_.load_counts[static_cast<std::size_t>(b_.ids[i])];
+        ++b_.load_counts[E + static_cast<std::size_t>(b_.dest[i])];
       }
-      stats_.assignments = static_cast<long long>(t * k);
     }
 
     /// Batch-aware replicas: every rank's pairs per expert, gathered; the policy routes the batch

@@ -1,0 +1,420 @@
+#pragma once
+// Re-planning while serving (moe::Layer with LayerOptions::live): the load window, the re-planner
+// and the weight migration, as the layer front (moe/layer/layer.hpp) runs them on every pass.
+//
+//   L layer(comm, placement::Table(...), replication::Table(...), weights,
+//           {.max_tokens = 512, .live = {.window = 100, .replan_every = 500, .spare_slots = 2,
+//                                        .migration_bytes_per_pass = 64 << 20}});
+//   std::vector<T> arena(layer.arena_elements());   // caller-owned expert slots (held + spare)
+//   layer.attach_arena(arena);                      // this rank's experts move into it
+//   std::vector<std::byte> ws(layer.workspace_size());
+//   for (...) layer.run(args, ws);                  // serves, counts, re-plans, migrates, switches
+//
+// What happens, per pass, on every rank (all decisions are taken from the same gathered data, so
+// every rank takes the same one):
+//  1. The ranks' agreement (one 256-byte vote each, as on every pass) carries each rank's re-plan
+//     state: idle, planning, plan ready (with a hash of the plan), moving, moved (every incoming
+//     expert received and the next tables built), or failed (with the reason).
+//  2. From the votes: any failure aborts the migration on every rank (staged slots are dropped,
+//     every rank keeps the old plan and the old weights) and every rank throws the same moe::Error
+//     before any data of the pass moves; the next pass runs on the old plan. When every rank has
+//     the same plan ready, the moves start; when every rank has moved, every rank switches to the
+//     new plan before the pass (pointer swaps, nothing that can fail), and the slots its departed
+//     experts held become its spare ones.
+//  3. The pass itself (the executor), which also counts the pairs of each expert and the pairs
+//     sent to each rank.
+//  4. The window: one all-gather of (experts + ranks) int32 per rank; every rank then holds the
+//     same per-expert loads and per-rank loads of the pass (LayerStats::rank_load_max / _mean).
+//  5. One chunk of the moves: one all-to-all-v of at most `migration_bytes_per_pass` bytes sent and
+//     received per rank, copied into the receiving rank's spare slots. A failure while packing or
+//     unpacking is caught, the rank still takes part in the exchange, and it votes failed on the
+//     next pass.
+// A re-plan starts every `replan_every` passes (or when the caller calls Layer::replan() on every
+// rank between the same two passes); it runs on a host thread (std::thread) that each rank starts
+// for itself: the planner (replication::migration::rebalance, minimal moves at EPLB's balance
+// within `tolerance_permille`) takes milliseconds to seconds for large layers, which the serving
+// thread must not wait for, and the caller's thread has no idle time between passes to lend. The
+// rank's passes go on; the plan is used when every rank reports it ready.
+//
+// Memory: the caller owns the expert slots (the arena: arena_slots() = the most experts a rank
+// holds + spare_slots, each slot_elements() elements: gate | up | down) and the workspace, which
+// grows by 2 x migration_bytes_per_pass (the chunk's send and receive buffers) and the window's
+// gather (ranks x (experts + ranks) int32). The peak extra memory of re-planning per rank is
+// therefore spare_slots x slot bytes + 2 x migration_bytes_per_pass; the re-planner never gives
+// a rank more new experts than it has spare slots.
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <future>
+#include <span>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include "moe/config.hpp"
+#include "moe/core/weights.hpp"
+#include "moe/plan/placement_table.hpp"
+#include "moe/plan/replica_table.hpp"
+#include "moe/replication/batch_split.hpp"
+#include "moe/replication/migration.hpp"
+
+namespace moe::live {
+
+/// LayerOptions::live: the load window and re-planning. All zero: the layer keeps its plan and
+/// counts nothing.
+struct Options {
+  int window = 0;        ///< passes of per-expert loads kept (0: none; re-planning needs a window)
+  int replan_every = 0;  ///< start a re-plan every this many passes (0: only on Layer::replan())
+  int spare_slots = 0;   ///< expert slots of spare memory per rank (the most experts a rank receives per re-plan)
+  std::size_t migration_bytes_per_pass = 0;  ///< most weight bytes a rank sends, and receives, per pass
+  int tolerance_permille = 10;  ///< the re-plan's max rank load is within (1 + this / 1000) of EPLB's
+  int nodes = 1;                ///< nodes the ranks split into (rank r on node r / (ranks / nodes)): sources
+                                ///< of moves prefer the receiver's node
+};
+
+/// The step of a migration a fault-injection hook is called at (Layer::set_fault_hook).
+enum class Step { plan, pack, unpack, prepare_switch };
+
+inline char const* step_name(Step s) {
+  switch (s) {
+    case Step::plan: return "plan";
+    case Step::pack: return "pack";
+    case Step::unpack: return "unpack";
+    case Step::prepare_switch: return "prepare_switch";
+  }
+  return "?";
+}
+
+/// The last `capacity` passes' loads, the same on every rank: pairs per expert and pairs each rank
+/// received, summed over the ranks.
+class LoadWindow {
+public:
+  LoadWindow() = default;
+  LoadWindow(int passes, int experts, int ranks)
+      : cap_(passes), E_(experts), R_(ranks),
+        data_(static_cast<std::size_t>(passes) * static_cast<std::size_t>(experts + ranks)) {}
+
+  /// Adds one pass: `gathered` holds every rank's row of (experts + ranks) int32 (its pairs per
+  /// expert, then its pairs sent to each rank), rank-major.
+  void push(std::span<std::int32_t const> gathered) {
+    if (cap_ == 0) return;
+    auto w = static_cast<std::size_t>(E_ + R_);
+    check(gathered.size() == w * static_cast<std::size_t>(R_), "load window: ", gathered.size(), " counts, expected ",
+          R_, " ranks x ", w);
+    auto* row = data_.data() + static_cast<std::size_t>(pushed_ % cap_) * w;
+    std::fill(row, row + w, 0);
+    for (std::size_t r = 0; r < static_cast<std::size_t>(R_); ++r)
+      for (std::size_t i = 0; i < w; ++i) row[i] += gathered[r * w + i];
+    ++pushed_;
+  }
+
+  [[nodiscard]] int capacity() const { return cap_; }
+  [[nodiscard]] int size() const { return static_cast<int>(std::min<long long>(pushed_, cap_)); }
+  [[nodiscard]] long long pushed() const { return pushed_; }
+  /// Pass i of those held, 0 the oldest.
+  [[nodiscard]] std::span<long long const> experts(int i) const { return {row(i), static_cast<std::size_t>(E_)}; }
+  [[nodiscard]] std::span<long long const> rank_loads(int i) const {
+    return {row(i) + E_, static_cast<std::size_t>(R_)};
+  }
+  /// Largest over mean rank load of pass i (1 for a pass without pairs).
+  [[nodiscard]] double imbalance(int i) const {
+    auto r = rank_loads(i);
+    long long mx = 0, sum = 0;
+    for (long long v : r) mx = std::max(mx, v), sum += v;
+    return sum > 0 ? static_cast<double>(mx) * static_cast<double>(R_) / static_cast<double>(sum) : 1.0;
+  }
+  /// Pairs per expert over the passes held.
+  [[nodiscard]] std::vector<float> expert_loads() const {
+    std::vector<float> out(static_cast<std::size_t>(E_), 0.0f);
+    for (int i = 0; i < size(); ++i)
+      for (std::size_t e = 0; e < out.size(); ++e) out[e] += static_cast<float>(experts(i)[e]);
+    return out;
+  }
+
+private:
+  [[nodiscard]] long long const* row(int i) const {
+    check(i >= 0 && i < size(), "load window: pass ", i, " outside the ", size(), " held");
+    long long first = pushed_ - size();
+    return data_.data() + static_cast<std::size_t>((first + i) % cap_) * static_cast<std::size_t>(E_ + R_);
+  }
+  int cap_ = 0, E_ = 0, R_ = 0;
+  long long pushed_ = 0;
+  std::vector<long long> data_;
+};
+
+/// A serving plan: the primary rank of each expert and the ranks holding a copy (ascending, the
+/// primary among them).
+struct Plan {
+  std::vector<int> primary;
+  std::vector<std::vector<int>> copies;
+  friend bool operator==(Plan const&, Plan const&) = default;
+};
+
+/// The most experts one rank holds.
+inline int width_of(Plan const& p, int ranks) {
+  std::vector<int> held(static_cast<std::size_t>(ranks), 0);
+  for (auto const& c : p.copies)
+    for (int r : c) ++held[static_cast<std::size_t>(r)];
+  return held.empty() ? 0 : *std::max_element(held.begin(), held.end());
+}
+
+/// The plan as a slot layout (replication::migration's phy2log): ranks x width, each rank's
+/// experts ascending, then -1 (empty).
+inline std::vector<int> layout_of(Plan const& p, int ranks, int width) {
+  std::vector<int> out(static_cast<std::size_t>(ranks) * static_cast<std::size_t>(width), -1);
+  std::vector<int> fill(static_cast<std::size_t>(ranks), 0);
+  for (std::size_t e = 0; e < p.copies.size(); ++e)
+    for (int r : p.copies[e]) {
+      int& f = fill[static_cast<std::size_t>(r)];
+      check(f < width, "live: rank ", r, " holds more than ", width, " experts");
+      out[static_cast<std::size_t>(r) * static_cast<std::size_t>(width) + static_cast<std::size_t>(f++)] =
+          static_cast<int>(e);
+    }
+  return out;
+}
+
+/// The plan of a slot layout (ranks x width, -1 empty; a rank listing an expert twice holds it
+/// once). The primary of an expert stays where it was if that rank still holds it, else it is the
+/// lowest rank holding it. Throws moe::Error, naming the slot, for an expert outside [0, experts)
+/// and, naming the expert, for an expert no rank holds.
+inline Plan plan_of(std::span<int const> layout, int ranks, int experts, std::span<int const> old_primary) {
+  check(ranks > 0 && !layout.empty() && layout.size() % static_cast<std::size_t>(ranks) == 0, "live: a layout of ",
+        layout.size(), " slots does not split over ", ranks, " ranks");
+  auto width = layout.size() / static_cast<std::size_t>(ranks);
+  Plan p;
+  p.copies.resize(static_cast<std::size_t>(experts));
+  for (std::size_t i = 0; i < layout.size(); ++i) {
+    int e = layout[i];
+    if (e == -1) continue;
+    check(e >= 0 && e < experts, "live: the plan's slot ", i % width, " of rank ", i / width, " names expert ", e,
+          ", outside [0, ", experts, ")");
+    auto& c = p.copies[static_cast<std::size_t>(e)];
+    int r = static_cast<int>(i / width);
+    if (std::find(c.begin(), c.end(), r) == c.end()) c.push_back(r);
+  }
+  p.primary.resize(static_cast<std::size_t>(experts));
+  for (std::size_t e = 0; e < p.copies.size(); ++e) {
+    auto& c = p.copies[e];
+    check(!c.empty(), "live: the plan leaves expert ", e, " on no rank");
+    std::sort(c.begin(), c.end());
+    int keep = e < old_primary.size() ? old_primary[e] : -1;
+    p.primary[e] = std::find(c.begin(), c.end(), keep) != c.end() ? keep : c.front();
+  }
+  return p;
+}
+
+/// One expert copied to a rank that did not hold it: from `src`, which did.
+struct Move {
+  int expert = 0, src = 0, dst = 0;
+  friend bool operator==(Move const&, Move const&) = default;
+};
+
+/// The moves from one plan to the next, by expert then receiving rank. The source is a holder in
+/// the receiver's node if there is one, else the holder with the fewest sends so far, then the
+/// lowest rank.
+inline std::vector<Move> moves_between(Plan const& from, Plan const& to, int ranks, int nodes) {
+  check(from.copies.size() == to.copies.size(), "live: plans of ", from.copies.size(), " and ", to.copies.size(),
+        " experts");
+  int per_node = nodes > 0 && ranks % nodes == 0 ? ranks / nodes : ranks;
+  std::vector<int> sends(static_cast<std::size_t>(ranks), 0);
+  std::vector<Move> out;
+  for (std::size_t e = 0; e < to.copies.size(); ++e) {
+    auto const& had = from.copies[e];
+    for (int d : to.copies[e]) {
+      if (std::find(had.begin(), had.end(), d) != had.end()) continue;
+      int src = -1;
+      for (int s : had) {
+        auto better = [&](int x, int y) {
+          bool nx = x / per_node == d / per_node, ny = y / per_node == d / per_node;
+          if (nx != ny) return nx;
+          return sends[static_cast<std::size_t>(x)] < sends[static_cast<std::size_t>(y)];
+        };
+        if (src < 0 || better(s, src)) src = s;
+      }
+      check(src >= 0, "live: expert ", e, " has no holder to copy it from");
+      ++sends[static_cast<std::size_t>(src)];
+      out.push_back({static_cast<int>(e), src, d});
+    }
+  }
+  return out;
+}
+
+/// Which bytes of which move each pass carries: moves in order, each pass at most `budget` bytes
+/// sent and at most `budget` received per rank. Greedy and deterministic: in pass p every move
+/// with bytes left takes as many as its sender and receiver still have room for this pass.
+class ChunkSchedule {
+public:
+  struct Piece {
+    int move = 0;
+    std::size_t offset = 0, bytes = 0;
+  };
+
+  ChunkSchedule() = default;
+  ChunkSchedule(std::vector<Move> moves, int ranks, std::size_t slot_bytes, std::size_t budget)
+      : moves_(std::move(moves)) {
+    check(budget > 0 || moves_.empty(), "live: moves need migration_bytes_per_pass > 0");
+    std::vector<std::size_t> done(moves_.size(), 0), sent(static_cast<std::size_t>(ranks)),
+        got(static_cast<std::size_t>(ranks));
+    std::size_t left = moves_.size();
+    while (left > 0) {
+      std::fill(sent.begin(), sent.end(), 0);
+      std::fill(got.begin(), got.end(), 0);
+      first_.push_back(pieces_.size());
+      for (std::size_t m = 0; m < moves_.size(); ++m) {
+        if (done[m] == slot_bytes) continue;
+        auto s = static_cast<std::size_t>(moves_[m].src), d = static_cast<std::size_t>(moves_[m].dst);
+        std::size_t take = std::min({slot_bytes - done[m], budget - sent[s], budget - got[d]});
+        if (take == 0) continue;
+        pieces_.push_back({static_cast<int>(m), done[m], take});
+        done[m] += take;
+        sent[s] += take;
+        got[d] += take;
+        if (done[m] == slot_bytes) --left;
+      }
+    }
+    first_.push_back(pieces_.size());
+  }
+
+  [[nodiscard]] int passes() const { return static_cast<int>(first_.size()) - 1 < 0 ? 0 : static_cast<int>(first_.size()) - 1; }
+  [[nodiscard]] std::vector<Move> const& moves() const { return moves_; }
+  /// The pieces pass p carries, in move order.
+  [[nodiscard]] std::span<Piece const> pass(int p) const {
+    return std::span<Piece const>(pieces_).subspan(first_[static_cast<std::size_t>(p)],
+                                                   first_[static_cast<std::size_t>(p) + 1] - first_[static_cast<std::size_t>(p)]);
+  }
+
+private:
+  std::vector<Move> moves_;
+  std::vector<Piece> pieces_;
+  std::vector<std::size_t> first_;
+};
+
+/// Bytes of one expert in a slot: gate | up | down.
+template <class T>
+constexpr std::size_t slot_bytes(ShapeSpec const& s) {
+  return 3 * static_cast<std::size_t>(s.expert_ffn) * static_cast<std::size_t>(s.hidden) * sizeof(T);
+}
+
+/// Copies bytes [offset, offset + n) of an expert's slot image (gate | up | down) out of its
+/// weights, wherever they are.
+template <class T>
+void read_slot(ExpertWeights<T> const& w, std::size_t part_bytes, std::size_t offset, std::size_t n, std::byte* out) {
+  T const* parts[3] = {w.gate, w.up, w.down};
+  while (n > 0) {
+    std::size_t p = offset / part_bytes, in = offset % part_bytes, take = std::min(n, part_bytes - in);
+    std::memcpy(out, reinterpret_cast<std::byte const*>(parts[p]) + in, take);
+    out += take, offset += take, n -= take;
+  }
+}
+
+/// The replica policy of a new plan, with the old one's other settings (the servers and balance
+/// slack of replication::BatchSplit).
+inline replication::Table rebuilt(replication::Table const&, std::vector<std::vector<int>> copies) {
+  return replication::Table(std::move(copies));
+}
+inline replication::BatchSplit rebuilt(replication::BatchSplit const& old, std::vector<std::vector<int>> copies) {
+  return replication::BatchSplit(std::move(copies), old.servers(), old.layout().slack_permille);
+}
+
+/// The policies a live layer can re-plan: an expert -> rank table and a replica policy that is a
+/// copy list (replication::Table, replication::BatchSplit).
+template <class Placement, class Replicas>
+concept Replannable = std::is_same_v<Placement, placement::Table> && requires(Replicas const& r) {
+  { rebuilt(r, std::vector<std::vector<int>>{}) } -> std::same_as<Replicas>;
+};
+
+/// FNV-1a of a layout: the ranks compare their plans by it.
+inline std::uint32_t hash_layout(std::span<int const> layout) {
+  std::uint32_t h = 2166136261u;
+  for (int v : layout) {
+    auto u = static_cast<std::uint32_t>(v);
+    for (int b = 0; b < 4; ++b) h = (h ^ ((u >> (8 * b)) & 0xffu)) * 16777619u;
+  }
+  return h;
+}
+
+/// The re-planner: a new slot layout from the window's loads and the current layout, on its own
+/// thread. The plan moves the fewest experts at EPLB's balance (replication::migration::rebalance)
+/// and gives no rank more new experts than `spare` (if the first plan does, the copies it may
+/// make are capped and it is planned again).
+class Replanner {
+public:
+  struct Result {
+    std::vector<int> layout;  ///< ranks x width
+    long long copies = 0;     ///< slots that needed an expert from another rank
+    double max_load = 0, eplb_max_load = 0, old_max_load = 0;
+  };
+
+  /// The plan (blocking): what the thread runs.
+  static Result plan(std::vector<float> const& loads, std::vector<int> const& layout, int ranks, int spare,
+                     int tolerance_permille, int nodes) {
+    check(spare > 0, "live: re-planning needs spare slots (live::Options::spare_slots > 0)");
+    int E = static_cast<int>(loads.size()), P = static_cast<int>(layout.size());
+    replication::eplb::Matrix<float> w(1, E);
+    std::copy(loads.begin(), loads.end(), w.v.begin());
+    replication::eplb::Matrix<int> old(1, P);
+    std::copy(layout.begin(), layout.end(), old.v.begin());
+    replication::migration::Options o;
+    o.tolerance = tolerance_permille / 1000.0;
+    o.num_nodes = nodes;
+    auto width = static_cast<std::size_t>(P / ranks);
+    auto most_new = [&](replication::eplb::Matrix<int> const& next) {
+      int worst = 0;
+      for (std::size_t r = 0; r < static_cast<std::size_t>(ranks); ++r) {
+        int n = 0;
+        for (std::size_t i = 0; i < width; ++i) {
+          int e = next.v[r * width + i];
+          bool had = false, seen = false;
+          for (std::size_t j = 0; j < width; ++j) had |= layout[r * width + j] == e;
+          for (std::size_t j = 0; j < i; ++j) seen |= next.v[r * width + j] == e;
+          n += e >= 0 && !had && !seen;
+        }
+        worst = std::max(worst, n);
+      }
+      return worst;
+    };
+    auto r = replication::migration::rebalance(w, old, ranks, o);
+    for (long long cap = r.copies(); most_new(r.phy2log) > spare;) {
+      cap = std::max<long long>(spare, cap * 3 / 4);
+      o.max_copies_per_layer = cap;
+      r = replication::migration::rebalance(w, old, ranks, o);
+    }
+    auto const& st = r.layers[0];
+    return {r.phy2log.v, r.copies(), st.max_load, st.eplb_max_load, st.old_max_load};
+  }
+
+  void start(std::vector<float> loads, std::vector<int> layout, int ranks, int spare, int tolerance_permille, int nodes,
+             std::function<void(Step)> const& hook) {
+    check(!busy(), "live: a re-plan is already running");
+    future_ = std::async(std::launch::async, [=, hook = hook, loads = std::move(loads), layout = std::move(layout)] {
+      if (hook) hook(Step::plan);
+      return plan(loads, layout, ranks, spare, tolerance_permille, nodes);
+    });
+  }
+  [[nodiscard]] bool busy() const { return future_.valid(); }
+  [[nodiscard]] bool ready() const {
+    return future_.valid() && future_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  }
+  /// The result of a ready plan; rethrows the planner's error.
+  Result take() { return future_.get(); }
+  /// Waits for a running plan and drops it (errors included).
+  void drop() noexcept {
+    if (!future_.valid()) return;
+    try {
+      future_.get();
+    } catch (...) {
+    }
+  }
+  ~Replanner() { drop(); }
+
+private:
+  std::future<Result> future_;
+};
+
+}  // namespace moe::live

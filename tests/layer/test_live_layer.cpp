@@ -1,0 +1,211 @@
+// Re-planning while serving on 4 in-process ranks (moe/layer/live.hpp): a drifting serving loop
+// whose every pass equals the single-process reference while the layer re-plans and migrates
+// expert weights; a fault planted at each step of a migration on one rank; plans that must be
+// refused before any byte moves.
+#include <catch2/catch.hpp>
+
+#include <array>
+#include <numeric>
+
+#include "live_layer_case.hpp"
+
+using namespace moe;
+using namespace moe::test;
+
+namespace {
+
+/// In a layout of 4 ranks x 20 slots: rank r's slot holding `from` holds `to` instead.
+void replace_on(std::vector<int>& layout, int r, int from, int to) {
+  auto first = layout.begin() + 20 * r, last = first + 20;
+  auto it = std::find(first, last, from);
+  REQUIRE(it != last);
+  *it = to;
+}
+
+constexpr live::Options serving{.window = 20, .replan_every = 20, .spare_slots = 3, .migration_bytes_per_pass = 4096};
+
+template <class Replicas>
+std::array<LiveRun, 4> serve_loop(Replicas (*make)(), int passes) {
+  std::array<LiveRun, 4> out;
+  collective::run_in_process<4>([&](auto& comm) {
+    LiveHarness<std::remove_reference_t<decltype(comm)>, Replicas> hx(comm, make(), serving);
+    out[static_cast<std::size_t>(comm.rank())] = hx.serve(0, passes);
+  });
+  return out;
+}
+
+void check_loop(std::array<LiveRun, 4> const& runs) {
+  long long sent = 0;
+  for (int r = 0; r < 4; ++r) {
+    INFO("rank " << r);
+    auto const& x = runs[static_cast<std::size_t>(r)];
+    CHECK(x.errors.empty());
+    CHECK(x.worst_error <= 1e-5);
+    CHECK(x.window_counts_ok);
+    CHECK(x.adopted == runs[0].adopted);
+    CHECK(x.expected_bytes == runs[0].expected_bytes);
+    sent += x.bytes_sent;
+  }
+  // The drift makes the re-planner move experts several times, over several passes each.
+  CHECK(runs[0].adopted >= 3);
+  CHECK(runs[0].passes_moving > 2 * runs[0].adopted);
+  CHECK(sent == runs[0].expected_bytes);
+  CHECK(sent > 0);
+}
+
+}  // namespace
+
+TEST_CASE("live layer: 200 drifting passes, a re-plan every 20, every pass equals the reference",
+          "[layer][live]") {
+  check_loop(serve_loop(+[] { return live_table(); }, 200));
+}
+
+TEST_CASE("live layer with the per-batch split: every pass equals the reference", "[layer][live][batch-split]") {
+  check_loop(serve_loop(+[] { return live_split(); }, 200));
+}
+
+TEST_CASE("live layer: a fault at any step of a migration leaves every rank on the old plan", "[layer][live]") {
+  for (auto step : {live::Step::plan, live::Step::pack, live::Step::unpack, live::Step::prepare_switch}) {
+    INFO("fault at " << live::step_name(step));
+    std::array<LiveRun, 4> runs;
+    std::array<bool, 4> same_plan{}, still{};
+    std::array<double, 4> after{};
+    collective::run_in_process<4>([&](auto& comm) {
+      auto o = serving;
+      o.replan_every = 0;
+      LiveHarness<std::remove_reference_t<decltype(comm)>, replication::Table> hx(comm, live_table(), o);
+      auto& run = runs[static_cast<std::size_t>(comm.rank())];
+      bool fired = false;
+      if (comm.rank() == 1)
+        hx.layer.set_fault_hook([&, step](live::Step s) {
+          if (s == step && !fired) {
+            fired = true;
+            throw Error("planted fault");
+          }
+        });
+      for (int p = 0; p < 20; ++p) hx.pass(p, run);
+      live::Plan before = hx.layer.plan();
+      hx.layer.replan();
+      int p = 20;
+      while (run.errors.empty() && p < 200) hx.pass(p++, run);
+      same_plan[static_cast<std::size_t>(comm.rank())] = hx.layer.plan() == before;
+      still[static_cast<std::size_t>(comm.rank())] = !hx.layer.migrating() && hx.layer.stats().plans_adopted == 0;
+      LiveRun next;
+      after[static_cast<std::size_t>(comm.rank())] = hx.pass(p, next);
+    });
+    for (int r = 0; r < 4; ++r) {
+      INFO("rank " << r);
+      auto const& x = runs[static_cast<std::size_t>(r)];
+      REQUIRE(x.errors.size() == 1);
+      CHECK(x.errors[0] == runs[0].errors[0]);
+      CHECK_THAT(x.errors[0], Catch::Contains("rank 1's re-plan failed") && Catch::Contains("planted fault"));
+      CHECK(x.worst_error <= 1e-5);
+      CHECK(same_plan[static_cast<std::size_t>(r)]);
+      CHECK(still[static_cast<std::size_t>(r)]);
+      CHECK(after[static_cast<std::size_t>(r)] >= 0);
+      CHECK(after[static_cast<std::size_t>(r)] <= 1e-5);
+    }
+  }
+}
+
+TEST_CASE("live layer: a bad plan is refused on every rank before any byte moves", "[layer][live]") {
+  struct Case {
+    char const* what;
+    std::function<void(std::vector<int>&)> edit;
+  };
+  std::vector<Case> cases = {
+      {"names expert 99", [](std::vector<int>& l) { l[3] = 99; }},
+      {"leaves expert 5 on no rank", [](std::vector<int>& l) { std::replace(l.begin(), l.end(), 5, 6); }},
+      {"new experts; it has 3 free slots", [](std::vector<int>& l) {
+         // rank 0 takes experts 1, 2, 5, 6 (four new ones) in place of its second copies of 3, 7,
+         // 11, 15 (which stay on rank 3)
+         int from[] = {3, 7, 11, 15}, to[] = {1, 2, 5, 6};
+         for (int i = 0; i < 4; ++i) replace_on(l, 0, from[i], to[i]);
+       }},
+  };
+  for (auto const& c : cases) {
+    INFO(c.what);
+    std::array<LiveRun, 4> runs;
+    std::array<bool, 4> same_plan{};
+    std::array<long long, 4> bytes{};
+    collective::run_in_process<4>([&](auto& comm) {
+      auto o = serving;
+      o.replan_every = 0;
+      LiveHarness<std::remove_reference_t<decltype(comm)>, replication::Table> hx(comm, live_table(), o);
+      auto& run = runs[static_cast<std::size_t>(comm.rank())];
+      hx.pass(0, run);
+      live::Plan before = hx.layer.plan();
+      auto layout = live::layout_of(before, 4, 20);
+      c.edit(layout);
+      hx.layer.migrate_to(layout);
+      hx.pass(1, run);  // throws on every rank
+      hx.pass(2, run);
+      same_plan[static_cast<std::size_t>(comm.rank())] = hx.layer.plan() == before;
+      bytes[static_cast<std::size_t>(comm.rank())] = run.bytes_sent;
+    });
+    for (int r = 0; r < 4; ++r) {
+      INFO("rank " << r);
+      auto const& x = runs[static_cast<std::size_t>(r)];
+      REQUIRE(x.errors.size() == 1);
+      CHECK(x.errors[0] == runs[0].errors[0]);
+      CHECK_THAT(x.errors[0], Catch::Contains(c.what));
+      CHECK(x.worst_error <= 1e-5);
+      CHECK(same_plan[static_cast<std::size_t>(r)]);
+      CHECK(bytes[static_cast<std::size_t>(r)] == 0);
+    }
+  }
+}
+
+TEST_CASE("live layer: a plan from elsewhere is migrated to, bytes as its added copies", "[layer][live]") {
+  std::array<LiveRun, 4> runs;
+  std::array<live::Plan, 4> plans;
+  collective::run_in_process<4>([&](auto& comm) {
+    auto o = serving;
+    o.replan_every = 0;
+    LiveHarness<std::remove_reference_t<decltype(comm)>, replication::Table> hx(comm, live_table(), o);
+    auto& run = runs[static_cast<std::size_t>(comm.rank())];
+    hx.pass(0, run);
+    auto layout = live::layout_of(hx.layer.plan(), 4, 20);
+    // rank 0 takes expert 2 for its copy of 4, rank 2 expert 4 for 2 (4 stays on rank 1, 2 on
+    // rank 3); ranks 2 and 3 swap experts 18 and 19 (one copy each)
+    replace_on(layout, 0, 4, 2);
+    replace_on(layout, 2, 2, 4);
+    replace_on(layout, 2, 18, 19);
+    replace_on(layout, 3, 19, 18);
+    hx.layer.migrate_to(layout);
+    live::Plan before = hx.layer.plan();
+    for (int p = 1; p < 12; ++p) hx.pass(p, run);
+    plans[static_cast<std::size_t>(comm.rank())] = hx.layer.plan();
+    run.expected_bytes = added_copies(before, hx.layer.plan()) * static_cast<long long>(live::slot_bytes<float>(LiveModel::spec));
+  });
+  long long sent = 0;
+  for (int r = 0; r < 4; ++r) {
+    auto const& x = runs[static_cast<std::size_t>(r)];
+    CHECK(x.errors.empty());
+    CHECK(x.worst_error <= 1e-5);
+    CHECK(plans[static_cast<std::size_t>(r)] == plans[0]);
+    sent += x.bytes_sent;
+  }
+  // four copies added, each 6 KiB, sent at 4 KiB a pass per rank
+  CHECK(runs[0].expected_bytes == 4 * 3 * 16 * 32 * 4);
+  CHECK(sent == runs[0].expected_bytes);
+  CHECK(plans[0].copies[4] == std::vector<int>{1, 2});
+  CHECK(plans[0].copies[2] == std::vector<int>{0, 3});
+  CHECK(plans[0].copies[18] == std::vector<int>{3});
+  CHECK(plans[0].copies[19] == std::vector<int>{2});
+}
+
+TEST_CASE("live layer: options that cannot work are refused at construction", "[layer][live]") {
+  collective::run_in_process<1>([&](auto& comm) {
+    using C = std::remove_reference_t<decltype(comm)>;
+    using Plain = Layer<LiveModel, router::SoftmaxTopK, placement::Table, replication::None, schedule::Sequential, C>;
+    RandomLayerWeights<float> w(LiveModel::spec, 1);
+    auto make = [&](live::Options o) {
+      Plain l(comm, placement::Table(std::vector<int>(64, 0)), {}, w.view(), {.max_tokens = 4, .live = o});
+    };
+    CHECK_NOTHROW(make({.window = 5}));
+    CHECK_THROWS_WITH(make({.window = 5, .spare_slots = 2}), Catch::Contains("re-planning needs the host path with a "
+                                                                             "placement::Table and replication::Table"));
+    CHECK_THROWS_WITH(make({.window = -1}), Catch::Contains("must not be negative"));
+  });
+}

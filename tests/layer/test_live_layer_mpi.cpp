@@ -1,0 +1,31 @@
+// Re-planning while serving on 4 MPI processes (moe/layer/live.hpp): the drifting serving loop of
+// test_live_layer.cpp, every pass equal to the single-process reference on every rank, and the
+// bytes the migrations sent (summed over the ranks) equal to the copies the adopted plans added.
+#include <catch2/catch.hpp>
+
+#include "live_layer_case.hpp"
+#include "moe/collective/mpi.hpp"
+
+using namespace moe;
+using namespace moe::test;
+
+TEST_CASE("live layer: 200 drifting passes on 4 MPI ranks, a re-plan every 20", "[layer][live][mpi]") {
+  collective::Mpi comm;
+  REQUIRE(comm.size() == 4);
+  LiveHarness<collective::Mpi, replication::Table> hx(
+      comm, live_table(), {.window = 20, .replan_every = 20, .spare_slots = 3, .migration_bytes_per_pass = 4096});
+  auto run = hx.serve(0, 200);
+  INFO("rank " << comm.rank());
+  CHECK(run.errors.empty());
+  CHECK(run.worst_error <= 1e-5);
+  CHECK(run.window_counts_ok);
+  CHECK(run.adopted >= 3);
+  // Every rank's bytes, gathered: their sum is the adopted plans' added copies.
+  std::vector<long long> all(4);
+  std::vector<std::size_t> sizes(4, sizeof(long long));
+  comm.all_gather_v(std::as_bytes(std::span(&run.bytes_sent, 1)), std::as_writable_bytes(std::span(all)), sizes);
+  long long sent = 0;
+  for (long long b : all) sent += b;
+  CHECK(sent == run.expected_bytes);
+  CHECK(sent > 0);
+}
