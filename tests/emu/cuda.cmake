@@ -8,6 +8,7 @@ moe_emu_cuda_test(NAME test_workspace_exact_cuda_emu SOURCE test_workspace_exact
 moe_emu_cuda_test(NAME test_device_policies_emu SOURCE test_device_policies.cu)
 moe_emu_cuda_test(NAME test_batch_split_cuda_emu SOURCE test_batch_split_cuda.cu LABELS emu_tsan)
 moe_emu_cuda_test(NAME test_nccl_ranks_emu SOURCE test_nccl_ranks.cu LABELS emu_tsan)
+moe_emu_cuda_test(NAME test_live_cuda_emu SOURCE test_live_cuda.cu)
 # Smoke runs of the GPU benchmarks (tiny sizes, one iteration each) so that a benchmark's set-up bug
 # shows here before a GPU run: bench_cuda_moe --smoke at reduced widths, decode size only;
 # bench_cuda_shuffle at its smallest sizes; bench_cuda_batch_split at one decode and the prefill size.

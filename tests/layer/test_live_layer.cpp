@@ -204,8 +204,8 @@ TEST_CASE("live layer: options that cannot work are refused at construction", "[
       Plain l(comm, placement::Table(std::vector<int>(64, 0)), {}, w.view(), {.max_tokens = 4, .live = o});
     };
     CHECK_NOTHROW(make({.window = 5}));
-    CHECK_THROWS_WITH(make({.window = 5, .spare_slots = 2}), Catch::Contains("re-planning needs the host path with a "
-                                                                             "placement::Table and replication::Table"));
+    CHECK_THROWS_WITH(make({.window = 5, .spare_slots = 2}), Catch::Contains("re-planning needs schedule::Sequential, "
+                                                                             "a placement::Table and replication::Table"));
     CHECK_THROWS_WITH(make({.window = -1}), Catch::Contains("must not be negative"));
   });
 }

@@ -413,4 +413,27 @@ void group_by_expert(cudaStream_t s, std::byte const* recv, std::size_t record_b
   }
 }
 
+namespace detail {
+__global__ void count_loads_kernel(int const* __restrict__ ids, int const* __restrict__ dest, long long pairs,
+                                   int experts, int* __restrict__ counts) {
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < pairs;
+       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+    atomicAdd(&counts[ids[i]], 1);
+    atomicAdd(&counts[experts + dest[i]], 1);
+  }
+}
+}  // namespace detail
+
+/// The load window's counts of one pass (moe/layer/live.hpp): counts[e] = the pairs of expert e,
+/// counts[experts + d] = the pairs served by rank d, from the routes (ids) and destinations (dest)
+/// of `pairs` token-expert pairs. Zeroes the `experts + ranks` counters first.
+inline void count_loads(cudaStream_t s, int const* ids, int const* dest, long long pairs, int experts, int ranks,
+                        int* counts) {
+  check_cuda(cudaMemsetAsync(counts, 0, static_cast<std::size_t>(experts + ranks) * sizeof(int), s), "cudaMemsetAsync");
+  if (pairs == 0) return;
+  int blocks = static_cast<int>(std::min<long long>((pairs + 255) / 256, 1024));
+  launch(detail::count_loads_kernel, static_cast<unsigned>(blocks), 256, 0, s, ids, dest, pairs, experts, counts);
+  check_launch("count_loads_kernel");
+}
+
 }  // namespace moe::kernels::cuda

@@ -41,6 +41,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "moe/collective/concept.hpp"
@@ -360,6 +361,11 @@ public:
     carve_live(c, lb);
     stats_ = {};
     stats_.agreement_bytes = sent() - before;
+    if constexpr (counts_loads) {
+      if (live_) {
+        if (auto late = exec_.take_loads(); !late.empty()) push_loads(late);  // device: the last pass's
+      }
+    }
     exec_.run(a, b, stats_);
     if constexpr (counts_loads) {
       if (live_) after_pass(b, lb);
@@ -447,9 +453,9 @@ public:
       if (!w.present() || slot_of[e] >= 0) continue;
       while (owner[next] >= 0) ++next;
       T* dst = arena.data() + next * slot_elements();
-      std::copy(w.gate, w.gate + per, dst);
-      std::copy(w.up, w.up + per, dst + per);
-      std::copy(w.down, w.down + per, dst + 2 * per);
+      exec_.copy_in(dst, w.gate, per);
+      exec_.copy_in(dst + per, w.up, per);
+      exec_.copy_in(dst + 2 * per, w.down, per);
       slot_of[e] = static_cast<int>(next);
       owner[next] = static_cast<int>(e);
     }
@@ -593,6 +599,15 @@ private:
 
   enum class LiveState : std::int32_t { idle = 0, planning, ready, moving, moved, failed };
 
+  template <class E>
+  static auto next_tables_of() {
+    if constexpr (requires { typename E::NextPlan; })
+      return std::type_identity<typename E::NextPlan>{};
+    else
+      return std::type_identity<int>{};
+  }
+  using next_tables = typename decltype(next_tables_of<Executor>())::type;
+
   struct LiveData {
     live::LoadWindow window;
     live::Replanner replanner;
@@ -615,8 +630,7 @@ private:
     int chunk = 0;                   ///< passes of the schedule done
     std::vector<ExpertWeights<T>> next_experts;
     std::vector<int> next_slot_of;
-    std::optional<Placement> next_placement;
-    std::optional<Replicas> next_replicas;
+    std::optional<next_tables> next_exec;  ///< the executor's tables of the next plan, built and checked
   };
 
   /// The live buffers carved from the caller's workspace after the executor's.
@@ -646,10 +660,10 @@ private:
     check(o.nodes >= 1 && ranks % o.nodes == 0, "moe::Layer: LayerOptions::live.nodes (", o.nodes,
           ") must divide the ", ranks, " ranks");
     bool replanning = o.replan_every > 0 || o.spare_slots > 0 || o.migration_bytes_per_pass > 0;
-    check(o.window == 0 || counts_loads, "moe::Layer: LayerOptions::live.window: load windows run on the host path "
-          "(collective::InProcess, collective::Mpi with schedule::Sequential) for now");
-    check(!replanning || can_replan, "moe::Layer: LayerOptions::live: re-planning needs the host path with a "
-          "placement::Table and replication::Table or replication::BatchSplit");
+    check(o.window == 0 || counts_loads, "moe::Layer: LayerOptions::live.window: load windows run on the paths with "
+          "schedule::Sequential (host and device), not on the disaggregated ones");
+    check(!replanning || can_replan, "moe::Layer: LayerOptions::live: re-planning needs schedule::Sequential, a "
+          "placement::Table and replication::Table or replication::BatchSplit (host path)");
     check(!replanning || o.window > 0, "moe::Layer: LayerOptions::live: re-planning needs a load window (window > 0)");
     check(o.replan_every == 0 || (o.spare_slots > 0 && o.migration_bytes_per_pass > 0),
           "moe::Layer: LayerOptions::live.replan_every needs spare_slots > 0 and migration_bytes_per_pass > 0");
@@ -683,8 +697,7 @@ private:
     L.chunk = 0;
     L.next_experts.clear();
     L.next_slot_of.clear();
-    L.next_placement.reset();
-    L.next_replicas.reset();
+    L.next_exec.reset();
   }
 
   /// This rank's re-plan state in its vote (a finished re-plan is taken and prepared first).
@@ -805,16 +818,10 @@ private:
   /// After the pass: the window's gather, then one chunk of the moves.
   void after_pass(typename Executor::Buffers const& b, LiveBuffers const& lb) {
     auto& L = *live_;
-    auto R = static_cast<std::size_t>(comm_->size()), E = static_cast<std::size_t>(shape.experts);
-    std::vector<std::size_t> bytes(R, (E + R) * sizeof(std::int32_t));
     std::size_t before = sent();
-    comm_->all_gather_v(std::as_bytes(b.load_counts.first(E + R)), std::as_writable_bytes(lb.gathered), bytes);
+    auto now = exec_.gather_loads(b, lb.gathered);
     stats_.window_bytes = sent() - before;
-    L.window.push(lb.gathered);
-    auto loads = L.window.rank_loads(L.window.size() - 1);
-    long long sum = 0;
-    for (long long v : loads) stats_.rank_load_max = std::max(stats_.rank_load_max, v), sum += v;
-    stats_.rank_load_mean = static_cast<double>(sum) / static_cast<double>(R);
+    if (!now.empty()) push_loads(now);
     if constexpr (can_replan) {
       if (L.state == LiveState::moving) {
         auto t0 = std::chrono::steady_clock::now();
@@ -829,6 +836,16 @@ private:
       ++L.passes;
     }
     stats_.plans_adopted = L.adopted;
+  }
+
+  /// Adds one pass's gathered counts to the window; stats() reports its rank loads.
+  void push_loads(std::span<std::int32_t const> gathered) {
+    auto& L = *live_;
+    L.window.push(gathered);
+    auto loads = L.window.rank_loads(L.window.size() - 1);
+    long long sum = 0;
+    for (long long v : loads) stats_.rank_load_max = std::max(stats_.rank_load_max, v), sum += v;
+    stats_.rank_load_mean = static_cast<double>(sum) / static_cast<double>(loads.size());
   }
 
   /// One pass of the schedule: pack this rank's pieces by receiver, one all-to-all-v, unpack what
@@ -857,14 +874,15 @@ private:
         auto const& m = moves[static_cast<std::size_t>(p.move)];
         if (m.src != me) continue;
         auto& o = at[static_cast<std::size_t>(m.dst)];
-        live::read_slot(current[static_cast<std::size_t>(m.expert)], part, p.offset, p.bytes, lb.send.data() + o);
+        live::read_slot(current[static_cast<std::size_t>(m.expert)], part, p.offset, p.bytes, lb.send.data() + o,
+                        [&](std::byte* to, std::byte const* from, std::size_t n) { exec_.copy_bytes(to, from, n); });
         o += p.bytes;
       }
     } catch (std::exception const& e) {
       fail_live(detail::concat("rank ", me, " could not pack its weights (chunk ", L.chunk, "): ", e.what()));
     }
     std::size_t before = sent();
-    comm_->all_to_all_v(lb.send, send, lb.recv, recv);
+    exec_.exchange_bytes(lb.send, send, lb.recv, recv);
     stats_.migration_bytes = sent() - before;
     if (L.state == LiveState::failed) return;
     try {
@@ -877,7 +895,7 @@ private:
         if (m.dst != me) continue;
         auto slot = static_cast<std::size_t>(L.incoming_slot[static_cast<std::size_t>(p.move)]);
         auto& o = at[static_cast<std::size_t>(m.src)];
-        std::memcpy(arena + slot * slot_elements() * sizeof(T) + p.offset, lb.recv.data() + o, p.bytes);
+        exec_.copy_bytes(arena + slot * slot_elements() * sizeof(T) + p.offset, lb.recv.data() + o, p.bytes);
         o += p.bytes;
       }
       ++L.chunk;
@@ -915,14 +933,12 @@ private:
           experts[e] = exec_.expert_weights()[e];  // no arena: nothing moved, the weights stay
         }
       }
-      L.next_placement.emplace(L.next.primary);
-      L.next_replicas.emplace(live::rebuilt(exec_.replicas(), L.next.copies));
-      LayerWeights<T> w = exec_.weights();
-      w.experts = experts;
-      detail::check_layer_setup("moe::Layer", shape, R, me, *L.next_placement, *L.next_replicas, w);
       L.next_experts = std::move(experts);
+      L.next_exec.emplace(exec_.prepare_plan(placement::Table(L.next.primary),
+                                             live::rebuilt(exec_.replicas(), L.next.copies), L.next_experts));
       L.next_slot_of = std::move(slot_of);
       L.state = LiveState::moved;
+      (void)R;
     } catch (std::exception const& e) {
       fail_live(detail::concat("rank ", me_rank(), " could not prepare the switch: ", e.what()));
     }
@@ -937,10 +953,9 @@ private:
     auto& L = *live_;
     L.experts.swap(L.next_experts);
     if (!L.next_slot_of.empty() && !L.arena.empty()) L.slot_of = std::move(L.next_slot_of);
-    exec_.adopt(std::move(*L.next_placement), std::move(*L.next_replicas), std::move(L.next.primary), L.experts);
+    exec_.adopt(std::move(*L.next_exec), L.experts);
     ++L.adopted;
-    L.next_replicas.reset();
-    L.next_placement.reset();
+    L.next_exec.reset();
     L.state = LiveState::idle;
     L.next = {};
     L.schedule = {};

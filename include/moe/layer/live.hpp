@@ -36,6 +36,12 @@
 // thread must not wait for, and the caller's thread has no idle time between passes to lend. The
 // rank's passes go on; the plan is used when every rank reports it ready.
 //
+// On the device path (moe/layer/paths/device.cuh, collective::Nccl) the counts are made by a
+// kernel and gathered on the device; a copy to pinned memory on the pass's stream is read on the
+// next pass, after the agreement's synchronisation (the window trails by one pass, no extra host
+// round trip). The chunks move with the collective's all-to-all-v of device memory, the arena is
+// device memory, and the switch swaps device expert tables built before it.
+//
 // Memory: the caller owns the expert slots (the arena: arena_slots() = the most experts a rank
 // holds + spare_slots, each slot_elements() elements: gate | up | down) and the workspace, which
 // grows by 2 x migration_bytes_per_pass (the chunk's send and receive buffers) and the window's
@@ -302,13 +308,15 @@ constexpr std::size_t slot_bytes(ShapeSpec const& s) {
 }
 
 /// Copies bytes [offset, offset + n) of an expert's slot image (gate | up | down) out of its
-/// weights, wherever they are.
-template <class T>
-void read_slot(ExpertWeights<T> const& w, std::size_t part_bytes, std::size_t offset, std::size_t n, std::byte* out) {
+/// weights, wherever they are, with `copy(to, from, bytes)` (a memcpy on the host, an
+/// asynchronous device copy on the device paths).
+template <class T, class Copy>
+void read_slot(ExpertWeights<T> const& w, std::size_t part_bytes, std::size_t offset, std::size_t n, std::byte* out,
+               Copy&& copy) {
   T const* parts[3] = {w.gate, w.up, w.down};
   while (n > 0) {
     std::size_t p = offset / part_bytes, in = offset % part_bytes, take = std::min(n, part_bytes - in);
-    std::memcpy(out, reinterpret_cast<std::byte const*>(parts[p]) + in, take);
+    copy(out, reinterpret_cast<std::byte const*>(parts[p]) + in, take);
     out += take, offset += take, n -= take;
   }
 }

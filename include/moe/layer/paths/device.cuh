@@ -202,6 +202,13 @@ public:
                                     "must not be negative, got ", a.first_token)};
     if (reinterpret_cast<std::uintptr_t>(a.x) % 16 != 0 || reinterpret_cast<std::uintptr_t>(a.y) % 16 != 0)
       return {false, "moe::Layer (device): x and y must be 16-byte aligned"};
+    if (options_.live.window > 0) {
+      cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+      kernels::cuda::check_cuda(cudaStreamIsCapturing(a.stream, &capturing), "cudaStreamIsCapturing");
+      if (capturing != cudaStreamCaptureStatusNone)
+        return {false, "moe::Layer (device): load windows and re-planning (LayerOptions::live) need the ranks' "
+                       "agreement on every pass, which a CUDA graph capture skips; capture a layer without them"};
+    }
     if constexpr (!local) {
       // The exact exchange synchronises the host once per forward pass (all_to_all_v needs host
       // byte counts). Under stream capture that would fail deep inside the runtime; say why
@@ -227,6 +234,7 @@ public:
   void run(Arguments const& a, Buffers const& b, LayerStats& stats_) {
     namespace kc = kernels::cuda;
     cudaStream_t s = a.stream;
+    stream_ = s;
     int const ranks = comm_->size(), rank = comm_->rank(), t = a.tokens;
     std::size_t const rec = record_bytes();
     long long const cap = padded() ? per_peer() : 0;
@@ -258,6 +266,9 @@ public:
       kc::exclusive_sum(s, b.scan_temp.data(), b.scan_temp.size(), b.rec_count.data(), b.rec_pos.data(),
                         static_cast<long long>(ranks) * t);
     }
+    if (!b.load_counts.empty())
+      kc::count_loads(s, b.ids.data(), b.dest.data(), static_cast<long long>(t) * k, shape.experts, ranks,
+                      b.load_counts.data());
     std::uint64_t* send_count = b.counts.data();
     std::uint64_t* recv_count = b.counts.data() + ranks;
     kc::send_layout(s, b.rec_count.data(), b.rec_pos.data(), t, ranks, cap, send_count, b.send_base.data());
@@ -367,6 +378,96 @@ public:
                          shared_acc, a.y);
   }
 
+  // ---- What the front's re-planning (moe/layer/live.hpp) asks of a path ----
+
+  /// The tables of a plan to switch to, built, uploaded and checked before the switch.
+  struct NextPlan {
+    Placement placement;
+    Replicas replicas;
+    detail::DeviceExpertTable<T> experts;
+  };
+  NextPlan prepare_plan(Placement placement, Replicas replicas, std::span<ExpertWeights<T> const> experts) const {
+    LayerWeights<T> w = weights_;
+    w.experts = experts;
+    int ranks = comm_->size(), rank = comm_->rank();
+    auto primary = detail::check_layer_setup("moe::Layer (device)", shape, ranks, rank, placement, replicas, w);
+    replication::CopyLists copies = replication::copy_lists(primary, replicas, ranks);
+    for (int r = 0; r < ranks; ++r) {
+      int held = 0;
+      for (int e = 0; e < shape.experts; ++e) held += copies.holds(e, r) ? 1 : 0;
+      check(held <= max_held_, "moe::Layer (device): the plan gives rank ", r, " ", held, " experts, the workspace "
+            "was sized for ", max_held_);
+    }
+    detail::DeviceExpertTable<T> table(copies, primary, true, rank, experts, "moe::Layer (device)");
+    return {std::move(placement), std::move(replicas), std::move(table)};
+  }
+  void adopt(NextPlan&& next, std::span<ExpertWeights<T> const> experts) noexcept {
+    placement_ = std::move(next.placement);
+    replicas_ = std::move(next.replicas);
+    experts_ = std::move(next.experts);
+    weights_.experts = experts;
+  }
+  /// The experts now live in the front's arena: the pointer tables are rebuilt.
+  void set_expert_weights(std::span<ExpertWeights<T> const> experts) {
+    auto next = prepare_plan(placement_, replicas_, experts);
+    adopt(std::move(next), experts);
+  }
+  [[nodiscard]] std::vector<int> primary_ranks() const {
+    std::vector<int> p(E);
+    for (std::size_t e = 0; e < E; ++e) p[e] = placement_.rank_of(static_cast<int>(e));
+    return p;
+  }
+  [[nodiscard]] Replicas const& replicas() const { return replicas_; }
+  [[nodiscard]] std::span<ExpertWeights<T> const> expert_weights() const { return weights_.experts; }
+  /// The window's counts of this pass, gathered on the device and copied to pinned host memory on
+  /// the pass's stream; the front reads them on the next pass (take_loads), after the agreement's
+  /// stream synchronisation, so counting adds no host round trip.
+  std::span<std::int32_t const> gather_loads(Buffers const& b, std::span<std::int32_t> gathered) {
+    namespace kc = kernels::cuda;
+    auto n = gathered.size();
+    if constexpr (local) {
+      // One GPU: its own counts are the gathered ones, read now (after a synchronisation).
+      kernels::cuda::check_cuda(cudaMemcpyAsync(gathered.data(), b.load_counts.data(), n * sizeof(std::int32_t),
+                                                cudaMemcpyDeviceToDevice, stream_), "cudaMemcpyAsync (load counts)");
+    }
+    if (!load_host_.get()) {
+      load_host_ = kc::PinnedArray<std::int32_t>(n);
+      load_ready_ = kc::make_event();
+    }
+    std::vector<std::size_t> bytes(static_cast<std::size_t>(comm_->size()), b.load_counts.size() * sizeof(std::int32_t));
+    if constexpr (!local) {
+      comm_->set_stream(stream_);
+      comm_->all_gather_v(std::as_bytes(b.load_counts), std::as_writable_bytes(gathered), bytes);
+    }
+    kc::check_cuda(cudaMemcpyAsync(load_host_.get(), gathered.data(), n * sizeof(std::int32_t), cudaMemcpyDeviceToHost,
+                                   stream_), "cudaMemcpyAsync (load counts)");
+    kc::check_cuda(cudaEventRecord(load_ready_.get(), stream_), "cudaEventRecord (load counts)");
+    load_pending_ = n;
+    return {};
+  }
+  std::span<std::int32_t const> take_loads() {
+    if (load_pending_ == 0) return {};
+    kernels::cuda::check_cuda(cudaEventSynchronize(load_ready_.get()), "cudaEventSynchronize (load counts)");
+    std::size_t n = load_pending_;
+    load_pending_ = 0;
+    return {load_host_.get(), n};
+  }
+  /// Migration copies, on the stream of the pass (device memory on both sides).
+  void copy_bytes(std::byte* to, std::byte const* from, std::size_t n) {
+    kernels::cuda::check_cuda(cudaMemcpyAsync(to, from, n, cudaMemcpyDeviceToDevice, stream_), "cudaMemcpyAsync (migration)");
+  }
+  /// attach_arena: a rank's experts into the arena (outside any pass: synchronous).
+  void copy_in(T* to, T const* from, std::size_t n) {
+    kernels::cuda::check_cuda(cudaMemcpy(to, from, n * sizeof(T), cudaMemcpyDeviceToDevice), "cudaMemcpy (arena)");
+  }
+  void exchange_bytes(std::span<std::byte const> send, std::span<std::size_t const> send_bytes,
+                      std::span<std::byte> recv, std::span<std::size_t const> recv_bytes) {
+    if constexpr (!local) {
+      comm_->set_stream(stream_);
+      comm_->all_to_all_v(send, send_bytes, recv, recv_bytes);
+    }
+  }
+
   /// Error bits (kernels::cuda::DeviceError) raised by the last run(). Synchronises the device
   /// first (a plain cudaMemcpy would not wait for a non-blocking stream): a diagnostic for tests
   /// and debugging, not for the hot path.
@@ -396,6 +497,8 @@ public:
     std::span<T> shared_inter;          // m x shared_ffn
     std::span<float> shared_acc;        // m x hidden
     std::span<std::byte> cublas;
+    std::span<std::int32_t> load_counts;  // E + ranks: this pass's pairs per expert, then per serving rank
+                                          // (load window, LayerOptions::live.window > 0)
   };
 
   [[nodiscard]] bool padded() const { return !local && options_.device.exchange == cuda::Exchange::padded; }
@@ -420,14 +523,19 @@ public:
   /// Most experts one received record names: 1 without de-duplication; with it, a record names
   /// distinct experts this rank serves. The expert GEMMs' rows are at most slots times this.
   [[nodiscard]] int rows_per_record() const {
-    return options_.deduplicate ? std::max(1, std::min(k, experts_.served_count())) : 1;
+    return options_.deduplicate ? std::max(1, std::min(k, served_bound())) : 1;
+  }
+  /// Experts this rank serves, as the workspace is sized for: with re-planning (live.spare_slots
+  /// > 0) the most any rank held in the first plan, which bounds every later plan.
+  [[nodiscard]] int served_bound() const {
+    return options_.live.spare_slots > 0 ? max_held_ : experts_.served_count();
   }
   [[nodiscard]] std::size_t recv_capacity() const {
     if (local) return send_capacity();
     if (padded()) return static_cast<std::size_t>(comm_->size()) * static_cast<std::size_t>(per_peer());
     // Exact: each source sends this rank at most its own bound (the experts this rank holds).
     return static_cast<std::size_t>(comm_->size()) * static_cast<std::size_t>(options_.max_tokens) *
-           static_cast<std::size_t>(records_per_token(experts_.served_count(), options_.deduplicate));
+           static_cast<std::size_t>(records_per_token(served_bound(), options_.deduplicate));
   }
 
   void carve(core::Carver& c, Buffers& b) const {
@@ -465,6 +573,7 @@ public:
     b.shared_inter = c.take<T>(shape.shared_experts > 0 ? m * static_cast<std::size_t>(shape.shared_ffn) : 0);
     b.shared_acc = c.take<float>(shape.shared_experts > 0 ? m * h : 0);
     b.cublas = c.take<std::byte>(options_.device.cublas_workspace);
+    if (options_.live.window > 0) b.load_counts = c.take<std::int32_t>(E + ranks);
   }
 
   Comm* comm_;
@@ -485,6 +594,10 @@ public:
   mutable std::size_t scan_bytes_ = 0;  // CUB scratch sizes, queried once
   mutable std::size_t sort_bytes_ = 0;
   detail::DeviceVotes votes_;
+  cudaStream_t stream_ = nullptr;                        // the stream of the last run()
+  kernels::cuda::PinnedArray<std::int32_t> load_host_;   // the window's gathered counts, on the host
+  kernels::cuda::OwnedEvent load_ready_;                 // ... complete when this event is
+  std::size_t load_pending_ = 0;                         // counts gathered and not read yet
 };
 
 }  // namespace layer

@@ -112,15 +112,42 @@ public:
   [[nodiscard]] LayerWeights<T> const& weights() const { return weights_; }
   [[nodiscard]] std::span<ExpertWeights<T> const> expert_weights() const { return weights_.experts; }
 
-  /// Re-planning (moe/layer/live.hpp): the front moves the experts into its arena...
-  void set_expert_weights(std::span<ExpertWeights<T> const> experts) noexcept { weights_.experts = experts; }
-  /// ... and switches to a new plan the front has checked (nothing here can fail).
-  void adopt(Placement placement, Replicas replicas, std::vector<int> primary,
-             std::span<ExpertWeights<T> const> experts) noexcept {
-    placement_ = std::move(placement);
-    replicas_ = std::move(replicas);
-    primary_ = std::move(primary);
+  // ---- What the front's re-planning (moe/layer/live.hpp) asks of a path ----
+
+  /// The tables of a plan to switch to, built and checked (as the constructor checks) before the
+  /// switch, so that adopt() cannot fail.
+  struct NextPlan {
+    Placement placement;
+    Replicas replicas;
+    std::vector<int> primary;
+  };
+  NextPlan prepare_plan(Placement placement, Replicas replicas, std::span<ExpertWeights<T> const> experts) const {
+    LayerWeights<T> w = weights_;
+    w.experts = experts;
+    auto primary = detail::check_layer_setup("moe::Layer", shape, comm_->size(), comm_->rank(), placement, replicas, w);
+    return {std::move(placement), std::move(replicas), std::move(primary)};
+  }
+  void adopt(NextPlan&& next, std::span<ExpertWeights<T> const> experts) noexcept {
+    placement_ = std::move(next.placement);
+    replicas_ = std::move(next.replicas);
+    primary_ = std::move(next.primary);
     weights_.experts = experts;
+  }
+  /// The experts now live in the front's arena.
+  void set_expert_weights(std::span<ExpertWeights<T> const> experts) { weights_.experts = experts; }
+  /// The window's counts of this pass (load_counts), gathered from every rank: ready now.
+  std::span<std::int32_t const> gather_loads(Buffers const& b, std::span<std::int32_t> gathered) {
+    std::vector<std::size_t> bytes(static_cast<std::size_t>(comm_->size()), b.load_counts.size() * sizeof(std::int32_t));
+    comm_->all_gather_v(std::as_bytes(b.load_counts), std::as_writable_bytes(gathered), bytes);
+    return gathered;
+  }
+  /// Counts gathered on an earlier pass and not read yet: none on the host.
+  std::span<std::int32_t const> take_loads() { return {}; }
+  void copy_bytes(std::byte* to, std::byte const* from, std::size_t n) { std::memcpy(to, from, n); }
+  void copy_in(T* to, T const* from, std::size_t n) { std::copy(from, from + n, to); }
+  void exchange_bytes(std::span<std::byte const> send, std::span<std::size_t const> send_bytes,
+                      std::span<std::byte> recv, std::span<std::size_t const> recv_bytes) {
+    comm_->all_to_all_v(send, send_bytes, recv, recv_bytes);
   }
 
   static constexpr auto h = static_cast<std::size_t>(shape.hidden);

@@ -1,0 +1,249 @@
+// Re-planning while serving on the device path (moe/layer/live.hpp) through collective::Nccl, 2 and
+// 4 ranks with one device each: a drifting serving loop whose every pass equals the host reference
+// while the layer counts loads on the device, re-plans and migrates expert weights with NCCL
+// all-to-all-v of device memory; a fault planted at each migration step on one rank.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <functional>
+#include <numeric>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cuda_test_support.cuh"
+#include "layer_test_support.cuh"
+#include "moe/collective/nccl.hpp"
+#include "moe/layer/paths/device.cuh"
+#include "moe/moe.hpp"
+
+namespace {
+
+using Model = moe::models::Reduced<moe::models::OLMoE_1B_7B, 32, 16, moe::DType::f32>;
+using T = float;
+using L = moe::Layer<Model, moe::router::SoftmaxTopK, moe::placement::Table, moe::replication::Table,
+                     moe::schedule::Sequential, moe::collective::Nccl>;
+constexpr moe::ShapeSpec s = Model::spec;
+constexpr int tokens = 8;  // per rank and pass
+constexpr auto h = static_cast<std::size_t>(s.hidden);
+
+/// The first plan on n ranks: expert e on e % n and, with `copies`, experts 0-15 also on (e + 1) % n
+/// (without, a plan can balance only by moving experts).
+std::vector<std::vector<int>> first_copies(int n, bool copies) {
+  std::vector<std::vector<int>> c(64);
+  for (int e = 0; e < 64; ++e) {
+    auto& x = c[static_cast<std::size_t>(e)];
+    x = {e % n};
+    if (copies && e < 16) x.push_back((e + 1) % n);
+    std::sort(x.begin(), x.end());
+  }
+  return c;
+}
+
+/// Pass p's global batch: N(0, 1) plus 2 x hidden x the router rows of 4 of the pass's 6 hot
+/// experts (all even, so on 2 ranks they crowd rank 0; the set moves by 8 every 25 passes), so
+/// that half of all pairs go to hot experts and a plan must move some (seeded).
+std::vector<T> batch(moe::RandomLayerWeights<T> const& w, int n, int pass) {
+  int count = n * tokens;
+  auto x = moe::test::random_tokens<T>(count, s.hidden, 9000 + static_cast<std::uint64_t>(pass));
+  auto router = w.view().router;
+  for (int t = 0; t < count; ++t)
+    for (int j = 0; j < 4; ++j) {
+      int hot = ((pass / 25) * 8 + 2 * ((t + j) % 6)) % 64;
+      for (std::size_t i = 0; i < h; ++i)
+        x[static_cast<std::size_t>(t) * h + i] +=
+            2.0f * static_cast<float>(h) * router[static_cast<std::size_t>(hot) * h + i];
+    }
+  return x;
+}
+
+long long added_copies(moe::live::Plan const& from, moe::live::Plan const& to) {
+  long long n = 0;
+  for (std::size_t e = 0; e < to.copies.size(); ++e)
+    for (int r : to.copies[e]) n += std::find(from.copies[e].begin(), from.copies[e].end(), r) == from.copies[e].end();
+  return n;
+}
+
+struct RankRun {
+  std::string failure;               // anything thrown outside run()
+  std::vector<std::string> errors;   // what run() threw
+  double worst = 0;                  // worst per-token error over stable tokens, every pass
+  bool finite = true;
+  long long bytes = 0, expected = 0;  // migration bytes sent; added copies x slot bytes (adopted plans)
+  int adopted = 0;
+  bool window_ok = true;             // the window's counts equal the reference's routes (one pass late)
+  bool same_plan = true;             // fault runs: the plan after the fault is the one before
+  double after = -1;                 // fault runs: the error of the pass after the fault
+};
+
+/// Runs `passes` passes on n NCCL ranks. With `fault` (and a first plan without copies), rank 1 throws at that step of the first
+/// migration, a re-plan is asked for before pass 55 and the run stops after the pass that threw
+/// (plus one more, checked).
+std::vector<RankRun> serve(int n, int passes, moe::live::Options o, std::optional<moe::live::Step> fault = {}) {
+  moe::RandomLayerWeights<T> weights(s, 77);
+  std::vector<RankRun> out(static_cast<std::size_t>(n));
+  auto copies = first_copies(n, !fault);
+  std::vector<int> primary(64);
+  for (int e = 0; e < 64; ++e) primary[static_cast<std::size_t>(e)] = e % n;
+  auto id = moe::collective::Nccl::unique_id();
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < n; ++rank)
+    threads.emplace_back([&, rank] {
+      auto& r = out[static_cast<std::size_t>(rank)];
+      try {
+        moe::kernels::cuda::check_cuda(cudaSetDevice(rank), "cudaSetDevice");
+        moe::test::Stream st;
+        auto comm = moe::collective::Nccl::create(rank, n, id, st);
+        moe::test::DeviceWeights<T> dw(s, weights.view());
+        auto view = dw.view();
+        std::vector<moe::ExpertWeights<T>> mine(dw.experts.size());
+        for (int e = 0; e < 64; ++e)
+          for (int c : copies[static_cast<std::size_t>(e)])
+            if (c == rank) mine[static_cast<std::size_t>(e)] = dw.experts[static_cast<std::size_t>(e)];
+        view.experts = mine;
+        L layer(comm, moe::placement::Table(primary), moe::replication::Table(copies), view,
+                {.max_tokens = tokens, .live = o});
+        moe::test::Device<T> arena(layer.arena_elements());
+        layer.attach_arena({arena.get(), arena.size()});
+        mine.clear();
+        moe::test::Device<std::byte> ws(layer.workspace_size());
+        bool fired = false;
+        if (fault && rank == 1)
+          layer.set_fault_hook([&](moe::live::Step step) {
+            if (step == *fault && !fired) {
+              fired = true;
+              throw moe::Error("planted fault");
+            }
+          });
+        moe::test::Device<T> dx(static_cast<std::size_t>(tokens) * h), dy(static_cast<std::size_t>(tokens) * h);
+        auto before = layer.plan();
+        std::vector<int> last_ids;
+        int last = passes;  // this rank's: a fault run stops early
+        for (int p = 0; p < last; ++p) {
+          auto x = batch(weights, n, p);
+          int count = n * tokens;
+          std::vector<T> ref(x.size());
+          std::vector<int> ids(static_cast<std::size_t>(count) * s.top_k);
+          std::vector<float> gw(ids.size());
+          moe::reference_forward<moe::router::SoftmaxTopK>(s, weights.view(), count, x.data(), ref.data(), ids, gw);
+          auto first = static_cast<std::size_t>(rank * tokens) * h;
+          dx.upload(std::vector<T>(x.begin() + static_cast<std::ptrdiff_t>(first),
+                                   x.begin() + static_cast<std::ptrdiff_t>(first + tokens * h)));
+          dy.poison();
+          if (fault && p == 55) layer.replan();  // hot: 16, 18, ..., 26, one copy each, on rank 0
+          bool threw = false;
+          try {
+            layer.run({.tokens = tokens, .x = dx.get(), .y = dy.get(), .first_token = rank * tokens, .stream = st},
+                      ws.bytes());
+          } catch (moe::Error const& e) {
+            r.errors.emplace_back(e.what());
+            threw = true;
+          }
+          if (!threw) {
+            st.synchronize("pass");
+            auto y = dy.download(tokens * h);
+            std::vector<T> want(ref.begin() + static_cast<std::ptrdiff_t>(first),
+                                ref.begin() + static_cast<std::ptrdiff_t>(first + tokens * h));
+            std::vector<T> mine_x(x.begin() + static_cast<std::ptrdiff_t>(first),
+                                  x.begin() + static_cast<std::ptrdiff_t>(first + tokens * h));
+            auto fragile = moe::test::fragile_tokens<moe::router::SoftmaxTopK>(s, weights.view(), mine_x, tokens, 1e-5f);
+            auto err = moe::test::token_errors(y, want, fragile, tokens, s.hidden);
+            r.finite = r.finite && err.finite;
+            if (r.errors.empty()) r.worst = std::max(r.worst, err.worst_stable);
+            else r.after = err.worst_stable;
+            r.bytes += static_cast<long long>(layer.stats().migration_bytes);
+            // The window holds the counts of the pass before this one (read after this pass's
+            // agreement, without a synchronisation of its own).
+            if (!last_ids.empty()) {
+              auto const& w = layer.load_window();
+              auto got = w.experts(w.size() - 1);
+              std::vector<long long> want_counts(64, 0);
+              for (int e : last_ids) ++want_counts[static_cast<std::size_t>(e)];
+              r.window_ok = r.window_ok && std::equal(got.begin(), got.end(), want_counts.begin());
+            }
+            if (layer.stats().plans_adopted > r.adopted) {
+              auto now = layer.plan();
+              r.expected += added_copies(before, now) * static_cast<long long>(moe::live::slot_bytes<T>(s));
+              before = now;
+              r.adopted = layer.stats().plans_adopted;
+            }
+          }
+          last_ids = threw ? std::vector<int>{} : ids;
+          if (fault && threw) {
+            r.same_plan = layer.plan() == before && !layer.migrating();
+            last = std::min(last, p + 2);  // one more pass, checked
+          }
+        }
+      } catch (std::exception const& e) {
+        r.failure = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  return out;
+}
+
+constexpr moe::live::Options loop{.window = 20, .replan_every = 20, .spare_slots = 3, .migration_bytes_per_pass = 4096};
+
+}  // namespace
+
+TEST_CASE("device live layer: drifting passes through NCCL, a re-plan every 20, every pass equals the reference",
+          "[cuda][layer][nccl][live]") {
+  int devices = 0;
+  REQUIRE(cudaGetDeviceCount(&devices) == cudaSuccess);
+  for (int n : {2, 4}) {
+    if (devices < n) {
+      WARN("needs " << n << " devices; skipped");
+      continue;
+    }
+    INFO(n << " ranks");
+    auto runs = serve(n, 100, loop);
+    long long sent = 0;
+    for (int r = 0; r < n; ++r) {
+      INFO("rank " << r);
+      auto const& x = runs[static_cast<std::size_t>(r)];
+      CHECK(x.failure.empty());
+      UNSCOPED_INFO(x.failure);
+      CHECK(x.errors.empty());
+      CHECK(x.finite);
+      CHECK(x.worst <= 1e-4);
+      CHECK(x.window_ok);
+      CHECK(x.adopted == runs[0].adopted);
+      sent += x.bytes;
+    }
+    CHECK(runs[0].adopted >= 2);
+    CHECK(sent == runs[0].expected);
+    CHECK(sent > 0);
+  }
+}
+
+TEST_CASE("device live layer: a fault at any migration step leaves every rank on the old plan (NCCL)",
+          "[cuda][layer][nccl][live]") {
+  int devices = 0;
+  REQUIRE(cudaGetDeviceCount(&devices) == cudaSuccess);
+  if (devices < 2) {
+    WARN("needs 2 devices; skipped");
+    return;
+  }
+  auto o = loop;
+  o.replan_every = 0;
+  for (auto step : {moe::live::Step::plan, moe::live::Step::pack, moe::live::Step::unpack,
+                    moe::live::Step::prepare_switch}) {
+    INFO("fault at " << moe::live::step_name(step));
+    auto runs = serve(2, 100, o, step);
+    for (int r = 0; r < 2; ++r) {
+      INFO("rank " << r);
+      auto const& x = runs[static_cast<std::size_t>(r)];
+      CHECK(x.failure.empty());
+      UNSCOPED_INFO(x.failure);
+      REQUIRE(x.errors.size() == 1);
+      CHECK(x.errors[0] == runs[0].errors[0]);
+      CHECK_THAT(x.errors[0], Catch::Contains("rank 1's re-plan failed") && Catch::Contains("planted fault"));
+      CHECK(x.worst <= 1e-4);
+      CHECK(x.same_plan);
+      CHECK(x.adopted == 0);
+      CHECK(x.after >= 0);
+      CHECK(x.after <= 1e-4);
+    }
+  }
+}
