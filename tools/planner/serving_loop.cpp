@@ -270,8 +270,15 @@ int run(Options const& o) {
       return t.empty() ? 0.0 : mig::transfer_time(traffic, t, 1, m.expert_bytes).seconds;
     };
 
+    // The group rule (EPLB's hierarchical policy: whole expert groups on a node, groups / nodes
+    // of them on each): no layout under it, whatever its copies and split, gets a pass's max/mean
+    // below that of the best pairing of the pass's group loads onto the nodes.
+    bool group_rule = m.groups > 1 && nodes > 1 && m.groups % nodes == 0;
+    double sum_group_bound = 0;
+
     for (int pass = 0; pass < o.passes; ++pass) {
       auto batch = sv::draw_pass(m, G, pass, o.passes, o.tokens, o.seed);
+      if (group_rule) sum_group_bound += sv::group_rule_bound(batch, E, m.groups, nodes);
       sv::Mix mix = sv::mix_at(pass, o.passes);
       bool replan = pass > 0 && pass % o.period == 0;
       std::optional<eplb::Matrix<float>> wl;
@@ -435,6 +442,10 @@ int run(Options const& o) {
       window.push_back(std::move(c));
       if (static_cast<int>(window.size()) > o.window) window.pop_front();
     }
+    if (group_rule)
+      std::printf("# %s: %d expert groups on %d nodes: the least max/mean any layout keeping whole groups on nodes "
+                  "can reach, mean over passes: %.4f\n",
+                  name.c_str(), m.groups, nodes, sum_group_bound / o.passes);
     double full_bytes = strategies[1]->bytes;
     for (auto const& sp : strategies) {
       Strategy const& s = *sp;

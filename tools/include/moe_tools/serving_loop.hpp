@@ -170,6 +170,41 @@ inline void count_experts(topology::Batch const& b, std::vector<double>& per_exp
   for (int e : b.experts) per_expert[static_cast<std::size_t>(e)] += 1;
 }
 
+/// The least max/mean rank load of a batch over every layout that keeps each of `groups` expert
+/// groups (expert e in group e / (E / groups)) whole on one of `nodes` nodes, groups / nodes groups
+/// on each, as EPLB's hierarchical policy does: a node's ranks share at best its groups' pairs
+/// evenly, so the bound is the best node packing's largest node over the mean node. The best
+/// packing is found by trying every assignment (groups <= 8: at most 2,520 for 8 groups on 4 nodes).
+inline double group_rule_bound(topology::Batch const& b, int experts, int groups, int nodes) {
+  check(groups > 0 && nodes > 0 && groups % nodes == 0 && experts % groups == 0 && groups <= 8,
+        "group_rule_bound: ", groups, " groups of ", experts, " experts on ", nodes, " nodes");
+  std::vector<double> load(static_cast<std::size_t>(groups), 0.0);
+  double total = 0;
+  for (int e : b.experts) load[static_cast<std::size_t>(e / (experts / groups))] += 1, total += 1;
+  if (total == 0) return 1.0;
+  int per = groups / nodes;
+  std::vector<double> node(static_cast<std::size_t>(nodes), 0.0);
+  std::vector<int> fill(static_cast<std::size_t>(nodes), 0);
+  double best = total;
+  // Depth-first over assignments; node n is opened only after node n - 1 (nodes are alike).
+  auto go = [&](auto&& self, int g, int opened, double worst) -> void {
+    if (worst >= best) return;
+    if (g == groups) {
+      best = worst;
+      return;
+    }
+    for (int n = 0; n < std::min(opened + 1, nodes); ++n) {
+      auto un = static_cast<std::size_t>(n);
+      if (fill[un] == per) continue;
+      node[un] += load[static_cast<std::size_t>(g)], ++fill[un];
+      self(self, g + 1, std::max(opened, n + 1), std::max(worst, node[un]));
+      node[un] -= load[static_cast<std::size_t>(g)], --fill[un];
+    }
+  };
+  go(go, 0, 0, 0.0);
+  return best / (total / nodes);
+}
+
 /// The ranks holding each expert in one slot row (slot p on rank p / S), ascending, each once.
 inline std::vector<std::vector<int>> copies_of(std::span<int const> row, int experts, int ranks) {
   check(ranks > 0 && row.size() % static_cast<std::size_t>(ranks) == 0, "copies_of: ", row.size(),
