@@ -280,7 +280,8 @@ int run(Options const& o) {
 
     for (int pass = 0; pass < o.passes; ++pass) {
       auto batch = sv::draw_pass(m, G, pass, o.passes, o.tokens, o.seed);
-      if (group_rule) sum_group_bound += sv::group_rule_bound(batch, E, m.groups, nodes);
+      double group_bound = group_rule ? sv::group_rule_bound(batch, E, m.groups, nodes) : 1.0;
+      sum_group_bound += group_bound;
       sv::Mix mix = sv::mix_at(pass, o.passes);
       bool replan = pass > 0 && pass % o.period == 0;
       std::optional<eplb::Matrix<float>> wl;
@@ -391,6 +392,10 @@ int run(Options const& o) {
           ++verified_passes;
         }
         double ratio = max_over_mean(rep.gpu_load);
+        // Every layout here keeps whole groups on nodes under the group rule, so none beats the bound.
+        if (o.verify && group_rule)
+          expect(ratio >= group_bound * (1 - 1e-12), name, " ", kind_name(s.kind), " pass ", pass, ": max/mean ", ratio,
+                 " below the group rule's bound ", group_bound);
         double max_pairs = *std::max_element(rep.gpu_load.begin(), rep.gpu_load.end());
         double pass_s = rep.time() + experts_model(compute_flop_per_pair * max_pairs) * 1e-6 + extra_s;
         // 3. This pass's chunk of a migration in flight, overlapped with the pass.
