@@ -197,17 +197,12 @@ std::vector<int> split_routes(replication::BatchSplit const& p, topology::Batch 
   return gpu;
 }
 
-struct Summary {
-  std::string model;
-  Strategy const* s;
-};
-
 int run(Options const& o) {
   std::FILE* per_pass = nullptr;
   if (!o.per_pass.empty()) {
     per_pass = std::fopen(o.per_pass.c_str(), "w");
     check(per_pass != nullptr, "--per-pass: cannot write '", o.per_pass, "'");
-    std::fprintf(per_pass, "model\tstrategy\tpass\tgithub_or_book_share\tmax_over_mean\tpass_us\tbytes_moved\theld_us\theld_over_pass\n");
+    std::fprintf(per_pass, "model\tstrategy\tpass\tsecond_domain_share\tmax_over_mean\tpass_us\tbytes_moved\theld_us\theld_over_pass\n");
   }
   std::printf("# serving_loop: %d passes, %d tokens per rank per pass, re-plan every %d passes on a window of %d, "
               "chunks of %.0f MiB per rank per pass, tolerance %.3g, DeepSeek-V3 expert groups %d, seed %" PRIu64 "\n",
@@ -443,7 +438,7 @@ int run(Options const& o) {
         s.sum_held_s += held_s;
         if (per_pass)
           std::fprintf(per_pass, "%s\t%s\t%d\t%.4f\t%.4f\t%.1f\t%.0f\t%.1f\t%.4f\n", name.c_str(), kind_name(s.kind), pass,
-                       mix.a == 0 && mix.b == 0 ? 0.0 : mix.w, ratio, pass_s * 1e6, bytes_now, held_s * 1e6, frac);
+                       mix.w, ratio, pass_s * 1e6, bytes_now, held_s * 1e6, frac);
       }
       std::vector<double> c(static_cast<std::size_t>(E), 0.0);
       sv::count_experts(batch, c);
