@@ -464,10 +464,15 @@ public:
         T const* at = arena.data() + static_cast<std::size_t>(slot_of[e]) * slot_elements();
         experts[e] = {at, at + per, at + 2 * per};
       }
+    L.experts = std::move(experts);
+    try {
+      exec_.set_expert_weights(L.experts);  // the device path uploads new pointer tables: may fail
+    } catch (...) {
+      L.experts.clear();  // the layer goes on reading the caller's weights
+      throw;
+    }
     L.arena = arena;
     L.slot_of = std::move(slot_of);
-    L.experts = std::move(experts);
-    exec_.set_expert_weights(L.experts);
   }
   /// Starts a re-plan from the load window now (as LayerOptions::live.replan_every does). Every
   /// rank calls it between the same two passes (the ranks compare how many re-plans they started).

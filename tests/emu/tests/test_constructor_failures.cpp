@@ -110,3 +110,41 @@ TEST_CASE("a device layer whose construction fails part way leaks nothing", "[em
   CHECK(fail_each_call("cudaMallocHost", single) == 0);              // one GPU exchanges no counts
   CHECK(held() == start);
 }
+
+TEST_CASE("a live device layer: each creation of its window and arena tables fails in turn, nothing leaks",
+          "[emu][layer][leaks][live]") {
+  constexpr moe::ShapeSpec s = Model::spec;
+  moe::RandomLayerWeights<float> weights(s, 3);
+  moe::test::DeviceWeights<float> dw(s, weights.view());
+  moe::LayerWeights<float> view = dw.view();
+  using L = moe::Layer<Model, Router, moe::placement::Table, moe::replication::Table, moe::schedule::Sequential,
+                       moe::collective::SingleGpu>;
+  std::vector<std::vector<int>> copies(static_cast<std::size_t>(s.experts), std::vector<int>{0});
+  moe::live::Options live{.window = 4, .spare_slots = 1, .migration_bytes_per_pass = 1024};
+  auto build = [&] {
+    moe::collective::SingleGpu gpu;
+    L layer(gpu, moe::placement::Table::contiguous(s.experts, 1), moe::replication::Table(copies), view,
+            {.max_tokens = 16, .live = live});
+  };
+  // After the constructor's own creations fail in turn, attach_arena's: the new pointer tables.
+  int made = 0;
+  auto attach = [&] {
+    moe::collective::SingleGpu gpu;
+    L layer(gpu, moe::placement::Table::contiguous(s.experts, 1), moe::replication::Table(copies), view,
+            {.max_tokens = 16, .live = live});
+    moe::test::Device<float> arena(layer.arena_elements());
+    ++made;
+    layer.attach_arena({arena.get(), arena.size()});
+  };
+  Held start = held();
+  CHECK(fail_each_call("cudaMallocHost", build) == 1);            // the window's pinned counts
+  CHECK(fail_each_call("cudaEventCreateWithFlags", build) == 3);  // fork, join, the counts' event
+  int constructor = fail_each_call("cudaMalloc", build);
+  CHECK(constructor >= 8);
+  made = 0;
+  int with_attach = fail_each_call("cudaMalloc", attach);
+  // the arena itself, then the pointer tables attach_arena uploads
+  CHECK(with_attach >= constructor + 1 + 5);
+  CHECK(made >= 6);
+  CHECK(held() == start);
+}

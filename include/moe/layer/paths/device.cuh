@@ -187,6 +187,10 @@ public:
     }
     if (!local) host_counts_ = kernels::cuda::PinnedArray<std::uint64_t>(2 * static_cast<std::size_t>(ranks));
     votes_ = detail::DeviceVotes(ranks);
+    if (options_.live.window > 0) {  // made here, so that no pass can fail half-way through making them
+      load_host_ = kernels::cuda::PinnedArray<std::int32_t>(static_cast<std::size_t>(ranks) * (E + static_cast<std::size_t>(ranks)));
+      load_ready_ = kernels::cuda::make_event();
+    }
     meta_bytes_ = detail::record_meta_bytes(k);
     payload_bytes_ = detail::round16(h * sizeof(T));
   }
@@ -429,10 +433,6 @@ public:
       // One GPU: its own counts are the gathered ones, read now (after a synchronisation).
       kernels::cuda::check_cuda(cudaMemcpyAsync(gathered.data(), b.load_counts.data(), n * sizeof(std::int32_t),
                                                 cudaMemcpyDeviceToDevice, stream_), "cudaMemcpyAsync (load counts)");
-    }
-    if (!load_host_.get()) {
-      load_host_ = kc::PinnedArray<std::int32_t>(n);
-      load_ready_ = kc::make_event();
     }
     std::vector<std::size_t> bytes(static_cast<std::size_t>(comm_->size()), b.load_counts.size() * sizeof(std::int32_t));
     if constexpr (!local) {
