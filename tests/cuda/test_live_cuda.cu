@@ -96,6 +96,7 @@ std::vector<RankRun> serve(int n, int passes, moe::live::Options o, std::optiona
         moe::test::Stream st;
         auto comm = moe::collective::Nccl::create(rank, n, id, st);
         moe::test::DeviceWeights<T> dw(s, weights.view());
+        bool fired = false;  // outlives the layer, whose re-planner thread may call the hook
         auto view = dw.view();
         std::vector<moe::ExpertWeights<T>> mine(dw.experts.size());
         for (int e = 0; e < 64; ++e)
@@ -108,7 +109,6 @@ std::vector<RankRun> serve(int n, int passes, moe::live::Options o, std::optiona
         layer.attach_arena({arena.get(), arena.size()});
         mine.clear();
         moe::test::Device<std::byte> ws(layer.workspace_size());
-        bool fired = false;
         if (fault && rank == 1)
           layer.set_fault_hook([&](moe::live::Step step) {
             if (step == *fault && !fired) {

@@ -73,9 +73,9 @@ TEST_CASE("live layer: a fault at any step of a migration leaves every rank on t
     collective::run_in_process<4>([&](auto& comm) {
       auto o = serving;
       o.replan_every = 0;
+      bool fired = false;  // outlives the layer, whose re-planner thread may call the hook
       LiveHarness<std::remove_reference_t<decltype(comm)>, replication::Table> hx(comm, live_table(), o);
       auto& run = runs[static_cast<std::size_t>(comm.rank())];
-      bool fired = false;
       if (comm.rank() == 1)
         hx.layer.set_fault_hook([&, step](live::Step s) {
           if (s == step && !fired) {
