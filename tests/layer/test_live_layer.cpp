@@ -25,16 +25,16 @@ void replace_on(std::vector<int>& layout, int r, int from, int to) {
 constexpr live::Options serving{.window = 20, .replan_every = 20, .spare_slots = 3, .migration_bytes_per_pass = 4096};
 
 template <class Replicas>
-std::array<LiveRun, 4> serve_loop(Replicas (*make)(), int passes) {
+std::array<LiveRun, 4> serve_loop(Replicas (*make)(), int passes, live::Options o = serving) {
   std::array<LiveRun, 4> out;
   collective::run_in_process<4>([&](auto& comm) {
-    LiveHarness<std::remove_reference_t<decltype(comm)>, Replicas> hx(comm, make(), serving);
+    LiveHarness<std::remove_reference_t<decltype(comm)>, Replicas> hx(comm, make(), o);
     out[static_cast<std::size_t>(comm.rank())] = hx.serve(0, passes);
   });
   return out;
 }
 
-void check_loop(std::array<LiveRun, 4> const& runs) {
+void check_loop(std::array<LiveRun, 4> const& runs, int min_adopted = 3) {
   long long sent = 0;
   for (int r = 0; r < 4; ++r) {
     INFO("rank " << r);
@@ -47,7 +47,7 @@ void check_loop(std::array<LiveRun, 4> const& runs) {
     sent += x.bytes_sent;
   }
   // The drift makes the re-planner move experts several times, over several passes each.
-  CHECK(runs[0].adopted >= 3);
+  CHECK(runs[0].adopted >= min_adopted);
   CHECK(runs[0].passes_moving > 2 * runs[0].adopted);
   CHECK(sent == runs[0].expected_bytes);
   CHECK(sent > 0);
@@ -208,4 +208,33 @@ TEST_CASE("live layer: options that cannot work are refused at construction", "[
                                                                              "a placement::Table and replication::Table"));
     CHECK_THROWS_WITH(make({.window = -1}), Catch::Contains("must not be negative"));
   });
+}
+
+TEST_CASE("live layer: the engines' full reshuffle (EPLB from scratch) moves far more than minimal moves",
+          "[layer][live]") {
+  // EPLB from scratch can give a rank any of its 20 slots' experts anew: 20 spare slots.
+  auto o = serving;
+  o.spare_slots = 20;
+  auto minimal = serve_loop(+[] { return live_table(); }, 100, o);
+  o.planner = live::Planner::eplb;
+  auto full = serve_loop(+[] { return live_table(); }, 100, o);
+  check_loop(minimal, 1);
+  check_loop(full, 1);
+  long long a = 0, b = 0;
+  for (int r = 0; r < 4; ++r) a += minimal[static_cast<std::size_t>(r)].bytes_sent, b += full[static_cast<std::size_t>(r)].bytes_sent;
+  CHECK(b > 3 * a);
+  // With 3 spare slots a from-scratch plan does not fit: refused on every rank, the plan kept.
+  o.spare_slots = 3;
+  std::array<LiveRun, 4> runs;
+  collective::run_in_process<4>([&](auto& comm) {
+    LiveHarness<std::remove_reference_t<decltype(comm)>, replication::Table> hx(comm, live_table(), o);
+    runs[static_cast<std::size_t>(comm.rank())] = hx.serve(0, 30);
+  });
+  for (auto const& x : runs) {
+    REQUIRE(x.errors.size() == 1);
+    CHECK(x.errors[0] == runs[0].errors[0]);
+    CHECK_THAT(x.errors[0], Catch::Contains("free slots (LayerOptions::live.spare_slots)"));
+    CHECK(x.worst_error <= 1e-5);
+    CHECK(x.adopted == 0);
+  }
 }

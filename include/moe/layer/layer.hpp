@@ -487,7 +487,8 @@ public:
     ++L.started;
     L.state = LiveState::planning;
     L.replanner.start(L.window.expert_loads(), live::layout_of(plan(), comm_->size(), L.width), comm_->size(),
-                      options_.live.spare_slots, options_.live.tolerance_permille, options_.live.nodes, L.hook);
+                      options_.live.spare_slots, options_.live.tolerance_permille, options_.live.nodes,
+                      options_.live.planner, L.hook);
   }
   /// Migrates to a plan made elsewhere: a slot layout of ranks x w (w <= the first plan's width),
   /// -1 empty. Every rank calls it with the same layout between the same two passes. A layout that
@@ -662,6 +663,8 @@ private:
     check(o.window >= 0 && o.replan_every >= 0 && o.spare_slots >= 0 && o.tolerance_permille >= 0,
           "moe::Layer: LayerOptions::live fields must not be negative (window ", o.window, ", replan_every ",
           o.replan_every, ", spare_slots ", o.spare_slots, ", tolerance_permille ", o.tolerance_permille, ")");
+    check(o.planner == live::Planner::minimal_move || o.planner == live::Planner::eplb,
+          "moe::Layer: LayerOptions::live.planner: unknown planner ", static_cast<int>(o.planner));
     check(o.nodes >= 1 && ranks % o.nodes == 0, "moe::Layer: LayerOptions::live.nodes (", o.nodes,
           ") must divide the ", ranks, " ranks");
     bool replanning = o.replan_every > 0 || o.spare_slots > 0 || o.migration_bytes_per_pass > 0;
@@ -720,7 +723,8 @@ private:
     mine.live[0] = static_cast<std::int32_t>(L.state);
     mine.live[1] = static_cast<std::int32_t>(L.hash);
     mine.live[2] = L.started;
-    mine.live[3] = static_cast<std::int32_t>(options_.live.migration_bytes_per_pass & 1023u);
+    mine.live[3] = static_cast<std::int32_t>(options_.live.migration_bytes_per_pass & 1023u) |
+                   static_cast<std::int32_t>(options_.live.planner) << 10;
     if (L.state == LiveState::failed && mine.ok) {
       std::memset(mine.message, 0, sizeof(mine.message));
       std::memcpy(mine.message, L.failure.data(), std::min(L.failure.size(), sizeof(mine.message) - 1));
@@ -742,7 +746,8 @@ private:
       }
       if (votes[r].live[3] != votes[0].live[3]) {
         abort_live();
-        fail("moe::Layer: every rank must build its layer with the same LayerOptions::live.migration_bytes_per_pass");
+        fail("moe::Layer: every rank must build its layer with the same LayerOptions::live.migration_bytes_per_pass "
+             "and live.planner");
       }
     }
     for (std::size_t r = 0; r < n; ++r)

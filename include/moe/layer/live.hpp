@@ -72,6 +72,13 @@
 
 namespace moe::live {
 
+/// What the re-planner computes.
+///   minimal_move  replication::migration::rebalance: EPLB's max load (within the tolerance) with the
+///                 fewest experts moved from the current layout (the default)
+///   eplb          replication::eplb from scratch, as the engines re-plan (a full reshuffle: the
+///                 baseline; needs spare_slots as large as the number of experts a rank holds)
+enum class Planner : std::int32_t { minimal_move = 0, eplb = 1 };
+
 /// LayerOptions::live: the load window and re-planning. All zero: the layer keeps its plan and
 /// counts nothing.
 struct Options {
@@ -82,6 +89,7 @@ struct Options {
   int tolerance_permille = 10;  ///< the re-plan's max rank load is within (1 + this / 1000) of EPLB's
   int nodes = 1;                ///< nodes the ranks split into (rank r on node r / (ranks / nodes)): sources
                                 ///< of moves prefer the receiver's node
+  Planner planner = Planner::minimal_move;  ///< what a re-plan computes
 };
 
 /// The step of a migration a fault-injection hook is called at (Layer::set_fault_hook).
@@ -355,17 +363,22 @@ class Replanner {
 public:
   struct Result {
     std::vector<int> layout;  ///< ranks x width
-    long long copies = 0;     ///< slots that needed an expert from another rank
+    long long copies = 0;     ///< slots that needed an expert from another rank (-1: not counted)
     double max_load = 0, eplb_max_load = 0, old_max_load = 0;
   };
 
   /// The plan (blocking): what the thread runs.
   static Result plan(std::vector<float> const& loads, std::vector<int> const& layout, int ranks, int spare,
-                     int tolerance_permille, int nodes) {
+                     int tolerance_permille, int nodes, Planner planner = Planner::minimal_move) {
     check(spare > 0, "live: re-planning needs spare slots (live::Options::spare_slots > 0)");
     int E = static_cast<int>(loads.size()), P = static_cast<int>(layout.size());
     replication::eplb::Matrix<float> w(1, E);
     std::copy(loads.begin(), loads.end(), w.v.begin());
+    if (planner == Planner::eplb) {
+      // From scratch; the layer refuses the plan if a rank receives more experts than it has free slots.
+      auto r = replication::eplb::rebalance_experts(w, P, 1, 1, ranks);
+      return {r.phy2log.v, -1, 0, 0, 0};
+    }
     replication::eplb::Matrix<int> old(1, P);
     std::copy(layout.begin(), layout.end(), old.v.begin());
     replication::migration::Options o;
@@ -398,11 +411,11 @@ public:
   }
 
   void start(std::vector<float> loads, std::vector<int> layout, int ranks, int spare, int tolerance_permille, int nodes,
-             std::function<void(Step)> const& hook) {
+             Planner planner, std::function<void(Step)> const& hook) {
     check(!busy(), "live: a re-plan is already running");
     future_ = std::async(std::launch::async, [=, hook = hook, loads = std::move(loads), layout = std::move(layout)] {
       if (hook) hook(Step::plan);
-      return plan(loads, layout, ranks, spare, tolerance_permille, nodes);
+      return plan(loads, layout, ranks, spare, tolerance_permille, nodes, planner);
     });
   }
   [[nodiscard]] bool busy() const { return future_.valid(); }
