@@ -87,6 +87,7 @@ char const* name_of(Strategy s) {
 struct Study {
   int ranks = 8, passes = 2000, tokens = 64, window = 100, replan_every = 100, spare = 2, chunk = 1;
   int tolerance = 10, check_every = 1;
+  bool probe = false;
   std::uint64_t seed = 1;
   std::vector<Strategy> strategies;
   std::vector<std::string> models;
@@ -176,6 +177,7 @@ FirstPlan first_plan(Routing const& m, Study const& st) {
 struct PassRecord {
   double wall = 0, migration_seconds = 0, error = 0, load_mean = 0;
   long long load_max = 0, migration_bytes = 0;
+  double probe = 0;  ///< --probe: one all-to-all-v of a chunk's bytes to the next rank, after a barrier
   int mismatches = 0, window_ok = 1, adopted = 0, threw = 0, checked = 0, pad = 0;
 };
 static_assert(std::is_trivially_copyable_v<PassRecord>);
@@ -256,6 +258,7 @@ RankResult serve(Comm& comm, Routing const& m, Study const& st, FirstPlan const&
   std::vector<float> gw(ref_ids.size()), x(static_cast<std::size_t>(st.tokens) * h), y(x.size()), ref(x.size());
   live::Plan before = layer.plan();
   int adopted = 0;
+  std::vector<std::byte> probe_out, probe_in;
   out.passes.resize(static_cast<std::size_t>(st.passes));
   for (int p = 0; p < st.passes; ++p) {
     auto& rec = out.passes[static_cast<std::size_t>(p)];
@@ -304,6 +307,22 @@ RankResult serve(Comm& comm, Routing const& m, Study const& st, FirstPlan const&
         auto got = w.experts(w.size() - 1);
         rec.window_ok = std::equal(got.begin(), got.end(), pairs.begin());
       }
+    }
+    if (st.probe) {
+      // What one collective round with a chunk's bytes costs here, outside the layer: the ranks
+      // meet at a barrier (as the window's all-gather leaves them before a chunk), then each sends
+      // a chunk to the next rank.
+      std::size_t n = lo.migration_bytes_per_pass > 0 ? lo.migration_bytes_per_pass
+                                                      : static_cast<std::size_t>(st.chunk) * slot_bytes;
+      std::vector<std::size_t> send(static_cast<std::size_t>(R), 0), recv(send);
+      send[static_cast<std::size_t>((me + 1) % R)] = n;
+      recv[static_cast<std::size_t>((me + R - 1) % R)] = n;
+      probe_out.resize(n);
+      probe_in.resize(n);
+      comm.barrier();
+      auto q0 = std::chrono::steady_clock::now();
+      comm.all_to_all_v(probe_out, send, probe_in, recv);
+      rec.probe = std::chrono::duration<double>(std::chrono::steady_clock::now() - q0).count();
     }
     if (stats.plans_adopted > adopted) {
       live::Plan now = layer.plan();
@@ -368,6 +387,7 @@ struct Summary {
   double mean_imbalance = 0, p99_imbalance = 0, mean_last_third = 0;
   long long copies = 0, full_copies = 0, bytes_sent = 0, bytes_expected = 0, mismatches = 0, window_bad = 0;
   double real_gib = 0, held_fraction = 0, worst_hold = 0, median_hold = 0, mean_pass_ms = 0, worst_error = 0;
+  double median_chunk_ms = 0, median_probe_ms = 0, median_pass_ms = 0;
   long long checked = 0;
   std::string first_error;
 };
@@ -375,15 +395,17 @@ struct Summary {
 Summary summarise(std::vector<PassRecord> const& all, int R, int P) {
   Summary s;
   s.ranks = R, s.passes = P;
-  std::vector<double> imb, holds;
+  std::vector<double> imb, holds, chunks, probes, walls;
   double wall_sum = 0;
   long long held = 0;
   for (int p = 0; p < P; ++p) {
-    double wall = 0, mig = 0;
+    double wall = 0, mig = 0, probe = 0;
+    long long bytes = 0;
     bool threw = false;
     for (int r = 0; r < R; ++r) {
       auto const& x = all[static_cast<std::size_t>(r * P + p)];
-      wall = std::max(wall, x.wall), mig = std::max(mig, x.migration_seconds);
+      wall = std::max(wall, x.wall), mig = std::max(mig, x.migration_seconds), probe = std::max(probe, x.probe);
+      bytes += x.migration_bytes;
       threw |= x.threw != 0;
       s.bytes_sent += x.migration_bytes;
       s.mismatches += x.mismatches;
@@ -395,6 +417,9 @@ Summary summarise(std::vector<PassRecord> const& all, int R, int P) {
     auto const& r0 = all[static_cast<std::size_t>(p)];
     if (!threw) imb.push_back(r0.load_mean > 0 ? static_cast<double>(r0.load_max) / r0.load_mean : 1.0);
     wall_sum += wall;
+    walls.push_back(wall);
+    if (probe > 0) probes.push_back(probe);
+    if (bytes > 0) chunks.push_back(mig);
     if (mig > 0) {
       ++held;
       holds.push_back(mig / std::max(wall - mig, 1e-9));
@@ -417,6 +442,14 @@ Summary summarise(std::vector<PassRecord> const& all, int R, int P) {
     std::sort(holds.begin(), holds.end());
     s.median_hold = holds[holds.size() / 2];
   }
+  auto median_ms = [](std::vector<double>& v) {
+    if (v.empty()) return 0.0;
+    std::sort(v.begin(), v.end());
+    return 1e3 * v[v.size() / 2];
+  };
+  s.median_chunk_ms = median_ms(chunks);
+  s.median_probe_ms = median_ms(probes);
+  s.median_pass_ms = median_ms(walls);
   s.held_fraction = static_cast<double>(held) / P;
   s.mean_pass_ms = 1e3 * wall_sum / P;
   return s;
@@ -479,8 +512,9 @@ std::vector<Summary> run_all(Comm& comm, std::vector<Routing> const& models, Stu
 /// Prints the table; returns whether every check passed.
 bool report(std::vector<Summary> const& rows, Study const& st) {
   std::printf("model\tcomm\tranks\tstrategy\tpasses\tmean_max_over_mean\tp99_max_over_mean\tmean_last_third\tplans\t"
-              "copies\treal_GiB_moved\tpct_of_full\theld_passes_pct\tmedian_hold_pct\tworst_hold_pct\tmean_pass_ms\tworst_error\t"
-              "router_mismatches\twindow_mismatches\tchecked_rank_passes\tfailed_passes\tbytes_sent\tbytes_expected\n");
+              "copies\treal_GiB_moved\tpct_of_full\theld_passes_pct\tmedian_hold_pct\tworst_hold_pct\tmean_pass_ms\t"
+              "median_pass_ms\tmedian_chunk_ms\tmedian_probe_ms\tworst_error\trouter_mismatches\t"
+              "window_mismatches\tchecked_rank_passes\tfailed_passes\tbytes_sent\tbytes_expected\n");
   bool ok = true;
   for (auto const& r : rows) {
     long long full = 0;
@@ -489,11 +523,12 @@ bool report(std::vector<Summary> const& rows, Study const& st) {
     char pct_text[32] = "-";
     if (full > 0)
       std::snprintf(pct_text, sizeof pct_text, "%.2f", 100.0 * static_cast<double>(r.copies) / static_cast<double>(full));
-    std::printf("%s\t%s\t%d\t%s\t%d\t%.4f\t%.4f\t%.4f\t%d\t%lld\t%.2f\t%s\t%.1f\t%.2f\t%.2f\t%.3f\t%.2e\t%lld\t%lld\t%lld\t%d\t%lld\t%lld\n",
+    std::printf("%s\t%s\t%d\t%s\t%d\t%.4f\t%.4f\t%.4f\t%d\t%lld\t%.2f\t%s\t%.1f\t%.2f\t%.2f\t%.3f\t%.3f\t%.3f\t"
+                "%.3f\t%.2e\t%lld\t%lld\t%lld\t%d\t%lld\t%lld\n",
                 r.model.c_str(), r.comm.c_str(), r.ranks, r.strategy.c_str(), r.passes, r.mean_imbalance,
-                r.p99_imbalance, r.mean_last_third, r.plans, r.copies, r.real_gib,
-                pct_text, 100.0 * r.held_fraction, 100.0 * r.median_hold, 100.0 * r.worst_hold,
-                r.mean_pass_ms, r.worst_error, r.mismatches, r.window_bad, r.checked, r.failures, r.bytes_sent,
+                r.p99_imbalance, r.mean_last_third, r.plans, r.copies, r.real_gib, pct_text, 100.0 * r.held_fraction,
+                100.0 * r.median_hold, 100.0 * r.worst_hold, r.mean_pass_ms, r.median_pass_ms, r.median_chunk_ms,
+                r.median_probe_ms, r.worst_error, r.mismatches, r.window_bad, r.checked, r.failures, r.bytes_sent,
                 r.bytes_expected);
     if (r.mismatches > 0 || r.window_bad > 0 || r.worst_error > 1e-4 || r.failures > 0 ||
         r.bytes_sent != r.bytes_expected || r.checked == 0) {
@@ -517,12 +552,9 @@ bool report(std::vector<Summary> const& rows, Study const& st) {
   for (auto const& r : rows) {
     if (r.strategy != "minimal+split") continue;
     long long full = 0;
-    double worst = 0;
+    double worst = r.worst_hold;
     for (auto const& q : rows)
-      if (q.model == r.model) {
-        if (q.strategy == "full-reshuffle") full = q.copies;
-        if (q.strategy == "minimal-move" || q.strategy == "minimal+split") worst = std::max(worst, q.worst_hold);
-      }
+      if (q.model == r.model && q.comm == r.comm && q.strategy == "full-reshuffle") full = q.copies;
     char pct[32] = "n/a";
     if (full > 0)
       std::snprintf(pct, sizeof pct, "%.2f %%", 100.0 * static_cast<double>(r.copies) / static_cast<double>(full));
@@ -541,16 +573,17 @@ Study parse(int argc, char** argv) {
   tools::Args a(argc, argv,
                 {{"models"}, {"ranks"}, {"passes"}, {"tokens"}, {"window"}, {"replan-every"}, {"spare-slots"},
                  {"chunk-experts"}, {"tolerance-permille"}, {"strategies"}, {"check-every"}, {"seed"}, {"pass-log"},
-                 {"data-dir"}, {"mpi", true}});
+                 {"data-dir"}, {"mpi", true}, {"probe", true}});
   Study st;
   if (a.help()) {
     std::printf("live_layer_study [--models olmoe,mixtral] [--ranks 8|4] [--passes 2000] [--tokens 64] [--window 100]\n"
                 "  [--replan-every 100] [--spare-slots 2] [--chunk-experts 1] [--tolerance-permille 10]\n"
                 "  [--strategies static,full,minimal,split] [--check-every 1] [--seed 1] [--pass-log FILE]\n"
-                "  [--data-dir DIR] [--mpi (live_layer_study_mpi under mpirun)]\n");
+                "  [--data-dir DIR] [--probe] [--mpi (live_layer_study_mpi under mpirun)]\n");
     std::exit(0);
   }
   st.mpi = a.has("mpi");
+  st.probe = a.has("probe");
 #ifdef MOE_LIVE_STUDY_MPI
   check(st.mpi, "this build runs under mpirun with --mpi; use live_layer_study for in-process ranks");
   check(!a.has("ranks"), "--ranks: under --mpi the ranks are mpirun's processes");
