@@ -27,9 +27,11 @@
 //   split    the same with replication::BatchSplit as the replica policy (per-batch balance)
 //
 // Every pass on every rank: the outputs against moe::reference_forward on the rank's tokens (all
-// passes by default, --check-every), the layer's load window against the drawn routes. Bytes: the
-// layer's LayerStats::migration_bytes summed over ranks and passes, which must equal the expert
-// copies the adopted plans added (each a (rank, expert) pair the rank did not hold) x slot bytes.
+// passes by default, --check-every), the layer's load window against the drawn routes. The ranks
+// meet at a barrier before and after each timed run(), so the checks never share the cores with
+// a pass being timed. Bytes: the layer's LayerStats::migration_bytes summed over ranks and
+// passes, which must equal the expert copies the adopted plans added (each a (rank, expert) pair
+// the rank did not hold) x slot bytes.
 // Real-model bytes scale those copies by the real expert size (models.hpp, bf16).
 //
 //   live_layer_study [--models olmoe,mixtral] [--ranks 8|4] [--passes 2000] [--tokens 64]
@@ -269,6 +271,11 @@ RankResult serve(Comm& comm, Routing const& m, Study const& st, FirstPlan const&
       for (int j = 0; j < s.top_k; ++j)
         x[static_cast<std::size_t>(t) * h + static_cast<std::size_t>(ids[static_cast<std::size_t>(t * s.top_k + j)])] +=
             4.0f - 2.0f * static_cast<float>(j) / static_cast<float>(s.top_k);
+    // The ranks meet before and after the timed pass, so that a rank still computing its checks
+    // of the last pass (or already computing this pass's) does not take the cores from ranks
+    // inside run(): on a machine with fewer cores than ranks, that wait would otherwise land in
+    // whichever collective of the pass comes last (a migration chunk, when there is one).
+    comm.barrier();
     auto t0 = std::chrono::steady_clock::now();
     try {
       layer.run({.tokens = st.tokens, .x = x.data(), .y = y.data(),
@@ -279,6 +286,7 @@ RankResult serve(Comm& comm, Routing const& m, Study const& st, FirstPlan const&
       if (out.first_error.empty()) out.first_error = detail::concat("pass ", p, ": ", e.what());
     }
     rec.wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    comm.barrier();
     auto const& stats = layer.stats();
     rec.migration_seconds = stats.migration_seconds;
     rec.migration_bytes = static_cast<long long>(stats.migration_bytes);
