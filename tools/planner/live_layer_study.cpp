@@ -45,7 +45,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -89,7 +88,7 @@ char const* name_of(Strategy s) {
 struct Study {
   int ranks = 8, passes = 2000, tokens = 64, window = 100, replan_every = 100, spare = 2, chunk = 1;
   int tolerance = 10, check_every = 1;
-  bool probe = false;
+  bool probe = false, help = false;
   std::uint64_t seed = 1;
   std::vector<Strategy> strategies;
   std::vector<std::string> models;
@@ -584,11 +583,8 @@ Study parse(int argc, char** argv) {
                  {"data-dir"}, {"mpi", true}, {"probe", true}});
   Study st;
   if (a.help()) {
-    std::printf("live_layer_study [--models olmoe,mixtral] [--ranks 8|4] [--passes 2000] [--tokens 64] [--window 100]\n"
-                "  [--replan-every 100] [--spare-slots 2] [--chunk-experts 1] [--tolerance-permille 10]\n"
-                "  [--strategies static,full,minimal,split] [--check-every 1] [--seed 1] [--pass-log FILE]\n"
-                "  [--data-dir DIR] [--probe] [--mpi (live_layer_study_mpi under mpirun)]\n");
-    std::exit(0);
+    st.help = true;
+    return st;
   }
   st.mpi = a.has("mpi");
   st.probe = a.has("probe");
@@ -637,6 +633,14 @@ Study parse(int argc, char** argv) {
 
 int body(int argc, char** argv, int rank, int ranks_given, auto&& run) {
   Study st = parse(argc, argv);
+  if (st.help) {
+    if (rank == 0)
+      std::printf("live_layer_study [--models olmoe,mixtral] [--ranks 8|4] [--passes 2000] [--tokens 64] [--window 100]\n"
+                  "  [--replan-every 100] [--spare-slots 2] [--chunk-experts 1] [--tolerance-permille 10]\n"
+                  "  [--strategies static,full,minimal,split] [--check-every 1] [--seed 1] [--pass-log FILE]\n"
+                  "  [--data-dir DIR] [--probe] [--mpi (live_layer_study_mpi under mpirun)]\n");
+    return tools::exit_ok;
+  }
   if (ranks_given > 0) st.ranks = ranks_given;
   std::vector<Routing> models;
   for (auto const& n : st.models) {
