@@ -197,7 +197,7 @@ TEST_CASE("device live layer: drifting passes through NCCL, a re-plan every 20, 
       continue;
     }
     INFO(n << " ranks");
-    auto runs = serve(n, 100, loop);
+    auto runs = serve(n, 200, loop);
     long long sent = 0;
     for (int r = 0; r < n; ++r) {
       INFO("rank " << r);
@@ -211,7 +211,7 @@ TEST_CASE("device live layer: drifting passes through NCCL, a re-plan every 20, 
       CHECK(x.adopted == runs[0].adopted);
       sent += x.bytes;
     }
-    CHECK(runs[0].adopted >= 2);
+    CHECK(runs[0].adopted >= 4);
     CHECK(sent == runs[0].expected);
     CHECK(sent > 0);
   }

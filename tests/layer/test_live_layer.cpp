@@ -238,3 +238,38 @@ TEST_CASE("live layer: the engines' full reshuffle (EPLB from scratch) moves far
     CHECK(x.adopted == 0);
   }
 }
+
+TEST_CASE("live re-planner: empty slots never give a rank more new experts than its spare slots",
+          "[layer][live]") {
+  // Recorded from the emulated NCCL test (test_live_cuda, 2 ranks, 40 slots each, 3 spare) after
+  // earlier plans had left rank 0 with 10 empty slots: the planner fills empty slots before its
+  // capped search, so no cap fitted and the re-planner looped for ever. Now it ends; and the layer
+  // hands it the ranks' empty slots as second copies of their own experts (planning_layout).
+  std::vector<float> loads = {0,   0, 92,  2, 0, 36, 3,  2,  57, 0,   22, 114, 13, 10, 1,   0,
+                              211, 0, 0,   53, 2, 4,  1,  44, 7,  4,   10, 0,   93, 0,  9,   21,
+                              201, 3, 200, 4, 209, 0, 228, 4, 209, 0, 187, 34, 54, 0, 9,  43,
+                              0,   0, 229, 0, 0,  0,  2,  76, 0,  0,   0,  5,   0,  52, 0,   0};
+  std::vector<int> layout = {0,  1,  2,  3,  5,  6,  7,  8,  12, 15, 16, 18, 20, 26, 30, 32, 34, 36, 38, 42,
+                             44, 46, 48, 50, 52, 54, 56, 58, 60, 62, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                             4,  7,  9,  10, 11, 13, 14, 17, 19, 21, 22, 23, 24, 25, 26, 27, 28, 29, 31, 33,
+                             35, 37, 39, 40, 41, 43, 45, 47, 49, 51, 53, 55, 57, 59, 61, 63, -1, -1, -1, -1};
+  auto fresh = [](std::vector<int> const& from, std::vector<int> const& to, int g) {
+    int n = 0;
+    for (int i = 0; i < 40; ++i) {
+      int e = to[static_cast<std::size_t>(40 * g + i)];
+      auto first = from.begin() + 40 * g, last = first + 40;
+      bool seen = std::find(to.begin() + 40 * g, to.begin() + 40 * g + i, e) != to.begin() + 40 * g + i;
+      n += e >= 0 && std::find(first, last, e) == last && !seen;
+    }
+    return n;
+  };
+  auto r = live::Replanner::plan(loads, layout, 2, 3, 10, 1);
+  for (int g = 0; g < 2; ++g) CHECK(fresh(layout, r.layout, g) <= 3);
+  // The same plan as the layer starts it: empty slots as second copies; the plan then balances.
+  live::Plan p = live::plan_of(layout, 2, 64, std::vector<int>(64, 0));
+  auto start_from = live::planning_layout(p, 2, 40);
+  CHECK(std::count(start_from.begin(), start_from.end(), -1) == 0);
+  auto q = live::Replanner::plan(loads, start_from, 2, 3, 10, 1);
+  for (int g = 0; g < 2; ++g) CHECK(fresh(start_from, q.layout, g) <= 3);
+  CHECK(q.max_load < q.old_max_load);
+}

@@ -486,7 +486,7 @@ public:
     auto& L = *live_;
     ++L.started;
     L.state = LiveState::planning;
-    L.replanner.start(L.window.expert_loads(), live::layout_of(plan(), comm_->size(), L.width), comm_->size(),
+    L.replanner.start(L.window.expert_loads(), live::planning_layout(plan(), comm_->size(), L.width), comm_->size(),
                       options_.live.spare_slots, options_.live.tolerance_permille, options_.live.nodes,
                       options_.live.planner, L.hook);
   }

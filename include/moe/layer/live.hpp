@@ -193,6 +193,21 @@ inline std::vector<int> layout_of(Plan const& p, int ranks, int width) {
   return out;
 }
 
+/// The layout the re-planner starts from: layout_of, with each rank's empty slots holding second
+/// copies of its own experts (in turn) rather than -1. The planner fills -1 slots with new
+/// experts before its capped search, which could give a rank more new experts than its spare
+/// slots; a second copy on the same rank moves nothing, and the search may replace it.
+inline std::vector<int> planning_layout(Plan const& p, int ranks, int width) {
+  auto out = layout_of(p, ranks, width);
+  auto w = static_cast<std::size_t>(width);
+  for (std::size_t r = 0; r < static_cast<std::size_t>(ranks); ++r) {
+    std::size_t held = 0;
+    while (held < w && out[r * w + held] >= 0) ++held;
+    for (std::size_t i = held; i < w && held > 0; ++i) out[r * w + i] = out[r * w + (i - held) % held];
+  }
+  return out;
+}
+
 /// The plan of a slot layout (ranks x width, -1 empty; a rank listing an expert twice holds it
 /// once). The primary of an expert stays where it was if that rank still holds it, else it is the
 /// lowest rank holding it. Throws moe::Error, naming the slot, for an expert outside [0, experts)
@@ -401,9 +416,17 @@ public:
       return worst;
     };
     auto r = replication::migration::rebalance(w, old, ranks, o);
-    for (long long cap = r.copies(); most_new(r.phy2log) > spare;) {
-      cap = std::max<long long>(spare, cap * 3 / 4);
-      o.max_copies_per_layer = cap;
+    // Too many new experts on a rank: cap the copies and plan again, down to `spare` copies in all.
+    // Empty slots (-1) are filled before the capped search, so even that cap may not fit: then the
+    // layer keeps its plan (a re-plan that changes nothing). The cap falls on every round, so this
+    // ends.
+    while (most_new(r.phy2log) > spare) {
+      if (o.max_copies_per_layer == spare) {
+        auto const& st = r.layers[0];
+        return {layout, 0, st.old_max_load, st.eplb_max_load, st.old_max_load};
+      }
+      long long was = o.max_copies_per_layer < 0 ? r.copies() : o.max_copies_per_layer;
+      o.max_copies_per_layer = std::max<long long>(spare, was * 3 / 4);
       r = replication::migration::rebalance(w, old, ranks, o);
     }
     auto const& st = r.layers[0];
