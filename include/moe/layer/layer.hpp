@@ -826,7 +826,9 @@ private:
   }
 
   /// After the pass: the window's gather, then one chunk of the moves.
-  void after_pass(typename Executor::Buffers const& b, LiveBuffers const& lb) {
+  void after_pass(typename Executor::Buffers const& b, LiveBuffers const& lb)
+    requires counts_loads
+  {
     auto& L = *live_;
     std::size_t before = sent();
     auto now = exec_.gather_loads(b, lb.gathered);
