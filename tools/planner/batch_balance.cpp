@@ -35,6 +35,7 @@
 #include "moe/placement/joint.hpp"
 #include "moe/topology/traffic.hpp"
 #include "moe_tools/cli.hpp"
+#include "moe_tools/dealt_routes.hpp"
 #include "moe/profile/olmoe_tokens.hpp"
 #include "moe/profile/route_split.hpp"
 #include "moe/profile/token_batches.hpp"
@@ -163,19 +164,6 @@ std::vector<Plan> make_plans(Model const& m, topology::Topology const& topo) {
   return out;
 }
 
-/// Pair routes (token-major) dealt per source rank in token order by a BatchPolicy's dealt().
-template <class P>
-std::vector<int> dealt_routes(P const& p, topology::Batch const& b, int G, int E) {
-  std::vector<int> gpu(b.experts.size()), seen(static_cast<std::size_t>(G) * static_cast<std::size_t>(E), 0);
-  for (int t = 0; t < b.tokens(); ++t)
-    for (int j = 0; j < b.top_k; ++j) {
-      auto i = static_cast<std::size_t>(t * b.top_k + j);
-      int s = b.source[static_cast<std::size_t>(t)], e = b.experts[i];
-      gpu[i] = p.dealt(e, s, seen[static_cast<std::size_t>(s * E + e)]++);
-    }
-  return gpu;
-}
-
 double max_over_mean(std::vector<double> const& load) {
   double mx = 0, sum = 0;
   for (double x : load) mx = std::max(mx, x), sum += x;
@@ -242,7 +230,7 @@ int main(int argc, char** argv) try {
             // the fixed rule, with the layer's token index (a rank's tokens are a contiguous block)
             auto f = model.evaluate_policy(table, plan.primary, batch, to);
             auto out = split.plan_batch(counts);
-            replication::reactive::PairRoutes sr{m.top_k, &batch.experts, dealt_routes(split, batch, G, E)};
+            replication::reactive::PairRoutes sr{m.top_k, &batch.experts, tools::dealt_routes(split, batch, G, E)};
             auto s = model.evaluate_policy(sr, plan.primary, batch, to);
             reactive.plan_batch(counts);
             auto rr = reactive.deal(batch);

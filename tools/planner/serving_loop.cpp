@@ -59,6 +59,7 @@
 #include "moe/topology/presets.hpp"
 #include "moe/topology/traffic.hpp"
 #include "moe_tools/cli.hpp"
+#include "moe_tools/dealt_routes.hpp"
 #include "moe_tools/reactive_study.hpp"
 #include "moe_tools/serving_loop.hpp"
 
@@ -183,18 +184,6 @@ std::vector<double> recount_fixed(std::vector<int> const& row, topology::Batch c
     }
   }
   return load;
-}
-
-/// The split's route of every pair (token-major), dealt in token order as the layer deals them.
-std::vector<int> split_routes(replication::BatchSplit const& p, topology::Batch const& b, int G, int E) {
-  std::vector<int> gpu(b.experts.size()), seen(static_cast<std::size_t>(G) * static_cast<std::size_t>(E), 0);
-  for (int t = 0; t < b.tokens(); ++t)
-    for (int j = 0; j < b.top_k; ++j) {
-      auto i = static_cast<std::size_t>(t * b.top_k + j);
-      int s = b.source[static_cast<std::size_t>(t)], e = b.experts[i];
-      gpu[i] = p.dealt(e, s, seen[static_cast<std::size_t>(s * E + e)]++);
-    }
-  return gpu;
 }
 
 int run(Options const& o) {
@@ -346,7 +335,7 @@ int run(Options const& o) {
         if (s.kind == Kind::minimal_split) {
           if (counts.empty()) counts = replication::reactive::pair_counts(batch, G, E);
           auto out = s.split->plan_batch(counts);
-          replication::reactive::PairRoutes routes{m.top_k, &batch.experts, split_routes(*s.split, batch, G, E)};
+          replication::reactive::PairRoutes routes{m.top_k, &batch.experts, tools::dealt_routes(*s.split, batch, G, E)};
           rep = traffic.evaluate_policy(routes, s.primary, batch, to);
           extra_s = gather_s;
           if (o.verify) {
