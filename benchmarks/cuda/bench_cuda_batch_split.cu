@@ -92,6 +92,7 @@ void BM_DeviceSplit(benchmark::State& state, int tokens) {
   cudaGraphDestroy(graph);
   state.counters["graph_us"] = graph_us;
   state.counters["shared_bytes"] = static_cast<double>(dev.shared_bytes());
+  state.counters["start_waves"] = dev.start_waves();
   state.counters["split_max_over_mean"] = static_cast<double>(want.max_load) / s.mean;
   state.counters["fixed_max_over_mean"] = s.fixed_ratio;
   state.SetLabel("DeepSeek-V3 EP32, EPLB 288 slots, h800:4");

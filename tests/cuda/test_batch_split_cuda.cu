@@ -52,11 +52,12 @@ Case random_case(std::mt19937& rng, int G, int servers, int E, int extra, int sc
 }
 
 /// Runs host and device on the case; requires equality. Returns whether the workspace was shared.
-bool compare(Case const& c) {
+/// `shared_limit`: DeviceSplit's (0: what the device allows with an opt-in).
+bool compare(Case const& c, std::size_t shared_limit = 0) {
   BatchSplit host(c.copies, c.server);
   auto hout = host.plan_batch(c.counts);
   auto const& L = host.layout();
-  moe::kernels::cuda::DeviceSplit dev(L);
+  moe::kernels::cuda::DeviceSplit dev(L, shared_limit);
   Device<std::int32_t> counts(c.counts);
   Device<std::int32_t> take(std::max<std::size_t>(dev.take_size(), 1));
   Device<long long> load(dev.load_size());
@@ -133,7 +134,8 @@ TEST_CASE("device batch split on the edge cases", "[batch-split]") {
   SECTION("DeepSeek-V3 at EP32: 256 experts, 32 more copies, 4 servers of 8") {
     std::mt19937 rng(11);
     auto c = random_case(rng, 32, 4, 256, 32, 120);
-    CHECK(compare(c));  // the workspace fits in shared memory
+    CHECK(compare(c));  // the workspace fits in shared memory (past 48 KiB: the kernel opts in)
+    CHECK_FALSE(compare(c, moe::kernels::cuda::DeviceSplit::max_shared));  // without the opt-in: global memory
   }
   SECTION("counts whose per-server sums pass 2^31 (the host's 64-bit path)") {
     std::mt19937 rng(13);

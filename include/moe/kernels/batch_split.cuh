@@ -2,9 +2,21 @@
 // The per-batch replica split on the device: the split of replication::BatchSplit
 // (moe/replication/batch_split.hpp) computed by one thread block from device-resident counts, so
 // that a layer pass can go from the count exchange to the dispatch with no host round trip. The
-// block runs the host's own code in its four stages (split::count_servers over its threads,
-// split::decide on thread 0, split::gather_sources and split::match over its threads), so the result
-// equals the host's bit for bit.
+// block runs the host's own pieces of split::solve (count_servers, the pieces of decide,
+// gather_sources, match) and spreads them over its threads wherever the result does not depend on
+// the order of the work, so the result equals the host's bit for bit:
+//   - the counts per server, the experts' totals and fixed loads (integer sums, atomic where shared);
+//   - the lists of experts with copies and their arcs, in expert order (block prefix sums);
+//   - the start of the flow, wave by wave (experts of a wave share no rank; an expert starts after
+//     every earlier expert on one of its ranks, as in the host's expert order; DeviceSplit makes
+//     the waves from the copy lists once);
+//   - the breadth-first rounds of the least max load (a rank is claimed by its lowest arc, as the
+//     host's arc loop claims it);
+//   - the tie-breaks (successive shortest paths on the rank graph): each path's Bellman-Ford rounds
+//     and its shortest-path tree (breadth-first over the tight arcs, a rank claimed by its lowest
+//     arc) over the threads, its augmentation on thread 0; then the matching over the threads.
+// The workspace and the copy lists sit in shared memory when they fit (past 48 KiB the constructor
+// opts the kernel in, up to what the device allows), else the workspace is the caller's.
 //
 //   DeviceSplit split(policy.layout());        // once: uploads the copy lists and the servers
 //   split.run(d_counts, d_take, d_load, d_outcome, d_work, stream);   // per layer and batch
@@ -22,6 +34,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -43,32 +56,286 @@ struct SplitView {
 
 namespace detail {
 
+/// The header sums of the expert stage, shared by the block's threads: 64-bit atomic additions
+/// (two's complement, so the unsigned form adds signed values exactly).
+struct AtomicAdd {
+  __device__ void operator()(long long* p, long long v) const {
+    atomicAdd(reinterpret_cast<unsigned long long*>(p), static_cast<unsigned long long>(v));
+  }
+};
+
+/// Exclusive prefix sum of v over the block's threads in thread order; the block's total in *total.
+/// Every thread calls it (it synchronises). `warp_sums`: Threads / 32 + 1 shared ints.
+template <int Threads>
+__device__ int block_exclusive_scan(int v, int* warp_sums, int* total) {
+  static_assert(Threads % 32 == 0);
+  int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  int x = v;
+  for (int o = 1; o < 32; o <<= 1) {
+    int y = __shfl_up_sync(0xffffffffu, x, static_cast<unsigned>(o));
+    if (lane >= o) x += y;
+  }
+  if (lane == 31) warp_sums[warp] = x;
+  __syncthreads();
+  if (tid == 0) {
+    int run = 0;
+    for (int w = 0; w < Threads / 32; ++w) {
+      int t = warp_sums[w];
+      warp_sums[w] = run;
+      run += t;
+    }
+    warp_sums[Threads / 32] = run;
+  }
+  __syncthreads();
+  int out = warp_sums[warp] + x - v;
+  *total = warp_sums[Threads / 32];
+  __syncthreads();  // warp_sums may be reused at once
+  return out;
+}
+
+/// The split in one block. The stages of split::solve, spread over the threads where their result
+/// does not depend on the order of the work (every sum is an integer sum; every list keeps expert
+/// order through prefix sums; the start runs its experts in waves of experts on disjoint ranks, each
+/// wave after every earlier expert that shares a rank; the breadth-first rounds let the lowest arc
+/// index claim a rank, as the host's arc loop does; the shortest distances do not depend on the
+/// order of the relaxations). Paths are augmented on thread 0. `wave_first` / `wave_expert`: the
+/// waves of the start (DeviceSplit).
 template <int Threads>
 __global__ void __launch_bounds__(Threads)
     batch_split_kernel(replication::split::Layout L, std::int32_t const* __restrict__ counts, std::int32_t* take,
-                       long long* load, replication::split::Outcome* outcome, long long* global_work, int use_shared) {
+                       long long* load, replication::split::Outcome* outcome, long long* global_work, int use_shared,
+                       int waves, int const* __restrict__ wave_first, int const* __restrict__ wave_expert) {
   namespace split = replication::split;
+  using split::detail::Work;
   MOE_EXTERN_SHARED(long long, smem);
-  __shared__ int negative;
-  // raw storage: a __shared__ variable may not have a constructor (Outcome has initialisers)
+  __shared__ int negative, grew, end, go, changed, fault;
+  __shared__ long long T_s, best;
+  __shared__ int warp_sums[Threads / 32 + 1];
   static_assert(alignof(split::Outcome) <= alignof(long long));
   __shared__ long long out_raw[(sizeof(split::Outcome) + sizeof(long long) - 1) / sizeof(long long)];
   auto& out = *reinterpret_cast<split::Outcome*>(out_raw);
   __shared__ unsigned long long local, same_server;
-  long long* work = use_shared ? smem : global_work;
   int tid = static_cast<int>(threadIdx.x), n = static_cast<int>(blockDim.x);
+  long long* work = global_work;
+  if (use_shared) {  // the workspace, then the copy lists and servers, in shared memory
+    work = smem;
+    auto* lay = reinterpret_cast<int*>(smem + split::workspace_words(L));
+    int* first = lay;
+    int* rank = first + L.experts + 1;
+    int* server = rank + L.slots;
+    for (int i = tid; i <= L.experts; i += n) first[i] = L.first[i];
+    for (int i = tid; i < L.slots; i += n) rank[i] = L.rank[i];
+    for (int i = tid; i < L.ranks; i += n) server[i] = L.server[i];
+    L.first = first, L.rank = rank, L.server = server;
+  }
   if (tid == 0) negative = 0, local = 0, same_server = 0;
   __syncthreads();
+  Work W(L, work);
+  int G = L.ranks, E = L.experts;
   // 1. pairs per (source server, expert): every thread, a stride of experts
   if (split::count_servers(L, counts, work, tid, n) < 0) atomicOr(&negative, 1);
   __syncthreads();
-  // 2. the loads and what each copy receives: one thread (the host's own code)
-  if (tid == 0) out = split::decide(L, counts, load, work, negative ? -1 : 0);
+  if (negative) {
+    if (tid == 0) {
+      out = split::Outcome{};
+      out.bad = 1;
+      *outcome = out;
+    }
+    return;
+  }
+  // 2a-b. the ranks of each server (thread 0), then every expert's totals (a stride of experts)
+  if (tid == 0) split::decide_begin(L, W);
+  __syncthreads();
+  for (int e = tid; e < E; e += n) split::expert_totals(L, counts, W, e, AtomicAdd{});
+  __syncthreads();
+  if (tid == 0) T_s = split::lower_bound(L, W);  // from the fixed loads, before the start
+  // 2c. the lists in expert order: each thread a run of experts, placed by prefix sums
+  int chunk = (E + n - 1) / n, lo = tid * chunk, hi = lo + chunk < E ? lo + chunk : E;
+  int my_multi = 0, my_arcs = 0, my_mc = 0;
+  for (int e = lo; e < hi; ++e) {
+    bool copies = L.first[e + 1] - L.first[e] > 1;
+    my_mc += copies;
+    if (copies && W.N[e] > 0) ++my_multi, my_arcs += split::expert_arc_count(L, e);
+  }
+  int n_multi = 0, n_arcs = 0, n_mc = 0;
+  int at_multi = block_exclusive_scan<Threads>(my_multi, warp_sums, &n_multi);
+  int at_arcs = block_exclusive_scan<Threads>(my_arcs, warp_sums, &n_arcs);
+  int at_mc = block_exclusive_scan<Threads>(my_mc, warp_sums, &n_mc);
+  for (int e = lo; e < hi; ++e) {
+    for (int c = L.first[e]; c < L.first[e + 1]; ++c) W.sexp[c] = e;
+    if (L.first[e + 1] - L.first[e] == 1) continue;
+    W.mc[at_mc++] = e;
+    if (W.N[e] == 0) continue;
+    W.multi[at_multi++] = e;
+    split::expert_arcs(L, counts, W, e, at_arcs);
+    at_arcs += split::expert_arc_count(L, e);
+  }
+  if (tid == 0) W.hdr[split::detail::kMulti] = n_multi, W.hdr[split::detail::kArcs] = n_arcs,
+                W.hdr[split::detail::kMc] = n_mc;
+  for (int g = tid; g < G; g += n) W.load0[g] = W.load[g];
+  for (int c = tid; c < L.slots; c += n) W.y[c] = 0, W.mark[c] = -1;
+  __syncthreads();
+  // 2d. the start, wave by wave
+  for (int w = 0; w < waves; ++w) {
+    for (int i = wave_first[w] + tid; i < wave_first[w + 1]; i += n) {
+      int e = wave_expert[i];
+      if (W.N[e] > 0) split::detail::start_expert(L, W, e);
+    }
+    __syncthreads();
+  }
+  for (int c = tid; c < L.slots; c += n) W.y0[c] = W.y[c];
+  for (int g = tid; g < G; g += n) W.load_s[g] = W.load[g];
+  __syncthreads();
+  // 2e. the least max load: breadth-first rounds over the arcs, a rank claimed by its lowest arc
+  constexpr long long none = 0x7fffffffffffffffLL;
+  long long* claim = W.rem;
+  for (;;) {
+    long long T = T_s;
+    if (tid == 0) go = 0, end = G;
+    __syncthreads();
+    int any = 0;
+    for (int g = tid; g < G; g += n) {
+      W.dist[g] = W.load[g] > T ? 0 : -1;
+      W.pred[g] = -1;
+      claim[g] = none;
+      any |= W.load[g] > T;
+    }
+    if (any) atomicOr(&go, 1);
+    __syncthreads();
+    if (!go) break;
+    for (long long round = 0;; ++round) {
+      if (tid == 0) grew = 0;
+      for (int a = tid; a < n_arcs; a += n) {
+        int h = L.rank[W.arc_d[a]];
+        if (W.dist[h] < 0 && split::bfs_arc(L, W, a, round)) atomicMin(&claim[h], static_cast<long long>(a));
+      }
+      __syncthreads();
+      for (int h = tid; h < G; h += n) {
+        if (claim[h] == none) continue;
+        W.dist[h] = round + 1, W.pred[h] = claim[h], claim[h] = none;
+        atomicOr(&grew, 1);
+        if (W.load[h] < T) atomicMin(&end, h);
+      }
+      __syncthreads();
+      if (end < G || !grew) break;
+      __syncthreads();  // grew is reset for the next round after every thread has read it
+    }
+    if (tid == 0) {
+      if (end == G) {  // the reached ranks hold all their experts' copies: T rises to their mean
+        long long sum = 0, cnt = 0;
+        for (int g = 0; g < G; ++g)
+          if (W.dist[g] >= 0) sum += W.load[g], ++cnt;
+        T_s = split::detail::lmax(T + 1, (sum + cnt - 1) / cnt);
+      } else {
+        long long amount = T - W.load[end];
+        int g = end;
+        while (W.dist[g] > 0) {
+          int a = static_cast<int>(W.pred[g]);
+          amount = split::detail::lmin(amount, W.y[W.arc_c[a]]);
+          g = L.rank[W.arc_c[a]];
+        }
+        amount = split::detail::lmin(amount, W.load[g] - T);
+        g = end;
+        while (W.dist[g] > 0) {
+          int a = static_cast<int>(W.pred[g]);
+          W.y[W.arc_c[a]] -= amount, W.y[W.arc_d[a]] += amount;
+          g = L.rank[W.arc_c[a]];
+        }
+        W.load[end] += amount, W.load[g] -= amount;
+      }
+    }
+    __syncthreads();
+  }
+  // 2f. the tie-breaks from the same start: successive shortest paths, each path's rounds over the
+  // threads (split::least_cost says what they compute), its augmentation on thread 0
+  for (int c = tid; c < L.slots; c += n) W.y[c] = W.y0[c];
+  for (int g = tid; g < G; g += n) W.load[g] = W.load_s[g];
+  long long const total = W.hdr[split::detail::kTotal], A = total + 1;
+  if (tid == 0) {
+    if (L.slack_permille > 0 && G > 0) {
+      long long den = 1000LL * G;
+      T_s = split::detail::lmax(T_s, (total * (1000LL + L.slack_permille) + den - 1) / den);
+    }
+    fault = 0;
+  }
+  __syncthreads();
+  constexpr long long inf = split::detail::inf;
+  for (long long const T = T_s;;) {
+    if (tid == 0) go = 0, end = G, best = inf;
+    __syncthreads();
+    int any = 0;
+    for (int g = tid; g < G; g += n) {
+      W.dist[g] = W.ndist[g] = W.load[g] > T ? 0 : inf;
+      W.pred[g] = -1;
+      claim[g] = none;
+      any |= W.load[g] > T;
+    }
+    for (int a = tid; a < n_arcs; a += n) W.cost[a] = split::arc_cost(L, W, a, A);
+    if (any) atomicOr(&go, 1);
+    __syncthreads();
+    if (!go) break;
+    // the shortest distances: Bellman-Ford rounds, each from the last round's distances
+    for (int round = 0;; ++round) {
+      if (tid == 0) changed = 0;
+      for (int a = tid; a < n_arcs; a += n) {
+        long long r = split::relaxed(L, W, a);
+        if (r != inf) atomicMin(&W.ndist[L.rank[W.arc_d[a]]], r);
+      }
+      __syncthreads();
+      for (int g = tid; g < G; g += n)
+        if (W.ndist[g] < W.dist[g]) W.dist[g] = W.ndist[g], atomicOr(&changed, 1);
+      __syncthreads();
+      if (!changed) break;
+      if (round == G) {  // still changing after G + 1 rounds: a negative cycle
+        if (tid == 0) fault = 1;
+        break;
+      }
+      __syncthreads();
+    }
+    if (fault) break;
+    // the shortest-path tree: breadth-first over the tight arcs, a rank claimed by its lowest arc
+    for (int g = tid; g < G; g += n) W.hop[g] = W.load[g] > T && W.dist[g] == 0 ? 0 : -1;
+    __syncthreads();
+    for (long long round = 0;; ++round) {
+      if (tid == 0) grew = 0;
+      for (int a = tid; a < n_arcs; a += n) {
+        int h = L.rank[W.arc_d[a]];
+        if (W.hop[h] < 0 && split::tree_arc(L, W, a, round)) atomicMin(&claim[h], static_cast<long long>(a));
+      }
+      __syncthreads();
+      for (int h = tid; h < G; h += n) {
+        if (claim[h] == none) continue;
+        W.hop[h] = round + 1, W.pred[h] = claim[h], claim[h] = none;
+        atomicOr(&grew, 1);
+      }
+      __syncthreads();
+      if (!grew) break;
+      __syncthreads();
+    }
+    // the cheapest rank below T (the lowest on a tie), then the augmentation on thread 0
+    for (int h = tid; h < G; h += n)
+      if (W.load[h] < T && W.dist[h] != inf) atomicMin(&best, W.dist[h]);
+    __syncthreads();
+    for (int h = tid; h < G; h += n)
+      if (W.load[h] < T && W.dist[h] != inf && W.dist[h] == best) atomicMin(&end, h);
+    __syncthreads();
+    if (tid == 0 && (end == G || W.hop[end] <= 0 || !split::augment(L, W, T, A, end))) fault = 1;
+    __syncthreads();
+    if (fault) break;
+  }
+  if (tid == 0) {
+    out = split::Outcome{};
+    out.bad = fault ? 2 : 0;
+    out.local = W.hdr[split::detail::kLocal];
+    out.same_server = W.hdr[split::detail::kSame];
+    for (int g = 0; g < G; ++g) out.max_load = split::detail::lmax(out.max_load, W.load[g]);
+  }
   __syncthreads();
   if (out.bad) {
     if (tid == 0) *outcome = out;
     return;
   }
+  for (int g = tid; g < G; g += n) load[g] = W.load[g];
   // 3-4. the sources of the experts with copies (a stride of rows), then their matching (a stride
   // of experts); integer sums, so the order of the atomics does not change them
   split::gather_sources(L, counts, take, work, tid, n);
@@ -113,8 +380,11 @@ public:
   /// Shared memory a block may use without an opt-in on every CUDA GPU.
   static constexpr std::size_t max_shared = 48 * 1024;
 
-  /// `host`: the layout of a replication::BatchSplit (host pointers); copies it to the device.
-  explicit DeviceSplit(replication::split::Layout const& host)
+  /// `host`: the layout of a replication::BatchSplit (host pointers); copies it to the device, with
+  /// the waves of the split's start. `shared_limit`: the most dynamic shared memory the kernel may
+  /// use (0: what the current device allows a block with an opt-in); past 48 KiB the constructor
+  /// opts the kernel in. A split whose workspace and copy lists do not fit runs from global memory.
+  explicit DeviceSplit(replication::split::Layout const& host, std::size_t shared_limit = 0)
       : layout_(host),
         first_(static_cast<std::size_t>(host.experts) + 1),
         rank_(static_cast<std::size_t>(host.slots)),
@@ -125,16 +395,62 @@ public:
     layout_.first = first_.get();
     layout_.rank = rank_.get();
     layout_.server = server_.get();
+    // The start's waves: an expert with copies starts one wave after the latest earlier expert with
+    // copies on one of its ranks, so experts of one wave share no rank, and each starts after every
+    // earlier expert it shares a rank with (the host's expert order, for what it can see).
+    std::vector<int> wave_of_rank(static_cast<std::size_t>(host.ranks), 0), wave_of(static_cast<std::size_t>(host.experts), -1);
+    int waves = 0;
+    for (int e = 0; e < host.experts; ++e) {
+      if (host.first[e + 1] - host.first[e] < 2) continue;
+      int w = 0;
+      for (int c = host.first[e]; c < host.first[e + 1]; ++c) w = std::max(w, wave_of_rank[static_cast<std::size_t>(host.rank[c])]);
+      for (int c = host.first[e]; c < host.first[e + 1]; ++c) wave_of_rank[static_cast<std::size_t>(host.rank[c])] = w + 1;
+      wave_of[static_cast<std::size_t>(e)] = w;
+      waves = std::max(waves, w + 1);
+    }
+    std::vector<int> first(static_cast<std::size_t>(waves) + 1, 0), order;
+    for (int w = 0; w < waves; ++w) {
+      for (int e = 0; e < host.experts; ++e)
+        if (wave_of[static_cast<std::size_t>(e)] == w) order.push_back(e);
+      first[static_cast<std::size_t>(w) + 1] = static_cast<int>(order.size());
+    }
+    waves_ = waves;
+    wave_first_ = DeviceArray<int>(first.size());
+    wave_first_.upload(first.data(), first.size());
+    wave_expert_ = DeviceArray<int>(std::max<std::size_t>(order.size(), 1));
+    if (!order.empty()) wave_expert_.upload(order.data(), order.size());
+    // shared memory: the workspace, then the copy lists and servers (int)
+    std::size_t lists = (static_cast<std::size_t>(host.experts) + 1 + static_cast<std::size_t>(host.slots) +
+                         static_cast<std::size_t>(host.ranks)) * sizeof(int);
+    std::size_t need = work_bytes() + (lists + sizeof(long long) - 1) / sizeof(long long) * sizeof(long long);
+    if (shared_limit == 0) {
+      int dev = 0, optin = 0;
+      check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+      check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+                 "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
+      // leave room for the kernel's static shared variables
+      shared_limit = static_cast<std::size_t>(optin) > 1024 ? static_cast<std::size_t>(optin) - 1024 : 0;
+    }
+    if (need <= shared_limit) {
+      shared_ = need;
+      if (need > max_shared)
+        check_cuda(cudaFuncSetAttribute(detail::batch_split_kernel<threads>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(need)),
+                   "cudaFuncSetAttribute(batch_split_kernel, MaxDynamicSharedMemorySize)");
+    }
   }
 
+  /// The number of waves the split's start runs in (the longest chain of experts with copies that
+  /// share ranks, in expert order): the start's serial depth.
+  [[nodiscard]] int start_waves() const { return waves_; }
   /// The layout with device pointers.
   [[nodiscard]] replication::split::Layout const& layout() const { return layout_; }
   /// Bytes of the per-block workspace the split needs.
   [[nodiscard]] std::size_t work_bytes() const {
     return static_cast<std::size_t>(replication::split::workspace_words(layout_)) * sizeof(long long);
   }
-  /// Dynamic shared memory run() uses (the workspace, when it fits), else 0.
-  [[nodiscard]] std::size_t shared_bytes() const { return work_bytes() <= max_shared ? work_bytes() : 0; }
+  /// Dynamic shared memory run() uses (the workspace and the copy lists, when they fit), else 0.
+  [[nodiscard]] std::size_t shared_bytes() const { return shared_; }
   /// Global workspace run() needs: 0 when the workspace fits in shared memory.
   [[nodiscard]] std::size_t workspace_bytes() const { return shared_bytes() ? 0 : work_bytes(); }
   /// Sizes of the outputs, in elements: take (int32), load (int64).
@@ -151,7 +467,8 @@ public:
     check(shared || workspace != nullptr, "device batch split: the workspace (", work_bytes(),
           " bytes) does not fit in shared memory and none was given");
     launch(detail::batch_split_kernel<threads>, dim3(1), dim3(threads), shared_bytes(), stream, layout_, counts, take,
-           load, outcome, static_cast<long long*>(workspace), shared ? 1 : 0);
+           load, outcome, static_cast<long long*>(workspace), shared ? 1 : 0, waves_, wave_first_.get(),
+           wave_expert_.get());
     check_launch("batch_split_kernel");
   }
 
@@ -169,7 +486,9 @@ public:
 
 private:
   replication::split::Layout layout_;
-  DeviceArray<int> first_, rank_, server_;
+  DeviceArray<int> first_, rank_, server_, wave_first_, wave_expert_;
+  int waves_ = 0;
+  std::size_t shared_ = 0;
 };
 
 }  // namespace moe::kernels::cuda

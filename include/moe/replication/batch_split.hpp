@@ -31,8 +31,10 @@
 //     them with at least their present total: T rises to ceil(load(U) / |U|) (a Newton step of the
 //     parametric flow). This ends at the least feasible T, which no split can beat.
 //   - The tie-breaks: from the same start, successive shortest paths (Bellman-Ford on the rank
-//     graph, all ranks above T as sources) move each rank's excess over T at least cost, so the
-//     result is the least-cost split among those with max load T.
+//     graph, all ranks above T as sources; the path is read from the breadth-first tree of the
+//     tight arcs, lowest arc first, so it does not depend on the order of the relaxations) move
+//     each rank's excess over T at least cost, so the result is the least-cost split among those
+//     with max load T.
 // Every step is integer and visits ranks, experts and slots in index order, so every rank computes
 // the same split from the same counts, and the device equals the host bit for bit.
 //
@@ -42,7 +44,9 @@
 // grows with ranks x arcs per shortest path: at 256 ranks with experts of 16 copies it takes ms.
 //
 // Stages (so that a CUDA block can share them): count_servers (any split of the experts), decide
-// (one thread), gather_sources (any split of the rows), match (any split of the experts with
+// (its pieces: decide_begin, expert_totals and expert_arcs over the experts, start_expert per
+// expert, the breadth-first and shortest-path rounds over the arcs, augment; decide() runs them on
+// one thread), gather_sources (any split of the rows), match (any split of the experts with
 // copies); solve() runs them in order.
 
 #include <algorithm>
@@ -85,7 +89,7 @@ MOE_HOST_DEVICE inline int arc_count(int experts, int const* first) {
 /// 64-bit words of workspace solve() needs.
 MOE_HOST_DEVICE inline long long workspace_words(Layout const& L) {
   return 8LL * L.ranks + 3LL * L.experts + 6LL * L.slots + static_cast<long long>(L.servers + 2) * (L.experts + 1) +
-         static_cast<long long>(L.slots - L.experts + 1) * L.ranks + 4 +
+         static_cast<long long>(L.slots - L.experts + 1) * L.ranks + 8 + L.slots + 3LL * L.ranks + L.arcs +
          (static_cast<long long>(L.servers) * L.experts + 1) / 2 +
          2LL * L.arcs;
 }
@@ -106,7 +110,7 @@ MOE_HOST_DEVICE inline long long lmax(long long a, long long b) { return a > b ?
 /// The workspace, carved from one array of 64-bit words.
 struct Work {
   long long *N, *load, *y, *loc, *srvN, *sexp, *load0, *P, *dist, *pred, *path, *rem, *arc_c, *arc_d, *multi, *mark,
-      *need, *srank, *sfirst, *mc, *supply, *hdr, *P32;
+      *need, *srank, *sfirst, *mc, *supply, *hdr, *P32, *y0, *load_s, *ndist, *hop, *cost;
   int n_multi = 0, n_arcs = 0;
 
   MOE_HOST_DEVICE Work(Layout const& L, long long* w) {
@@ -127,7 +131,7 @@ struct Work {
     srank = take(L.ranks);
     sfirst = take(L.servers + 1);
     mc = take(L.experts);
-    hdr = take(4);
+    hdr = take(8);
     P32 = take((static_cast<long long>(L.servers) * L.experts + 1) / 2);  // 32-bit sums (host stage 1)
     supply = take(static_cast<long long>(L.slots - L.experts + 1) * L.ranks);
     y = take(L.slots);
@@ -139,7 +143,21 @@ struct Work {
     P = take(static_cast<long long>(L.servers) * L.experts);
     arc_c = take(L.arcs);
     arc_d = take(L.arcs);
+    y0 = take(L.slots);
+    load_s = take(L.ranks);
+    ndist = take(L.ranks);
+    hop = take(L.ranks);
+    cost = take(L.arcs);
   }
+};
+
+/// Words of Work::hdr: the experts with copies (for the matching stages), the sums of decide()'s
+/// expert stage, and the counts of its lists (so that the threads of a block can share them).
+enum Header : int { kMc = 0, kTotal = 1, kLocal = 2, kSame = 3, kMulti = 4, kArcs = 5 };
+
+/// The sums of the expert stage on the host: plain additions (a CUDA block adds atomically).
+struct PlainAdd {
+  MOE_HOST_DEVICE void operator()(long long* p, long long v) const { *p += v; }
 };
 
 /// Y(e, server of slot c): what the copies of c's expert on c's server receive.
@@ -200,31 +218,37 @@ MOE_HOST_DEVICE inline void level(Layout const& L, Work& W, int e, long long tag
   }
 }
 
-/// The cheapest start: every expert with copies alone (local, then server, then levelled).
+/// The start of one expert with copies and pairs, alone at its cheapest: its local pairs on their
+/// copy, then each server's pairs on its own copies, the rest levelled over the copies' rank loads.
+/// Reads and raises the loads of its copies' ranks only, so experts on disjoint ranks may start at
+/// the same time (a CUDA block starts them in waves, moe/kernels/batch_split.cuh); experts that
+/// share a rank start in expert order.
+MOE_HOST_DEVICE inline void start_expert(Layout const& L, Work& W, int e) {
+  long long placed = 0;
+  for (int c = L.first[e]; c < L.first[e + 1]; ++c) {
+    W.y[c] = W.loc[c];
+    W.load[L.rank[c]] += W.loc[c];
+    placed += W.loc[c];
+  }
+  for (int c = L.first[e]; c < L.first[e + 1]; ++c) {
+    int s = L.server[L.rank[c]];
+    bool first_on_server = true;
+    for (int d = L.first[e]; d < c; ++d) first_on_server &= L.server[L.rank[d]] != s;
+    if (!first_on_server) continue;
+    long long local = 0;
+    for (int d = L.first[e]; d < L.first[e + 1]; ++d)
+      if (L.server[L.rank[d]] == s) W.mark[d] = c, local += W.loc[d];
+    level(L, W, e, c, W.srvN[c] - local);
+    placed += W.srvN[c] - local;
+  }
+  for (int c = L.first[e]; c < L.first[e + 1]; ++c) W.mark[c] = -2;
+  level(L, W, e, -2, W.N[e] - placed);
+}
+
+/// The cheapest start: every expert with copies alone, in expert order (see start_expert).
 MOE_HOST_DEVICE inline void start(Layout const& L, Work& W) {
   for (int c = 0; c < L.slots; ++c) W.y[c] = 0, W.mark[c] = -1;
-  for (int i = 0; i < W.n_multi; ++i) {
-    int e = static_cast<int>(W.multi[i]);
-    long long placed = 0;
-    for (int c = L.first[e]; c < L.first[e + 1]; ++c) {
-      W.y[c] = W.loc[c];
-      W.load[L.rank[c]] += W.loc[c];
-      placed += W.loc[c];
-    }
-    for (int c = L.first[e]; c < L.first[e + 1]; ++c) {
-      int s = L.server[L.rank[c]];
-      bool first_on_server = true;
-      for (int d = L.first[e]; d < c; ++d) first_on_server &= L.server[L.rank[d]] != s;
-      if (!first_on_server) continue;
-      long long local = 0;
-      for (int d = L.first[e]; d < L.first[e + 1]; ++d)
-        if (L.server[L.rank[d]] == s) W.mark[d] = c, local += W.loc[d];
-      level(L, W, e, c, W.srvN[c] - local);
-      placed += W.srvN[c] - local;
-    }
-    for (int c = L.first[e]; c < L.first[e + 1]; ++c) W.mark[c] = -2;
-    level(L, W, e, -2, W.N[e] - placed);
-  }
+  for (int i = 0; i < W.n_multi; ++i) start_expert(L, W, static_cast<int>(W.multi[i]));
 }
 
 /// Cost change (A x lost local + B x lost same-server) of moving one pair of an expert from slot c
@@ -288,6 +312,190 @@ MOE_HOST_DEVICE inline std::int32_t count_servers(Layout const& L, std::int32_t 
   return sign;
 }
 
+/// Stage 2 of solve(), in pieces that the threads of a CUDA block can share
+/// (moe/kernels/batch_split.cuh); decide() runs them in order on one thread.
+///
+/// 2a (one thread): the ranks of each server, in rank order; the loads and the header sums zeroed.
+MOE_HOST_DEVICE inline void decide_begin(Layout const& L, detail::Work& W) {
+  for (int v = 0; v <= L.servers; ++v) W.sfirst[v] = 0;
+  for (int r = 0; r < L.ranks; ++r) ++W.sfirst[L.server[r] + 1];
+  for (int v = 0; v < L.servers; ++v) W.sfirst[v + 1] += W.sfirst[v];
+  for (int v = 0; v < L.servers; ++v) W.path[v] = W.sfirst[v];
+  for (int r = 0; r < L.ranks; ++r) W.srank[W.path[L.server[r]]++] = r;
+  for (int g = 0; g < L.ranks; ++g) W.load[g] = 0;
+  for (int i = 0; i < 8; ++i) W.hdr[i] = 0;
+}
+
+/// 2b (any split of the experts): expert e's pairs N[e], added to the total; an expert with one
+/// copy adds them to its rank's fixed load, and what stays on its rank and server to the header's
+/// sums. `add(p, v)`: *p += v (atomically where threads share p). Returns whether e has copies and
+/// pairs (an expert the flow decides).
+template <class Add>
+MOE_HOST_DEVICE inline bool expert_totals(Layout const& L, std::int32_t const* counts, detail::Work& W, int e,
+                                          Add add) {
+  using namespace detail;
+  int E = L.experts;
+  long long n = 0;
+  for (int v = 0; v < L.servers; ++v) n += W.P[static_cast<long long>(v) * E + e];
+  W.N[e] = n;
+  add(&W.hdr[kTotal], n);
+  if (L.first[e + 1] - L.first[e] > 1) return n > 0;
+  int g = L.rank[L.first[e]];
+  add(&W.load[g], n);
+  add(&W.hdr[kLocal], counts[static_cast<long long>(g) * E + e]);
+  add(&W.hdr[kSame], W.P[static_cast<long long>(L.server[g]) * E + e]);
+  return false;
+}
+
+/// 2c (any split of the experts with copies and pairs): the local and same-server sources of expert
+/// e's copies, and its arcs, from arc index a0 (its k (k - 1) arcs follow those of the experts before
+/// it in W.multi).
+MOE_HOST_DEVICE inline void expert_arcs(Layout const& L, std::int32_t const* counts, detail::Work& W, int e,
+                                        int a0) {
+  int E = L.experts;
+  for (int c = L.first[e]; c < L.first[e + 1]; ++c) {
+    W.loc[c] = counts[static_cast<long long>(L.rank[c]) * E + e];
+    W.srvN[c] = W.P[static_cast<long long>(L.server[L.rank[c]]) * E + e];
+    for (int d = L.first[e]; d < L.first[e + 1]; ++d)
+      if (d != c) W.arc_c[a0] = c, W.arc_d[a0] = d, ++a0;
+  }
+}
+
+/// Arcs of one expert in the rank graph (k copies: k (k - 1)).
+MOE_HOST_DEVICE inline int expert_arc_count(Layout const& L, int e) {
+  int k = L.first[e + 1] - L.first[e];
+  return k >= 2 ? k * (k - 1) : 0;
+}
+
+/// The least max load the flow starts from: the largest fixed load and the mean, rounded up.
+MOE_HOST_DEVICE inline long long lower_bound(Layout const& L, detail::Work const& W) {
+  long long T = 0;
+  for (int g = 0; g < L.ranks; ++g) T = detail::lmax(T, W.load[g]);
+  long long total = W.hdr[detail::kTotal];
+  return detail::lmax(T, L.ranks > 0 ? (total + L.ranks - 1) / L.ranks : 0);
+}
+
+/// Whether arc a may carry the breadth-first search of round `round` (its tail was reached in that
+/// round and its copy has pairs to give). The first such arc in index order claims an unreached head.
+MOE_HOST_DEVICE inline bool bfs_arc(Layout const& L, detail::Work const& W, int a, long long round) {
+  int c = static_cast<int>(W.arc_c[a]);
+  return W.dist[L.rank[c]] == round && W.y[c] > 0;
+}
+
+/// The tie-breaks' arc costs for the present split: arc a's cost (move_cost), or `inf` when its copy
+/// has no pair to give. The split does not change while a shortest path is searched.
+MOE_HOST_DEVICE inline long long arc_cost(Layout const& L, detail::Work const& W, int a, long long A) {
+  int c = static_cast<int>(W.arc_c[a]), d = static_cast<int>(W.arc_d[a]);
+  if (W.y[c] <= 0) return detail::inf;
+  long long room = 0;
+  return detail::move_cost(L, W, static_cast<int>(W.sexp[c]), c, d, A, &room);
+}
+
+/// Arc a's relaxation in a Bellman-Ford round: the distance its head may take through it from its
+/// tail's distance of the last round, or `inf`.
+MOE_HOST_DEVICE inline long long relaxed(Layout const& L, detail::Work const& W, int a) {
+  long long dg = W.dist[L.rank[W.arc_c[a]]], k = W.cost[a];
+  return dg == detail::inf || k == detail::inf ? detail::inf : dg + k;
+}
+
+/// Whether arc a is on a shortest path (tight) and its tail was reached in breadth-first round
+/// `round` of the shortest-path tree.
+MOE_HOST_DEVICE inline bool tree_arc(Layout const& L, detail::Work const& W, int a, long long round) {
+  int g = L.rank[W.arc_c[a]];
+  long long r = relaxed(L, W, a);
+  return W.hop[g] == round && r != detail::inf && r == W.dist[L.rank[W.arc_d[a]]];
+}
+
+/// Moves the excess of the path that ends at rank `end` (pred, tree arcs back to an excess rank)
+/// along it: at most what `end` lacks and its origin has over T, what each move can take before its
+/// cost changes, one pair when the path moves an expert twice (the costs of the two moves would
+/// interact). Returns false on an internal fault (a path longer than the ranks).
+MOE_HOST_DEVICE inline bool augment(Layout const& L, detail::Work& W, long long T, long long A, int end) {
+  using namespace detail;
+  int G = L.ranks, len = 0, g = end;
+  while (W.pred[g] >= 0 && len <= G) {
+    W.path[len++] = W.pred[g];
+    g = L.rank[W.arc_c[W.pred[g]]];
+  }
+  if (len > G) return false;
+  int origin = g;
+  long long amount = lmin(T - W.load[end], W.load[origin] - T);
+  bool repeat = false;
+  for (int i = 0; i < len; ++i) {
+    int c = static_cast<int>(W.arc_c[W.path[i]]), d = static_cast<int>(W.arc_d[W.path[i]]);
+    long long room = 0;
+    move_cost(L, W, static_cast<int>(W.sexp[c]), c, d, A, &room);
+    amount = lmin(amount, room);
+    for (int j = 0; j < i; ++j) repeat |= W.sexp[W.arc_c[W.path[j]]] == W.sexp[c];
+  }
+  if (repeat) amount = 1;
+  for (int i = 0; i < len; ++i) W.y[W.arc_c[W.path[i]]] -= amount, W.y[W.arc_d[W.path[i]]] += amount;
+  W.load[end] += amount, W.load[origin] -= amount;
+  return true;
+}
+
+/// 2d (one thread), from the start with max load at least T: the least-cost split at T (the
+/// tie-breaks) by successive shortest paths; see the file comment. Each path: the shortest
+/// distances (Bellman-Ford), then the shortest-path tree by breadth-first rounds over the tight arcs from the
+/// excess ranks at distance 0, a rank claimed by its lowest arc, then the path to the cheapest rank
+/// below T (the lowest such rank on a tie). A CUDA block runs the same rounds over its threads.
+/// Returns false on an internal fault (a negative cycle or no way out, impossible from a feasible T).
+MOE_HOST_DEVICE inline bool least_cost(Layout const& L, detail::Work& W, long long T, long long A) {
+  using namespace detail;
+  W.n_arcs = static_cast<int>(W.hdr[kArcs]);
+  int G = L.ranks;
+  for (;;) {
+    bool any = false;
+    for (int g = 0; g < G; ++g) {
+      W.dist[g] = W.load[g] > T ? 0 : inf;
+      W.pred[g] = -1;
+      any |= W.load[g] > T;
+    }
+    if (!any) return true;
+    for (int a = 0; a < W.n_arcs; ++a) W.cost[a] = arc_cost(L, W, a, A);
+    // the distances are the shortest ones whatever the order of the relaxations: one thread
+    // relaxes in place (fewer rounds), a block from the last round's distances
+    bool changed = true;
+    for (int round = 0; changed && round <= G; ++round) {
+      changed = false;
+      for (int a = 0; a < W.n_arcs; ++a) {
+        int h = L.rank[W.arc_d[a]];
+        long long r = relaxed(L, W, a);
+        if (r < W.dist[h]) W.dist[h] = r, changed = true;
+      }
+    }
+    if (changed) return false;
+    for (int g = 0; g < G; ++g) W.hop[g] = W.load[g] > T && W.dist[g] == 0 ? 0 : -1;
+    for (long long round = 0;; ++round) {
+      bool grew = false;
+      for (int a = 0; a < W.n_arcs; ++a) {
+        int h = L.rank[W.arc_d[a]];
+        if (W.hop[h] >= 0 || !tree_arc(L, W, a, round)) continue;
+        W.hop[h] = round + 1, W.pred[h] = a, grew = true;
+      }
+      if (!grew) break;
+    }
+    int end = -1;
+    for (int h = 0; h < G; ++h)
+      if (W.load[h] < T && W.dist[h] != inf && (end < 0 || W.dist[h] < W.dist[end])) end = h;
+    if (end < 0 || W.hop[end] <= 0 || !augment(L, W, T, A, end)) return false;
+  }
+}
+
+/// 2e (one thread): the loads out, the max load, the header's sums into the outcome, and the list
+/// of the experts with copies for the matching stages (its length in the header).
+MOE_HOST_DEVICE inline void decide_end(Layout const& L, long long* load, detail::Work& W, Outcome* out) {
+  using namespace detail;
+  out->max_load = 0;
+  for (int g = 0; g < L.ranks; ++g) load[g] = W.load[g], out->max_load = lmax(out->max_load, W.load[g]);
+  out->local = W.hdr[kLocal];
+  out->same_server = W.hdr[kSame];
+  long long n_mc = 0;
+  for (int e = 0; e < L.experts; ++e)
+    if (L.first[e + 1] - L.first[e] > 1) W.mc[n_mc++] = e;
+  W.hdr[kMc] = n_mc;
+}
+
 /// Stage 2 of solve(), one thread: the loads and the amount each copy receives, after
 /// count_servers() has covered every expert and `sign` is the OR of what its parts returned. The
 /// outcome's local and same_server count the single-copy experts only; match() adds the others.
@@ -301,49 +509,25 @@ MOE_HOST_DEVICE inline Outcome decide(Layout const& L, std::int32_t const* count
     out.bad = 1;
     return out;
   }
-  // the ranks of each server, in rank order
-  for (int v = 0; v <= L.servers; ++v) W.sfirst[v] = 0;
-  for (int r = 0; r < G; ++r) ++W.sfirst[L.server[r] + 1];
-  for (int v = 0; v < L.servers; ++v) W.sfirst[v + 1] += W.sfirst[v];
-  for (int v = 0; v < L.servers; ++v) W.path[v] = W.sfirst[v];
-  for (int r = 0; r < G; ++r) W.srank[W.path[L.server[r]]++] = r;
-  // per-expert totals; fixed loads and what stays on rank / server for single-copy experts
-  long long total = 0;
-  for (int g = 0; g < G; ++g) W.load[g] = 0;
+  decide_begin(L, W);
   W.n_multi = 0;
-  for (int e = 0; e < E; ++e) {
-    long long n = 0;
-    for (int v = 0; v < L.servers; ++v) n += W.P[static_cast<long long>(v) * E + e];
-    W.N[e] = n;
-    total += n;
-    if (L.first[e + 1] - L.first[e] == 1) {
-      int g = L.rank[L.first[e]];
-      W.load[g] += n;
-      out.local += counts[static_cast<long long>(g) * E + e];
-      out.same_server += W.P[static_cast<long long>(L.server[g]) * E + e];
-    } else if (n > 0) {
-      W.multi[W.n_multi++] = e;
-    }
-  }
-  long long T = 0;
-  for (int g = 0; g < G; ++g) T = lmax(T, W.load[g]);
-  T = lmax(T, G > 0 ? (total + G - 1) / G : 0);
+  for (int e = 0; e < E; ++e)
+    if (expert_totals(L, counts, W, e, PlainAdd{})) W.multi[W.n_multi++] = e;
+  long long T = lower_bound(L, W), total = W.hdr[kTotal];
   long long A = total + 1;  // one local pair outweighs every same-server pair
-  // local and same-server sources of the experts with copies; the arcs between their copies
   W.n_arcs = 0;
   for (int i = 0; i < W.n_multi; ++i) {
     int e = static_cast<int>(W.multi[i]);
-    for (int c = L.first[e]; c < L.first[e + 1]; ++c) {
-      W.loc[c] = counts[static_cast<long long>(L.rank[c]) * E + e];
-      W.srvN[c] = W.P[static_cast<long long>(L.server[L.rank[c]]) * E + e];
-      for (int d = L.first[e]; d < L.first[e + 1]; ++d)
-        if (d != c) W.arc_c[W.n_arcs] = c, W.arc_d[W.n_arcs] = d, ++W.n_arcs;
-    }
+    expert_arcs(L, counts, W, e, W.n_arcs);
+    W.n_arcs += expert_arc_count(L, e);
   }
+  W.hdr[kMulti] = W.n_multi, W.hdr[kArcs] = W.n_arcs;
   for (int e = 0; e < E; ++e)
     for (int c = L.first[e]; c < L.first[e + 1]; ++c) W.sexp[c] = e;
   for (int g = 0; g < G; ++g) W.load0[g] = W.load[g];
   start(L, W);
+  for (int c = 0; c < L.slots; ++c) W.y0[c] = W.y[c];  // the start, for the tie-breaks below
+  for (int g = 0; g < G; ++g) W.load_s[g] = W.load[g];
 
   // --- 1. the least max load: breadth-first augmentation with Newton steps on T -------------------
   for (;;) {
@@ -359,9 +543,8 @@ MOE_HOST_DEVICE inline Outcome decide(Layout const& L, std::int32_t const* count
     for (long long round = 0; end < 0; ++round) {
       bool grew = false;
       for (int a = 0; a < W.n_arcs; ++a) {
-        int c = static_cast<int>(W.arc_c[a]), d = static_cast<int>(W.arc_d[a]);
-        int g = L.rank[c], h = L.rank[d];
-        if (W.dist[g] != round || W.dist[h] >= 0 || W.y[c] <= 0) continue;
+        int h = L.rank[W.arc_d[a]];
+        if (W.dist[h] >= 0 || !bfs_arc(L, W, a, round)) continue;
         W.dist[h] = round + 1, W.pred[h] = a, grew = true;
       }
       for (int h = 0; h < G && end < 0; ++h)
@@ -397,71 +580,15 @@ MOE_HOST_DEVICE inline Outcome decide(Layout const& L, std::int32_t const* count
     long long den = 1000LL * G;
     T = lmax(T, (total * (1000LL + L.slack_permille) + den - 1) / den);
   }
-  for (int g = 0; g < G; ++g) W.load[g] = W.load0[g];
-  start(L, W);
-  for (;;) {
-    bool any = false;
-    for (int g = 0; g < G; ++g) {
-      W.dist[g] = W.load[g] > T ? 0 : inf;
-      W.pred[g] = -1;
-      any |= W.load[g] > T;
-    }
-    if (!any) break;
-    bool changed = true;
-    for (int round = 0; changed && round <= G; ++round) {
-      changed = false;
-      for (int a = 0; a < W.n_arcs; ++a) {
-        int c = static_cast<int>(W.arc_c[a]), d = static_cast<int>(W.arc_d[a]);
-        int g = L.rank[c], h = L.rank[d];
-        if (W.dist[g] == inf || W.y[c] <= 0) continue;
-        long long room = 0;
-        long long nd = W.dist[g] + move_cost(L, W, static_cast<int>(W.sexp[c]), c, d, A, &room);
-        if (nd < W.dist[h]) W.dist[h] = nd, W.pred[h] = a, changed = true;
-      }
-    }
-    int end = -1;
-    for (int h = 0; h < G; ++h)
-      if (W.load[h] < T && W.dist[h] != inf && (end < 0 || W.dist[h] < W.dist[end])) end = h;
-    if (changed || end < 0) {  // a negative cycle or no way out: impossible from a feasible T
-      out.bad = 2;
-      return out;
-    }
-    // the path back to its origin (an excess rank); its capacity, one pair when it moves an expert
-    // twice (the costs of the two moves would interact)
-    int len = 0, g = end;
-    while (W.pred[g] >= 0 && len <= G) {
-      W.path[len++] = W.pred[g];
-      g = L.rank[W.arc_c[W.pred[g]]];
-    }
-    if (len > G) {
-      out.bad = 2;
-      return out;
-    }
-    int origin = g;
-    long long amount = lmin(T - W.load[end], W.load[origin] - T);
-    bool repeat = false;
-    for (int i = 0; i < len; ++i) {
-      int c = static_cast<int>(W.arc_c[W.path[i]]), d = static_cast<int>(W.arc_d[W.path[i]]);
-      long long room = 0;
-      move_cost(L, W, static_cast<int>(W.sexp[c]), c, d, A, &room);
-      amount = lmin(amount, room);
-      for (int j = 0; j < i; ++j) repeat |= W.sexp[W.arc_c[W.path[j]]] == W.sexp[c];
-    }
-    if (repeat) amount = 1;
-    for (int i = 0; i < len; ++i) W.y[W.arc_c[W.path[i]]] -= amount, W.y[W.arc_d[W.path[i]]] += amount;
-    W.load[end] += amount, W.load[origin] -= amount;
+  for (int c = 0; c < L.slots; ++c) W.y[c] = W.y0[c];
+  for (int g = 0; g < G; ++g) W.load[g] = W.load_s[g];
+  if (!least_cost(L, W, T, A)) {
+    out.bad = 2;
+    return out;
   }
-
-  out.max_load = 0;
-  for (int g = 0; g < G; ++g) load[g] = W.load[g], out.max_load = lmax(out.max_load, W.load[g]);
-  // the experts with copies, for the matching stages (their count in the header word)
-  long long n_mc = 0;
-  for (int e = 0; e < E; ++e)
-    if (L.first[e + 1] - L.first[e] > 1) W.mc[n_mc++] = e;
-  W.hdr[0] = n_mc;
+  decide_end(L, load, W, &out);
   return out;
 }
-
 /// Stage 3 (the rows r = part, part + parts, ...): the sources' pairs of the experts with copies,
 /// expert-major, and their take entries cleared (one copy: all its pairs go there, take is not
 /// written). After decide().
@@ -469,7 +596,7 @@ MOE_HOST_DEVICE inline void gather_sources(Layout const& L, std::int32_t const* 
                                            long long* work, int part, int parts) {
   detail::Work W(L, work);
   int G = L.ranks, E = L.experts;
-  long long n_mc = W.hdr[0];
+  long long n_mc = W.hdr[detail::kMc];
   for (int r = part; r < G; r += parts) {
     std::int32_t const* row = counts + static_cast<long long>(r) * E;
     std::int32_t* trow = take + static_cast<long long>(r) * L.slots;
@@ -489,7 +616,7 @@ MOE_HOST_DEVICE inline void match(Layout const& L, std::int32_t* take, long long
   using namespace detail;
   Work W(L, work);
   int G = L.ranks;
-  long long n_mc = W.hdr[0], loc = 0, same = 0;
+  long long n_mc = W.hdr[kMc], loc = 0, same = 0;
   for (long long i = part; i < n_mc; i += parts) {
     int e = static_cast<int>(W.mc[i]);
     int lo = L.first[e], hi = L.first[e + 1];
