@@ -1,7 +1,10 @@
 // Re-planning while serving on the device path (moe/layer/live.hpp) through collective::Nccl, 2 and
 // 4 ranks with one device each: a drifting serving loop whose every pass equals the host reference
 // while the layer counts loads on the device, re-plans and migrates expert weights with NCCL
-// all-to-all-v of device memory; a fault planted at each migration step on one rank.
+// all-to-all-v of device memory; a fault planted at each migration step on one rank. The same loop
+// and faults with every rank on one device, through a collective staged in host memory
+// (staged_collective.cuh), so that one GPU runs the live path's device code too (NCCL refuses two
+// ranks on one device).
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -14,16 +17,19 @@
 
 #include "cuda_test_support.cuh"
 #include "layer_test_support.cuh"
+#include "moe/collective/in_process.hpp"
 #include "moe/collective/nccl.hpp"
 #include "moe/layer/paths/device.cuh"
 #include "moe/moe.hpp"
+#include "staged_collective.cuh"
 
 namespace {
 
 using Model = moe::models::Reduced<moe::models::OLMoE_1B_7B, 32, 16, moe::DType::f32>;
 using T = float;
+template <class Comm>
 using L = moe::Layer<Model, moe::router::SoftmaxTopK, moe::placement::Table, moe::replication::Table,
-                     moe::schedule::Sequential, moe::collective::Nccl>;
+                     moe::schedule::Sequential, Comm>;
 constexpr moe::ShapeSpec s = Model::spec;
 constexpr int tokens = 8;  // per rank and pass
 constexpr auto h = static_cast<std::size_t>(s.hidden);
@@ -77,15 +83,112 @@ struct RankRun {
   double after = -1;                 // fault runs: the error of the pass after the fault
 };
 
-/// Runs `passes` passes on n NCCL ranks. With `fault` (and a first plan without copies), rank 1 throws at that step of the first
+/// What every rank's loop shares: the weights, the first plan and the primaries.
+struct World {
+  moe::RandomLayerWeights<T> weights{s, 77};
+  std::vector<std::vector<int>> copies;
+  std::vector<int> primary = std::vector<int>(64);
+  World(int n, bool with_copies) : copies(first_copies(n, with_copies)) {
+    for (int e = 0; e < 64; ++e) primary[static_cast<std::size_t>(e)] = e % n;
+  }
+};
+
+/// One rank's `passes` passes through `comm` on stream `st` (made on this rank's thread and
+/// device). With `fault` (and a first plan without copies), rank 1 throws at that step of the first
 /// migration, a re-plan is asked for before pass 55 and the run stops after the pass that threw
 /// (plus one more, checked).
+template <class Comm>
+void serve_rank(Comm& comm, moe::test::Stream& st, int rank, int n, int passes, moe::live::Options o,
+                std::optional<moe::live::Step> fault, World const& world, RankRun& r) {
+  auto const& weights = world.weights;
+  auto const& copies = world.copies;
+  auto const& primary = world.primary;
+  moe::test::DeviceWeights<T> dw(s, weights.view());
+  bool fired = false;  // outlives the layer, whose re-planner thread may call the hook
+  auto view = dw.view();
+  std::vector<moe::ExpertWeights<T>> mine(dw.experts.size());
+  for (int e = 0; e < 64; ++e)
+    for (int c : copies[static_cast<std::size_t>(e)])
+      if (c == rank) mine[static_cast<std::size_t>(e)] = dw.experts[static_cast<std::size_t>(e)];
+  view.experts = mine;
+  L<Comm> layer(comm, moe::placement::Table(primary), moe::replication::Table(copies), view,
+                {.max_tokens = tokens, .live = o});
+  moe::test::Device<T> arena(layer.arena_elements());
+  layer.attach_arena({arena.get(), arena.size()});
+  mine.clear();
+  moe::test::Device<std::byte> ws(layer.workspace_size());
+  if (fault && rank == 1)
+    layer.set_fault_hook([&](moe::live::Step step) {
+      if (step == *fault && !fired) {
+        fired = true;
+        throw moe::Error("planted fault");
+      }
+    });
+  moe::test::Device<T> dx(static_cast<std::size_t>(tokens) * h), dy(static_cast<std::size_t>(tokens) * h);
+  auto before = layer.plan();
+  std::vector<int> last_ids;
+  int last = passes;  // this rank's: a fault run stops early
+  for (int p = 0; p < last; ++p) {
+    auto x = batch(weights, n, p);
+    int count = n * tokens;
+    std::vector<T> ref(x.size());
+    std::vector<int> ids(static_cast<std::size_t>(count) * s.top_k);
+    std::vector<float> gw(ids.size());
+    moe::reference_forward<moe::router::SoftmaxTopK>(s, weights.view(), count, x.data(), ref.data(), ids, gw);
+    auto first = static_cast<std::size_t>(rank * tokens) * h;
+    dx.upload(std::vector<T>(x.begin() + static_cast<std::ptrdiff_t>(first),
+                             x.begin() + static_cast<std::ptrdiff_t>(first + tokens * h)));
+    dy.poison();
+    if (fault && p == 55) layer.replan();  // hot: 16, 18, ..., 26, one copy each, on rank 0
+    bool threw = false;
+    try {
+      layer.run({.tokens = tokens, .x = dx.get(), .y = dy.get(), .first_token = rank * tokens, .stream = st},
+                ws.bytes());
+    } catch (moe::Error const& e) {
+      r.errors.emplace_back(e.what());
+      threw = true;
+    }
+    if (!threw) {
+      st.synchronize("pass");
+      auto y = dy.download(tokens * h);
+      std::vector<T> want(ref.begin() + static_cast<std::ptrdiff_t>(first),
+                          ref.begin() + static_cast<std::ptrdiff_t>(first + tokens * h));
+      std::vector<T> mine_x(x.begin() + static_cast<std::ptrdiff_t>(first),
+                            x.begin() + static_cast<std::ptrdiff_t>(first + tokens * h));
+      auto fragile = moe::test::fragile_tokens<moe::router::SoftmaxTopK>(s, weights.view(), mine_x, tokens, 1e-5f);
+      auto err = moe::test::token_errors(y, want, fragile, tokens, s.hidden);
+      r.finite = r.finite && err.finite;
+      if (r.errors.empty()) r.worst = std::max(r.worst, err.worst_stable);
+      else r.after = err.worst_stable;
+      r.bytes += static_cast<long long>(layer.stats().migration_bytes);
+      // The window holds the counts of the pass before this one (read after this pass's
+      // agreement, without a synchronisation of its own).
+      if (!last_ids.empty()) {
+        auto const& w = layer.load_window();
+        auto got = w.experts(w.size() - 1);
+        std::vector<long long> want_counts(64, 0);
+        for (int e : last_ids) ++want_counts[static_cast<std::size_t>(e)];
+        r.window_ok = r.window_ok && std::equal(got.begin(), got.end(), want_counts.begin());
+      }
+      if (layer.stats().plans_adopted > r.adopted) {
+        auto now = layer.plan();
+        r.expected += added_copies(before, now) * static_cast<long long>(moe::live::slot_bytes<T>(s));
+        before = now;
+        r.adopted = layer.stats().plans_adopted;
+      }
+    }
+    last_ids = threw ? std::vector<int>{} : ids;
+    if (fault && threw) {
+      r.same_plan = layer.plan() == before && !layer.migrating();
+      last = std::min(last, p + 2);  // one more pass, checked
+    }
+  }
+}
+
+/// Runs `passes` passes on n NCCL ranks, one device each (see serve_rank).
 std::vector<RankRun> serve(int n, int passes, moe::live::Options o, std::optional<moe::live::Step> fault = {}) {
-  moe::RandomLayerWeights<T> weights(s, 77);
+  World world(n, !fault);
   std::vector<RankRun> out(static_cast<std::size_t>(n));
-  auto copies = first_copies(n, !fault);
-  std::vector<int> primary(64);
-  for (int e = 0; e < 64; ++e) primary[static_cast<std::size_t>(e)] = e % n;
   auto id = moe::collective::Nccl::unique_id();
   std::vector<std::thread> threads;
   for (int rank = 0; rank < n; ++rank)
@@ -95,86 +198,7 @@ std::vector<RankRun> serve(int n, int passes, moe::live::Options o, std::optiona
         moe::kernels::cuda::check_cuda(cudaSetDevice(rank), "cudaSetDevice");
         moe::test::Stream st;
         auto comm = moe::collective::Nccl::create(rank, n, id, st);
-        moe::test::DeviceWeights<T> dw(s, weights.view());
-        bool fired = false;  // outlives the layer, whose re-planner thread may call the hook
-        auto view = dw.view();
-        std::vector<moe::ExpertWeights<T>> mine(dw.experts.size());
-        for (int e = 0; e < 64; ++e)
-          for (int c : copies[static_cast<std::size_t>(e)])
-            if (c == rank) mine[static_cast<std::size_t>(e)] = dw.experts[static_cast<std::size_t>(e)];
-        view.experts = mine;
-        L layer(comm, moe::placement::Table(primary), moe::replication::Table(copies), view,
-                {.max_tokens = tokens, .live = o});
-        moe::test::Device<T> arena(layer.arena_elements());
-        layer.attach_arena({arena.get(), arena.size()});
-        mine.clear();
-        moe::test::Device<std::byte> ws(layer.workspace_size());
-        if (fault && rank == 1)
-          layer.set_fault_hook([&](moe::live::Step step) {
-            if (step == *fault && !fired) {
-              fired = true;
-              throw moe::Error("planted fault");
-            }
-          });
-        moe::test::Device<T> dx(static_cast<std::size_t>(tokens) * h), dy(static_cast<std::size_t>(tokens) * h);
-        auto before = layer.plan();
-        std::vector<int> last_ids;
-        int last = passes;  // this rank's: a fault run stops early
-        for (int p = 0; p < last; ++p) {
-          auto x = batch(weights, n, p);
-          int count = n * tokens;
-          std::vector<T> ref(x.size());
-          std::vector<int> ids(static_cast<std::size_t>(count) * s.top_k);
-          std::vector<float> gw(ids.size());
-          moe::reference_forward<moe::router::SoftmaxTopK>(s, weights.view(), count, x.data(), ref.data(), ids, gw);
-          auto first = static_cast<std::size_t>(rank * tokens) * h;
-          dx.upload(std::vector<T>(x.begin() + static_cast<std::ptrdiff_t>(first),
-                                   x.begin() + static_cast<std::ptrdiff_t>(first + tokens * h)));
-          dy.poison();
-          if (fault && p == 55) layer.replan();  // hot: 16, 18, ..., 26, one copy each, on rank 0
-          bool threw = false;
-          try {
-            layer.run({.tokens = tokens, .x = dx.get(), .y = dy.get(), .first_token = rank * tokens, .stream = st},
-                      ws.bytes());
-          } catch (moe::Error const& e) {
-            r.errors.emplace_back(e.what());
-            threw = true;
-          }
-          if (!threw) {
-            st.synchronize("pass");
-            auto y = dy.download(tokens * h);
-            std::vector<T> want(ref.begin() + static_cast<std::ptrdiff_t>(first),
-                                ref.begin() + static_cast<std::ptrdiff_t>(first + tokens * h));
-            std::vector<T> mine_x(x.begin() + static_cast<std::ptrdiff_t>(first),
-                                  x.begin() + static_cast<std::ptrdiff_t>(first + tokens * h));
-            auto fragile = moe::test::fragile_tokens<moe::router::SoftmaxTopK>(s, weights.view(), mine_x, tokens, 1e-5f);
-            auto err = moe::test::token_errors(y, want, fragile, tokens, s.hidden);
-            r.finite = r.finite && err.finite;
-            if (r.errors.empty()) r.worst = std::max(r.worst, err.worst_stable);
-            else r.after = err.worst_stable;
-            r.bytes += static_cast<long long>(layer.stats().migration_bytes);
-            // The window holds the counts of the pass before this one (read after this pass's
-            // agreement, without a synchronisation of its own).
-            if (!last_ids.empty()) {
-              auto const& w = layer.load_window();
-              auto got = w.experts(w.size() - 1);
-              std::vector<long long> want_counts(64, 0);
-              for (int e : last_ids) ++want_counts[static_cast<std::size_t>(e)];
-              r.window_ok = r.window_ok && std::equal(got.begin(), got.end(), want_counts.begin());
-            }
-            if (layer.stats().plans_adopted > r.adopted) {
-              auto now = layer.plan();
-              r.expected += added_copies(before, now) * static_cast<long long>(moe::live::slot_bytes<T>(s));
-              before = now;
-              r.adopted = layer.stats().plans_adopted;
-            }
-          }
-          last_ids = threw ? std::vector<int>{} : ids;
-          if (fault && threw) {
-            r.same_plan = layer.plan() == before && !layer.migrating();
-            last = std::min(last, p + 2);  // one more pass, checked
-          }
-        }
+        serve_rank(comm, st, rank, n, passes, o, fault, world, r);
       } catch (std::exception const& e) {
         r.failure = e.what();
       }
@@ -183,7 +207,70 @@ std::vector<RankRun> serve(int n, int passes, moe::live::Options o, std::optiona
   return out;
 }
 
+/// The same with the N ranks on device 0, exchanging through host memory (StagedDevice).
+template <int N>
+std::vector<RankRun> serve_staged(int passes, moe::live::Options o, std::optional<moe::live::Step> fault = {}) {
+  World world(N, !fault);
+  std::vector<RankRun> out(static_cast<std::size_t>(N));
+  moe::collective::run_in_process<N>([&](moe::collective::InProcess<N>& host) {
+    auto& r = out[static_cast<std::size_t>(host.rank())];
+    try {
+      moe::kernels::cuda::check_cuda(cudaSetDevice(0), "cudaSetDevice");
+      moe::test::Stream st;
+      moe::test::StagedDevice<N> comm(host);
+      serve_rank(comm, st, host.rank(), N, passes, o, fault, world, r);
+    } catch (std::exception const& e) {
+      r.failure = e.what();
+    }
+  });
+  return out;
+}
+
 constexpr moe::live::Options loop{.window = 20, .replan_every = 20, .spare_slots = 3, .migration_bytes_per_pass = 4096};
+
+/// The drifting loop's checks: every pass of every rank equals the reference, the window is exact,
+/// every rank adopts the same plans, at least `plans` of them, and the migration sends exactly the
+/// added copies' bytes.
+void check_loop(std::vector<RankRun> const& runs, int plans) {
+  long long sent = 0;
+  for (std::size_t r = 0; r < runs.size(); ++r) {
+    INFO("rank " << r);
+    auto const& x = runs[r];
+    CHECK(x.failure.empty());
+    UNSCOPED_INFO(x.failure);
+    CHECK(x.errors.empty());
+    CHECK(x.finite);
+    CHECK(x.worst <= 1e-4);
+    CHECK(x.window_ok);
+    CHECK(x.adopted == runs[0].adopted);
+    sent += x.bytes;
+  }
+  CHECK(runs[0].adopted >= plans);
+  CHECK(sent == runs[0].expected);
+  CHECK(sent > 0);
+}
+
+/// A fault run's checks: every rank throws the same error once, keeps its plan, and the pass after
+/// it is correct again.
+void check_fault(std::vector<RankRun> const& runs) {
+  for (std::size_t r = 0; r < runs.size(); ++r) {
+    INFO("rank " << r);
+    auto const& x = runs[r];
+    CHECK(x.failure.empty());
+    UNSCOPED_INFO(x.failure);
+    REQUIRE(x.errors.size() == 1);
+    CHECK(x.errors[0] == runs[0].errors[0]);
+    CHECK_THAT(x.errors[0], Catch::Contains("rank 1's re-plan failed") && Catch::Contains("planted fault"));
+    CHECK(x.worst <= 1e-4);
+    CHECK(x.same_plan);
+    CHECK(x.adopted == 0);
+    CHECK(x.after >= 0);
+    CHECK(x.after <= 1e-4);
+  }
+}
+
+constexpr moe::live::Step all_steps[] = {moe::live::Step::plan, moe::live::Step::pack, moe::live::Step::unpack,
+                                         moe::live::Step::prepare_switch};
 
 }  // namespace
 
@@ -197,23 +284,7 @@ TEST_CASE("device live layer: drifting passes through NCCL, a re-plan every 20, 
       continue;
     }
     INFO(n << " ranks");
-    auto runs = serve(n, 200, loop);
-    long long sent = 0;
-    for (int r = 0; r < n; ++r) {
-      INFO("rank " << r);
-      auto const& x = runs[static_cast<std::size_t>(r)];
-      CHECK(x.failure.empty());
-      UNSCOPED_INFO(x.failure);
-      CHECK(x.errors.empty());
-      CHECK(x.finite);
-      CHECK(x.worst <= 1e-4);
-      CHECK(x.window_ok);
-      CHECK(x.adopted == runs[0].adopted);
-      sent += x.bytes;
-    }
-    CHECK(runs[0].adopted >= 4);
-    CHECK(sent == runs[0].expected);
-    CHECK(sent > 0);
+    check_loop(serve(n, 200, loop), 4);
   }
 }
 
@@ -227,23 +298,22 @@ TEST_CASE("device live layer: a fault at any migration step leaves every rank on
   }
   auto o = loop;
   o.replan_every = 0;
-  for (auto step : {moe::live::Step::plan, moe::live::Step::pack, moe::live::Step::unpack,
-                    moe::live::Step::prepare_switch}) {
+  for (auto step : all_steps) {
     INFO("fault at " << moe::live::step_name(step));
-    auto runs = serve(2, 100, o, step);
-    for (int r = 0; r < 2; ++r) {
-      INFO("rank " << r);
-      auto const& x = runs[static_cast<std::size_t>(r)];
-      CHECK(x.failure.empty());
-      UNSCOPED_INFO(x.failure);
-      REQUIRE(x.errors.size() == 1);
-      CHECK(x.errors[0] == runs[0].errors[0]);
-      CHECK_THAT(x.errors[0], Catch::Contains("rank 1's re-plan failed") && Catch::Contains("planted fault"));
-      CHECK(x.worst <= 1e-4);
-      CHECK(x.same_plan);
-      CHECK(x.adopted == 0);
-      CHECK(x.after >= 0);
-      CHECK(x.after <= 1e-4);
+    check_fault(serve(2, 100, o, step));
+  }
+}
+
+TEST_CASE("device live layer on one device: ranks through a staged collective, drifting passes and faults",
+          "[cuda][layer][live]") {
+  SECTION("2 ranks, 200 passes") { check_loop(serve_staged<2>(200, loop), 4); }
+  SECTION("4 ranks, 100 passes") { check_loop(serve_staged<4>(100, loop), 2); }
+  SECTION("a fault at each migration step, 2 ranks") {
+    auto o = loop;
+    o.replan_every = 0;
+    for (auto step : all_steps) {
+      INFO("fault at " << moe::live::step_name(step));
+      check_fault(serve_staged<2>(100, o, step));
     }
   }
 }
