@@ -241,11 +241,23 @@ def main():
               "- time: mean of 50 back-to-back launches (CUDA events); graph_us: the same in one CUDA graph; "
               "target (issue 35): 10 us a layer", "",
               "| benchmark | time (us) | " + " | ".join(bcols) + " |", "|---|---:|" + "---:|" * len(bcols)]
+    stages = []
     for b in bdata.get("benchmarks", []):
         if b.get("run_type") == "aggregate": continue
+        if b["name"].startswith("DeviceSplitStages"):
+            stages.append(b)
+            continue
         err = " (ERROR: " + b.get("error_message", "") + ")" if b.get("error_occurred") else ""
         lines.append(f"| {b['name'].replace('/manual_time', '')}{err} | {fmt(b.get('real_time'))} | "
                      + " | ".join(fmt(b.get(c)) for c in bcols) + " |")
+    if stages:
+        names = ["counts", "totals", "lists", "start", "max_load", "tie_breaks", "sources", "matching"]
+        lines += ["", "Where a split's time goes (DeviceSplitStages: thread 0's clock64 after each stage, mean of "
+                  "50 splits; share of the whole, and the whole in SM cycles):", "",
+                  "| tokens | " + " | ".join(names) + " | all (cycles) |", "|---|" + "---:|" * (len(names) + 1)]
+        for b in stages:
+            lines.append(f"| {b['name'].split('/')[1]} | "
+                         + " | ".join(fmt(b.get(n + "_share")) for n in names) + f" | {fmt(b.get('all_cycles'))} |")
     with open(out, "w") as f:
         f.write("\n".join(lines) + "\n")
     print("wrote", out)

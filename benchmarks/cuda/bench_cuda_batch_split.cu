@@ -6,9 +6,12 @@
 // launches captured in one CUDA graph and replayed (no launch overhead between them). The device
 // result is checked against the host split (max load and every take entry) before timing.
 // DealOneRank: one rank's 4096 x 8 pairs dealt to ranks by the reference deal kernel.
+// Stages: where a split's time goes, from thread 0's clock64 after each stage of the kernel (the
+// mean over 50 splits, in SM cycles and as a share of the whole).
 // scripts/gpu_bench.sh runs it as the step `split`.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -98,6 +101,41 @@ void BM_DeviceSplit(benchmark::State& state, int tokens) {
   state.SetLabel("DeepSeek-V3 EP32, EPLB 288 slots, h800:4");
 }
 
+void BM_DeviceSplitStages(benchmark::State& state, int tokens) {
+  auto s = moe::bench_split::make(tokens);
+  moe::replication::BatchSplit host(s.copies, s.topo);
+  kc::DeviceSplit dev(host.layout());
+  constexpr int K = kc::DeviceSplit::stamps_size;
+  kc::DeviceArray<std::int32_t> counts(s.counts.size()), take(dev.take_size());
+  kc::DeviceArray<long long> load(dev.load_size()), stamps(K);
+  kc::DeviceArray<Outcome> outcome(1);
+  kc::DeviceArray<unsigned char> work(dev.workspace_bytes() ? dev.workspace_bytes() : 1);
+  counts.upload(s.counts.data(), s.counts.size());
+  std::vector<double> sum(K, 0.0);
+  long long h[K];
+  constexpr int reps = 50;
+  for (auto _ : state) {
+    std::fill(sum.begin(), sum.end(), 0.0);
+    for (int i = 0; i <= reps; ++i) {
+      dev.run(counts.get(), take.get(), load.get(), outcome.get(), work.get(), stream(), stamps.get());
+      kc::check_cuda(cudaMemcpyAsync(h, stamps.get(), sizeof h, cudaMemcpyDeviceToHost, stream()), "stamps");
+      kc::check_cuda(cudaStreamSynchronize(stream()), "split");
+      if (i == 0) continue;  // warm-up
+      for (int k = 1; k < K; ++k) sum[static_cast<std::size_t>(k)] += static_cast<double>(h[k] - h[k - 1]);
+    }
+  }
+  static char const* names[K] = {"", "counts", "totals", "lists", "start", "max_load", "tie_breaks", "sources",
+                                 "matching"};
+  double all = 0;
+  for (int k = 1; k < K; ++k) all += sum[static_cast<std::size_t>(k)];
+  for (int k = 1; k < K; ++k) {
+    state.counters[std::string(names[k]) + "_cycles"] = sum[static_cast<std::size_t>(k)] / reps;
+    state.counters[std::string(names[k]) + "_share"] = all > 0 ? sum[static_cast<std::size_t>(k)] / all : 0;
+  }
+  state.counters["all_cycles"] = all / reps;
+  state.SetLabel("thread 0's clock64 per stage, mean of 50 splits");
+}
+
 void BM_DeviceSplitDealOneRank(benchmark::State& state, int tokens) {
   auto s = moe::bench_split::make(tokens);
   moe::replication::BatchSplit host(s.copies, s.topo);
@@ -125,6 +163,9 @@ int main(int argc, char** argv) {
     benchmark::RegisterBenchmark(("DeviceSplit/" + std::to_string(tokens)).c_str(), BM_DeviceSplit, tokens)
         ->UseManualTime()
         ->Unit(benchmark::kMicrosecond);
+  for (int tokens : {16, 64, 4096})
+    benchmark::RegisterBenchmark(("DeviceSplitStages/" + std::to_string(tokens)).c_str(), BM_DeviceSplitStages, tokens)
+        ->Iterations(1);
   benchmark::RegisterBenchmark("DeviceSplitDealOneRank/4096", BM_DeviceSplitDealOneRank, 4096)
       ->UseManualTime()
       ->Unit(benchmark::kMicrosecond);

@@ -31,7 +31,7 @@ if(benchmark_FOUND AND NOT MOE_SANITIZE)
                    --benchmark_min_time=0.000001)
   # bench_cuda_batch_split: the decode size and the deal (each checks the device split first).
   add_test(NAME bench_cuda_batch_split_emu_smoke
-           COMMAND bench_cuda_batch_split_emu "--benchmark_filter=(DeviceSplit/16|DeviceSplit/4096|Deal)"
+           COMMAND bench_cuda_batch_split_emu "--benchmark_filter=(DeviceSplit/16|DeviceSplit/4096|Stages/16|Deal)"
                    --benchmark_min_time=0.000001)
   set_tests_properties(bench_cuda_moe_emu_smoke bench_cuda_shuffle_emu_smoke bench_cuda_batch_split_emu_smoke PROPERTIES
                        LABELS emu TIMEOUT 900 FAIL_REGULAR_EXPRESSION "ERROR OCCURRED|moe-emu:")

@@ -56,11 +56,25 @@ struct SplitView {
 
 namespace detail {
 
-/// The header sums of the expert stage, shared by the block's threads: 64-bit atomic additions
-/// (two's complement, so the unsigned form adds signed values exactly).
-struct AtomicAdd {
-  __device__ void operator()(long long* p, long long v) const {
-    atomicAdd(reinterpret_cast<unsigned long long*>(p), static_cast<unsigned long long>(v));
+/// The sums of the expert stage, shared by the block's threads: the header's sums in registers
+/// (added to the header once per warp by flush()), the rank loads by 64-bit atomic additions (two's
+/// complement, so the unsigned form adds signed values exactly).
+struct BlockAdd {
+  long long* hdr;
+  long long sum[4] = {0, 0, 0, 0};
+  __device__ void operator()(long long* p, long long v) {
+    auto i = p - hdr;
+    if (i >= 0 && i < 4) sum[i] += v;
+    else atomicAdd(reinterpret_cast<unsigned long long*>(p), static_cast<unsigned long long>(v));
+  }
+  /// Every thread of the block calls it.
+  __device__ void flush() {
+    for (int k = 0; k < 4; ++k) {
+      long long v = sum[k];
+      for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, static_cast<unsigned>(o));
+      if ((threadIdx.x & 31) == 0 && v != 0)
+        atomicAdd(reinterpret_cast<unsigned long long*>(hdr + k), static_cast<unsigned long long>(v));
+    }
   }
 };
 
@@ -104,7 +118,8 @@ template <int Threads>
 __global__ void __launch_bounds__(Threads)
     batch_split_kernel(replication::split::Layout L, std::int32_t const* __restrict__ counts, std::int32_t* take,
                        long long* load, replication::split::Outcome* outcome, long long* global_work, int use_shared,
-                       int waves, int const* __restrict__ wave_first, int const* __restrict__ wave_expert) {
+                       int waves, int const* __restrict__ wave_first, int const* __restrict__ wave_expert,
+                       long long* stamps) {
   namespace split = replication::split;
   using split::detail::Work;
   MOE_EXTERN_SHARED(long long, smem);
@@ -116,6 +131,11 @@ __global__ void __launch_bounds__(Threads)
   auto& out = *reinterpret_cast<split::Outcome*>(out_raw);
   __shared__ unsigned long long local, same_server;
   int tid = static_cast<int>(threadIdx.x), n = static_cast<int>(blockDim.x);
+  // profiling (DeviceSplit::run's `stamps`): thread 0's clock64 at the start and after each stage
+  auto stamp = [&](int k) {
+    if (stamps != nullptr && tid == 0) stamps[k] = clock64();
+  };
+  stamp(0);
   long long* work = global_work;
   if (use_shared) {  // the workspace, then the copy lists and servers, in shared memory
     work = smem;
@@ -135,6 +155,7 @@ __global__ void __launch_bounds__(Threads)
   // 1. pairs per (source server, expert): every thread, a stride of experts
   if (split::count_servers(L, counts, work, tid, n) < 0) atomicOr(&negative, 1);
   __syncthreads();
+  stamp(1);
   if (negative) {
     if (tid == 0) {
       out = split::Outcome{};
@@ -146,9 +167,14 @@ __global__ void __launch_bounds__(Threads)
   // 2a-b. the ranks of each server (thread 0), then every expert's totals (a stride of experts)
   if (tid == 0) split::decide_begin(L, W);
   __syncthreads();
-  for (int e = tid; e < E; e += n) split::expert_totals(L, counts, W, e, AtomicAdd{});
+  {
+    BlockAdd add{W.hdr};
+    for (int e = tid; e < E; e += n) split::expert_totals(L, counts, W, e, add);
+    add.flush();
+  }
   __syncthreads();
   if (tid == 0) T_s = split::lower_bound(L, W);  // from the fixed loads, before the start
+  stamp(2);
   // 2c. the lists in expert order: each thread a run of experts, placed by prefix sums
   int chunk = (E + n - 1) / n, lo = tid * chunk, hi = lo + chunk < E ? lo + chunk : E;
   int my_multi = 0, my_arcs = 0, my_mc = 0;
@@ -175,6 +201,7 @@ __global__ void __launch_bounds__(Threads)
   for (int g = tid; g < G; g += n) W.load0[g] = W.load[g];
   for (int c = tid; c < L.slots; c += n) W.y[c] = 0, W.mark[c] = -1;
   __syncthreads();
+  stamp(3);
   // 2d. the start, wave by wave
   for (int w = 0; w < waves; ++w) {
     for (int i = wave_first[w] + tid; i < wave_first[w + 1]; i += n) {
@@ -183,6 +210,7 @@ __global__ void __launch_bounds__(Threads)
     }
     __syncthreads();
   }
+  stamp(4);
   for (int c = tid; c < L.slots; c += n) W.y0[c] = W.y[c];
   for (int g = tid; g < G; g += n) W.load_s[g] = W.load[g];
   __syncthreads();
@@ -246,6 +274,7 @@ __global__ void __launch_bounds__(Threads)
     }
     __syncthreads();
   }
+  stamp(5);
   // 2f. the tie-breaks from the same start: successive shortest paths, each path's rounds over the
   // threads (split::least_cost says what they compute), its augmentation on thread 0
   for (int c = tid; c < L.slots; c += n) W.y[c] = W.y0[c];
@@ -331,6 +360,7 @@ __global__ void __launch_bounds__(Threads)
     for (int g = 0; g < G; ++g) out.max_load = split::detail::lmax(out.max_load, W.load[g]);
   }
   __syncthreads();
+  stamp(6);
   if (out.bad) {
     if (tid == 0) *outcome = out;
     return;
@@ -340,16 +370,25 @@ __global__ void __launch_bounds__(Threads)
   // of experts); integer sums, so the order of the atomics does not change them
   split::gather_sources(L, counts, take, work, tid, n);
   __syncthreads();
+  stamp(7);
   long long l = 0, s = 0;
   split::match(L, take, work, tid, n, &l, &s);
-  atomicAdd(&local, static_cast<unsigned long long>(l));
-  atomicAdd(&same_server, static_cast<unsigned long long>(s));
+  // warp sums first: 64-bit shared atomics on one word from every thread would serialise
+  for (int o = 16; o > 0; o >>= 1) {
+    l += __shfl_down_sync(0xffffffffu, l, static_cast<unsigned>(o));
+    s += __shfl_down_sync(0xffffffffu, s, static_cast<unsigned>(o));
+  }
+  if ((tid & 31) == 0 && (l != 0 || s != 0)) {
+    atomicAdd(&local, static_cast<unsigned long long>(l));
+    atomicAdd(&same_server, static_cast<unsigned long long>(s));
+  }
   __syncthreads();
   if (tid == 0) {
     out.local += static_cast<long long>(local);
     out.same_server += static_cast<long long>(same_server);
     *outcome = out;
   }
+  stamp(8);
 }
 
 template <int Threads>
@@ -377,6 +416,8 @@ __global__ void __launch_bounds__(Threads)
 class DeviceSplit {
 public:
   static constexpr int threads = 256;
+  /// Entries of run()'s `stamps`.
+  static constexpr int stamps_size = 9;
   /// Shared memory a block may use without an opt-in on every CUDA GPU.
   static constexpr std::size_t max_shared = 48 * 1024;
 
@@ -461,14 +502,17 @@ public:
 
   /// Splits the batch whose counts (ranks x experts int32, device) are in `counts`: one kernel on
   /// `stream`, no synchronisation. `workspace`: workspace_bytes() bytes (may be null when 0).
+  /// `stamps` (profiling, normally null): device memory for `stamps_size` clock64 values of thread 0,
+  /// at the kernel's start and after each stage (counts, expert totals, lists, start, least max
+  /// load, tie-breaks, sources, matching).
   void run(std::int32_t const* counts, std::int32_t* take, long long* load, replication::split::Outcome* outcome,
-           void* workspace, cudaStream_t stream) const {
+           void* workspace, cudaStream_t stream, long long* stamps = nullptr) const {
     bool shared = shared_bytes() > 0;
     check(shared || workspace != nullptr, "device batch split: the workspace (", work_bytes(),
           " bytes) does not fit in shared memory and none was given");
     launch(detail::batch_split_kernel<threads>, dim3(1), dim3(threads), shared_bytes(), stream, layout_, counts, take,
            load, outcome, static_cast<long long*>(workspace), shared ? 1 : 0, waves_, wave_first_.get(),
-           wave_expert_.get());
+           wave_expert_.get(), stamps);
     check_launch("batch_split_kernel");
   }
 

@@ -304,10 +304,16 @@ MOE_HOST_DEVICE inline std::int32_t count_servers(Layout const& L, std::int32_t 
     }
     return sign;
   }
+  // eight rows' loads before their sums: the loads do not wait on the stores (a GPU thread would
+  // otherwise pay one memory latency per rank)
+  constexpr int batch = 8;
   for (int e = part; e < L.experts; e += parts)
-    for (int r = 0; r < L.ranks; ++r) {
-      std::int32_t n = counts[static_cast<long long>(r) * L.experts + e];
-      W.P[static_cast<long long>(L.server[r]) * L.experts + e] += n, sign |= n;
+    for (int r0 = 0; r0 < L.ranks; r0 += batch) {
+      std::int32_t n[batch];
+      for (int j = 0; j < batch; ++j)
+        n[j] = r0 + j < L.ranks ? counts[static_cast<long long>(r0 + j) * L.experts + e] : 0;
+      for (int j = 0; j < batch && r0 + j < L.ranks; ++j)
+        W.P[static_cast<long long>(L.server[r0 + j]) * L.experts + e] += n[j], sign |= n[j];
     }
   return sign;
 }
@@ -332,7 +338,7 @@ MOE_HOST_DEVICE inline void decide_begin(Layout const& L, detail::Work& W) {
 /// pairs (an expert the flow decides).
 template <class Add>
 MOE_HOST_DEVICE inline bool expert_totals(Layout const& L, std::int32_t const* counts, detail::Work& W, int e,
-                                          Add add) {
+                                          Add& add) {
   using namespace detail;
   int E = L.experts;
   long long n = 0;
@@ -511,8 +517,9 @@ MOE_HOST_DEVICE inline Outcome decide(Layout const& L, std::int32_t const* count
   }
   decide_begin(L, W);
   W.n_multi = 0;
+  PlainAdd add;
   for (int e = 0; e < E; ++e)
-    if (expert_totals(L, counts, W, e, PlainAdd{})) W.multi[W.n_multi++] = e;
+    if (expert_totals(L, counts, W, e, add)) W.multi[W.n_multi++] = e;
   long long T = lower_bound(L, W), total = W.hdr[kTotal];
   long long A = total + 1;  // one local pair outweighs every same-server pair
   W.n_arcs = 0;
@@ -589,28 +596,30 @@ MOE_HOST_DEVICE inline Outcome decide(Layout const& L, std::int32_t const* count
   decide_end(L, load, W, &out);
   return out;
 }
-/// Stage 3 (the rows r = part, part + parts, ...): the sources' pairs of the experts with copies,
-/// expert-major, and their take entries cleared (one copy: all its pairs go there, take is not
-/// written). After decide().
+/// Stage 3 (the (expert with copies, row) pairs p = part, part + parts, ...): the sources' pairs of
+/// the experts with copies, expert-major, and their take entries cleared (one copy: all its pairs go
+/// there, take is not written). After decide().
 MOE_HOST_DEVICE inline void gather_sources(Layout const& L, std::int32_t const* counts, std::int32_t* take,
                                            long long* work, int part, int parts) {
   detail::Work W(L, work);
   int G = L.ranks, E = L.experts;
   long long n_mc = W.hdr[detail::kMc];
-  for (int r = part; r < G; r += parts) {
-    std::int32_t const* row = counts + static_cast<long long>(r) * E;
+  for (long long p = part; p < n_mc * G; p += parts) {
+    long long i = p / G;
+    int r = static_cast<int>(p - i * G);
+    int e = static_cast<int>(W.mc[i]);
+    W.supply[p] = counts[static_cast<long long>(r) * E + e];
     std::int32_t* trow = take + static_cast<long long>(r) * L.slots;
-    for (long long i = 0; i < n_mc; ++i) {
-      int e = static_cast<int>(W.mc[i]);
-      W.supply[i * G + r] = row[e];
-      for (int c = L.first[e]; c < L.first[e + 1]; ++c) trow[c] = 0;
-    }
+    for (int c = L.first[e]; c < L.first[e + 1]; ++c) trow[c] = 0;
   }
 }
 
 /// Stage 4 (the experts with copies i = part, part + parts, ...): the split per (source rank, slot)
 /// of each: own rank first, then own server, then the rest, each in rank order. Adds the pairs kept
 /// on their rank and server to `local` and `same_server`. After gather_sources() for every row.
+/// Each (rank, slot) entry gets at most one non-zero amount (after an entry's amount, its rank has
+/// no pair left or its copy needs none), so the entries are stored, never added to: a GPU thread
+/// does not wait for them.
 MOE_HOST_DEVICE inline void match(Layout const& L, std::int32_t* take, long long* work, int part, int parts,
                                   long long* local, long long* same_server) {
   using namespace detail;
@@ -635,7 +644,7 @@ MOE_HOST_DEVICE inline void match(Layout const& L, std::int32_t* take, long long
         int r = static_cast<int>(W.srank[at]);
         long long m = lmin(rem[r], W.need[c]);
         if (m == 0) continue;
-        take[static_cast<long long>(r) * L.slots + c] += static_cast<std::int32_t>(m);
+        take[static_cast<long long>(r) * L.slots + c] = static_cast<std::int32_t>(m);
         rem[r] -= m, W.need[c] -= m, same += m;
       }
     }
@@ -646,7 +655,7 @@ MOE_HOST_DEVICE inline void match(Layout const& L, std::int32_t* take, long long
           ++r;
           continue;
         }
-        take[static_cast<long long>(r) * L.slots + c] += static_cast<std::int32_t>(m);
+        take[static_cast<long long>(r) * L.slots + c] = static_cast<std::int32_t>(m);
         rem[r] -= m, W.need[c] -= m;
       }
   }

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <bit>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -60,6 +61,12 @@ inline void __syncwarp(unsigned mask = 0xffffffffu, std::source_location where =
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 inline void __threadfence_block() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 [[noreturn]] inline void __trap() { ::emu::kernel_fail("__trap() executed"); }
+/// The SM's cycle counter: here the host's steady clock in nanoseconds (monotonic per thread, as
+/// on the GPU; only differences mean anything, and on the emulator they are not GPU cycles).
+inline long long clock64() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 template <class T>
 T __shfl_sync(unsigned mask, T v, int src, int width = 32, std::source_location where = std::source_location::current()) {
