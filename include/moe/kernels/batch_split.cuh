@@ -248,30 +248,7 @@ __global__ void __launch_bounds__(Threads)
       if (end < G || !grew) break;
       __syncthreads();  // grew is reset for the next round after every thread has read it
     }
-    if (tid == 0) {
-      if (end == G) {  // the reached ranks hold all their experts' copies: T rises to their mean
-        long long sum = 0, cnt = 0;
-        for (int g = 0; g < G; ++g)
-          if (W.dist[g] >= 0) sum += W.load[g], ++cnt;
-        T_s = split::detail::lmax(T + 1, (sum + cnt - 1) / cnt);
-      } else {
-        long long amount = T - W.load[end];
-        int g = end;
-        while (W.dist[g] > 0) {
-          int a = static_cast<int>(W.pred[g]);
-          amount = split::detail::lmin(amount, W.y[W.arc_c[a]]);
-          g = L.rank[W.arc_c[a]];
-        }
-        amount = split::detail::lmin(amount, W.load[g] - T);
-        g = end;
-        while (W.dist[g] > 0) {
-          int a = static_cast<int>(W.pred[g]);
-          W.y[W.arc_c[a]] -= amount, W.y[W.arc_d[a]] += amount;
-          g = L.rank[W.arc_c[a]];
-        }
-        W.load[end] += amount, W.load[g] -= amount;
-      }
-    }
+    if (tid == 0) T_s = split::max_load_step(L, W, T, end == G ? -1 : end);
     __syncthreads();
   }
   stamp(5);

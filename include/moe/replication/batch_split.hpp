@@ -388,6 +388,36 @@ MOE_HOST_DEVICE inline bool bfs_arc(Layout const& L, detail::Work const& W, int 
   return W.dist[L.rank[c]] == round && W.y[c] > 0;
 }
 
+/// One step of the least max load after a breadth-first search (dist, pred) from the ranks above T:
+/// with `end` (a reached rank below T, or -1 when none was reached) moves what the path can carry
+/// from its origin to `end`; without, the reached ranks hold every copy of every expert they serve,
+/// so T rises to their mean (a Newton step). Returns the new T.
+MOE_HOST_DEVICE inline long long max_load_step(Layout const& L, detail::Work& W, long long T, int end) {
+  using namespace detail;
+  if (end < 0) {
+    long long sum = 0, n = 0;
+    for (int g = 0; g < L.ranks; ++g)
+      if (W.dist[g] >= 0) sum += W.load[g], ++n;
+    return lmax(T + 1, (sum + n - 1) / n);
+  }
+  long long amount = T - W.load[end];
+  int g = end;
+  while (W.dist[g] > 0) {
+    int a = static_cast<int>(W.pred[g]);
+    amount = lmin(amount, W.y[W.arc_c[a]]);
+    g = L.rank[W.arc_c[a]];
+  }
+  amount = lmin(amount, W.load[g] - T);
+  g = end;
+  while (W.dist[g] > 0) {
+    int a = static_cast<int>(W.pred[g]);
+    W.y[W.arc_c[a]] -= amount, W.y[W.arc_d[a]] += amount;
+    g = L.rank[W.arc_c[a]];
+  }
+  W.load[end] += amount, W.load[g] -= amount;
+  return T;
+}
+
 /// The tie-breaks' arc costs for the present split: arc a's cost (move_cost), or `inf` when its copy
 /// has no pair to give. The split does not change while a shortest path is searched.
 MOE_HOST_DEVICE inline long long arc_cost(Layout const& L, detail::Work const& W, int a, long long A) {
@@ -558,28 +588,7 @@ MOE_HOST_DEVICE inline Outcome decide(Layout const& L, std::int32_t const* count
         if (W.dist[h] == round + 1 && W.load[h] < T) end = h;
       if (!grew) break;
     }
-    if (end < 0) {  // the reached ranks hold all their experts' copies: T rises to their mean
-      long long sum = 0, n = 0;
-      for (int g = 0; g < G; ++g)
-        if (W.dist[g] >= 0) sum += W.load[g], ++n;
-      T = lmax(T + 1, (sum + n - 1) / n);
-      continue;
-    }
-    long long amount = T - W.load[end];
-    int g = end;
-    while (W.dist[g] > 0) {
-      int a = static_cast<int>(W.pred[g]);
-      amount = lmin(amount, W.y[W.arc_c[a]]);
-      g = L.rank[W.arc_c[a]];
-    }
-    amount = lmin(amount, W.load[g] - T);
-    g = end;
-    while (W.dist[g] > 0) {
-      int a = static_cast<int>(W.pred[g]);
-      W.y[W.arc_c[a]] -= amount, W.y[W.arc_d[a]] += amount;
-      g = L.rank[W.arc_c[a]];
-    }
-    W.load[end] += amount, W.load[g] -= amount;
+    T = max_load_step(L, W, T, end);
   }
 
   // --- 2-3. least cost at that T (or the slack's cap): successive shortest paths from the same start
