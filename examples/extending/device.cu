@@ -145,7 +145,8 @@ DeviceRun run_device(moe::LayerWeights<float> const& weights, std::vector<float>
     auto mine = weights;
     std::vector<moe::ExpertWeights<float>> kept(weights.experts.size());
     for (int e = 0; e < shape.experts; ++e)
-      if (replicas.holds(e, placement.rank_of(e), rank)) kept[static_cast<std::size_t>(e)] = weights.experts[static_cast<std::size_t>(e)];
+      if (replicas.holds(e, placement.rank_of(e), rank))
+        kept[static_cast<std::size_t>(e)] = weights.experts[static_cast<std::size_t>(e)];
     mine.experts = kept;
     DeviceWeights<float> on_device(shape, mine);
     Layer layer(comm, placement, replicas, on_device.view(), {.max_tokens = tokens_per_rank});
@@ -179,7 +180,8 @@ Records expected_records(std::vector<int> const& ids, Choose choose) {
   for (int t = 0; t < total; ++t) {
     int source = t / tokens_per_rank;
     std::set<int> serving;
-    for (int j = 0; j < shape.top_k; ++j) serving.insert(choose(ids[static_cast<std::size_t>(t * shape.top_k + j)], source, t));
+    for (int j = 0; j < shape.top_k; ++j)
+      serving.insert(choose(ids[static_cast<std::size_t>(t * shape.top_k + j)], source, t));
     for (int d : serving) {
       ++(d == source ? r.kept : r.sent)[static_cast<std::size_t>(source)];
       ++r.received[static_cast<std::size_t>(d)];
@@ -207,7 +209,8 @@ double route_margin(moe::LayerWeights<float> const& w, std::vector<float> const&
         bound[e] += gamma * std::abs(p);
       }
     std::vector<char> chosen(l.size(), 0);
-    for (std::size_t j = 0; j < static_cast<std::size_t>(shape.top_k); ++j) chosen[static_cast<std::size_t>(ids[t * shape.top_k + j])] = 1;
+    for (std::size_t j = 0; j < static_cast<std::size_t>(shape.top_k); ++j)
+      chosen[static_cast<std::size_t>(ids[t * shape.top_k + j])] = 1;
     for (std::size_t a = 0; a < l.size(); ++a)
       for (std::size_t b = 0; b < l.size(); ++b)
         if (chosen[a] && !chosen[b] && l[a] != l[b]) margin = std::min(margin, (l[a] - l[b]) / (bound[a] + bound[b]));

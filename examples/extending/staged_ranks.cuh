@@ -75,7 +75,8 @@ private:
     namespace kc = moe::kernels::cuda;
     std::vector<std::byte> h(d.size());
     if (!h.empty())
-      kc::check_cuda(cudaMemcpyAsync(h.data(), d.data(), h.size(), cudaMemcpyDeviceToHost, stream_), "StagedRanks: to host");
+      kc::check_cuda(cudaMemcpyAsync(h.data(), d.data(), h.size(), cudaMemcpyDeviceToHost, stream_),
+                     "StagedRanks: to host");
     kc::check_cuda(cudaStreamSynchronize(stream_), "StagedRanks: stream sync");
     return h;
   }
@@ -84,7 +85,8 @@ private:
     namespace kc = moe::kernels::cuda;
     moe::check(h.size() <= d.size(), "StagedRanks: ", h.size(), " bytes received into a buffer of ", d.size());
     if (!h.empty())
-      kc::check_cuda(cudaMemcpyAsync(d.data(), h.data(), h.size(), cudaMemcpyHostToDevice, stream_), "StagedRanks: to device");
+      kc::check_cuda(cudaMemcpyAsync(d.data(), h.data(), h.size(), cudaMemcpyHostToDevice, stream_),
+                     "StagedRanks: to device");
     kc::check_cuda(cudaStreamSynchronize(stream_), "StagedRanks: stream sync");
   }
 
