@@ -3,10 +3,13 @@
 // top-8, hidden 64, expert width 32, fp32), seeded weights and tokens, the single-process reference
 // (moe::reference_forward, include/moe/layer/reference.hpp) over all tokens, and one run of a
 // moe::Layer on `Ranks` in-process ranks (threads), each holding only the experts it serves.
-// Nothing here is a policy: each program defines its own in its own file (docs/extending.md).
+// Nothing here is a policy: each program defines its own in its own file, or (the router and the
+// replica policy, which device.cu runs on the device path too) in a header of its own
+// (docs/extending.md).
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <functional>
 #include <random>
@@ -39,6 +42,18 @@ struct Run {
   [[nodiscard]] int source(int t) const { return t / tokens_per_rank; }
 };
 
+/// The seed of every program's layer weights (moe::RandomLayerWeights<float>(shape, weight_seed)).
+inline constexpr std::uint64_t weight_seed = 11;
+
+/// `total` tokens of `shape.hidden` values, seeded and standard normal: the same in every program.
+inline std::vector<float> seeded_tokens(int total) {
+  std::vector<float> x(static_cast<std::size_t>(total) * static_cast<std::size_t>(shape.hidden));
+  std::mt19937_64 rng(12);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (auto& v : x) v = normal(rng);
+  return x;
+}
+
 /// Runs Layer<Model, Router, Placement, Replicas, Schedule, Comm> on `Ranks` in-process ranks, where
 /// Comm is what `wrap(InProcess<Ranks>&)` returns a reference to (the in-process collective itself
 /// by default), and the reference with the same Router on the whole batch.
@@ -49,11 +64,8 @@ Run run_layer(Placement const& placement, Replicas const& replicas, int tokens_p
   r.ranks = Ranks;
   r.tokens_per_rank = tokens_per_rank;
   int total = Ranks * tokens_per_rank;
-  moe::RandomLayerWeights<float> weights(shape, 11);
-  r.x.resize(static_cast<std::size_t>(total) * h);
-  std::mt19937_64 rng(12);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (auto& v : r.x) v = normal(rng);
+  moe::RandomLayerWeights<float> weights(shape, weight_seed);
+  r.x = seeded_tokens(total);
   r.reference.resize(r.x.size());
   r.y.resize(r.x.size());
   r.ids.resize(static_cast<std::size_t>(total) * static_cast<std::size_t>(shape.top_k));

@@ -3,7 +3,8 @@
 // copy on the rank the placement names. moe::Layer calls validate(experts, ranks, placement) in
 // its constructor, holds(expert, primary, rank) there too (which weights this rank must have) and
 // on each received record, and choose(expert, primary, source_rank, token) in run() for every
-// token-expert pair of this rank's tokens, before the dispatch.
+// token-expert pair of this rank's tokens, before the dispatch. The policy is in
+// hot_everywhere.hpp, which device.cu shares (it adds the policy's device form).
 //
 // Checks: the layer on 4 in-process ranks matches moe::reference_forward; on every rank the
 // number of pairs served locally equals the count from the reference's routes (a pair is local
@@ -13,27 +14,7 @@
 #include <vector>
 
 #include "check.hpp"
-
-class HotEverywhere {
-public:
-  explicit HotEverywhere(std::vector<int> hot) : hot_(std::move(hot)) {}
-
-  /// The rank that serves this (token, expert) pair; `token` is the global token index.
-  [[nodiscard]] int choose(int expert, int primary, int source_rank, long long /*token*/) const {
-    return is_hot(expert) ? source_rank : primary;
-  }
-  /// Whether `rank` holds a copy of `expert` (whose primary copy is on `primary`).
-  [[nodiscard]] bool holds(int expert, int primary, int rank) const { return is_hot(expert) || primary == rank; }
-  /// Throws moe::Error when the policy does not fit the layer.
-  void validate(int experts, int /*ranks*/, std::span<int const> /*placement*/) const {
-    for (int e : hot_) moe::check(e >= 0 && e < experts, "HotEverywhere: hot expert ", e, " outside [0, ", experts, ")");
-  }
-
-private:
-  [[nodiscard]] bool is_hot(int expert) const { return std::find(hot_.begin(), hot_.end(), expert) != hot_.end(); }
-  std::vector<int> hot_;
-};
-static_assert(moe::replication::Policy<HotEverywhere>);
+#include "hot_everywhere.hpp"
 
 int main() {
   using namespace extending;

@@ -1,7 +1,8 @@
 // A router policy of one's own: TemperedTopK keeps each token's top_k experts by logit and weights
 // them with a softmax over the chosen logits at temperature 0.5 (sharper than the model's own
 // router). moe::Layer calls Router::route once per token after the gate GEMM, on every rank for its
-// own tokens; Router::fits is checked at compile time against the model's shape.
+// own tokens; Router::fits is checked at compile time against the model's shape. The policy is in
+// tempered_top_k.hpp, which device.cu shares (it adds the router's device form).
 //
 // Checks: route() on hand-made logits gives the expected experts and weights; the layer on 4
 // in-process ranks matches moe::reference_forward with the same router; and its output differs
@@ -13,35 +14,7 @@
 #include <string_view>
 
 #include "check.hpp"
-
-struct TemperedTopK {
-  static constexpr std::string_view name = "tempered-top-k";
-  static constexpr float temperature = 0.5f;
-
-  /// Softmax-scored, ungrouped shapes only (a grouped or sigmoid model fails to compile).
-  static constexpr bool fits(moe::ShapeSpec const& s) { return s.scoring == moe::Scoring::softmax && s.groups == 1; }
-
-  /// One token: `logits` has one entry per expert (`bias` is the model's correction bias, unused
-  /// here); writes top_k expert ids and their weights.
-  static void route(moe::ShapeSpec const& s, std::span<float const> logits, std::span<float const> /*bias*/,
-                    std::span<int> ids, std::span<float> weights) {
-    std::vector<int> order(logits.size());
-    std::iota(order.begin(), order.end(), 0);
-    auto k = static_cast<std::size_t>(s.top_k);
-    std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(), [&](int a, int b) {
-      return logits[static_cast<std::size_t>(a)] > logits[static_cast<std::size_t>(b)] ||
-             (logits[static_cast<std::size_t>(a)] == logits[static_cast<std::size_t>(b)] && a < b);
-    });
-    float top = logits[static_cast<std::size_t>(order[0])], sum = 0;
-    for (std::size_t j = 0; j < k; ++j) {
-      ids[j] = order[j];
-      weights[j] = std::exp((logits[static_cast<std::size_t>(order[j])] - top) / temperature);
-      sum += weights[j];
-    }
-    for (std::size_t j = 0; j < k; ++j) weights[j] = weights[j] / sum * s.routed_scale;
-  }
-};
-static_assert(moe::router::Policy<TemperedTopK>);
+#include "tempered_top_k.hpp"
 
 int main() {
   using namespace extending;
@@ -69,7 +42,7 @@ int main() {
   ok &= expect(run.relative_error() < 1e-5, "layer matches the reference with the same router");
 
   // The model's own router gives another output: the layer did use TemperedTopK.
-  moe::RandomLayerWeights<float> weights(shape, 11);
+  moe::RandomLayerWeights<float> weights(shape, weight_seed);
   std::vector<float> other(run.x.size());
   moe::reference_forward<moe::router::ForModel<Model>>(shape, weights.view(), 4 * 16, run.x.data(), other.data());
   double diff = 0;
