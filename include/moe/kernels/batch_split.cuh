@@ -177,14 +177,13 @@ __global__ void __launch_bounds__(Threads)
   stamp(2);
   // 2c. the lists in expert order: each thread a run of experts, placed by prefix sums
   int chunk = (E + n - 1) / n, lo = tid * chunk, hi = lo + chunk < E ? lo + chunk : E;
-  int my_multi = 0, my_arcs = 0, my_mc = 0;
+  int my_arcs = 0, my_mc = 0;
   for (int e = lo; e < hi; ++e) {
     bool copies = L.first[e + 1] - L.first[e] > 1;
     my_mc += copies;
-    if (copies && W.N[e] > 0) ++my_multi, my_arcs += split::expert_arc_count(L, e);
+    if (copies && W.N[e] > 0) my_arcs += split::expert_arc_count(L, e);
   }
-  int n_multi = 0, n_arcs = 0, n_mc = 0;
-  int at_multi = block_exclusive_scan<Threads>(my_multi, warp_sums, &n_multi);
+  int n_arcs = 0, n_mc = 0;
   int at_arcs = block_exclusive_scan<Threads>(my_arcs, warp_sums, &n_arcs);
   int at_mc = block_exclusive_scan<Threads>(my_mc, warp_sums, &n_mc);
   for (int e = lo; e < hi; ++e) {
@@ -192,13 +191,10 @@ __global__ void __launch_bounds__(Threads)
     if (L.first[e + 1] - L.first[e] == 1) continue;
     W.mc[at_mc++] = e;
     if (W.N[e] == 0) continue;
-    W.multi[at_multi++] = e;
     split::expert_arcs(L, counts, W, e, at_arcs);
     at_arcs += split::expert_arc_count(L, e);
   }
-  if (tid == 0) W.hdr[split::detail::kMulti] = n_multi, W.hdr[split::detail::kArcs] = n_arcs,
-                W.hdr[split::detail::kMc] = n_mc;
-  for (int g = tid; g < G; g += n) W.load0[g] = W.load[g];
+  if (tid == 0) W.hdr[split::detail::kArcs] = n_arcs, W.hdr[split::detail::kMc] = n_mc;
   for (int c = tid; c < L.slots; c += n) W.y[c] = 0, W.mark[c] = -1;
   __syncthreads();
   stamp(3);

@@ -109,7 +109,7 @@ MOE_HOST_DEVICE inline long long lmax(long long a, long long b) { return a > b ?
 
 /// The workspace, carved from one array of 64-bit words.
 struct Work {
-  long long *N, *load, *y, *loc, *srvN, *sexp, *load0, *P, *dist, *pred, *path, *rem, *arc_c, *arc_d, *multi, *mark,
+  long long *N, *load, *y, *loc, *srvN, *sexp, *P, *dist, *pred, *path, *rem, *arc_c, *arc_d, *multi, *mark,
       *need, *srank, *sfirst, *mc, *supply, *hdr, *P32, *y0, *load_s, *ndist, *hop, *cost;
   int n_multi = 0, n_arcs = 0;
 
@@ -123,7 +123,6 @@ struct Work {
     N = take(L.experts);
     multi = take(L.experts);
     load = take(L.ranks);
-    load0 = take(L.ranks);
     dist = take(L.ranks);
     pred = take(L.ranks);
     path = take(L.ranks + L.servers + 1);  // the arcs of a shortest path; also a cursor per server
@@ -153,7 +152,7 @@ struct Work {
 
 /// Words of Work::hdr: the experts with copies (for the matching stages), the sums of decide()'s
 /// expert stage, and the counts of its lists (so that the threads of a block can share them).
-enum Header : int { kMc = 0, kTotal = 1, kLocal = 2, kSame = 3, kMulti = 4, kArcs = 5 };
+enum Header : int { kMc = 0, kTotal = 1, kLocal = 2, kSame = 3, kArcs = 4 };
 
 /// The sums of the expert stage on the host: plain additions (a CUDA block adds atomically).
 struct PlainAdd {
@@ -558,10 +557,9 @@ MOE_HOST_DEVICE inline Outcome decide(Layout const& L, std::int32_t const* count
     expert_arcs(L, counts, W, e, W.n_arcs);
     W.n_arcs += expert_arc_count(L, e);
   }
-  W.hdr[kMulti] = W.n_multi, W.hdr[kArcs] = W.n_arcs;
+  W.hdr[kArcs] = W.n_arcs;
   for (int e = 0; e < E; ++e)
     for (int c = L.first[e]; c < L.first[e + 1]; ++c) W.sexp[c] = e;
-  for (int g = 0; g < G; ++g) W.load0[g] = W.load[g];
   start(L, W);
   for (int c = 0; c < L.slots; ++c) W.y0[c] = W.y[c];  // the start, for the tie-breaks below
   for (int g = 0; g < G; ++g) W.load_s[g] = W.load[g];
