@@ -274,6 +274,36 @@ void score_outputs(std::vector<RankResult>& results, std::vector<int> const& cou
   }
 }
 
+/// The rank the replica policy sends each pair of the reference's routes `ids` (tokens of all ranks,
+/// in rank order, `counts` per rank) to: the policy's rule; for replication::BatchSplit, the host
+/// policy's split of this batch's counts, each rank's pairs dealt in token order (BatchSplit::deal).
+template <class Replicas>
+std::vector<int> expected_dests(Replicas const& replicas, std::vector<int> const& primary, std::vector<int> const& ids,
+                                std::vector<int> const& counts, int k, int experts) {
+  std::vector<int> dest(ids.size());
+  int ranks = static_cast<int>(counts.size());
+  if constexpr (std::is_same_v<Replicas, moe::replication::BatchSplit>) {
+    auto policy = replicas;
+    std::vector<std::int32_t> all(static_cast<std::size_t>(ranks) * static_cast<std::size_t>(experts), 0);
+    for (int r = 0, t0 = 0; r < ranks; t0 += counts[static_cast<std::size_t>(r)], ++r)
+      for (std::size_t i = static_cast<std::size_t>(t0) * k; i < static_cast<std::size_t>(t0 + counts[static_cast<std::size_t>(r)]) * k; ++i)
+        ++all[static_cast<std::size_t>(r) * static_cast<std::size_t>(experts) + static_cast<std::size_t>(ids[i])];
+    policy.plan_batch(all);
+    for (int r = 0, t0 = 0; r < ranks; t0 += counts[static_cast<std::size_t>(r)], ++r) {
+      auto first = static_cast<std::size_t>(t0) * k, n = static_cast<std::size_t>(counts[static_cast<std::size_t>(r)]) * k;
+      policy.deal(r, std::span<int const>(ids).subspan(first, n), std::span<int>(dest).subspan(first, n));
+    }
+  } else {
+    for (int r = 0, t0 = 0; r < ranks; t0 += counts[static_cast<std::size_t>(r)], ++r)
+      for (int t = t0; t < t0 + counts[static_cast<std::size_t>(r)]; ++t)
+        for (int j = 0; j < k; ++j) {
+          auto i = static_cast<std::size_t>(t) * k + static_cast<std::size_t>(j);
+          dest[i] = replicas.choose(ids[i], primary[static_cast<std::size_t>(ids[i])], r, t);
+        }
+  }
+  return dest;
+}
+
 /// Four ranks, tokens per rank `counts`, experts placed by `placement`, copies by `replicas`.
 template <class Model, class Router, class Replicas>
 std::vector<RankResult> four_ranks(std::vector<int> const& counts, moe::placement::Table const& placement,
@@ -297,6 +327,7 @@ std::vector<RankResult> four_ranks(std::vector<int> const& counts, moe::placemen
   std::vector<int> primary = placement.ranks();
   int max_tokens = std::max(1, *std::max_element(counts.begin(), counts.end()));
   std::vector<RankResult> results(N);
+  auto dest_of = expected_dests(replicas, primary, ids, counts, s.top_k, s.experts);
 
   moe::collective::run_in_process<N>([&](moe::collective::InProcess<N>& host) {
     StagedDevice<N> comm(host);
@@ -331,8 +362,7 @@ std::vector<RankResult> four_ranks(std::vector<int> const& counts, moe::placemen
     for (int t = first; t < first + counts[static_cast<std::size_t>(rank)]; ++t) {
       std::vector<int> dests;
       for (std::size_t j = 0; j < k; ++j) {
-        int e = ids[static_cast<std::size_t>(t) * k + j];
-        int d = replicas.choose(e, primary[static_cast<std::size_t>(e)], rank, t);
+        int d = dest_of[static_cast<std::size_t>(t) * k + j];
         if (d == rank) continue;
         if (!dedup || std::find(dests.begin(), dests.end(), d) == dests.end()) {
           dests.push_back(d);
@@ -398,6 +428,39 @@ TEST_CASE("four ranks on one GPU (staged collective) match the host reference", 
     check_ranks(four_ranks<MixtralSmallF32, SoftmaxTopK>({7, 0, 23, 3}, moe::placement::Table::round_robin(8, 4),
                                                          moe::replication::None{}, ex, true, 34),
                 fp32_tol, true);
+  }
+}
+
+TEST_CASE("four ranks on one GPU with a per-batch split (replication::BatchSplit) match the host reference",
+          "[cuda][layer][ranks][batch-split]") {
+  using moe::router::SigmoidGroupTopK;
+  using moe::router::SoftmaxTopK;
+  using moe::cuda::Exchange;
+  // copies: every 16th expert on every rank, every 5th also on the next rank; 2 servers of 2
+  auto split_of = [](moe::placement::Table const& placement) {
+    std::vector<std::vector<int>> copies(static_cast<std::size_t>(placement.experts()));
+    for (int e = 0; e < placement.experts(); ++e) {
+      auto& c = copies[static_cast<std::size_t>(e)];
+      c = {placement.rank_of(e)};
+      for (int r = 0; r < 4; ++r)
+        if (r != c[0] && (e % 16 == 0 || (e % 5 == 0 && r == (c[0] + 1) % 4))) c.push_back(r);
+    }
+    return moe::replication::BatchSplit(copies, std::vector<int>{0, 0, 1, 1});
+  };
+  for (auto ex : {Exchange::exact, Exchange::padded}) {
+    INFO("exchange " << (ex == Exchange::exact ? "exact" : "padded"));
+    auto contiguous = moe::placement::Table::contiguous(256, 4);
+    check_ranks(four_ranks<DeepSeekSmallF32, SigmoidGroupTopK>({9, 30, 1, 14}, contiguous, split_of(contiguous), ex,
+                                                               true, 41),
+                fp32_tol, true);
+    check_ranks(four_ranks<DeepSeekSmallBf16, SigmoidGroupTopK>({20, 0, 0, 7}, contiguous, split_of(contiguous), ex,
+                                                                false, 42),
+                bf16_tol, true);
+    auto rr = moe::placement::Table::round_robin(8, 4);
+    check_ranks(four_ranks<MixtralSmallF32, SoftmaxTopK>({7, 0, 23, 3}, rr, split_of(rr), ex, true, 43), fp32_tol,
+                true);
+    check_ranks(four_ranks<MixtralSmallF32, SoftmaxTopK>({0, 0, 0, 0}, rr, split_of(rr), ex, true, 44), fp32_tol,
+                true);
   }
 }
 
