@@ -482,12 +482,12 @@ Checked nccl_world1(int tokens, moe::cuda::Exchange exchange, std::uint64_t seed
 
 /// Four ranks through collective::Nccl: one thread, one device and one stream per rank; each rank
 /// uploads its own tokens and the weights of the experts it serves (no memory shared between ranks).
-template <class Model, class Router>
+template <class Model, class Router, class Replicas = moe::replication::None>
 std::vector<RankResult> nccl_four_ranks(std::vector<int> const& counts, moe::placement::Table const& placement,
-                                        moe::cuda::Exchange exchange, std::uint64_t seed) {
+                                        moe::cuda::Exchange exchange, std::uint64_t seed, Replicas const& replicas = {}) {
   constexpr int N = 4;
   using T = std::conditional_t<Model::spec.dtype == moe::DType::f32, float, moe::bf16>;
-  using L = moe::Layer<Model, Router, moe::placement::Table, moe::replication::None, moe::schedule::Sequential, moe::collective::Nccl>;
+  using L = moe::Layer<Model, Router, moe::placement::Table, Replicas, moe::schedule::Sequential, moe::collective::Nccl>;
   constexpr moe::ShapeSpec s = Model::spec;
   auto h = static_cast<std::size_t>(s.hidden);
   int total = std::accumulate(counts.begin(), counts.end(), 0);
@@ -516,13 +516,14 @@ std::vector<RankResult> nccl_four_ranks(std::vector<int> const& counts, moe::pla
           auto view = dw.view();
           std::vector<moe::ExpertWeights<T>> mine(dw.experts.size());
           for (int e = 0; e < s.experts; ++e)
-            if (placement.rank_of(e) == rank) mine[static_cast<std::size_t>(e)] = dw.experts[static_cast<std::size_t>(e)];
+            if (replicas.holds(e, placement.rank_of(e), rank))
+              mine[static_cast<std::size_t>(e)] = dw.experts[static_cast<std::size_t>(e)];
           view.experts = mine;
           auto begin = x.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(first) * h);
           Device<T> dx(std::vector<T>(begin, begin + static_cast<std::ptrdiff_t>(std::max<std::size_t>(n, 1) * h)));
           Device<T> dy(std::max<std::size_t>(n, 1) * h);
           dy.poison();
-          L layer(comm, placement, moe::replication::None{}, view, {.max_tokens = max_tokens, .device = {.exchange = exchange}});
+          L layer(comm, placement, replicas, view, {.max_tokens = max_tokens, .device = {.exchange = exchange}});
           Device<std::byte> ws(layer.workspace_size());
           ws.poison();
           layer.run({.tokens = static_cast<int>(n), .x = dx.get(), .y = dy.get(), .first_token = first, .stream = st},
@@ -562,6 +563,14 @@ TEST_CASE("four ranks, one device each, through collective::Nccl match the host 
                 fp32_tol, false);
     check_ranks(nccl_four_ranks<MixtralSmallF32, moe::router::SoftmaxTopK>(
                     {7, 0, 23, 3}, moe::placement::Table::round_robin(8, 4), ex, 42),
+                fp32_tol, false);
+    // a per-batch split: every expert also on the next rank, expert 3 on every rank (2 servers of 2)
+    auto rr = moe::placement::Table::round_robin(8, 4);
+    std::vector<std::vector<int>> copies(8);
+    for (int e = 0; e < 8; ++e) copies[static_cast<std::size_t>(e)] = e == 3 ? std::vector<int>{3, 0, 1, 2}
+                                                                             : std::vector<int>{e % 4, (e + 1) % 4};
+    check_ranks(nccl_four_ranks<MixtralSmallF32, moe::router::SoftmaxTopK>(
+                    {12, 0, 30, 5}, rr, ex, 43, moe::replication::BatchSplit(copies, std::vector<int>{0, 0, 1, 1})),
                 fp32_tol, false);
   }
 }
@@ -654,6 +663,15 @@ TEST_CASE("NCCL padded exchange can be captured in a CUDA graph", "[cuda][layer]
   {
     L layer(comm, moe::placement::Table::contiguous(s.experts, 1), {}, dw.view(),
             {.max_tokens = 40, .device = {.exchange = moe::cuda::Exchange::padded}});
+    check_graph_replay(layer, 40, 16);
+  }
+  // a per-batch split: the count all-gather, the split kernel, the sort and the deal are captured too
+  using B = moe::Layer<DeepSeekSmallBf16, moe::router::SigmoidGroupTopK, moe::placement::Table,
+                       moe::replication::BatchSplit, moe::schedule::Sequential, moe::collective::Nccl>;
+  std::vector<std::vector<int>> one(static_cast<std::size_t>(s.experts), std::vector<int>{0});
+  {
+    B layer(comm, moe::placement::Table::contiguous(s.experts, 1), moe::replication::BatchSplit(one, std::vector<int>{0}),
+            dw.view(), {.max_tokens = 40, .device = {.exchange = moe::cuda::Exchange::padded}});
     check_graph_replay(layer, 40, 16);
   }
 }
