@@ -12,6 +12,9 @@
 // routers of router/router.hpp have one) and any replication::Policy with a device form
 // (kernels::cuda::DeviceReplicas, dispatch.cuh; None and Table have one). A user specialises the
 // trait for their own policy; a policy without one is a compile-time error naming the trait.
+// replication::BatchSplit, the per-batch split, is dealt from each pass's split instead (see
+// plan_split: counts, an all-gather on the device, kernels::cuda::DeviceSplit, a stable sort of the
+// pairs by expert, the deal), with no host synchronisation.
 //
 // Weights, x and y are device pointers (LayerWeights as for the host layer, PyTorch layout).
 // Results follow the host reference: same routes (ties to the lower index), same record format and
