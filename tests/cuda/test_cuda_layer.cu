@@ -274,6 +274,36 @@ void score_outputs(std::vector<RankResult>& results, std::vector<int> const& cou
   }
 }
 
+/// The rank the replica policy sends each pair of the reference's routes `ids` (tokens of all ranks,
+/// in rank order, `counts` per rank) to: the policy's rule; for replication::BatchSplit, the host
+/// policy's split of this batch's counts, each rank's pairs dealt in token order (BatchSplit::deal).
+template <class Replicas>
+std::vector<int> expected_dests(Replicas const& replicas, std::vector<int> const& primary, std::vector<int> const& ids,
+                                std::vector<int> const& counts, int k, int experts) {
+  std::vector<int> dest(ids.size());
+  int ranks = static_cast<int>(counts.size());
+  if constexpr (std::is_same_v<Replicas, moe::replication::BatchSplit>) {
+    auto policy = replicas;
+    std::vector<std::int32_t> all(static_cast<std::size_t>(ranks) * static_cast<std::size_t>(experts), 0);
+    for (int r = 0, t0 = 0; r < ranks; t0 += counts[static_cast<std::size_t>(r)], ++r)
+      for (std::size_t i = static_cast<std::size_t>(t0) * k; i < static_cast<std::size_t>(t0 + counts[static_cast<std::size_t>(r)]) * k; ++i)
+        ++all[static_cast<std::size_t>(r) * static_cast<std::size_t>(experts) + static_cast<std::size_t>(ids[i])];
+    policy.plan_batch(all);
+    for (int r = 0, t0 = 0; r < ranks; t0 += counts[static_cast<std::size_t>(r)], ++r) {
+      auto first = static_cast<std::size_t>(t0) * k, n = static_cast<std::size_t>(counts[static_cast<std::size_t>(r)]) * k;
+      policy.deal(r, std::span<int const>(ids).subspan(first, n), std::span<int>(dest).subspan(first, n));
+    }
+  } else {
+    for (int r = 0, t0 = 0; r < ranks; t0 += counts[static_cast<std::size_t>(r)], ++r)
+      for (int t = t0; t < t0 + counts[static_cast<std::size_t>(r)]; ++t)
+        for (int j = 0; j < k; ++j) {
+          auto i = static_cast<std::size_t>(t) * k + static_cast<std::size_t>(j);
+          dest[i] = replicas.choose(ids[i], primary[static_cast<std::size_t>(ids[i])], r, t);
+        }
+  }
+  return dest;
+}
+
 /// Four ranks, tokens per rank `counts`, experts placed by `placement`, copies by `replicas`.
 template <class Model, class Router, class Replicas>
 std::vector<RankResult> four_ranks(std::vector<int> const& counts, moe::placement::Table const& placement,
@@ -297,6 +327,7 @@ std::vector<RankResult> four_ranks(std::vector<int> const& counts, moe::placemen
   std::vector<int> primary = placement.ranks();
   int max_tokens = std::max(1, *std::max_element(counts.begin(), counts.end()));
   std::vector<RankResult> results(N);
+  auto dest_of = expected_dests(replicas, primary, ids, counts, s.top_k, s.experts);
 
   moe::collective::run_in_process<N>([&](moe::collective::InProcess<N>& host) {
     StagedDevice<N> comm(host);
@@ -331,8 +362,7 @@ std::vector<RankResult> four_ranks(std::vector<int> const& counts, moe::placemen
     for (int t = first; t < first + counts[static_cast<std::size_t>(rank)]; ++t) {
       std::vector<int> dests;
       for (std::size_t j = 0; j < k; ++j) {
-        int e = ids[static_cast<std::size_t>(t) * k + j];
-        int d = replicas.choose(e, primary[static_cast<std::size_t>(e)], rank, t);
+        int d = dest_of[static_cast<std::size_t>(t) * k + j];
         if (d == rank) continue;
         if (!dedup || std::find(dests.begin(), dests.end(), d) == dests.end()) {
           dests.push_back(d);
@@ -401,6 +431,39 @@ TEST_CASE("four ranks on one GPU (staged collective) match the host reference", 
   }
 }
 
+TEST_CASE("four ranks on one GPU with a per-batch split (replication::BatchSplit) match the host reference",
+          "[cuda][layer][ranks][batch-split]") {
+  using moe::router::SigmoidGroupTopK;
+  using moe::router::SoftmaxTopK;
+  using moe::cuda::Exchange;
+  // copies: every 16th expert on every rank, every 5th also on the next rank; 2 servers of 2
+  auto split_of = [](moe::placement::Table const& placement) {
+    std::vector<std::vector<int>> copies(static_cast<std::size_t>(placement.experts()));
+    for (int e = 0; e < placement.experts(); ++e) {
+      auto& c = copies[static_cast<std::size_t>(e)];
+      c = {placement.rank_of(e)};
+      for (int r = 0; r < 4; ++r)
+        if (r != c[0] && (e % 16 == 0 || (e % 5 == 0 && r == (c[0] + 1) % 4))) c.push_back(r);
+    }
+    return moe::replication::BatchSplit(copies, std::vector<int>{0, 0, 1, 1});
+  };
+  for (auto ex : {Exchange::exact, Exchange::padded}) {
+    INFO("exchange " << (ex == Exchange::exact ? "exact" : "padded"));
+    auto contiguous = moe::placement::Table::contiguous(256, 4);
+    check_ranks(four_ranks<DeepSeekSmallF32, SigmoidGroupTopK>({9, 30, 1, 14}, contiguous, split_of(contiguous), ex,
+                                                               true, 41),
+                fp32_tol, true);
+    check_ranks(four_ranks<DeepSeekSmallBf16, SigmoidGroupTopK>({20, 0, 0, 7}, contiguous, split_of(contiguous), ex,
+                                                                false, 42),
+                bf16_tol, true);
+    auto rr = moe::placement::Table::round_robin(8, 4);
+    check_ranks(four_ranks<MixtralSmallF32, SoftmaxTopK>({7, 0, 23, 3}, rr, split_of(rr), ex, true, 43), fp32_tol,
+                true);
+    check_ranks(four_ranks<MixtralSmallF32, SoftmaxTopK>({0, 0, 0, 0}, rr, split_of(rr), ex, true, 44), fp32_tol,
+                true);
+  }
+}
+
 #if defined(MOE_TEST_NCCL)
 namespace {
 
@@ -419,12 +482,12 @@ Checked nccl_world1(int tokens, moe::cuda::Exchange exchange, std::uint64_t seed
 
 /// Four ranks through collective::Nccl: one thread, one device and one stream per rank; each rank
 /// uploads its own tokens and the weights of the experts it serves (no memory shared between ranks).
-template <class Model, class Router>
+template <class Model, class Router, class Replicas = moe::replication::None>
 std::vector<RankResult> nccl_four_ranks(std::vector<int> const& counts, moe::placement::Table const& placement,
-                                        moe::cuda::Exchange exchange, std::uint64_t seed) {
+                                        moe::cuda::Exchange exchange, std::uint64_t seed, Replicas const& replicas = {}) {
   constexpr int N = 4;
   using T = std::conditional_t<Model::spec.dtype == moe::DType::f32, float, moe::bf16>;
-  using L = moe::Layer<Model, Router, moe::placement::Table, moe::replication::None, moe::schedule::Sequential, moe::collective::Nccl>;
+  using L = moe::Layer<Model, Router, moe::placement::Table, Replicas, moe::schedule::Sequential, moe::collective::Nccl>;
   constexpr moe::ShapeSpec s = Model::spec;
   auto h = static_cast<std::size_t>(s.hidden);
   int total = std::accumulate(counts.begin(), counts.end(), 0);
@@ -453,13 +516,14 @@ std::vector<RankResult> nccl_four_ranks(std::vector<int> const& counts, moe::pla
           auto view = dw.view();
           std::vector<moe::ExpertWeights<T>> mine(dw.experts.size());
           for (int e = 0; e < s.experts; ++e)
-            if (placement.rank_of(e) == rank) mine[static_cast<std::size_t>(e)] = dw.experts[static_cast<std::size_t>(e)];
+            if (replicas.holds(e, placement.rank_of(e), rank))
+              mine[static_cast<std::size_t>(e)] = dw.experts[static_cast<std::size_t>(e)];
           view.experts = mine;
           auto begin = x.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(first) * h);
           Device<T> dx(std::vector<T>(begin, begin + static_cast<std::ptrdiff_t>(std::max<std::size_t>(n, 1) * h)));
           Device<T> dy(std::max<std::size_t>(n, 1) * h);
           dy.poison();
-          L layer(comm, placement, moe::replication::None{}, view, {.max_tokens = max_tokens, .device = {.exchange = exchange}});
+          L layer(comm, placement, replicas, view, {.max_tokens = max_tokens, .device = {.exchange = exchange}});
           Device<std::byte> ws(layer.workspace_size());
           ws.poison();
           layer.run({.tokens = static_cast<int>(n), .x = dx.get(), .y = dy.get(), .first_token = first, .stream = st},
@@ -499,6 +563,14 @@ TEST_CASE("four ranks, one device each, through collective::Nccl match the host 
                 fp32_tol, false);
     check_ranks(nccl_four_ranks<MixtralSmallF32, moe::router::SoftmaxTopK>(
                     {7, 0, 23, 3}, moe::placement::Table::round_robin(8, 4), ex, 42),
+                fp32_tol, false);
+    // a per-batch split: every expert also on the next rank, expert 3 on every rank (2 servers of 2)
+    auto rr = moe::placement::Table::round_robin(8, 4);
+    std::vector<std::vector<int>> copies(8);
+    for (int e = 0; e < 8; ++e) copies[static_cast<std::size_t>(e)] = e == 3 ? std::vector<int>{3, 0, 1, 2}
+                                                                             : std::vector<int>{e % 4, (e + 1) % 4};
+    check_ranks(nccl_four_ranks<MixtralSmallF32, moe::router::SoftmaxTopK>(
+                    {12, 0, 30, 5}, rr, ex, 43, moe::replication::BatchSplit(copies, std::vector<int>{0, 0, 1, 1})),
                 fp32_tol, false);
   }
 }
@@ -591,6 +663,15 @@ TEST_CASE("NCCL padded exchange can be captured in a CUDA graph", "[cuda][layer]
   {
     L layer(comm, moe::placement::Table::contiguous(s.experts, 1), {}, dw.view(),
             {.max_tokens = 40, .device = {.exchange = moe::cuda::Exchange::padded}});
+    check_graph_replay(layer, 40, 16);
+  }
+  // a per-batch split: the count all-gather, the split kernel, the sort and the deal are captured too
+  using B = moe::Layer<DeepSeekSmallBf16, moe::router::SigmoidGroupTopK, moe::placement::Table,
+                       moe::replication::BatchSplit, moe::schedule::Sequential, moe::collective::Nccl>;
+  std::vector<std::vector<int>> one(static_cast<std::size_t>(s.experts), std::vector<int>{0});
+  {
+    B layer(comm, moe::placement::Table::contiguous(s.experts, 1), moe::replication::BatchSplit(one, std::vector<int>{0}),
+            dw.view(), {.max_tokens = 40, .device = {.exchange = moe::cuda::Exchange::padded}});
     check_graph_replay(layer, 40, 16);
   }
 }

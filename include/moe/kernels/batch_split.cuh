@@ -41,6 +41,7 @@
 
 #include "moe/config.hpp"
 #include "moe/kernels/cuda_common.cuh"
+#include "moe/kernels/dispatch.cuh"
 #include "moe/replication/batch_split.hpp"
 
 namespace moe::kernels::cuda {
@@ -364,6 +365,22 @@ __global__ void __launch_bounds__(Threads)
   stamp(8);
 }
 
+__global__ void expert_counts_kernel(int const* __restrict__ ids, long long pairs, std::int32_t* __restrict__ counts) {
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < pairs;
+       i += static_cast<long long>(gridDim.x) * blockDim.x)
+    atomicAdd(&counts[ids[i]], 1);
+}
+
+__global__ void deal_sorted_kernel(SplitView v, int rank, int const* __restrict__ sorted_keys,
+                                   int const* __restrict__ sorted_values, int const* __restrict__ offsets, long long n,
+                                   int* __restrict__ dest) {
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+    int e = sorted_keys[i];
+    dest[sorted_values[i]] = v.dealt(e, rank, i - offsets[e]);
+  }
+}
+
 template <int Threads>
 __global__ void __launch_bounds__(Threads)
     batch_split_deal_kernel(SplitView v, int rank, int const* __restrict__ ids, long long pairs, int* dest) {
@@ -489,6 +506,30 @@ public:
     check_launch("batch_split_kernel");
   }
 
+  /// This rank's `pairs` pairs (expert ids) counted per expert into counts (experts int32, zeroed
+  /// first): the row this rank contributes to run()'s counts.
+  void count(int const* ids, long long pairs, std::int32_t* counts, cudaStream_t stream) const {
+    check_cuda(cudaMemsetAsync(counts, 0, static_cast<std::size_t>(layout_.experts) * sizeof(std::int32_t), stream),
+               "cudaMemsetAsync (split counts)");
+    if (pairs == 0) return;
+    launch(detail::expert_counts_kernel, static_cast<unsigned>(std::min<long long>(blocks_for(pairs, 256), 1024)), 256, 0,
+           stream, ids, pairs, counts);
+    check_launch("expert_counts_kernel");
+  }
+
+  /// Deals this rank's `n` pairs from their expert order (sorted_keys: experts, sorted_values: pair
+  /// indices, offsets: where each expert's pairs start; kernels::cuda::order_by_expert): dest[pair]
+  /// = the rank serving it, the m-th pair of its expert in token order going where the split says.
+  void deal_sorted(std::int32_t const* take, int rank, int const* sorted_keys, int const* sorted_values,
+                   int const* offsets, long long n, int* dest, cudaStream_t stream) const {
+    check(rank >= 0 && rank < layout_.ranks, "device batch split: deal for rank ", rank, ", outside [0, ",
+          layout_.ranks, ")");
+    if (n == 0) return;
+    launch(detail::deal_sorted_kernel, static_cast<unsigned>(std::min<long long>(blocks_for(n, 256), 1024)), 256, 0,
+           stream, view(take), rank, sorted_keys, sorted_values, offsets, n, dest);
+    check_launch("deal_sorted_kernel");
+  }
+
   /// The view the dispatch reads (take: the array run() wrote).
   [[nodiscard]] SplitView view(std::int32_t const* take) const { return {layout_, take}; }
 
@@ -506,6 +547,15 @@ private:
   DeviceArray<int> first_, rank_, server_, wave_first_, wave_expert_;
   int waves_ = 0;
   std::size_t shared_ = 0;
+};
+
+/// replication::BatchSplit's device form for the fixed rule it keeps for one token at a time
+/// (BatchSplit::choose, replication::Table's). The device Layer does not route a batch with it: it
+/// deals each pass's pairs from the split of that pass (DeviceSplit).
+template <>
+struct DeviceReplicas<replication::BatchSplit> {
+  using View = ReplicaView;
+  static View view(replication::BatchSplit const&, DeviceCopyTable const& t) { return {t.offsets, t.ranks, t.primary}; }
 };
 
 }  // namespace moe::kernels::cuda

@@ -24,6 +24,8 @@
 //
 // Nothing here synchronises the host; every size comes from the caller's worst case.
 
+#include <algorithm>
+
 #include <cub/block/block_scan.cuh>
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
@@ -105,6 +107,19 @@ enum DeviceError : unsigned {
 
 namespace detail {
 
+/// Token t's records per rank from the ranks serving its K assignments (d_of).
+template <int K>
+__device__ void token_records(int const* d_of, int t, int tokens, int ranks, bool deduplicate,
+                              int* __restrict__ rec_count) {
+  for (int d = 0; d < ranks; ++d) rec_count[static_cast<std::size_t>(d) * tokens + t] = 0;
+#pragma unroll
+  for (int j = 0; j < K; ++j) {
+    bool seen = false;
+    for (int q = 0; q < j; ++q) seen |= d_of[q] == d_of[j];
+    if (!deduplicate || !seen) ++rec_count[static_cast<std::size_t>(d_of[j]) * tokens + t];
+  }
+}
+
 template <int K, class View>
 __global__ void plan_records_kernel(int const* __restrict__ ids, int tokens, int ranks, View replicas,
                                     int source_rank, long long first_token, bool deduplicate, int* __restrict__ dest,
@@ -117,13 +132,25 @@ __global__ void plan_records_kernel(int const* __restrict__ ids, int tokens, int
     d_of[j] = replicas.choose(ids[static_cast<std::size_t>(t) * K + j], source_rank, first_token + t);
     dest[static_cast<std::size_t>(t) * K + j] = d_of[j];
   }
-  for (int d = 0; d < ranks; ++d) rec_count[static_cast<std::size_t>(d) * tokens + t] = 0;
+  token_records<K>(d_of, t, tokens, ranks, deduplicate, rec_count);
+}
+
+/// rec_count from destinations chosen elsewhere (a per-batch split).
+template <int K>
+__global__ void count_records_kernel(int const* __restrict__ dest, int tokens, int ranks, bool deduplicate,
+                                     int* __restrict__ rec_count) {
+  int t = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (t >= tokens) return;
+  int d_of[K];
 #pragma unroll
-  for (int j = 0; j < K; ++j) {
-    bool seen = false;
-    for (int q = 0; q < j; ++q) seen |= d_of[q] == d_of[j];
-    if (!deduplicate || !seen) ++rec_count[static_cast<std::size_t>(d_of[j]) * tokens + t];
-  }
+  for (int j = 0; j < K; ++j) d_of[j] = dest[static_cast<std::size_t>(t) * K + j];
+  token_records<K>(d_of, t, tokens, ranks, deduplicate, rec_count);
+}
+
+__global__ void pair_index_kernel(int* __restrict__ v, long long n) {
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<long long>(gridDim.x) * blockDim.x)
+    v[i] = static_cast<int>(i);
 }
 
 __global__ void send_layout_kernel(int const* __restrict__ rec_count, int const* __restrict__ rec_pos, int tokens,
@@ -307,6 +334,15 @@ void plan_records(cudaStream_t s, int const* ids, int tokens, int ranks, View re
   check_launch("plan_records_kernel");
 }
 
+/// rec_count (R x T, d-major) for `tokens` tokens whose destinations are already in dest (T x K).
+template <int K>
+void count_records(cudaStream_t s, int const* dest, int tokens, int ranks, bool deduplicate, int* rec_count) {
+  if (tokens == 0) return;
+  launch(detail::count_records_kernel<K>, static_cast<unsigned>(blocks_for(tokens, 128)), 128, 0, s, dest, tokens,
+         ranks, deduplicate, rec_count);
+  check_launch("count_records_kernel");
+}
+
 /// Bytes of CUB scratch exclusive_sum needs for up to n items.
 inline std::size_t exclusive_sum_bytes(long long n) {
   std::size_t bytes = 0;
@@ -411,6 +447,26 @@ void group_by_expert(cudaStream_t s, std::byte const* recv, std::size_t record_b
            experts, g.position);
     check_launch("inverse_kernel");
   }
+}
+
+/// One rank's `n` pairs (expert ids, token-major) in expert order, token order within an expert
+/// (a stable CUB radix sort of the pair indices by expert): sorted_keys / sorted_values (the pair
+/// indices), and offsets (experts + 1) where each expert's pairs start. `values` is scratch of n;
+/// temp: sort_items_bytes(n, experts) bytes.
+inline void order_by_expert(cudaStream_t s, int const* ids, long long n, int experts, int* values, int* sorted_keys,
+                            int* sorted_values, int* offsets, void* temp, std::size_t temp_bytes) {
+  if (n > 0) {
+    launch(detail::pair_index_kernel, static_cast<unsigned>(std::min<long long>(blocks_for(n, 256), 1024)), 256, 0, s,
+           values, n);
+    check_launch("pair_index_kernel");
+    std::size_t bytes = temp_bytes;
+    check_cuda(cub::DeviceRadixSort::SortPairs(temp, bytes, ids, sorted_keys, values, sorted_values,
+                                               static_cast<int>(n), 0, expert_key_bits(experts), s),
+               "cub::DeviceRadixSort::SortPairs (order_by_expert)");
+  }
+  launch(detail::expert_offsets_kernel, static_cast<unsigned>(blocks_for(experts + 1, 128)), 128, 0, s, sorted_keys, n,
+         experts, offsets);
+  check_launch("expert_offsets_kernel");
 }
 
 namespace detail {

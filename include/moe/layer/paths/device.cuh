@@ -12,6 +12,9 @@
 // routers of router/router.hpp have one) and any replication::Policy with a device form
 // (kernels::cuda::DeviceReplicas, dispatch.cuh; None and Table have one). A user specialises the
 // trait for their own policy; a policy without one is a compile-time error naming the trait.
+// replication::BatchSplit, the per-batch split, is dealt from each pass's split instead (see
+// plan_split: counts, an all-gather on the device, kernels::cuda::DeviceSplit, a stable sort of the
+// pairs by expert, the deal), with no host synchronisation.
 //
 // Weights, x and y are device pointers (LayerWeights as for the host layer, PyTorch layout).
 // Results follow the host reference: same routes (ties to the lower index), same record format and
@@ -56,12 +59,14 @@
 
 #include <algorithm>
 #include <concepts>
+#include <optional>
 #include <span>
 #include <type_traits>
 #include <vector>
 
 #include "moe/collective/concept.hpp"
 #include "moe/core/workspace.hpp"
+#include "moe/kernels/batch_split.cuh"
 #include "moe/kernels/combine.cuh"
 #include "moe/kernels/cuda_common.cuh"
 #include "moe/kernels/dispatch.cuh"
@@ -141,8 +146,11 @@ public:
   static_assert(kernels::cuda::DeviceReplicaPolicy<Replicas>,
                 "moe::Layer (device): this Replicas policy has no device form; specialise "
                 "moe::kernels::cuda::DeviceReplicas<Replicas> (moe/kernels/dispatch.cuh)");
-  static_assert(!replication::BatchPolicy<Replicas>,
-                "moe::Layer (device): batch-aware replica policies (replication::Reactive) run on the host path");
+  /// A batch-aware replica policy: each pass is dealt from the split of that pass's counts.
+  static constexpr bool batch = replication::BatchPolicy<Replicas>;
+  static_assert(!batch || std::is_same_v<Replicas, replication::BatchSplit>,
+                "moe::Layer (device): of the batch-aware replica policies only replication::BatchSplit runs on the "
+                "device path (replication::Reactive runs on the host path)");
   static_assert(shape.hidden % kernels::cuda::vec_elems<T> == 0 && shape.expert_ffn % kernels::cuda::vec_elems<T> == 0 &&
                     shape.shared_ffn % kernels::cuda::vec_elems<T> == 0,
                 "moe::Layer (device): hidden and FFN widths must be multiples of 16 bytes of the storage type");
@@ -187,6 +195,13 @@ public:
     }
     if (!local) host_counts_ = kernels::cuda::PinnedArray<std::uint64_t>(2 * static_cast<std::size_t>(ranks));
     votes_ = detail::DeviceVotes(ranks);
+    if constexpr (batch) {
+      check(options_.live.spare_slots == 0 && options_.live.replan_every == 0 && options_.live.migration_bytes_per_pass == 0,
+            "moe::Layer (device): re-planning (LayerOptions::live: spare_slots, replan_every, migration_bytes_per_pass) with "
+            "replication::BatchSplit is not supported on the device path yet; the load window alone is");
+      split_.emplace(replicas_.layout());
+      split_bytes_.assign(static_cast<std::size_t>(ranks), E * sizeof(std::int32_t));
+    }
     if (options_.live.window > 0) {  // made here, so that no pass can fail half-way through making them
       load_host_ = kernels::cuda::PinnedArray<std::int32_t>(static_cast<std::size_t>(ranks) * (E + static_cast<std::size_t>(ranks)));
       load_ready_ = kernels::cuda::make_event();
@@ -246,6 +261,7 @@ public:
     stats_.assignments = static_cast<long long>(t) * k;
     stats_.record_bytes = rec;
     stats_.meta_bytes = meta_bytes_;
+    stats_.control_bytes = 0;
     kc::check_cuda(cudaMemsetAsync(experts_.errors(), 0, sizeof(unsigned), s), "cudaMemsetAsync");
 
     // 0. Shared experts on the side stream, overlapping everything up to the final sum.
@@ -264,12 +280,17 @@ public:
       kc::gate_logits<T>(cublas_.get(), s, b.cublas.data(), b.cublas.size(), a.x, t, shape.hidden, weights_.router,
                          shape.experts, b.logits.data());
       kc::route<shape, Router>(s, b.logits.data(), weights_.router_bias, t, b.ids.data(), b.weights.data());
+    }
+    if constexpr (batch) {
+      plan_split(a, b, stats_);  // every rank, tokens or not: the counts are gathered from all
+    } else if (t > 0) {
       auto view = kc::DeviceReplicas<Replicas>::view(replicas_, experts_.copy_table());
       kc::plan_records<k>(s, b.ids.data(), t, ranks, view, rank, a.first_token, options_.deduplicate, b.dest.data(),
                           b.rec_count.data());
+    }
+    if (t > 0)
       kc::exclusive_sum(s, b.scan_temp.data(), b.scan_temp.size(), b.rec_count.data(), b.rec_pos.data(),
                         static_cast<long long>(ranks) * t);
-    }
     if (!b.load_counts.empty())
       kc::count_loads(s, b.ids.data(), b.dest.data(), static_cast<long long>(t) * k, shape.experts, ranks,
                       b.load_counts.data());
@@ -322,7 +343,7 @@ public:
         slots = static_cast<long long>(total);
       }
       auto after = comm_->counters();
-      stats_.control_bytes = middle.bytes_sent() - before.bytes_sent();
+      stats_.control_bytes += middle.bytes_sent() - before.bytes_sent();
       stats_.dispatch_bytes = after.bytes_sent() - middle.bytes_sent();
       recv = b.recv.data();
       counts_in = recv_count;
@@ -402,6 +423,10 @@ public:
       check(held <= max_held_, "moe::Layer (device): the plan gives rank ", r, " ", held, " experts, the workspace "
             "was sized for ", max_held_);
     }
+    if constexpr (batch)
+      check(replicas.copy_lists().first == replicas_.copy_lists().first &&
+                replicas.copy_lists().ranks == replicas_.copy_lists().ranks,
+            "moe::Layer (device): re-planning with replication::BatchSplit is not supported on the device path yet");
     detail::DeviceExpertTable<T> table(copies, primary, true, rank, experts, "moe::Layer (device)");
     return {std::move(placement), std::move(replicas), std::move(table)};
   }
@@ -499,6 +524,12 @@ public:
     std::span<std::byte> cublas;
     std::span<std::int32_t> load_counts;  // E + ranks: this pass's pairs per expert, then per serving rank
                                           // (load window, LayerOptions::live.window > 0)
+    // replication::BatchSplit: this rank's pairs per expert, every rank's (ranks x E), the split
+    // (take: ranks x slots; loads: ranks; outcome) and its workspace when it is not in shared memory
+    std::span<std::int32_t> split_own, split_counts, split_take;
+    std::span<long long> split_load;
+    std::span<replication::split::Outcome> split_outcome;
+    std::span<std::byte> split_work;
   };
 
   [[nodiscard]] bool padded() const { return !local && options_.device.exchange == cuda::Exchange::padded; }
@@ -574,6 +605,47 @@ public:
     b.shared_acc = c.take<float>(shape.shared_experts > 0 ? m * h : 0);
     b.cublas = c.take<std::byte>(options_.device.cublas_workspace);
     if (options_.live.window > 0) b.load_counts = c.take<std::int32_t>(E + ranks);
+    if constexpr (batch) {
+      b.split_own = c.take<std::int32_t>(E);
+      b.split_counts = c.take<std::int32_t>(ranks * E);
+      b.split_take = c.take<std::int32_t>(split_->take_size());
+      b.split_load = c.take<long long>(split_->load_size());
+      b.split_outcome = c.take<replication::split::Outcome>(1);
+      b.split_work = c.take<std::byte>(split_->workspace_bytes());
+    }
+  }
+
+  /// replication::BatchSplit: this pass's pairs per expert from every rank (an all-gather on the
+  /// device), the split of them (kernels::cuda::DeviceSplit), and this rank's pairs dealt from it
+  /// in token order within each expert; then the records per (rank, token). All on the stream: no
+  /// host synchronisation, so a padded pass stays capturable.
+  void plan_split(Arguments const& a, Buffers const& b, LayerStats& stats)
+    requires batch
+  {
+    namespace kc = kernels::cuda;
+    cudaStream_t s = a.stream;
+    int const ranks = comm_->size(), rank = comm_->rank(), t = a.tokens;
+    long long const n = static_cast<long long>(t) * k;
+    split_->count(b.ids.data(), n, b.split_own.data(), s);
+    if constexpr (local) {
+      kc::check_cuda(cudaMemcpyAsync(b.split_counts.data(), b.split_own.data(), E * sizeof(std::int32_t),
+                                     cudaMemcpyDeviceToDevice, s),
+                     "cudaMemcpyAsync (split counts)");
+    } else {
+      comm_->set_stream(s);
+      auto before = comm_->counters();
+      comm_->all_gather_v(std::as_bytes(std::span<std::int32_t const>(b.split_own)),
+                          std::as_writable_bytes(b.split_counts), split_bytes_);
+      stats.control_bytes += comm_->counters().bytes_sent() - before.bytes_sent();
+    }
+    split_->run(b.split_counts.data(), b.split_take.data(), b.split_load.data(), b.split_outcome.data(),
+                b.split_work.empty() ? nullptr : b.split_work.data(), s);
+    if (t == 0) return;
+    kc::order_by_expert(s, b.ids.data(), n, shape.experts, b.values.data(), b.sorted_keys.data(),
+                        b.sorted_values.data(), b.offsets.data(), b.sort_temp.data(), b.sort_temp.size());
+    split_->deal_sorted(b.split_take.data(), rank, b.sorted_keys.data(), b.sorted_values.data(), b.offsets.data(), n,
+                        b.dest.data(), s);
+    kc::count_records<k>(s, b.dest.data(), t, ranks, options_.deduplicate, b.rec_count.data());
   }
 
   Comm* comm_;
@@ -598,6 +670,8 @@ public:
   kernels::cuda::PinnedArray<std::int32_t> load_host_;   // the window's gathered counts, on the host
   kernels::cuda::OwnedEvent load_ready_;                 // ... complete when this event is
   std::size_t load_pending_ = 0;                         // counts gathered and not read yet
+  std::optional<kernels::cuda::DeviceSplit> split_;      // replication::BatchSplit: the split kernel
+  std::vector<std::size_t> split_bytes_;                 // ... and the bytes each rank's counts take
 };
 
 }  // namespace layer
