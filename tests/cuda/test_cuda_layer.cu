@@ -11,6 +11,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <barrier>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -467,6 +468,22 @@ TEST_CASE("four ranks on one GPU with a per-batch split (replication::BatchSplit
 #if defined(MOE_TEST_NCCL)
 namespace {
 
+/// The host round trips the whole process has made so far: blocking calls (stream, event and device
+/// synchronisation, synchronous copies) and device-to-host copies. Only the emulator counts them
+/// (emu::Counters); on a GPU `counted` is false and the checks that need them are skipped.
+struct RoundTrips {
+  std::uint64_t syncs = 0, reads = 0;
+  bool counted = false;
+};
+RoundTrips round_trips() {
+#if defined(MOE_CUDA_EMULATOR)
+  auto c = emu::counters();
+  return {c.host_syncs, c.device_to_host, true};
+#else
+  return {};
+#endif
+}
+
 template <class Model, class Router>
 Checked nccl_world1(int tokens, moe::cuda::Exchange exchange, std::uint64_t seed) {
   using L = moe::Layer<Model, Router, moe::placement::Table, moe::replication::None, moe::schedule::Sequential, moe::collective::Nccl>;
@@ -482,9 +499,12 @@ Checked nccl_world1(int tokens, moe::cuda::Exchange exchange, std::uint64_t seed
 
 /// Four ranks through collective::Nccl: one thread, one device and one stream per rank; each rank
 /// uploads its own tokens and the weights of the experts it serves (no memory shared between ranks).
+/// With `trips`, the host round trips that the four `run` calls made together (the ranks meet
+/// before and after them, so nothing else falls in the window).
 template <class Model, class Router, class Replicas = moe::replication::None>
 std::vector<RankResult> nccl_four_ranks(std::vector<int> const& counts, moe::placement::Table const& placement,
-                                        moe::cuda::Exchange exchange, std::uint64_t seed, Replicas const& replicas = {}) {
+                                        moe::cuda::Exchange exchange, std::uint64_t seed, Replicas const& replicas = {},
+                                        RoundTrips* trips = nullptr) {
   constexpr int N = 4;
   using T = std::conditional_t<Model::spec.dtype == moe::DType::f32, float, moe::bf16>;
   using L = moe::Layer<Model, Router, moe::placement::Table, Replicas, moe::schedule::Sequential, moe::collective::Nccl>;
@@ -502,6 +522,8 @@ std::vector<RankResult> nccl_four_ranks(std::vector<int> const& counts, moe::pla
   std::vector<RankResult> results(N);
   std::vector<std::string> failures(N);
   auto id = moe::collective::Nccl::unique_id();
+  std::barrier meet(N);  // a rank that throws drops out, so that the others never wait for it
+  RoundTrips before;
   std::vector<std::thread> threads;
   for (int rank = 0; rank < N; ++rank)
     threads.emplace_back([&, rank] {
@@ -526,8 +548,21 @@ std::vector<RankResult> nccl_four_ranks(std::vector<int> const& counts, moe::pla
           L layer(comm, placement, replicas, view, {.max_tokens = max_tokens, .device = {.exchange = exchange}});
           Device<std::byte> ws(layer.workspace_size());
           ws.poison();
+          if (trips) {
+            meet.arrive_and_wait();
+            if (rank == 0) before = round_trips();
+            meet.arrive_and_wait();
+          }
           layer.run({.tokens = static_cast<int>(n), .x = dx.get(), .y = dy.get(), .first_token = first, .stream = st},
                     ws.bytes());
+          if (trips) {
+            meet.arrive_and_wait();
+            if (rank == 0) {
+              auto after = round_trips();
+              *trips = {after.syncs - before.syncs, after.reads - before.reads, after.counted};
+            }
+            meet.arrive_and_wait();
+          }
           st.synchronize("rank run");
           auto out = dy.download(n * h);
           std::copy(out.begin(), out.end(), y.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(first) * h));
@@ -536,6 +571,7 @@ std::vector<RankResult> nccl_four_ranks(std::vector<int> const& counts, moe::pla
         }
       } catch (std::exception const& e) {
         failures[static_cast<std::size_t>(rank)] = e.what();
+        if (trips) meet.arrive_and_drop();
       }
     });
   for (auto& t : threads) t.join();
@@ -572,6 +608,45 @@ TEST_CASE("four ranks, one device each, through collective::Nccl match the host 
     check_ranks(nccl_four_ranks<MixtralSmallF32, moe::router::SoftmaxTopK>(
                     {12, 0, 30, 5}, rr, ex, 43, moe::replication::BatchSplit(copies, std::vector<int>{0, 0, 1, 1})),
                 fp32_tol, false);
+  }
+}
+
+TEST_CASE("a per-batch split adds no host round trip to a pass (NCCL ranks)", "[cuda][layer][nccl][batch-split]") {
+  int devices = 0;
+  REQUIRE(cudaGetDeviceCount(&devices) == cudaSuccess);
+  if (devices < 4) {
+    WARN("needs 4 devices; skipped");
+    return;
+  }
+  // The same copies used by the fixed rule and by the per-batch split (2 servers of 2): the split's
+  // count exchange, kernel, sort and deal must add no host synchronisation and no read of device
+  // memory by the host. What a pass has without it, per rank: the ranks' agreement on the pass (one
+  // read of the gathered votes; skipped under graph capture), and with the exact exchange the
+  // record counts it sizes its exchange with.
+  auto rr = moe::placement::Table::round_robin(8, 4);
+  std::vector<std::vector<int>> copies(8);
+  for (int e = 0; e < 8; ++e) copies[static_cast<std::size_t>(e)] = e == 3 ? std::vector<int>{3, 0, 1, 2}
+                                                                           : std::vector<int>{e % 4, (e + 1) % 4};
+  for (auto ex : {moe::cuda::Exchange::exact, moe::cuda::Exchange::padded}) {
+    bool const exact = ex == moe::cuda::Exchange::exact;
+    INFO("exchange " << (exact ? "exact" : "padded"));
+    RoundTrips fixed, split;
+    check_ranks(nccl_four_ranks<MixtralSmallF32, moe::router::SoftmaxTopK>({12, 0, 30, 5}, rr, ex, 51,
+                                                                           moe::replication::Table(copies), &fixed),
+                fp32_tol, false);
+    check_ranks(nccl_four_ranks<MixtralSmallF32, moe::router::SoftmaxTopK>(
+                    {12, 0, 30, 5}, rr, ex, 51, moe::replication::BatchSplit(copies, std::vector<int>{0, 0, 1, 1}), &split),
+                fp32_tol, false);
+    if (!split.counted) {
+      WARN("host round trips are counted on the emulator only; skipped");
+      continue;
+    }
+    INFO("fixed rule: " << fixed.syncs << " synchronisations, " << fixed.reads << " device-to-host copies; split: "
+                        << split.syncs << ", " << split.reads);
+    CHECK(split.syncs == fixed.syncs);
+    CHECK(split.reads == fixed.reads);
+    CHECK(split.syncs == (exact ? 8u : 4u));
+    CHECK(split.reads == (exact ? 8u : 4u));
   }
 }
 

@@ -151,6 +151,7 @@ struct Runtime {
   std::vector<std::unique_ptr<CUevent_st>> dead_events;
   std::vector<std::unique_ptr<CUgraphExec_st>> dead_execs;
   std::atomic<std::uint64_t> kernels{0}, blocks{0}, switches{0};
+  std::atomic<std::uint64_t> host_syncs{0}, device_to_host{0};  // see emu::Counters
   Runtime() : devices(static_cast<std::size_t>(device_count())) {}
 };
 
@@ -429,6 +430,7 @@ bool host_sync_ok(Stream* s, char const* api, cudaError_t* err) {
 cudaError_t sync_stream(Stream* s, char const* api) {
   cudaError_t err = cudaSuccess;
   if (!host_sync_ok(s, api, &err)) return err;
+  ++rt().host_syncs;
   std::uint64_t seq = 0;
   if (s->legacy) {
     seq = push(s, api, nullptr);  // a marker that also waits for the blocking streams
@@ -545,7 +547,9 @@ void reset_errors() {
   tl_last = cudaSuccess;
 }
 
-Counters counters() { return {rt().kernels.load(), rt().blocks.load(), rt().switches.load()}; }
+Counters counters() {
+  return {rt().kernels.load(), rt().blocks.load(), rt().switches.load(), rt().host_syncs.load(), rt().device_to_host.load()};
+}
 
 namespace {
 std::mutex g_inject_m;
@@ -730,6 +734,7 @@ cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr a, int d) {
 }
 cudaError_t cudaDeviceSynchronize() {
   if (cudaError_t e = unsafe_call("cudaDeviceSynchronize")) return e;
+  ++rt().host_syncs;
   std::vector<Stream*> streams;
   {
     Lock lock(rt().m);
@@ -821,6 +826,7 @@ cudaError_t check_copy(void* dst, void const* src, std::size_t bytes, cudaMemcpy
     return fail(cudaErrorInvalidValue, std::string(api) + ": cudaMemcpyHostToDevice from device memory");
   if (kind == cudaMemcpyDeviceToHost && dst_dev)
     return fail(cudaErrorInvalidValue, std::string(api) + ": cudaMemcpyDeviceToHost into device memory");
+  if (!dst_dev && (kind == cudaMemcpyDeviceToHost || (kind == cudaMemcpyDefault && src_dev))) ++rt().device_to_host;
   return cudaSuccess;
 }
 }  // namespace
@@ -839,6 +845,7 @@ cudaError_t cudaMemcpyAsync(void* dst, void const* src, std::size_t bytes, cudaM
 cudaError_t cudaMemcpy(void* dst, void const* src, std::size_t bytes, cudaMemcpyKind kind) {
   if (cudaError_t e = unsafe_call("cudaMemcpy")) return e;
   if (cudaError_t e = check_copy(dst, src, bytes, kind, "cudaMemcpy")) return e;
+  ++rt().host_syncs;
   Stream* s = legacy_stream(tl_device);
   std::uint64_t seq = 0;
   if (cudaError_t e = enqueue_impl(s, "cudaMemcpy", [dst, src, bytes] { if (bytes) std::memmove(dst, src, bytes); }, &seq))
@@ -1093,6 +1100,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   if (!e) return record(cudaErrorInvalidResourceHandle);
   if (e->capture) return fail(cudaErrorStreamCaptureUnsupported, "cudaEventSynchronize on an event recorded in a capture");
   if (cudaError_t r = unsafe_call("cudaEventSynchronize")) return r;
+  ++rt().host_syncs;
   if (e->stream) wait_for(e->stream, e->seq);
   return record(sticky(e->device));
 }

@@ -362,6 +362,54 @@ TEST_CASE("streams: events order work across streams; the legacy stream waits fo
   cudaFree(b);
 }
 
+TEST_CASE("host round trips are counted: each blocking call and each device-to-host copy", "[emu][streams]") {
+  // Tests of "a pass adds no host synchronisation" rest on these counters; each call below is
+  // counted exactly once, and the calls that neither block nor read device memory are not.
+  int const n = 256;
+  int* d = device_alloc<int>(n);
+  std::vector<int> h(n, 1);
+  int* pinned = nullptr;
+  REQUIRE(cudaMallocHost(reinterpret_cast<void**>(&pinned), n * sizeof(int)) == cudaSuccess);
+  cudaStream_t s;
+  REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+  cudaEvent_t e;
+  REQUIRE(cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  auto const before = emu::counters();
+  auto delta = [&] {
+    auto now = emu::counters();
+    return std::pair{now.host_syncs - before.host_syncs, now.device_to_host - before.device_to_host};
+  };
+  // Neither blocks nor reads the device: host-to-device and device-to-device copies, a memset, a
+  // launch, an event record, the non-blocking queries.
+  REQUIRE(cudaMemcpyAsync(d, h.data(), n * sizeof(int), cudaMemcpyHostToDevice, s) == cudaSuccess);
+  REQUIRE(cudaMemcpyAsync(d, d + n / 2, n / 2 * sizeof(int), cudaMemcpyDeviceToDevice, s) == cudaSuccess);
+  REQUIRE(cudaMemsetAsync(d, 0, n * sizeof(int), s) == cudaSuccess);
+  REQUIRE(emu::kernel_launch(slow_fill_kernel, dim3(1), dim3(64), 0, s, d, n, 3) == cudaSuccess);
+  REQUIRE(cudaEventRecord(e, s) == cudaSuccess);
+  (void)cudaStreamQuery(s);
+  (void)cudaEventQuery(e);
+  CHECK(delta() == std::pair<std::uint64_t, std::uint64_t>{0, 0});
+  // One each.
+  REQUIRE(cudaMemcpyAsync(pinned, d, n * sizeof(int), cudaMemcpyDeviceToHost, s) == cudaSuccess);
+  CHECK(delta() == std::pair<std::uint64_t, std::uint64_t>{0, 1});
+  REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+  CHECK(delta() == std::pair<std::uint64_t, std::uint64_t>{1, 1});
+  REQUIRE(cudaEventSynchronize(e) == cudaSuccess);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  CHECK(delta() == std::pair<std::uint64_t, std::uint64_t>{3, 1});
+  REQUIRE(cudaMemcpy(h.data(), d, n * sizeof(int), cudaMemcpyDefault) == cudaSuccess);  // blocks and reads
+  CHECK(delta() == std::pair<std::uint64_t, std::uint64_t>{4, 2});
+  REQUIRE(cudaMemcpy(d, h.data(), n * sizeof(int), cudaMemcpyHostToDevice) == cudaSuccess);  // blocks only
+  CHECK(delta() == std::pair<std::uint64_t, std::uint64_t>{5, 2});
+  CHECK(pinned[0] == 3);
+  CHECK(h[n - 1] == 3);
+  cudaEventDestroy(e);
+  cudaStreamDestroy(s);
+  cudaFreeHost(pinned);
+  cudaFree(d);
+}
+
 TEST_CASE("graphs: capture with a fork and join, replay bitwise, capture rules", "[emu][graphs]") {
   int const n = 1000;
   int* a = device_alloc<int>(n);

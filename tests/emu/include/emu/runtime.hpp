@@ -227,9 +227,17 @@ int device_count();
 std::string last_kernel_error();
 /// Clears every sticky error and its message (the emulator's own tests only).
 void reset_errors();
-/// Worker-side statistics: kernels and blocks run, fiber switches (for the docs and benchmarks).
+/// Statistics over the whole process (every thread): kernels and blocks run and fiber switches
+/// (worker side, for the docs and benchmarks); and the host round trips a program asked for, so that
+/// a test can check that a pass adds none:
+/// - host_syncs: calls that block the host until device work is done (cudaStreamSynchronize,
+///   cudaDeviceSynchronize, cudaEventSynchronize, the synchronous cudaMemcpy);
+/// - device_to_host: copies from device memory into host memory (cudaMemcpy and cudaMemcpyAsync;
+///   a real asynchronous one into pageable memory also blocks the host).
+/// cudaStreamQuery and cudaEventQuery do not block and are not counted.
 struct Counters {
   std::uint64_t kernels, blocks, switches;
+  std::uint64_t host_syncs, device_to_host;
 };
 Counters counters();
 
