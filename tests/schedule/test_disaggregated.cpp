@@ -3,6 +3,8 @@
 // equal moe::reference_forward (fp32, 1e-5 normwise relative). Bad input gives clear errors.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <bit>
 #include <string>
 #include <type_traits>
 
@@ -60,26 +62,6 @@ TEMPLATE_TEST_CASE("moe::Layer with a FinDep or PPPipe schedule takes the host d
 }
 
 namespace {
-/// A replica table over `eg` EG indices, seeded and labelled synthetic: expert 0 (the hot one in
-/// a skewed load) on every EG index, every third expert on its placement index and the next one,
-/// the rest once. The placement's index is listed last for some experts: the table's order, not
-/// the placement, decides which copy a token uses.
-replication::Table replicated_on_eg(placement::Table const& on_eg, int eg) {
-  std::vector<std::vector<int>> copies(static_cast<std::size_t>(on_eg.experts()));
-  for (int e = 0; e < on_eg.experts(); ++e) {
-    int p = on_eg.rank_of(e);
-    auto& c = copies[static_cast<std::size_t>(e)];
-    if (e == 0) {
-      for (int g = eg - 1; g >= 0; --g) c.push_back(g);
-    } else if (e % 3 == 0) {
-      c = e % 2 ? std::vector<int>{(p + 1) % eg, p} : std::vector<int>{p, (p + 1) % eg};
-    } else {
-      c = {p};
-    }
-  }
-  return replication::Table(std::move(copies));
-}
-
 /// The records each EG index receives in one forward pass, counted independently of the executor
 /// from the documented rule: token t of AG rank p uses copy (p + t) mod n of the n copies the table
 /// lists for an expert, and goes once to each EG index serving one of its experts.
@@ -169,6 +151,37 @@ TEMPLATE_TEST_CASE("disaggregated Layer spreads replicated experts over their ex
   check_replicated<DeepSeekSmall, TestType, 4>(2, 770);
   check_replicated<MixtralSmall, TestType, 5>(2, 780);
   check_replicated<MixtralSmall, TestType, 4>(1, 790);
+}
+
+namespace {
+/// run_batch_split_cases on N InProcess ranks: every AG output against the reference; every AG
+/// rank's splits against what the EG ranks received; the busiest EG index of each micro-batch at
+/// the least max load, never above the fixed rule's; the counts' bytes in control_bytes.
+template <class Model, class Schedule, int N>
+void check_batch_split(int ag, std::uint64_t seed) {
+  std::vector<std::vector<SplitResult>> per_rank(N);
+  collective::run_in_process<N>([&](collective::InProcess<N>& comm) {
+    per_rank[static_cast<std::size_t>(comm.rank())] = run_batch_split_cases<Model, Schedule>(comm, ag, seed);
+  });
+  for (int rank = 0; rank < N; ++rank)
+    for (SplitResult const& r : per_rank[static_cast<std::size_t>(rank)]) {
+      INFO(r.what << ", rank " << rank << ": busiest EG index summed over micro-batches: split " << r.max_sum
+                  << ", least " << r.least << ", fixed rule " << r.fixed);
+      CHECK(r.vs_reference <= tolerance);
+      CHECK(r.loads_match);
+      CHECK(r.max_sum == r.least);
+      CHECK(r.least <= r.fixed);
+      CHECK(r.control == r.expected_control);
+    }
+}
+}  // namespace
+
+TEMPLATE_TEST_CASE("disaggregated Layer splits each micro-batch over the copies (replication::BatchSplit)",
+                   "[schedule][disaggregated][replicas][batch-split]", FinDep, PPPipe) {
+  check_batch_split<DeepSeekSmall, TestType, 4>(2, 800);
+  check_batch_split<MixtralSmall, TestType, 5>(2, 810);
+  check_batch_split<MixtralSmall, TestType, 4>(1, 820);
+  check_batch_split<DeepSeekSmall, TestType, 5>(3, 830);
 }
 
 TEST_CASE("disaggregated Layer schedule policies carry the solved configuration", "[schedule][disaggregated]") {

@@ -80,6 +80,23 @@ TEMPLATE_TEST_CASE("disaggregated Layer on MPI equals the sequential layer for e
   }
 }
 
+TEMPLATE_TEST_CASE("disaggregated Layer on MPI splits each micro-batch over the copies", "[schedule][disaggregated][mpi]",
+                   schedule::FinDep, schedule::PPPipe) {
+  // The AG ranks exchange split counts with blocking sends, pair by pair in one order: no process
+  // may wait forever (see findep_executor.hpp), and every rank deals by the same splits.
+  collective::Mpi comm;
+  for (int ag = 1; ag < comm.size(); ++ag)
+    for (SplitResult const& r : run_batch_split_cases<MixtralSmall, TestType>(comm, ag, 970 + static_cast<std::uint64_t>(ag))) {
+      INFO(r.what << " on " << comm.size() << " MPI ranks, this rank " << comm.rank() << ": split " << r.max_sum
+                  << ", least " << r.least << ", fixed rule " << r.fixed);
+      CHECK(r.vs_reference <= tolerance);
+      CHECK(r.loads_match);
+      CHECK(r.max_sum == r.least);
+      CHECK(r.least <= r.fixed);
+      CHECK(r.control == r.expected_control);
+    }
+}
+
 TEST_CASE("FinDEP executor on MPI: bad input on one rank stops every process instead of hanging",
           "[schedule][executor][mpi][bad-input]") {
   int level = MPI_THREAD_SINGLE;

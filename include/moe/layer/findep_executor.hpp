@@ -39,13 +39,25 @@
 //   A2E records (AG -> EG, tag 3w + 1): [int32 token (index in the AG rank's batch), int32 count,
 //                                       int32 expert[k], float weight[k], T hidden[h]] per record
 //   E2A partials (EG -> AG, tag 3w + 2): count x hidden floats, records in the order they were sent
-// Tags stay below 3 * tag_window = 12288, inside the 32767 every MPI guarantees (MPI_TAG_UB). A
+//   split counts (AG -> AG, tag 3 * tag_window), only with a per-micro-batch split (below)
+// Tags stay at most 3 * tag_window = 12288, inside the 32767 every MPI guarantees (MPI_TAG_UB). A
 // tag is reused every tag_window chunks and by the next run(); both backends deliver the messages
 // of one (source, destination, tag) in the order they were sent (MPI's non-overtaking rule holds
 // because on every rank one thread does all of the sends and the receives of one direction).
 //
+// Per-micro-batch split (split_each_micro_batch, replication::BatchSplit): instead of the fixed
+// rule, each micro-batch's pairs are split over the copies so that the busiest EG rank receives the
+// fewest pairs (moe/replication/batch_split.hpp). Before its first chunk, each AG rank counts the
+// micro-batch's pairs per expert and exchanges the counts with the other AG ranks (experts x int32
+// to each; pair by pair in one global order, the lower rank sending first, so blocking sends cannot
+// deadlock). Every AG rank then solves the same split and deals its own pairs in token order. EG
+// ranks take no part: they serve whatever records arrive. The split sees one rank per GPU of the
+// whole world; an AG rank is taken to share a server with no EG rank (a tie-break the split cannot
+// use here: no pair is ever on its own rank).
+//
 // Threads: on an AG rank the A2E thread is the only one that sends and the E2A thread the only one
-// that receives, and they use different tags (3w, 3w + 1 out; 3w + 2 in). The collective's send
+// that receives from EG ranks, and they use different tags (3w, 3w + 1 out; 3w + 2 in); the split's
+// counts are sent and received by the A2E thread alone. The collective's send
 // and recv are therefore called from two threads of a rank at once: InProcess allows it; with
 // collective::Mpi the library must grant MPI_THREAD_MULTIPLE (collective::MpiSession asks for it;
 // the constructor cannot check it, the MPI test does). An EG rank uses its calling thread only.
@@ -63,6 +75,7 @@
 #include <cstring>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -78,6 +91,7 @@
 #include "moe/plan/placement_table.hpp"
 #include "moe/plan/replica_table.hpp"
 #include "moe/layer/records.hpp"
+#include "moe/replication/batch_split.hpp"
 #include "moe/router/router.hpp"
 #include "moe/schedule/problem.hpp"
 
@@ -138,6 +152,43 @@ public:
     int first = copies_.first[static_cast<std::size_t>(e)];
     return copies_.ranks[static_cast<std::size_t>(first + (comm_->rank() + t) % copies_.copies(e))];
   }
+
+  /// Splits each micro-batch's pairs with `split` instead of the fixed rule (see the header
+  /// comment). `split` is over EG indices (its copies, and the servers of the EG ranks); its copies
+  /// must be those this executor was built with.
+  void split_each_micro_batch(replication::BatchSplit const& split) {
+    auto const& eg_copies = split.table().replicas();
+    check(split.layout().ranks == eg_, "FinDepExecutor: the batch split is built for ", split.layout().ranks,
+          " ranks, the expert group has ", eg_);
+    check(static_cast<int>(eg_copies.size()) == s_.experts, "FinDepExecutor: the batch split lists ",
+          eg_copies.size(), " experts, the shape has ", s_.experts);
+    std::vector<std::vector<int>> world(eg_copies.size());
+    for (std::size_t e = 0; e < eg_copies.size(); ++e) {
+      check(static_cast<int>(eg_copies[e].size()) == copies_.copies(static_cast<int>(e)),
+            "FinDepExecutor: the batch split's copies of expert ", e, " are not the executor's");
+      for (int g : eg_copies[e]) {
+        check(serves(static_cast<int>(e), g), "FinDepExecutor: the batch split puts expert ", e, " on EG index ", g,
+              ", which does not hold it");
+        world[e].push_back(ag_ + g);
+      }
+    }
+    int servers = 0;
+    for (int v : split.servers()) servers = std::max(servers, v + 1);
+    std::vector<int> server(static_cast<std::size_t>(ag_ + eg_));
+    for (int p = 0; p < ag_; ++p) server[static_cast<std::size_t>(p)] = servers + p;  // shared with no EG rank
+    for (int g = 0; g < eg_; ++g) server[static_cast<std::size_t>(ag_ + g)] = split.servers()[static_cast<std::size_t>(g)];
+    split_.emplace(std::move(world), std::move(server), split.layout().slack_permille);
+    split_counts_.assign(static_cast<std::size_t>(ag_ + eg_) * static_cast<std::size_t>(s_.experts), 0);
+  }
+  /// Bytes of split counts this rank sent in its last run() (in the collective's send counters too).
+  [[nodiscard]] std::size_t split_bytes_sent() const { return split_bytes_; }
+  /// AG rank, last run() with a per-micro-batch split: the pairs each EG index received, by the
+  /// splits (summed over the micro-batches), and the sum over micro-batches of the busiest EG
+  /// index's pairs.
+  [[nodiscard]] std::vector<long long> const& split_loads() const { return split_load_; }
+  [[nodiscard]] long long split_max_sum() const { return split_max_sum_; }
+  /// EG rank: the token-expert pairs it received in its last run().
+  [[nodiscard]] long long pairs_received() const { return pairs_received_; }
 
   [[nodiscard]] bool is_ag() const { return comm_->rank() < ag_; }
   [[nodiscard]] int eg_index() const { return comm_->rank() - ag_; }
@@ -260,6 +311,8 @@ private:
   }
 
   static constexpr int tag(int i, int j, int r2, int part) { return 3 * ((i * r2 + j) % tag_window) + part; }
+  static constexpr int split_tag = 3 * tag_window;
+
 
   /// The dispatch record of moe/layer/records.hpp, its metadata unpadded.
   [[nodiscard]] std::size_t meta_bytes() const { return moe::detail::record_meta_bytes_unpadded(s_.top_k); }
@@ -289,6 +342,35 @@ private:
     std::span<float> rows_out;       // the expert's output rows
     std::span<float> scratch;
   };
+
+  /// The per-micro-batch split of micro-batch i (`mb` tokens; see the header comment): fills its
+  /// entries of b.dest with EG indices. Runs on the A2E thread.
+  void split_micro_batch(int i, int mb, AgBuffers const& b) {
+    auto E = static_cast<std::size_t>(s_.experts), k = static_cast<std::size_t>(s_.top_k);
+    std::size_t first = static_cast<std::size_t>(i) * static_cast<std::size_t>(mb) * k;
+    std::size_t n = static_cast<std::size_t>(mb) * k;
+    int me = comm_->rank();
+    std::fill(split_counts_.begin(), split_counts_.end(), 0);  // EG ranks' rows stay zero
+    for (std::size_t q = first; q < first + n; ++q)
+      ++split_counts_[static_cast<std::size_t>(me) * E + static_cast<std::size_t>(b.ids[q])];
+    auto row = [&](int p) { return std::span(split_counts_).subspan(static_cast<std::size_t>(p) * E, E); };
+    for (int p = 0; p < ag_; ++p)
+      for (int q = p + 1; q < ag_; ++q) {
+        if (me == p) {
+          comm_->send(std::as_bytes(row(p)), q, split_tag);
+          comm_->recv(std::as_writable_bytes(row(q)), q, split_tag);
+        } else if (me == q) {
+          comm_->recv(std::as_writable_bytes(row(p)), p, split_tag);
+          comm_->send(std::as_bytes(row(q)), p, split_tag);
+        }
+      }
+    split_bytes_ += static_cast<std::size_t>(ag_ - 1) * E * sizeof(std::int32_t);
+    split_max_sum_ += split_->plan_batch(split_counts_).max_load;
+    for (int g = 0; g < eg_; ++g) split_load_[static_cast<std::size_t>(g)] += split_->load()[static_cast<std::size_t>(ag_ + g)];
+    auto dest = b.dest.subspan(first, n);
+    split_->deal(me, std::span<int const>(b.ids).subspan(first, n), dest);
+    for (int& d : dest) d -= ag_;
+  }
 
   void carve(core::Carver& c, AgBuffers& b) const {
     auto m = static_cast<std::size_t>(max_tokens_), h = static_cast<std::size_t>(s_.hidden);
@@ -331,6 +413,9 @@ private:
     std::fill_n(b.shared.data(), n * h, 0.0f);
     std::fill_n(b.routed.data(), n * h, 0.0f);
     b.sent_at[0] = 0;
+    split_bytes_ = 0;
+    split_max_sum_ = 0;
+    split_load_.assign(split_ ? static_cast<std::size_t>(eg_) : 0, 0);
 
     std::mutex mu;
     std::condition_variable cv;
@@ -402,13 +487,15 @@ private:
         std::size_t rec = record_bytes();
         for (int i = 0; i < c.r1; ++i) {
           if (!wait_for(released, i)) return;
+          if (split_) split_micro_batch(i, mb, b);
           for (int j = 0; j < c.r2; ++j) {
             int t0 = i * mb + j * chunk;
-            for (int t = t0; t < t0 + chunk; ++t)
-              for (std::size_t q = 0; q < k; ++q) {
-                std::size_t at = static_cast<std::size_t>(t) * k + q;
-                b.dest[at] = destination(b.ids[at], t);
-              }
+            if (!split_)
+              for (int t = t0; t < t0 + chunk; ++t)
+                for (std::size_t q = 0; q < k; ++q) {
+                  std::size_t at = static_cast<std::size_t>(t) * k + q;
+                  b.dest[at] = destination(b.ids[at], t);
+                }
             for (int g = 0; g < eg_; ++g) {
               auto list = static_cast<std::size_t>((i * c.r2 + j) * eg_ + g);
               std::size_t at = b.sent_at[list];
@@ -487,6 +574,7 @@ private:
     std::size_t rec = record_bytes(), meta = meta_bytes();
     int me = eg_index();
     auto record = [&](std::size_t r) { return b.in.data() + r * rec; };
+    pairs_received_ = 0;
     for (int i = 0; i < c.r1; ++i)
       for (int j = 0; j < c.r2; ++j) {
         // Receive this chunk from every AG rank, records back to back.
@@ -513,6 +601,7 @@ private:
           std::int32_t hdr[2];
           std::memcpy(hdr, record(r), sizeof(hdr));
           check(hdr[1] >= 1 && hdr[1] <= s_.top_k, "FinDepExecutor: corrupt record (", hdr[1], " experts)");
+          pairs_received_ += hdr[1];
           for (int q = 0; q < hdr[1]; ++q) {
             std::int32_t id;
             std::memcpy(&id, record(r) + sizeof(hdr) + static_cast<std::size_t>(q) * sizeof(std::int32_t), sizeof(id));
@@ -567,6 +656,11 @@ private:
   std::vector<std::byte> own_;
   std::vector<Vote> votes_;
   std::vector<std::size_t> vote_bytes_;
+  std::optional<replication::BatchSplit> split_;  // over the world's ranks (AG first); see split_each_micro_batch
+  std::vector<std::int32_t> split_counts_;        // ranks x experts: one micro-batch's pairs
+  std::size_t split_bytes_ = 0;
+  std::vector<long long> split_load_;  // see split_loads()
+  long long split_max_sum_ = 0, pairs_received_ = 0;
 };
 
 }  // namespace moe::schedule

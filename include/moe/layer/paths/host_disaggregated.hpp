@@ -22,7 +22,10 @@
 // expert, on the placement's EG index; replication::Table, e.g. a CRAFT or EPLB plan for the expert
 // group; a user policy: its holds() is asked once, at construction). The placement's EG index must
 // be among each expert's copies. Token t of AG rank p uses copy (p + t) mod n of the n copies of an
-// expert; an EG rank needs the weights of every expert it holds a copy of.
+// expert; an EG rank needs the weights of every expert it holds a copy of. replication::BatchSplit
+// (over EG indices, with the servers of the EG ranks) instead splits each micro-batch's pairs so that
+// the busiest EG rank receives the fewest (FinDepExecutor::split_each_micro_batch: the AG ranks
+// exchange experts x int32 counts per micro-batch, in stats().control_bytes).
 //
 // Options: max_tokens and schedule; deduplicate = false is refused by the front (a token always
 // goes once to each EG rank that serves one of its experts).
@@ -64,9 +67,10 @@ public:
   static_assert(collective::PointToPoint<Comm> && collective::Exchange<Comm>,
                 "moe::Layer (host disaggregated): the collective needs send / recv (collective::PointToPoint) "
                 "and all_gather_v (collective::Exchange)");
-  static_assert(!replication::BatchPolicy<Replicas>,
-                "moe::Layer (host disaggregated): a batch-aware replica policy routes on the host path only; "
-                "give the disaggregated path a replica policy with fixed copies (replication::Table, None)");
+  static_assert(!replication::BatchPolicy<Replicas> || std::is_same_v<Replicas, replication::BatchSplit>,
+                "moe::Layer (host disaggregated): of the batch-aware replica policies this path takes "
+                "replication::BatchSplit (each micro-batch split over the copies); give it that or a policy "
+                "with fixed copies (replication::Table, None)");
 
   struct Arguments {
     int tokens = 0;        ///< tokens on this rank (AG ranks; EG ranks pass 0)
@@ -85,6 +89,7 @@ public:
         executor_(comm, shape, schedule_.ag, eg_table(placement, comm.size() - schedule_.ag), weights, options.max_tokens,
                   detail::expert_group_copies(replicas, eg_table(placement, comm.size() - schedule_.ag),
                                               comm.size() - schedule_.ag)) {
+    if constexpr (std::is_same_v<Replicas, replication::BatchSplit>) executor_.split_each_micro_batch(replicas);
     check(static_cast<long long>(schedule_.r1) * schedule_.r2 <= options.max_tokens, "moe::Layer (disaggregated): r1 * r2 = ",
           schedule_.r1, " * ", schedule_.r2, " chunks exceed max_tokens = ", options.max_tokens,
           " (a chunk holds at least one token of a full batch)");
@@ -122,12 +127,15 @@ public:
     stats.assignments = static_cast<long long>(a.tokens) * shape.top_k;
     stats.meta_bytes = detail::record_meta_bytes_unpadded(shape.top_k);
     stats.record_bytes = stats.meta_bytes + static_cast<std::size_t>(shape.hidden) * sizeof(T);
-    std::size_t sent = after[collective::Op::send] - before[collective::Op::send];
+    std::size_t split = executor_.split_bytes_sent();  // sent with send() too, but control, not records
+    std::size_t sent = after[collective::Op::send] - before[collective::Op::send] - split;
     (executor_.is_ag() ? stats.dispatch_bytes : stats.combine_bytes) = sent;
     stats.control_bytes = after.bytes_sent() - before.bytes_sent() - sent;
   }
 
   [[nodiscard]] bool is_attention_rank() const { return executor_.is_ag(); }
+  /// The pipeline executor (its split's loads and the pairs an EG rank received, for tests).
+  [[nodiscard]] schedule::FinDepExecutor<Router, T, Comm> const& findep() const { return executor_; }
 
 private:
   static placement::Table eg_table(Placement const& p, int eg) { return detail::expert_group_table(p, shape.experts, eg); }
