@@ -306,10 +306,12 @@ std::vector<int> expected_dests(Replicas const& replicas, std::vector<int> const
 }
 
 /// Four ranks, tokens per rank `counts`, experts placed by `placement`, copies by `replicas`.
+/// `hot` >= 0 (models with a router bias): that expert's bias is raised by 100, so that every token
+/// picks it (one expert takes all tokens).
 template <class Model, class Router, class Replicas>
 std::vector<RankResult> four_ranks(std::vector<int> const& counts, moe::placement::Table const& placement,
                                    Replicas const& replicas, moe::cuda::Exchange exchange, bool dedup,
-                                   std::uint64_t seed) {
+                                   std::uint64_t seed, int hot = -1) {
   constexpr int N = 4;
   using T = std::conditional_t<Model::spec.dtype == moe::DType::f32, float, moe::bf16>;
   constexpr moe::ShapeSpec s = Model::spec;
@@ -320,9 +322,20 @@ std::vector<RankResult> four_ranks(std::vector<int> const& counts, moe::placemen
   std::vector<T> ref(x.size());
   std::vector<int> ids(static_cast<std::size_t>(total) * k);
   std::vector<float> gw(ids.size());
-  moe::reference_forward<Router>(s, weights.view(), total, x.data(), ref.data(), ids, gw);
-  auto fragile = fragile_tokens<Router>(s, weights.view(), x, total, 1e-5f);
-  DeviceWeights<T> dw(s, weights.view());
+  auto wv = weights.view();
+  std::vector<float> bias;
+  if (hot >= 0) {
+    REQUIRE(wv.router_bias != nullptr);
+    bias.assign(wv.router_bias, wv.router_bias + s.experts);
+    bias[static_cast<std::size_t>(hot)] += 100.0f;
+    wv.router_bias = bias.data();
+  }
+  moe::reference_forward<Router>(s, wv, total, x.data(), ref.data(), ids, gw);
+  if (hot >= 0)
+    for (int t = 0; t < total; ++t)
+      REQUIRE(std::count(ids.begin() + t * s.top_k, ids.begin() + (t + 1) * s.top_k, hot) == 1);
+  auto fragile = fragile_tokens<Router>(s, wv, x, total, 1e-5f);
+  DeviceWeights<T> dw(s, wv);
   Device<T> dx(x), dy(x.size());
   dy.poison();
   std::vector<int> primary = placement.ranks();
@@ -462,6 +475,11 @@ TEST_CASE("four ranks on one GPU with a per-batch split (replication::BatchSplit
                 true);
     check_ranks(four_ranks<MixtralSmallF32, SoftmaxTopK>({0, 0, 0, 0}, rr, split_of(rr), ex, true, 44), fp32_tol,
                 true);
+    // every token picks expert 16 (copies on every rank) or expert 1 (one copy: all its pairs on rank 0)
+    for (int hot : {16, 1})
+      check_ranks(four_ranks<DeepSeekSmallF32, SigmoidGroupTopK>({12, 30, 0, 9}, contiguous, split_of(contiguous), ex,
+                                                                 true, 45, hot),
+                  fp32_tol, true);
   }
 }
 

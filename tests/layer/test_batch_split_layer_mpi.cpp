@@ -16,4 +16,11 @@ TEST_CASE("BatchSplit through the host layer equals the reference (4 MPI ranks)"
     CHECK(o.stats.dispatch_bytes == o.expected_dispatch);
     CHECK(o.stats.combine_bytes == o.expected_combine);
   }
+  for (int hot : {0, 1}) {  // one expert takes all tokens (copies on every rank; one copy)
+    INFO("rank " << comm.rank() << ", every token to expert " << hot);
+    auto o = moe::test::run_batch_split_case(comm, {13, 7, 0, 20}, 61, hot);
+    CHECK(o.error <= 1e-5);
+    CHECK(o.stats.dispatch_bytes == o.expected_dispatch);
+    CHECK(o.stats.combine_bytes == o.expected_combine);
+  }
 }
