@@ -121,6 +121,44 @@ TEST_CASE("device batch split equals the host split bit for bit", "[batch-split]
   CHECK(shared > 0);
 }
 
+TEST_CASE("device batch split: one split reused, and sources that hold no copy", "[batch-split]") {
+  // A disaggregated layer's split (BatchSplit::with_sources): the copies on the first G ranks, the
+  // pairs from `sources` more ranks that hold none; one DeviceSplit runs batch after batch, each
+  // against a fresh host split.
+  for (unsigned seed = 1; seed <= 40; ++seed) {
+    std::mt19937 rng(seed);
+    int servers = 1 + static_cast<int>(seed % 3);
+    int G = servers * (1 + static_cast<int>(rng() % 3));
+    int E = 4 + static_cast<int>(rng() % 60);
+    int sources = 1 + static_cast<int>(rng() % 3);
+    auto c = random_case(rng, G, servers, E, static_cast<int>(rng() % static_cast<unsigned>(E + G)), 1);
+    BatchSplit eg_only(c.copies, c.server);
+    BatchSplit world = eg_only.with_sources(sources);
+    auto const& L = world.layout();
+    moe::kernels::cuda::DeviceSplit dev(L);
+    Device<std::int32_t> take(std::max<std::size_t>(dev.take_size(), 1));
+    Device<long long> load(dev.load_size());
+    Device<Outcome> outcome(1);
+    Device<unsigned char> work(std::max<std::size_t>(dev.workspace_bytes(), 1));
+    for (int batch = 0; batch < 3; ++batch) {
+      std::vector<std::int32_t> counts(static_cast<std::size_t>(L.ranks) * static_cast<std::size_t>(E), 0);
+      for (int p = 0; p < sources; ++p)
+        for (int e = 0; e < E; ++e)
+          counts[static_cast<std::size_t>(G + p) * static_cast<std::size_t>(E) + static_cast<std::size_t>(e)] =
+              static_cast<std::int32_t>(rng() % 9);
+      BatchSplit fresh = eg_only.with_sources(sources);
+      auto hout = fresh.plan_batch(counts);
+      Device<std::int32_t> d_counts(counts);
+      dev.run(d_counts.get(), take.get(), load.get(), outcome.get(), dev.workspace_bytes() ? work.get() : nullptr, nullptr);
+      INFO("seed " << seed << ", G " << G << ", sources " << sources << ", E " << E << ", batch " << batch);
+      auto dout = outcome.download()[0];
+      REQUIRE(dout.bad == 0);
+      CHECK(dout.max_load == hout.max_load);
+      CHECK(load.download() == fresh.load());
+    }
+  }
+}
+
 TEST_CASE("device batch split on the edge cases", "[batch-split]") {
   SECTION("all pairs to one expert with copies on every rank") {
     std::mt19937 rng(5);

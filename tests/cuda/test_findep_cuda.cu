@@ -25,6 +25,7 @@
 #include "cuda_test_support.cuh"
 #include "layer_test_support.cuh"
 #include "staged_collective.cuh"
+#include "../support/least_max_load.hpp"
 #include "moe/layer/paths/device_disaggregated.cuh"
 #include "moe/layer/paths/device.cuh"
 #include "moe/moe.hpp"
@@ -551,6 +552,159 @@ TEST_CASE("FinDEP point-to-point executor and device disaggregated Layer with re
   p2p_world<4, DeepSeekSmallF32, SigmoidGroupTopK>(2, 24, 91, fp32_tol, Via::executor, true);
   p2p_world<5, MixtralSmallF32, SoftmaxTopK>(2, 24, 92, fp32_tol, Via::layer, true);
   p2p_world<4, DeepSeekSmallF32, SigmoidGroupTopK>(1, 24, 93, fp32_tol, Via::layer_two_comms, true);
+}
+
+namespace {
+/// `N` staged ranks, `ag` of them AG ranks with `tokens` tokens each, every expert's copies from
+/// p2p_replicas(replicated) and EG index g on server g / 2, each micro-batch split on the device
+/// (replication::BatchSplit), through the executor and through the Layer. Checks, per
+/// configuration: every AG output against the reference; no device error (a pair dealt to an EG rank
+/// without the expert raises one); the pairs each EG index received by the splits against the host
+/// BatchSplit of the same counts (the device split equals it bit for bit), on every AG rank, and
+/// every pair sent where the host BatchSplit::deal sends it; the
+/// busiest EG index of each micro-batch at the least max load (Hall's theorem, computed here); and,
+/// through the Layer, the count swaps in control_bytes.
+template <int N, class Model, class Router>
+void p2p_split_world(int ag, int tokens, std::uint64_t seed, double tolerance) {
+  using Comm = moe::test::StagedDevice<N>;
+  using Ex = ms::FinDepCudaP2PExecutor<Model, Router, Comm>;
+  using T = typename Ex::element_type;
+  constexpr moe::ShapeSpec s = Model::spec;
+  auto h = static_cast<std::size_t>(s.hidden), k = static_cast<std::size_t>(s.top_k);
+  int eg = N - ag, total = ag * tokens;
+  moe::RandomLayerWeights<T> weights(s, seed);
+  auto x = random_tokens<T>(total, s.hidden, seed + 1);
+  std::vector<T> ref(x.size());
+  std::vector<int> ids(static_cast<std::size_t>(total) * k);
+  std::vector<float> gw(ids.size());
+  moe::reference_forward<Router>(s, weights.view(), total, x.data(), ref.data(), ids, gw);
+  auto fragile = fragile_tokens<Router>(s, weights.view(), x, total, 1e-5f);
+  DeviceWeights<T> dw(s, weights.view());
+  Device<T> dx(x), dy(x.size());
+  dy.poison();
+  auto on_eg = moe::placement::Table::round_robin(s.experts, eg);
+  auto table = p2p_replicas(on_eg, eg, true);
+  std::vector<int> servers(static_cast<std::size_t>(eg));
+  for (int g = 0; g < eg; ++g) servers[static_cast<std::size_t>(g)] = g / 2;
+  moe::replication::BatchSplit split(table.replicas(), servers);
+  std::vector<ms::Config> cfgs{{ms::Pipeline::findep, ms::Order::aass, 1, 1, 1}, {ms::Pipeline::findep, ms::Order::aass, 2, 1, 3},
+                               {ms::Pipeline::findep, ms::Order::asas, 3, 1, 2}, {ms::Pipeline::pppipe, ms::Order::asas, 4, 1, 1}};
+  std::vector<Errors> result(cfgs.size() + 1);
+  std::vector<std::vector<std::vector<long long>>> loads(cfgs.size(), std::vector<std::vector<long long>>(static_cast<std::size_t>(ag)));
+  std::vector<std::vector<std::vector<int>>> dests(cfgs.size(), std::vector<std::vector<int>>(static_cast<std::size_t>(ag)));
+  std::vector<unsigned> device_errors(N, 0);
+  std::vector<std::size_t> control(N, 0);
+  moe::collective::run_in_process<N>([&](moe::collective::InProcess<N>& host) {
+    Comm a2e(host), e2a(host);
+    int rank = host.rank();
+    bool is_ag = rank < ag;
+    auto view = dw.view();
+    std::vector<moe::ExpertWeights<T>> held(view.experts.begin(), view.experts.end());
+    if (!is_ag)
+      for (int e = 0; e < s.experts; ++e)
+        if (!table.holds(e, 0, rank - ag)) held[static_cast<std::size_t>(e)] = {};
+    view.experts = held;
+    std::size_t first = is_ag ? static_cast<std::size_t>(rank) * static_cast<std::size_t>(tokens) * h : 0;
+    T const* xr = is_ag ? dx.get() + first : nullptr;
+    T* yr = is_ag ? dy.get() + first : nullptr;
+    moe::test::Stream st;
+    {
+      Ex ex(a2e, e2a, ag, on_eg, view, ms::FinDepCudaOptions{.max_tokens = tokens}, table, &split);
+      Device<std::byte> ws(ex.workspace_size());
+      ws.poison();
+      for (std::size_t q = 0; q < cfgs.size(); ++q) {
+        ex.run({.tokens = tokens, .x = xr, .y = yr, .stream = st}, cfgs[q], ws.bytes());
+        st.synchronize("rank run");
+        device_errors[static_cast<std::size_t>(rank)] |= ex.errors();
+        if (is_ag) {
+          loads[q][static_cast<std::size_t>(rank)] = ex.split_loads(ws.bytes());
+          dests[q][static_cast<std::size_t>(rank)] = ex.destinations(ws.bytes(), tokens);
+        }
+        host.barrier();
+        if (rank == 0) {
+          result[q] = compare(dy.download(), ref, fragile, total, s.hidden);
+          dy.poison();
+          kc::check_cuda(cudaDeviceSynchronize(), "poison");
+        }
+        host.barrier();
+      }
+    }
+    // the same through the Layer (FinDEP AASS r1 2 r2 3)
+    using L = moe::Layer<Model, Router, moe::placement::Table, moe::replication::BatchSplit, ms::FinDep, Comm>;
+    L layer(a2e, e2a, on_eg, split, view, {.max_tokens = tokens, .schedule = ms::FinDep::from(cfgs[1], ag)});
+    Device<std::byte> ws(layer.workspace_size());
+    layer.run({.tokens = tokens, .x = xr, .y = yr, .stream = st}, ws.bytes());
+    st.synchronize("rank run (layer)");
+    device_errors[static_cast<std::size_t>(rank)] |= layer.errors();
+    control[static_cast<std::size_t>(rank)] = layer.stats().control_bytes;
+    host.barrier();
+    if (rank == 0) result[cfgs.size()] = compare(dy.download(), ref, fragile, total, s.hidden);
+  });
+  auto copies = table.replicas();
+  moe::replication::BatchSplit world = split.with_sources(ag);
+  for (std::size_t q = 0; q <= cfgs.size(); ++q) {
+    ms::Config const& c = cfgs[q < cfgs.size() ? q : 1];  // the Layer ran cfgs[1]
+    INFO(N << " ranks, " << ag << " AG, " << ms::pipeline_name(c.pipeline) << " " << ms::order_name(c.order) << " r1 "
+           << c.r1 << " r2 " << c.r2 << (q == cfgs.size() ? ", through the Layer" : ", executor"));
+    check_errors(result[q], tolerance, total);
+    if (q == cfgs.size()) break;
+    // the host split of each micro-batch, and the least max load
+    int mb = tokens / c.r1;
+    std::vector<long long> expected(static_cast<std::size_t>(eg) + 1, 0);
+    long long least = 0;
+    for (int i = 0; i < c.r1; ++i) {
+      std::vector<std::int32_t> counts(static_cast<std::size_t>(N) * static_cast<std::size_t>(s.experts), 0);
+      std::vector<long long> pairs(static_cast<std::size_t>(s.experts), 0);
+      for (int p = 0; p < ag; ++p)
+        for (int t = i * mb; t < (i + 1) * mb; ++t)
+          for (std::size_t j = 0; j < k; ++j) {
+            int e = ids[(static_cast<std::size_t>(p) * static_cast<std::size_t>(tokens) + static_cast<std::size_t>(t)) * k + j];
+            ++counts[static_cast<std::size_t>(eg + p) * static_cast<std::size_t>(s.experts) + static_cast<std::size_t>(e)];
+            ++pairs[static_cast<std::size_t>(e)];
+          }
+      auto out = world.plan_batch(counts);
+      for (int g = 0; g < eg; ++g) expected[static_cast<std::size_t>(g)] += world.load()[static_cast<std::size_t>(g)];
+      // every AG rank's pairs of the micro-batch dealt as the host deals them (token order)
+      for (int p = 0; p < ag; ++p) {
+        auto at = (static_cast<std::size_t>(p) * static_cast<std::size_t>(tokens) + static_cast<std::size_t>(i * mb)) * k;
+        auto n = static_cast<std::size_t>(mb) * k;
+        std::vector<int> want(n);
+        world.deal(eg + p, std::span<int const>(ids).subspan(at, n), want);
+        auto const& got = dests[q][static_cast<std::size_t>(p)];
+        INFO("AG rank " << p << ", micro-batch " << i);
+        CHECK(std::vector<int>(got.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(i * mb) * k),
+                               got.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>((i + 1) * mb) * k)) == want);
+      }
+      expected[static_cast<std::size_t>(eg)] += out.max_load;
+      least += moe::test::least_max_load(pairs, copies, eg);
+    }
+    INFO("split totals per EG index, then the busiest summed: expected " << ::Catch::Detail::stringify(expected)
+                                                                          << ", least max load summed " << least);
+    for (int p = 0; p < ag; ++p) {
+      INFO("AG rank " << p << ": " << ::Catch::Detail::stringify(loads[q][static_cast<std::size_t>(p)]));
+      CHECK(loads[q][static_cast<std::size_t>(p)] == expected);
+    }
+    CHECK(expected[static_cast<std::size_t>(eg)] == least);
+  }
+  for (unsigned e : device_errors) CHECK(e == 0u);
+  for (int r = 0; r < N; ++r) {
+    INFO("rank " << r << " control bytes through the Layer");
+    CHECK(control[static_cast<std::size_t>(r)] ==
+          (r < ag ? static_cast<std::size_t>(cfgs[1].r1) * static_cast<std::size_t>(ag - 1) *
+                        static_cast<std::size_t>(s.experts) * sizeof(std::int32_t)
+                  : 0u));
+  }
+}
+}  // namespace
+
+TEST_CASE("FinDEP point-to-point executor and device disaggregated Layer split each micro-batch (BatchSplit)",
+          "[cuda][findep][p2p][replicas][batch-split]") {
+  using moe::router::SigmoidGroupTopK;
+  using moe::router::SoftmaxTopK;
+  p2p_split_world<4, DeepSeekSmallF32, SigmoidGroupTopK>(2, 24, 94, fp32_tol);
+  p2p_split_world<5, MixtralSmallF32, SoftmaxTopK>(2, 24, 95, fp32_tol);
+  p2p_split_world<5, DeepSeekSmallF32, SigmoidGroupTopK>(3, 24, 96, fp32_tol);
+  p2p_split_world<4, MixtralSmallF32, SoftmaxTopK>(1, 24, 97, fp32_tol);
 }
 
 TEST_CASE("FinDEP point-to-point executor and the device disaggregated Layer reject bad input", "[cuda][findep][p2p][bad-input]") {

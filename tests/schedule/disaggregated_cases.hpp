@@ -6,12 +6,12 @@
 // is compared with moe::reference_forward on its tokens (normwise relative error).
 
 #include <algorithm>
-#include <bit>
 #include <span>
 #include <string>
 #include <type_traits>
 #include <vector>
 
+#include "../support/least_max_load.hpp"
 #include "executor_cases.hpp"
 #include "moe/layer/paths/host_disaggregated.hpp"
 #include "moe/schedule/findep.hpp"
@@ -89,24 +89,6 @@ std::vector<int> routes_of(ShapeSpec const& s, LayerWeights<float> const& w, flo
     router::route_all<Router>(s, logits, bias, 1, std::span(ids).subspan(static_cast<std::size_t>(t) * k, k), gates);
   }
   return ids;
-}
-
-/// The least number of pairs the busiest EG index can receive when expert e's pairs[e] may go to any
-/// of its copies: by Hall's theorem (max-flow min-cut), the largest over sets S of EG indices of
-/// ceil(pairs of the experts whose copies all lie in S / |S|). Shares nothing with the split.
-inline long long least_max_load(std::vector<long long> const& pairs, std::vector<std::vector<int>> const& copies, int eg) {
-  long long best = 0;
-  for (unsigned set = 1; set < (1u << eg); ++set) {
-    long long inside = 0;
-    for (std::size_t e = 0; e < pairs.size(); ++e) {
-      bool all = true;
-      for (int g : copies[e]) all = all && ((set >> g) & 1u);
-      if (all) inside += pairs[e];
-    }
-    long long size = std::popcount(set);
-    best = std::max(best, (inside + size - 1) / size);
-  }
-  return best;
 }
 
 /// One schedule of run_batch_split_cases, as one rank saw it.
@@ -190,7 +172,7 @@ std::vector<SplitResult> run_batch_split_cases(Comm& comm, int ag, std::uint64_t
             ++pairs[static_cast<std::size_t>(e)];
             ++rule[static_cast<std::size_t>(c[static_cast<std::size_t>((p + t) % static_cast<int>(c.size()))])];
           }
-      r.least += least_max_load(pairs, copies, eg);
+      r.least += moe::test::least_max_load(pairs, copies, eg);
       r.fixed += *std::max_element(rule.begin(), rule.end());
     }
     if (!is_ag) r.max_sum = r.least;  // nothing to compare on an EG rank

@@ -5,11 +5,23 @@
 // with the A2E and E2A links as the communicators' send / recv (ncclSend / ncclRecv with
 // collective::Nccl).
 
+#include <optional>
+
+#include "moe/kernels/batch_split.cuh"
 #include "moe/layer/findep_cuda_common.cuh"
+#include "moe/replication/batch_split.hpp"
 
 namespace moe::schedule {
 
 namespace detail_cuda {
+/// Adds one micro-batch's split to a run's totals: acc[g] += load[g] for the n EG indices, and
+/// acc[n] += the split's max load.
+__global__ void add_split_loads_kernel(long long const* load, int n, replication::split::Outcome const* outcome,
+                                              long long* acc) {
+  for (int g = static_cast<int>(threadIdx.x); g < n; g += static_cast<int>(blockDim.x)) acc[g] += load[g];
+  if (threadIdx.x == 0) acc[n] += outcome->max_load;
+}
+
 /// A device-memory communicator with point-to-point messages on a settable stream
 /// (collective::Nccl; tests use a staged stand-in).
 template <class C>
@@ -35,6 +47,13 @@ concept PointToPointDevice = C::memory == collective::Memory::device &&
 /// Replicated experts (optional `replicas`, a replication::Table over EG indices) follow the host
 /// executor's rule (schedule/findep_executor.hpp): token t of AG rank p uses copy (p + t) mod n of
 /// the n copies the table lists for an expert, and an EG rank serves every expert it holds a copy of.
+/// With `split` (a replication::BatchSplit over EG indices, the same copies) each micro-batch's
+/// pairs are split instead, as the host executor does (its header comment), all on the A2E stream
+/// before the micro-batch's first chunk: the pairs counted per expert, the counts swapped with the
+/// other AG ranks over the A2E communicator (pair by pair in one order, the lower rank sending
+/// first), the split kernel (kernels::cuda::DeviceSplit) on the counts of every AG rank, and this
+/// rank's pairs dealt in token order within each expert. No host synchronisation; EG ranks take no
+/// part (their message regions are sized for the worst case already).
 ///
 ///   FinDepCudaP2PExecutor<Model, Router, collective::Nccl> ex(a2e_comm, e2a_comm, ag, on_eg, weights, options);
 ///   ex.run({.tokens = n, .x = x, .y = y, .stream = s}, config, workspace);   // AG ranks
@@ -78,7 +97,8 @@ public:
   static constexpr int e2a_tag = 1;
 
   FinDepCudaP2PExecutor(Comm& a2e, Comm& e2a, int ag, placement::Table on_eg, LayerWeights<T> weights,
-                        FinDepCudaOptions options, replication::Table const& replicas = {})
+                        FinDepCudaOptions options, replication::Table const& replicas = {},
+                        replication::BatchSplit const* split = nullptr)
       : a2e_(&a2e), e2a_(&e2a), ag_(ag), eg_(a2e.size() - ag), placement_(std::move(on_eg)), weights_(weights),
         options_(options) {
     namespace kc = kernels::cuda;
@@ -116,6 +136,20 @@ public:
       experts_ = moe::detail::DeviceExpertTable<T>(copies, eg_of, true, -1, weights_.experts, who);
       scan_bytes_ = kc::exclusive_sum_bytes(static_cast<long long>(eg_) * options_.max_tokens);
       count_ints_ = count_ints();
+      if (split) {
+        check(split->layout().ranks == eg_, who, ": the batch split is built for ", split->layout().ranks,
+              " ranks, the expert group has ", eg_);
+        auto const& listed = split->table().replicas();
+        check(static_cast<int>(listed.size()) == shape.experts, who, ": the batch split lists ", listed.size(),
+              " experts, the shape has ", shape.experts);
+        for (std::size_t e = 0; e < listed.size(); ++e) {
+          bool same = static_cast<int>(listed[e].size()) == copies.copies(static_cast<int>(e));
+          for (int g : listed[e]) same = same && copies.holds(static_cast<int>(e), g);
+          check(same, who, ": the batch split's copies of expert ", e, " are not the executor's");
+        }
+        split_.emplace(split->with_sources(ag_).layout());  // EG indices, then the AG ranks
+        sort_bytes_ = kc::sort_items_bytes(static_cast<long long>(options_.max_tokens) * k, shape.experts);
+      }
     } else {
       experts_ = moe::detail::DeviceExpertTable<T>(copies, eg_of, false, rank() - ag_, weights_.experts, who, "EG index");
       sort_bytes_ = kc::sort_items_bytes(static_cast<long long>(ag_) * options_.max_tokens * k, shape.experts);
@@ -169,7 +203,7 @@ public:
     core::Carver carver(workspace);
     Buffers b;
     carve(carver, b);
-    Run r{a, b, a.tokens / c.r1 / c.r2};
+    Run r{a, b, a.tokens / c.r1 / c.r2, c.r2};
 
     std::size_t own = pool_.events.size() - run_events;  // fork, A2E done, E2A done, joins
     pool_.fork(a.stream, own);
@@ -224,6 +258,42 @@ public:
 
   /// Error bits of the last run() on an EG rank (kernels::cuda::DeviceError). Synchronises the device.
   [[nodiscard]] unsigned errors() const { return experts_.read_errors(); }
+  /// Whether this executor splits each micro-batch (the `split` constructor argument).
+  [[nodiscard]] bool splits() const { return split_.has_value(); }
+  /// Bytes of split counts an AG rank sends in a run of `r1` micro-batches (they travel on the A2E
+  /// communicator beside the records).
+  [[nodiscard]] std::size_t split_bytes(int r1) const {
+    return splits() && is_ag() ? static_cast<std::size_t>(r1) * (uag() - 1) * E * sizeof(std::int32_t) : 0;
+  }
+  /// AG rank with a split, after its last run() (reads the workspace `workspace` of that run;
+  /// synchronises the device; for tests): the pairs each EG index received by the splits, summed
+  /// over the micro-batches, then the sum over micro-batches of the busiest EG index's pairs.
+  /// AG rank, after its last run() of `tokens` tokens (reads that run's workspace; synchronises the
+  /// device; for tests): the EG index each (token, slot) pair was sent to.
+  [[nodiscard]] std::vector<int> destinations(std::span<std::byte const> workspace, int tokens) const {
+    check(is_ag() && tokens >= 0 && tokens <= options_.max_tokens,
+          "moe::schedule::FinDepCudaP2PExecutor: destinations on an EG rank or for a bad token count");
+    core::Carver carver(std::span<std::byte>(const_cast<std::byte*>(workspace.data()), workspace.size()));
+    Buffers b;
+    carve(carver, b);
+    kernels::cuda::check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize (destinations)");
+    std::vector<int> out(static_cast<std::size_t>(tokens) * uk);
+    kernels::cuda::check_cuda(cudaMemcpy(out.data(), b.dest.data(), out.size() * sizeof(int), cudaMemcpyDeviceToHost),
+                              "cudaMemcpy (destinations)");
+    return out;
+  }
+  [[nodiscard]] std::vector<long long> split_loads(std::span<std::byte const> workspace) const {
+    check(splits() && is_ag(), "moe::schedule::FinDepCudaP2PExecutor: split_loads on a rank without a split");
+    core::Carver carver(std::span<std::byte>(const_cast<std::byte*>(workspace.data()), workspace.size()));
+    Buffers b;
+    carve(carver, b);
+    kernels::cuda::check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize (split loads)");
+    std::vector<long long> out(ueg() + 1);
+    kernels::cuda::check_cuda(cudaMemcpy(out.data(), b.split_acc.data(), out.size() * sizeof(long long),
+                                         cudaMemcpyDeviceToHost),
+                              "cudaMemcpy (split loads)");
+    return out;
+  }
   [[nodiscard]] StreamPlan const& plan() const { return plans_.plan; }
   [[nodiscard]] cudaStream_t stream(Resource r) const { return pool_.streams[static_cast<std::size_t>(r)]; }
 
@@ -270,6 +340,12 @@ private:
     std::span<long long> send_base;
     std::span<std::byte> send;
     std::span<T> returned;
+    // AG rank with a split: one micro-batch's counts of every rank (EG indices, then AG ranks), the
+    // split's outputs and workspace, the run's totals (split_loads), and the pairs' expert order
+    // (values, sorted_keys, sorted_values, offsets, sort_temp below).
+    std::span<std::int32_t> split_counts, split_take;
+    std::span<long long> split_load, split_acc, split_work;
+    std::span<replication::split::Outcome> split_outcome;
     // EG rank. Per chunk: counts (ag), recv (ag x chunk records), back (ag x chunk rows); the rest
     // is EG-stream scratch for the largest chunk.
     std::span<std::uint64_t> counts;
@@ -286,7 +362,8 @@ private:
   struct Run {
     Arguments const& a;
     Buffers const& b;
-    int chunk;  // tokens per chunk
+    int chunk;   // tokens per chunk
+    int r2 = 1;  // chunks per micro-batch
   };
 
   /// Ints between two chunks' record-count regions: eg x chunk rounded up to 64 (256 bytes).
@@ -323,6 +400,20 @@ private:
       b.send_base = c.take<long long>(uchunks() * ueg());
       b.send = c.take<std::byte>(ueg() * m * record_bytes);
       b.returned = c.take<T>(ueg() * m * h);
+      if (split_) {
+        std::size_t items = m * uk;
+        b.split_counts = c.take<std::int32_t>((ueg() + uag()) * E);
+        b.split_take = c.take<std::int32_t>(split_->take_size());
+        b.split_load = c.take<long long>(split_->load_size());
+        b.split_acc = c.take<long long>(ueg() + 1);
+        b.split_work = c.take<long long>(split_->workspace_bytes() / sizeof(long long));
+        b.split_outcome = c.take<replication::split::Outcome>(1);
+        b.values = c.take<int>(items);
+        b.sorted_keys = c.take<int>(items);
+        b.sorted_values = c.take<int>(items);
+        b.offsets = c.take<int>(E + 1);
+        b.sort_temp = c.take<std::byte>(sort_bytes_);
+      }
     } else {
       std::size_t slots = uag() * m, items = slots * uk;
       b.counts = c.take<std::uint64_t>(uchunks() * uag());
@@ -379,9 +470,14 @@ private:
     long long* send_base = b.send_base.data() + uq * ueg();
     std::byte* records = b.send.data() + ueg() * t0 * record_bytes;
     // Copy (p + t) mod n of an expert's n copies for token t of this AG rank p (no copy is local).
-    kc::ReplicaView view = experts_.replica_view(false);
-    kc::plan_records<k>(s, b.ids.data() + t0 * uk, r.chunk, eg_, view, rank(), static_cast<long long>(t0), true,
-                        b.dest.data() + t0 * uk, count);
+    if (split_) {
+      if (q % r.r2 == 0) split_micro_batch(r, q / r.r2);
+      kc::count_records<k>(s, b.dest.data() + t0 * uk, r.chunk, eg_, true, count);
+    } else {
+      kc::ReplicaView view = experts_.replica_view(false);
+      kc::plan_records<k>(s, b.ids.data() + t0 * uk, r.chunk, eg_, view, rank(), static_cast<long long>(t0), true,
+                          b.dest.data() + t0 * uk, count);
+    }
     kc::exclusive_sum(s, b.scan_temp.data(), b.scan_temp.size(), count, pos, static_cast<long long>(ueg() * n));
     kc::send_layout(s, count, pos, r.chunk, eg_, static_cast<long long>(n), send_count, send_base);
     kc::pack_records<T, k>(s, r.a.x + t0 * h, r.chunk, shape.hidden, b.ids.data() + t0 * uk, b.gate_w.data() + t0 * uk,
@@ -392,6 +488,45 @@ private:
       a2e_->send(std::as_bytes(std::span(send_count + ug, 1)), ag_ + g, a2e_tag);
       a2e_->send(std::span<std::byte const>(records + ug * n * record_bytes, n * record_bytes), ag_ + g, a2e_tag);
     }
+  }
+
+  // AG with a split, A2E stream: micro-batch i's pairs split over the copies, dealt into b.dest (EG
+  // indices), and added to the run's totals (see the class comment).
+  void split_micro_batch(Run const& r, int i) const {
+    namespace kc = kernels::cuda;
+    cudaStream_t s = stream(Resource::a2e);
+    Buffers const& b = r.b;
+    auto mb = static_cast<std::size_t>(r.chunk) * static_cast<std::size_t>(r.r2);
+    std::size_t first = static_cast<std::size_t>(i) * mb * uk;
+    long long n = static_cast<long long>(mb * uk);
+    int me = rank();
+    auto row = [&](int p) { return b.split_counts.subspan((ueg() + static_cast<std::size_t>(p)) * E, E); };
+    if (i == 0) {
+      kc::check_cuda(cudaMemsetAsync(b.split_counts.data(), 0, ueg() * E * sizeof(std::int32_t), s),
+                     "cudaMemsetAsync (split counts)");  // the EG indices' rows stay zero
+      kc::check_cuda(cudaMemsetAsync(b.split_acc.data(), 0, b.split_acc.size_bytes(), s), "cudaMemsetAsync (split totals)");
+    }
+    split_->count(b.ids.data() + first, n, row(me).data(), s);
+    a2e_->set_stream(s);
+    for (int p = 0; p < ag_; ++p)
+      for (int q = p + 1; q < ag_; ++q) {
+        if (me == p) {
+          a2e_->send(std::as_bytes(row(p)), q, a2e_tag);
+          a2e_->recv(std::as_writable_bytes(row(q)), q, a2e_tag);
+        } else if (me == q) {
+          a2e_->recv(std::as_writable_bytes(row(p)), p, a2e_tag);
+          a2e_->send(std::as_bytes(row(q)), p, a2e_tag);
+        }
+      }
+    split_->run(b.split_counts.data(), b.split_take.data(), b.split_load.data(), b.split_outcome.data(),
+                b.split_work.empty() ? nullptr : b.split_work.data(), s);
+    kc::order_by_expert(s, b.ids.data() + first, n, shape.experts, b.values.data(), b.sorted_keys.data(),
+                        b.sorted_values.data(), b.offsets.data(), b.sort_temp.data(), b.sort_temp.size());
+    split_->deal_sorted(b.split_take.data(), eg_ + me, b.sorted_keys.data(), b.sorted_values.data(), b.offsets.data(),
+                        n, b.dest.data() + first, s);
+    kc::launch(detail_cuda::add_split_loads_kernel, 1, 32, 0, s, b.split_load.data(), eg_, b.split_outcome.data(),
+               b.split_acc.data());
+    kc::check_launch("add_split_loads_kernel");
   }
 
   // EG, A2E stream: chunk q's record count and region from every AG rank.
@@ -472,6 +607,7 @@ private:
   kernels::cuda::OwnedCublas cublas_;
   detail_cuda::StreamPool pool_;  // plan events, then fork, A2E done, E2A done, joins
   detail_cuda::PlanCache plans_;
+  std::optional<kernels::cuda::DeviceSplit> split_;  // AG rank with a per-micro-batch split
 };
 
 }  // namespace moe::schedule

@@ -51,9 +51,9 @@
 // micro-batch's pairs per expert and exchanges the counts with the other AG ranks (experts x int32
 // to each; pair by pair in one global order, the lower rank sending first, so blocking sends cannot
 // deadlock). Every AG rank then solves the same split and deals its own pairs in token order. EG
-// ranks take no part: they serve whatever records arrive. The split sees one rank per GPU of the
-// whole world; an AG rank is taken to share a server with no EG rank (a tie-break the split cannot
-// use here: no pair is ever on its own rank).
+// ranks take no part: they serve whatever records arrive. The split sees the EG ranks and, after
+// them, the AG ranks (BatchSplit::with_sources), each AG rank on a server shared with no EG rank (a
+// tie-break the split cannot use here: no pair is ever on its own rank).
 //
 // Threads: on an AG rank the A2E thread is the only one that sends and the E2A thread the only one
 // that receives from EG ranks, and they use different tags (3w, 3w + 1 out; 3w + 2 in); the split's
@@ -162,22 +162,14 @@ public:
           " ranks, the expert group has ", eg_);
     check(static_cast<int>(eg_copies.size()) == s_.experts, "FinDepExecutor: the batch split lists ",
           eg_copies.size(), " experts, the shape has ", s_.experts);
-    std::vector<std::vector<int>> world(eg_copies.size());
     for (std::size_t e = 0; e < eg_copies.size(); ++e) {
       check(static_cast<int>(eg_copies[e].size()) == copies_.copies(static_cast<int>(e)),
             "FinDepExecutor: the batch split's copies of expert ", e, " are not the executor's");
-      for (int g : eg_copies[e]) {
+      for (int g : eg_copies[e])
         check(serves(static_cast<int>(e), g), "FinDepExecutor: the batch split puts expert ", e, " on EG index ", g,
               ", which does not hold it");
-        world[e].push_back(ag_ + g);
-      }
     }
-    int servers = 0;
-    for (int v : split.servers()) servers = std::max(servers, v + 1);
-    std::vector<int> server(static_cast<std::size_t>(ag_ + eg_));
-    for (int p = 0; p < ag_; ++p) server[static_cast<std::size_t>(p)] = servers + p;  // shared with no EG rank
-    for (int g = 0; g < eg_; ++g) server[static_cast<std::size_t>(ag_ + g)] = split.servers()[static_cast<std::size_t>(g)];
-    split_.emplace(std::move(world), std::move(server), split.layout().slack_permille);
+    split_.emplace(split.with_sources(ag_));  // EG indices first, then the AG ranks
     split_counts_.assign(static_cast<std::size_t>(ag_ + eg_) * static_cast<std::size_t>(s_.experts), 0);
   }
   /// Bytes of split counts this rank sent in its last run() (in the collective's send counters too).
@@ -351,9 +343,9 @@ private:
     std::size_t n = static_cast<std::size_t>(mb) * k;
     int me = comm_->rank();
     std::fill(split_counts_.begin(), split_counts_.end(), 0);  // EG ranks' rows stay zero
-    for (std::size_t q = first; q < first + n; ++q)
-      ++split_counts_[static_cast<std::size_t>(me) * E + static_cast<std::size_t>(b.ids[q])];
-    auto row = [&](int p) { return std::span(split_counts_).subspan(static_cast<std::size_t>(p) * E, E); };
+    // AG rank p's row is eg + p (BatchSplit::with_sources)
+    auto row = [&](int p) { return std::span(split_counts_).subspan(static_cast<std::size_t>(eg_ + p) * E, E); };
+    for (std::size_t q = first; q < first + n; ++q) ++row(me)[static_cast<std::size_t>(b.ids[q])];
     for (int p = 0; p < ag_; ++p)
       for (int q = p + 1; q < ag_; ++q) {
         if (me == p) {
@@ -366,10 +358,8 @@ private:
       }
     split_bytes_ += static_cast<std::size_t>(ag_ - 1) * E * sizeof(std::int32_t);
     split_max_sum_ += split_->plan_batch(split_counts_).max_load;
-    for (int g = 0; g < eg_; ++g) split_load_[static_cast<std::size_t>(g)] += split_->load()[static_cast<std::size_t>(ag_ + g)];
-    auto dest = b.dest.subspan(first, n);
-    split_->deal(me, std::span<int const>(b.ids).subspan(first, n), dest);
-    for (int& d : dest) d -= ag_;
+    for (int g = 0; g < eg_; ++g) split_load_[static_cast<std::size_t>(g)] += split_->load()[static_cast<std::size_t>(g)];
+    split_->deal(eg_ + me, std::span<int const>(b.ids).subspan(first, n), b.dest.subspan(first, n));
   }
 
   void carve(core::Carver& c, AgBuffers& b) const {
@@ -656,7 +646,7 @@ private:
   std::vector<std::byte> own_;
   std::vector<Vote> votes_;
   std::vector<std::size_t> vote_bytes_;
-  std::optional<replication::BatchSplit> split_;  // over the world's ranks (AG first); see split_each_micro_batch
+  std::optional<replication::BatchSplit> split_;  // EG indices, then AG ranks; see split_each_micro_batch
   std::vector<std::int32_t> split_counts_;        // ranks x experts: one micro-batch's pairs
   std::size_t split_bytes_ = 0;
   std::vector<long long> split_load_;  // see split_loads()

@@ -763,6 +763,19 @@ public:
   [[nodiscard]] std::vector<int> const& servers() const { return server_; }
   [[nodiscard]] CopyLists const& copy_lists() const { return lists_; }
 
+  /// The same copies and servers with `sources` more ranks, numbered after this split's ranks, that
+  /// send pairs and hold no copy, each on a server of its own: the split a disaggregated layer
+  /// solves, whose attention ranks send every pair to the expert ranks (an attention rank p's
+  /// counts go in row ranks + p, and its pairs are dealt with deal(ranks + p, ...)).
+  [[nodiscard]] BatchSplit with_sources(int sources) const {
+    check(sources >= 1, "batch split: with_sources needs at least one source rank, got ", sources);
+    std::vector<int> server = server_;
+    int servers = 0;
+    for (int v : server_) servers = std::max(servers, v + 1);
+    for (int p = 0; p < sources; ++p) server.push_back(servers + p);
+    return BatchSplit(table_.replicas(), std::move(server), layout_.slack_permille);
+  }
+
   /// Splits the batch whose pairs per (rank, expert) are `counts` (ranks x experts, rank-major).
   /// Throws moe::Error on a count array of the wrong size or a negative count.
   split::Outcome plan_batch(std::span<std::int32_t const> counts) {

@@ -30,7 +30,9 @@
 // - stats(): tokens and assignments on AG ranks, and the bytes this rank's link communicator sent
 //   (an AG rank's are all dispatch, an EG rank's all combine); no record counts.
 // Replicas: any replica policy with fixed copies over EG indices, with the host path's rule (token
-// t of AG rank p uses copy (p + t) mod n of an expert's n copies).
+// t of AG rank p uses copy (p + t) mod n of an expert's n copies); or replication::BatchSplit over
+// EG indices: each micro-batch split over the copies on the device (FinDepCudaP2PExecutor; the AG
+// ranks' count swaps are in stats().control_bytes, not dispatch_bytes).
 
 #include <memory>
 #include <span>
@@ -65,9 +67,10 @@ public:
                     collective::StreamOrdered<Comm, cudaStream_t>,
                 "moe::Layer (device disaggregated): the collective needs send / recv (collective::PointToPoint), "
                 "all_gather_v (collective::Exchange) and set_stream (collective::StreamOrdered)");
-  static_assert(!replication::BatchPolicy<Replicas>,
-                "moe::Layer (device disaggregated): a batch-aware replica policy routes on the host path only; "
-                "give the disaggregated path a replica policy with fixed copies (replication::Table, None)");
+  static_assert(!replication::BatchPolicy<Replicas> || std::is_same_v<Replicas, replication::BatchSplit>,
+                "moe::Layer (device disaggregated): of the batch-aware replica policies this path takes "
+                "replication::BatchSplit (each micro-batch split over the copies); give it that or a policy "
+                "with fixed copies (replication::Table, None)");
 
   struct Arguments {
     int tokens = 0;        ///< AG ranks: their tokens; EG ranks: the token count of an AG rank
@@ -108,11 +111,13 @@ public:
     collective::Counters const& link = ag ? a2e_->counters() : e2a_->counters();
     std::size_t before = link.bytes_sent();
     executor_.run(executor_args(a), schedule_.config(), b.workspace);
+    std::size_t split = a.tokens > 0 ? executor_.split_bytes(schedule_.config().r1) : 0;  // on the A2E link too
+    stats.control_bytes = split;
     stats.tokens = ag ? a.tokens : 0;
     stats.assignments = static_cast<long long>(stats.tokens) * shape.top_k;
     stats.meta_bytes = detail::record_meta_bytes(shape.top_k);
     stats.record_bytes = stats.meta_bytes + static_cast<std::size_t>(shape.hidden) * sizeof(T);
-    (ag ? stats.dispatch_bytes : stats.combine_bytes) = link.bytes_sent() - before;
+    (ag ? stats.dispatch_bytes : stats.combine_bytes) = link.bytes_sent() - before - split;
   }
 
   [[nodiscard]] bool is_attention_rank() const { return executor_.is_ag(); }
@@ -152,10 +157,18 @@ private:
         executor_(a2e, *e2a_, schedule_.ag, eg_table(placement, a2e.size() - schedule_.ag), weights,
                   executor_options(options),
                   detail::expert_group_copies(replicas, eg_table(placement, a2e.size() - schedule_.ag),
-                                              a2e.size() - schedule_.ag)),
+                                              a2e.size() - schedule_.ag),
+                  batch_split(replicas)),
         votes_(a2e.size()) {}
 
   static typename Executor::Arguments executor_args(Arguments const& a) { return {a.tokens, a.x, a.y, a.stream}; }
+  static replication::BatchSplit const* batch_split(Replicas const& r) {
+    if constexpr (std::is_same_v<Replicas, replication::BatchSplit>) {
+      return &r;
+    } else {
+      return nullptr;
+    }
+  }
 
   std::unique_ptr<Comm> owned_e2a_;  // the duplicate made by the one-communicator constructor
   Comm* a2e_;
