@@ -5,6 +5,8 @@
 // H100 reference models) and from a few fixed choices covering both orders. Each AG rank's output
 // is compared with moe::reference_forward on its tokens (normwise relative error).
 
+#include <catch2/catch.hpp>
+
 #include <algorithm>
 #include <span>
 #include <string>
@@ -100,6 +102,18 @@ struct SplitResult {
   std::size_t control = 0, expected_control = 0;  ///< AG ranks: stats().control_bytes, and the counts' bytes
   bool loads_match = true;  ///< every AG rank's splits say what each EG index then received
 };
+
+/// The checks of one SplitResult (with Catch2; `where` names the run in the failure messages):
+/// output, loads, least max load, never above the fixed rule, control bytes.
+inline void check_split(SplitResult const& r, std::string const& where) {
+  INFO(r.what << where << ": busiest EG index summed over micro-batches: split " << r.max_sum << ", least "
+              << r.least << ", fixed rule " << r.fixed);
+  CHECK(r.vs_reference <= tolerance);
+  CHECK(r.loads_match);
+  CHECK(r.max_sum == r.least);
+  CHECK(r.least <= r.fixed);
+  CHECK(r.control == r.expected_control);
+}
 
 /// moe::Layer with replication::BatchSplit on the host disaggregated path (each micro-batch split
 /// over the copies of replicated_on_eg, EG index g on server g / 2), for every schedule of
