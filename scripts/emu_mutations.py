@@ -93,7 +93,7 @@ MUTATIONS = [
              "    int oi = __shfl_xor_sync(0x7fffffffu, i, off);",
              "plain", "test_cuda_kernels_emu", "*rout*"),
     Mutation("fork-wait", "dropped fork `cudaStreamWaitEvent` in the FinDEP CUDA executor",
-             "include/moe/layer/findep_cuda_common.cuh",
+             "include/moe/layer/findep_cuda_executor.cuh",
              "    for (auto s : streams) kc::check_cuda(cudaStreamWaitEvent(s, events[event], 0), \"cudaStreamWaitEvent (fork)\");",
              "",
              "tsan", "test_findep_cuda_emu", "*CUDA graph*"),

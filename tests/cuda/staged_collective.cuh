@@ -1,7 +1,7 @@
 #pragma once
 // A device-memory communicator for tests with several ranks on one GPU: every exchange is staged
 // through host memory and collective::InProcess<N> (one thread per rank). It lets the multi-rank
-// logic of the device moe::Layer (all_to_all, all_to_all_v), of FinDepCudaP2PExecutor (send, recv) and of the
+// logic of the device moe::Layer (all_to_all, all_to_all_v), of the point-to-point FinDepCudaExecutor (send, recv) and of the
 // device disaggregated Layer (duplicate) run without several GPUs.
 //
 // Every operation first waits for the stream given by set_stream (so the data holds what that

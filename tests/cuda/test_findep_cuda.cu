@@ -1,7 +1,7 @@
-// FinDepCudaExecutor (CUDA streams and events, co-located AG/EG on one GPU) against the sequential
+// FinDepCudaExecutor with the CoLocated link (CUDA streams and events, AG and EG on one GPU) against the sequential
 // moe::Layer<..., collective::SingleGpu> on the same device inputs and against the host
 // moe::reference_forward, for both orders, both pipelines and several r1, r2; bad input.
-// FinDepCudaP2PExecutor (AG and EG on different ranks, point-to-point links) with several ranks on
+// FinDepCudaExecutor with the PointToPoint link (AG and EG on different ranks) with several ranks on
 // one GPU: in-process threads and a staged device communicator (messages through host memory),
 // against moe::reference_forward. Exits 77 (skipped) without a GPU.
 //
@@ -30,12 +30,11 @@
 #include "moe/layer/paths/device.cuh"
 #include "moe/moe.hpp"
 #include "moe/layer/findep_cuda_executor.cuh"
-#include "moe/layer/findep_cuda_p2p.cuh"
 #if defined(MOE_TEST_NCCL)
 #include "moe/collective/nccl.hpp"
 // The NCCL mode needs several GPUs to run; here it must at least compile with the real collective.
-template class moe::schedule::FinDepCudaP2PExecutor<moe::models::Reduced<moe::models::DeepSeekV3, 64, 32, moe::DType::f32>,
-                                                    moe::router::SigmoidGroupTopK, moe::collective::Nccl>;
+template class moe::schedule::FinDepCudaExecutor<moe::models::Reduced<moe::models::DeepSeekV3, 64, 32, moe::DType::f32>,
+                                                    moe::router::SigmoidGroupTopK, moe::schedule::PointToPoint<moe::collective::Nccl>>;
 #endif
 
 using moe::test::Device;
@@ -250,12 +249,12 @@ TEST_CASE("FinDEP CUDA executor rejects bad input", "[cuda][findep][bad-input]")
 }
 
 // -----------------------------------------------------------------------------------------------
-// AG and EG on different ranks: FinDepCudaP2PExecutor over moe::test::StagedDevice (send / recv
+// AG and EG on different ranks: FinDepCudaExecutor<..., PointToPoint> over moe::test::StagedDevice (send / recv
 // staged through host memory, staged_collective.cuh).
 // -----------------------------------------------------------------------------------------------
 namespace {
 
-/// How p2p_world runs a configuration: through one FinDepCudaP2PExecutor per rank for all of them,
+/// How p2p_world runs a configuration: through one point-to-point FinDepCudaExecutor per rank for all of them,
 /// or through a moe::Layer (device disaggregated path) per configuration (its schedule policy is FinDep or PPPipe
 /// as the configuration says) made from one communicator (the layer duplicates it) or from two.
 enum class Via { executor, layer, layer_two_comms };
@@ -312,7 +311,7 @@ template <int N, class Model, class Router>
 void p2p_world(int ag, int tokens, std::uint64_t seed, double tolerance, Via via = Via::executor,
                bool replicated = false, int max_tokens = 0) {
   if (max_tokens == 0) max_tokens = tokens;
-  using Ex = ms::FinDepCudaP2PExecutor<Model, Router, moe::test::StagedDevice<N>>;
+  using Ex = ms::FinDepCudaExecutor<Model, Router, ms::PointToPoint<moe::test::StagedDevice<N>>>;
   using T = typename Ex::element_type;
   constexpr moe::ShapeSpec s = Model::spec;
   auto h = static_cast<std::size_t>(s.hidden);
@@ -425,7 +424,7 @@ namespace {
 /// `Nccl::duplicate`) or from both.
 template <int N, class Model, class Router>
 void p2p_nccl_world(int ag, int tokens, std::uint64_t seed, double tolerance, Via via = Via::executor) {
-  using Ex = ms::FinDepCudaP2PExecutor<Model, Router, moe::collective::Nccl>;
+  using Ex = ms::FinDepCudaExecutor<Model, Router, ms::PointToPoint<moe::collective::Nccl>>;
   using T = typename Ex::element_type;
   constexpr moe::ShapeSpec s = Model::spec;
   auto h = static_cast<std::size_t>(s.hidden);
@@ -567,7 +566,7 @@ namespace {
 template <int N, class Model, class Router>
 void p2p_split_world(int ag, int tokens, std::uint64_t seed, double tolerance) {
   using Comm = moe::test::StagedDevice<N>;
-  using Ex = ms::FinDepCudaP2PExecutor<Model, Router, Comm>;
+  using Ex = ms::FinDepCudaExecutor<Model, Router, ms::PointToPoint<Comm>>;
   using T = typename Ex::element_type;
   constexpr moe::ShapeSpec s = Model::spec;
   auto h = static_cast<std::size_t>(s.hidden), k = static_cast<std::size_t>(s.top_k);
@@ -709,7 +708,7 @@ TEST_CASE("FinDEP point-to-point executor and device disaggregated Layer split e
 
 TEST_CASE("FinDEP point-to-point executor and the device disaggregated Layer reject bad input", "[cuda][findep][p2p][bad-input]") {
   using Model = MixtralSmallF32;
-  using Ex = ms::FinDepCudaP2PExecutor<Model, moe::router::SoftmaxTopK, moe::test::StagedDevice<3>>;
+  using Ex = ms::FinDepCudaExecutor<Model, moe::router::SoftmaxTopK, ms::PointToPoint<moe::test::StagedDevice<3>>>;
   constexpr moe::ShapeSpec s = Model::spec;
   moe::RandomLayerWeights<float> weights(s, 71);
   DeviceWeights<float> dw(s, weights.view());

@@ -1,7 +1,7 @@
 // Exact workspace sizes of the device components (issue 15; the host ones are
 // tests/layer/test_workspace_exact.cpp): the device moe::Layer on one GPU (collective::SingleGpu) and on several
 // ranks of one GPU (moe::test::StagedDevice, both exchanges), the co-located
-// schedule::FinDepCudaExecutor, and schedule::FinDepCudaP2PExecutor on its AG and EG ranks (over
+// schedule::FinDepCudaExecutor, and schedule::FinDepCudaExecutor with the PointToPoint link on its AG and EG ranks (over
 // StagedDevice). For each component and shape the test
 //   1. records, with core::CarveLog, every piece workspace_size() counts (offset and bytes), and
 //      names them in carve order (the count must match, so a new piece needs a name here);
@@ -33,7 +33,6 @@
 #include "moe/layer/paths/device.cuh"
 #include "moe/moe.hpp"
 #include "moe/layer/findep_cuda_executor.cuh"
-#include "moe/layer/findep_cuda_p2p.cuh"
 #include "staged_collective.cuh"
 
 using moe::test::Device;
@@ -451,80 +450,15 @@ TEST_CASE("device Layer on several ranks: ranks with different options cannot ov
 }
 
 // -----------------------------------------------------------------------------------------------
-// The co-located FinDEP executor.
+// The FinDEP executor: pieces and record-count regions of both links.
 // -----------------------------------------------------------------------------------------------
 namespace {
 
-/// The pieces of schedule::FinDepCudaExecutor::carve, in order.
-std::vector<std::string> const findep_pieces = {
-    "logits",   "ids",       "gate_w",    "shared_inter", "shared_acc",  "returned", "cublas",
-    "eg_x",     "eg_ids",    "eg_w",      "back",         "dest",        "rec_count", "rec_pos",
-    "scan_temp", "count",    "send_base", "recv_base",    "recv_n",      "records",  "keys",
-    "values",   "sorted_keys", "sorted_values", "position", "sort_temp", "offsets",  "tile_starts",
-    "inter",    "expert_out"};
-
-template <class Model>
-Finding findep_case(int m, std::size_t misalign) {
-  using Ex = moe::schedule::FinDepCudaExecutor<Model, Router>;
-  using T = typename Ex::element_type;
-  namespace ms = moe::schedule;
-  constexpr moe::ShapeSpec s = Model::spec;
-  Weights<T> w(s, 13);
-  DeviceWeights<T> dw(s, w.view);
-  Ex ex(dw.view(), {.max_tokens = m});
-  auto [size, pieces] = measure([&] { return ex.workspace_size(); });
-  Finding f;
-  std::vector<int> first(static_cast<std::size_t>(s.top_k));
-  std::iota(first.begin(), first.end(), 0);
-  auto x = routed_tokens<T>(s, std::vector<std::vector<int>>(static_cast<std::size_t>(m), first), 17);
-  Device<T> dx(x), dy(x.size());
-  // One chunk: the EG scratch sized for the largest chunk (max_tokens) is full; then one token per
-  // chunk, as many chunks as tokens.
-  std::vector<ms::Config> configs = {{ms::Pipeline::findep, ms::Order::asas, 1, 1, 1},
-                                     {ms::Pipeline::findep, ms::Order::asas, m, 1, 1}};
-  DeviceBuffer ws(size, misalign);
-  bool record = true;
-  auto written = written_bytes(ws, [&] {
-    for (auto const& c : configs) {
-      dy.poison();
-      ex.run({.tokens = m, .x = dx.get(), .y = dy.get()}, c, ws.span);
-      if (ex.errors() != 0u) f.problems.push_back("device error bits " + std::to_string(ex.errors()));
-      if (record) f.errors.push_back(error_against_reference(s, w.view, m, x, dy.download()));
-    }
-    record = false;
-  });
-  check_pieces("FinDepCudaExecutor", pieces, findep_pieces, size, ws.carver_start(), written,
-               [](std::string const& name, std::size_t) { return library_scratch(name); }, f);
-  return f;
-}
-
-}  // namespace
-
-TEST_CASE("FinDepCudaExecutor: the worst case writes every byte its workspace_size() counts",
-          "[cuda][findep][workspace]") {
-  for (std::size_t misalign : {std::size_t{0}, std::size_t{16}}) {
-    INFO("buffer " << misalign << " bytes past a 256-byte boundary");
-    {
-      INFO(SharedWide::name);
-      expect_clean({findep_case<SharedWide>(5, misalign)}, tolerance<float>());
-    }
-    {
-      INFO(Top3Bf16::name);
-      expect_clean({findep_case<Top3Bf16>(3, misalign)}, tolerance<moe::bf16>());
-    }
-  }
-}
-
-// -----------------------------------------------------------------------------------------------
-// The FinDEP executor with the AG and the EG on different ranks (moe::test::StagedDevice).
-// -----------------------------------------------------------------------------------------------
-namespace {
-
-/// The pieces of schedule::FinDepCudaP2PExecutor::carve, in order, on an AG and on an EG rank.
-std::vector<std::string> const p2p_ag_pieces = {"logits",  "ids",       "dest",       "gate_w",    "shared_inter",
+/// The pieces of schedule::FinDepCudaExecutor::carve, in order, on an AG and on an EG rank (co-located: both).
+std::vector<std::string> const ag_pieces = {"logits",  "ids",       "dest",       "gate_w",    "shared_inter",
                                                 "shared_acc", "cublas", "rec_count",  "rec_pos",   "scan_temp",
                                                 "send_count", "send_base", "send",    "returned"};
-std::vector<std::string> const p2p_eg_pieces = {"counts", "recv",          "back",     "recv_base", "recv_n",
+std::vector<std::string> const eg_pieces = {"counts", "recv",          "back",     "recv_base", "recv_n",
                                                 "keys",   "values",        "sorted_keys", "sorted_values",
                                                 "position", "sort_temp",   "offsets",  "tile_starts", "inter",
                                                 "expert_out"};
@@ -546,6 +480,73 @@ std::vector<bool> laid_out_count_ints(int eg, int m, int chunks) {
   return laid;
 }
 
+/// The co-located executor (one AG and one EG on this GPU): every one of m tokens picks experts
+/// 0..k-1 (a record names k experts), run at every chunk count q = 1..m (r1 = q, m / q tokens per
+/// chunk), which together reach every per-chunk region; q = 1 fills the EG scratch sized for the
+/// largest chunk (max_chunks keeps its default, 64, above m).
+template <class Model>
+Finding findep_case(int m, std::size_t misalign) {
+  using Ex = moe::schedule::FinDepCudaExecutor<Model, Router>;
+  using T = typename Ex::element_type;
+  namespace ms = moe::schedule;
+  constexpr moe::ShapeSpec s = Model::spec;
+  Weights<T> w(s, 13);
+  DeviceWeights<T> dw(s, w.view);
+  Ex ex(dw.view(), {.max_tokens = m});
+  auto [size, pieces] = measure([&] { return ex.workspace_size(); });
+  Finding f;
+  std::vector<int> first(static_cast<std::size_t>(s.top_k));
+  std::iota(first.begin(), first.end(), 0);
+  auto x = routed_tokens<T>(s, std::vector<std::vector<int>>(static_cast<std::size_t>(m), first), 17);
+  Device<T> dx(x), dy(x.size());
+  DeviceBuffer ws(size, misalign);
+  bool record = true;
+  auto written = written_bytes(ws, [&] {
+    for (int q = 1; q <= m; ++q) {
+      int t = q * (m / q);  // q chunks of m / q tokens
+      dy.poison();
+      ex.run({.tokens = t, .x = dx.get(), .y = dy.get()}, {ms::Pipeline::findep, ms::Order::asas, q, 1, 1}, ws.span);
+      if (ex.errors() != 0u) f.problems.push_back("device error bits " + std::to_string(ex.errors()));
+      if (record && t == m) f.errors.push_back(error_against_reference(s, w.view, m, x, dy.download()));
+    }
+    record = false;
+  });
+  std::vector<std::string> names = ag_pieces;
+  names.insert(names.end(), eg_pieces.begin(), eg_pieces.end());
+  auto laid = laid_out_count_ints(1, m, m);
+  MayStayUnwritten eg = layer_exemptions(s.top_k, s.top_k);
+  check_pieces("FinDepCudaExecutor (co-located)", pieces, names, size, ws.carver_start(), written,
+               [&](std::string const& name, std::size_t b) {
+                 if (name == "rec_count" || name == "rec_pos")
+                   return b / sizeof(int) < laid.size() && !laid[b / sizeof(int)];
+                 return eg(name, b);
+               },
+               f);
+  return f;
+}
+
+}  // namespace
+
+TEST_CASE("FinDepCudaExecutor, co-located: the worst case writes every byte its workspace_size() counts",
+          "[cuda][findep][workspace]") {
+  for (std::size_t misalign : {std::size_t{0}, std::size_t{16}}) {
+    INFO("buffer " << misalign << " bytes past a 256-byte boundary");
+    {
+      INFO(SharedWide::name);
+      expect_clean({findep_case<SharedWide>(5, misalign)}, tolerance<float>());
+    }
+    {
+      INFO(Top3Bf16::name);
+      expect_clean({findep_case<Top3Bf16>(3, misalign)}, tolerance<moe::bf16>());
+    }
+  }
+}
+
+// -----------------------------------------------------------------------------------------------
+// The FinDEP executor with the AG and the EG on different ranks (moe::test::StagedDevice).
+// -----------------------------------------------------------------------------------------------
+namespace {
+
 /// `N` ranks, the first `ag` AG ranks with up to `m` tokens each, the EG indices of the experts
 /// `on_eg`. Worst-case inputs: for each EG rank g, every token picks min(k, experts g holds) of
 /// g's experts (then experts of other ranks up to k): every AG token sends g a record naming the
@@ -553,7 +554,7 @@ std::vector<bool> laid_out_count_ints(int eg, int m, int chunks) {
 /// max_chunks) (r1 = q, m / q tokens per chunk), which together reach every per-chunk region.
 template <class Model, int N>
 std::vector<Finding> p2p_case(int ag, moe::placement::Table const& on_eg, int m) {
-  using Ex = moe::schedule::FinDepCudaP2PExecutor<Model, Router, moe::test::StagedDevice<N>>;
+  using Ex = moe::schedule::FinDepCudaExecutor<Model, Router, moe::schedule::PointToPoint<moe::test::StagedDevice<N>>>;
   using T = typename Ex::element_type;
   namespace ms = moe::schedule;
   constexpr moe::ShapeSpec s = Model::spec;
@@ -614,7 +615,7 @@ std::vector<Finding> p2p_case(int ag, moe::placement::Table const& on_eg, int m)
     });
     if (is_ag) {
       auto laid = laid_out_count_ints(eg, m, chunks);
-      check_pieces("FinDepCudaP2PExecutor (AG rank)", pieces, p2p_ag_pieces, size, ws.carver_start(), written,
+      check_pieces("FinDepCudaExecutor (AG rank)", pieces, ag_pieces, size, ws.carver_start(), written,
                    [&laid](std::string const& name, std::size_t b) {
                      if (library_scratch(name)) return true;
                      // The rounding between two chunks' regions; past the last region nothing is exempt.
@@ -625,7 +626,7 @@ std::vector<Finding> p2p_case(int ag, moe::placement::Table const& on_eg, int m)
                    f);
     } else {
       int rows = std::max(1, std::min(k, static_cast<int>(held[static_cast<std::size_t>(rank - ag)].size())));
-      check_pieces("FinDepCudaP2PExecutor (EG rank)", pieces, p2p_eg_pieces, size, ws.carver_start(), written,
+      check_pieces("FinDepCudaExecutor (EG rank)", pieces, eg_pieces, size, ws.carver_start(), written,
                    layer_exemptions(rows, k), f);
     }
   });
@@ -634,7 +635,7 @@ std::vector<Finding> p2p_case(int ag, moe::placement::Table const& on_eg, int m)
 
 }  // namespace
 
-TEST_CASE("FinDepCudaP2PExecutor: the worst case writes every byte its workspace_size() counts, on AG and EG ranks",
+TEST_CASE("FinDepCudaExecutor, point to point: the worst case writes every byte its workspace_size() counts, on AG and EG ranks",
           "[cuda][findep][p2p][workspace]") {
   {
     // Two AG ranks (shared expert on each), two EG ranks holding 4 experts each (>= top_k 2).

@@ -277,6 +277,28 @@ public:
   [[nodiscard]] T const* const* down() const { return down_.get(); }
   [[nodiscard]] int served_count() const { return served_count_; }
   [[nodiscard]] unsigned* errors() const { return errors_.get(); }
+
+  /// A routed-expert pass over this table's served experts (their mask, weight tables and error
+  /// word), its scratch taken from `b`: any buffers with the grouping fields (keys, values,
+  /// sorted_keys, sorted_values, position, offsets, tile_starts, sort_temp), inter and expert_out.
+  /// The caller sets where the records and token rows are and where `back` goes.
+  template <ShapeSpec S, class Buffers>
+  [[nodiscard]] RoutedExperts<S, T> routed(Buffers const& b, int max_count, kernels::cuda::GemmPath path) const {
+    RoutedExperts<S, T> pass;
+    pass.served = served();
+    pass.max_count = max_count;
+    pass.gate = gate();
+    pass.up = up();
+    pass.down = down();
+    pass.grouping = {b.keys.data(),     b.values.data(),  b.sorted_keys.data(), b.sorted_values.data(),
+                     b.position.data(), b.offsets.data(), b.tile_starts.data(), b.sort_temp.data(),
+                     b.sort_temp.size()};
+    pass.inter = b.inter.data();
+    pass.expert_out = b.expert_out.data();
+    pass.errors = errors();
+    pass.path = path;
+    return pass;
+  }
   /// The error word (kernels::cuda::DeviceError bits), after synchronising the device: a
   /// diagnostic for tests and debugging, never on the hot path.
   [[nodiscard]] unsigned read_errors() const {

@@ -3,7 +3,7 @@
 // ordered list of operations of each resource stream (AG compute, A2E link, EG compute, E2A link),
 // each with the events it waits on before it starts and the event it records when it ends. A CUDA
 // executor maps each resource to one cudaStream_t and each plan event to one cudaEvent_t
-// (moe/layer/findep_cuda_executor.cuh and findep_cuda_p2p.cuh); any other stream/event runtime can run the same plan.
+// (moe/layer/findep_cuda_executor.cuh, both links); any other stream/event runtime can run the same plan.
 //
 // The operations and their dependencies are those of section 3.2 of the FinDEP paper, as the
 // simulator (simulator.hpp, build_tasks) and the host executor (findep_executor.hpp) use them:

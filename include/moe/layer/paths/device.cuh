@@ -351,7 +351,7 @@ public:
     kc::recv_layout(s, counts_in, ranks, cap, b.recv_base.data(), b.recv_n.data(), experts_.errors());
 
     // 3. Experts: group (record, slot) pairs by expert, gate+up with SwiGLU, down, weighted combine.
-    detail::RoutedExperts<shape, T> experts;
+    auto experts = experts_.template routed<shape>(b, rows_per_record(), options_.device.gemm);
     experts.records = recv;
     experts.record_bytes = rec;
     experts.slots = slots;
@@ -367,19 +367,7 @@ public:
       experts.a = recv + meta_bytes_;  // the token row follows each record's metadata
       experts.a_stride = rec;
     }
-    experts.served = experts_.served();
-    experts.max_count = rows_per_record();
-    experts.gate = experts_.gate();
-    experts.up = experts_.up();
-    experts.down = experts_.down();
-    experts.grouping = {b.keys.data(),     b.values.data(),  b.sorted_keys.data(), b.sorted_values.data(),
-                        b.position.data(), b.offsets.data(), b.tile_starts.data(), b.sort_temp.data(),
-                        b.sort_temp.size()};
-    experts.inter = b.inter.data();
-    experts.expert_out = b.expert_out.data();
     experts.back = b.back.data();
-    experts.errors = experts_.errors();
-    experts.path = options_.device.gemm;
     experts.enqueue(s);
 
     // 4. Partials back, shared experts, sum in token order.

@@ -12,7 +12,7 @@
 //   void* ws; cudaMalloc(&ws, layer.workspace_size());                  // AG and EG ranks differ
 //   layer.run({.tokens = n, .x = x, .y = y, .stream = s}, {static_cast<std::byte*>(ws), bytes});
 //
-// The work is schedule::FinDepCudaP2PExecutor's (moe/layer/findep_cuda_p2p.cuh): the plan's operations
+// The work is schedule::FinDepCudaExecutor's with the PointToPoint link (moe/layer/findep_cuda_executor.cuh): the plan's operations
 // on one CUDA stream per resource, the A2E and E2A links as send / recv on two communicators (NCCL
 // runs one communicator's operations in issue order, so one communicator per link stream). The
 // one-communicator constructor makes the second with `comm.duplicate()` (Nccl: ncclCommSplit), a
@@ -31,7 +31,7 @@
 //   (an AG rank's are all dispatch, an EG rank's all combine); no record counts.
 // Replicas: any replica policy with fixed copies over EG indices, with the host path's rule (token
 // t of AG rank p uses copy (p + t) mod n of an expert's n copies); or replication::BatchSplit over
-// EG indices: each micro-batch split over the copies on the device (FinDepCudaP2PExecutor; the AG
+// EG indices: each micro-batch split over the copies on the device (FinDepCudaExecutor; the AG
 // ranks' count swaps are in stats().control_bytes, not dispatch_bytes).
 
 #include <memory>
@@ -44,17 +44,17 @@
 #include "moe/layer/paths/device.cuh"
 #include "moe/layer/records.hpp"
 #include "moe/schedule/disaggregated.hpp"
-#include "moe/layer/findep_cuda_p2p.cuh"
+#include "moe/layer/findep_cuda_executor.cuh"
 
 namespace moe {
 
 namespace layer {
 
-/// The device disaggregated path's executor: schedule::FinDepCudaP2PExecutor behind the front.
+/// The device disaggregated path's executor: schedule::FinDepCudaExecutor (PointToPoint) behind the front.
 template <ModelShape Model, router::Policy Router, placement::Policy Placement, replication::Policy Replicas,
           schedule::Policy Schedule, collective::Communicator Comm>
 class DeviceDisaggregatedExecutor {
-  using Executor = schedule::FinDepCudaP2PExecutor<Model, Router, Comm>;
+  using Executor = schedule::FinDepCudaExecutor<Model, Router, schedule::PointToPoint<Comm>>;
 
 public:
   static constexpr ShapeSpec shape = Model::spec;
