@@ -12,6 +12,7 @@
 
 #include "moe/kernels/cuda_common.cuh"
 #include "moe/kernels/dispatch.cuh"
+#include "moe/kernels/records.hpp"
 
 namespace moe::kernels::cuda {
 
@@ -26,8 +27,8 @@ __global__ void combine_records_kernel(std::byte const* __restrict__ recv, std::
   constexpr int V = vec_elems<T>;
   long long r = blockIdx.x;
   if (r >= slots || !slot_valid(r, recv_base, recv_n, ranks)) return;
-  auto const* words = reinterpret_cast<std::int32_t const*>(recv + static_cast<std::size_t>(r) * record_bytes);
-  int count = words[1];
+  std::byte const* rec = recv + static_cast<std::size_t>(r) * record_bytes;
+  int count = moe::detail::record_header(rec)->count;
   if (count < 0 || count > max_count) count = 0;  // reported by sort_items; the partial is zero
   // Per slot: the expert-output row to add (or -1) and its weight. Indexed only by unrolled
   // constants, so both arrays stay in registers.
@@ -38,10 +39,10 @@ __global__ void combine_records_kernel(std::byte const* __restrict__ recv, std::
     row[i] = -1;
     w[i] = 0.0f;
     if (i < count) {
-      int e = words[2 + i];
+      int e = moe::detail::record_experts(rec)[i];
       if (e >= 0 && e < experts && served[e]) {
         row[i] = position[r * K + i];
-        w[i] = reinterpret_cast<float const*>(words + 2 + K)[i];
+        w[i] = moe::detail::record_weights(rec, K)[i];
       }
     }
   }

@@ -11,8 +11,8 @@
 //                  token's first record among those for rank d
 //   send_layout    per destination: records, first record in the send buffer (back to back, or a
 //                  fixed stride `cap` per destination for the padded exchange)
-//   pack_records   one block per token: record headers [int32 token, int32 count, int32 expert[k],
-//                  float weight[k]] padded to 16 bytes, then the hidden vector (16-byte vectors)
+//   pack_records   one block per token: its records in the format of kernels/records.hpp (the
+//                  metadata padded to 16 bytes, then the hidden vector in 16-byte vectors)
 //
 // Receive side (records back to back per source rank, or one fixed-stride region per rank):
 //   recv_layout    per source: first record and count, from the exchanged counts (on the device)
@@ -33,6 +33,7 @@
 #include <concepts>
 
 #include "moe/kernels/cuda_common.cuh"
+#include "moe/kernels/records.hpp"
 #include "moe/plan/replica_table.hpp"
 
 namespace moe::kernels::cuda {
@@ -190,8 +191,8 @@ __global__ void pack_records_kernel(T const* __restrict__ x, int tokens, int hid
       std::byte* out = send + static_cast<std::size_t>(r) * record_bytes;
       auto* words = reinterpret_cast<std::int32_t*>(out);
       for (std::size_t w = 0; w < meta_bytes / 4; ++w) words[w] = 0;
-      auto* eid = words + 2;
-      auto* ew = reinterpret_cast<float*>(words + 2 + K);
+      std::int32_t* eid = moe::detail::record_experts(out);
+      float* ew = moe::detail::record_weights(out, K);
       int c = 0;
       for (int q = j; q < K; ++q) {
         if (dt[q] != d || (!deduplicate && q != j)) continue;
@@ -199,8 +200,7 @@ __global__ void pack_records_kernel(T const* __restrict__ x, int tokens, int hid
         ew[c] = weights[static_cast<std::size_t>(t) * K + q];
         ++c;
       }
-      words[0] = t;
-      words[1] = c;
+      *moe::detail::record_header(out) = {t, c};
       rec_s[n++] = r;
     }
     nrec_s = n;
@@ -259,12 +259,12 @@ __global__ void sort_items_kernel(std::byte const* __restrict__ recv, std::size_
   int i = static_cast<int>(item % K);
   int key = experts;
   if (slot_valid(r, recv_base, recv_n, ranks)) {
-    auto const* words = reinterpret_cast<std::int32_t const*>(recv + static_cast<std::size_t>(r) * record_bytes);
-    int count = words[1];
+    std::byte const* rec = recv + static_cast<std::size_t>(r) * record_bytes;
+    int count = moe::detail::record_header(rec)->count;
     if (count < 1 || count > max_count) {  // max_count <= K
       if (i == 0) atomicOr(errors, error_bad_count);
     } else if (i < count) {
-      int e = words[2 + i];
+      int e = moe::detail::record_experts(rec)[i];
       if (e >= 0 && e < experts && served[e]) {
         key = e;
       } else {

@@ -68,6 +68,7 @@
 #include "moe/kernels/dispatch.cuh"
 #include "moe/kernels/gate.cuh"
 #include "moe/kernels/grouped_gemm.cuh"
+#include "moe/kernels/records.hpp"
 #include "moe/layer/expert_ffn.cuh"
 #include "moe/layer/layer.hpp"
 #include "moe/plan/placement_table.hpp"
@@ -88,13 +89,6 @@ void findep_attention(cublasHandle_t cublas, cudaStream_t s, std::span<std::byte
   kernels::cuda::gate_logits<T>(cublas, s, cublas_ws.data(), cublas_ws.size(), x, tokens, S.hidden, w.router,
                                 S.experts, logits);
   kernels::cuda::route<S, Router>(s, logits, w.router_bias, tokens, ids, gate_w);
-}
-
-/// Bytes of a dispatch record's metadata: [int32 token, int32 count, int32 expert[k], float
-/// weight[k]], padded to 16 bytes (the CUDA kernels' record format).
-constexpr std::size_t findep_meta_bytes(int top_k) {
-  return (2 * sizeof(std::int32_t) + static_cast<std::size_t>(top_k) * (sizeof(std::int32_t) + sizeof(float)) + 15) /
-         16 * 16;
 }
 
 /// The resource streams of an executor (one per Resource, non-blocking) and its event pool,
@@ -475,7 +469,7 @@ private:
   static constexpr auto uk = static_cast<std::size_t>(shape.top_k);
   static constexpr auto E = static_cast<std::size_t>(shape.experts);
   static constexpr std::size_t run_events = 3 + resource_count;  // fork, A2E done, E2A done, joins
-  static constexpr std::size_t meta_bytes = detail_cuda::findep_meta_bytes(shape.top_k);
+  static constexpr std::size_t meta_bytes = moe::detail::record_meta_bytes(shape.top_k);  // kernels/records.hpp
   static constexpr std::size_t record_bytes = meta_bytes + h * sizeof(T);  // h * sizeof(T): a multiple of 16
 
   /// Both constructors end here; a2e / e2a are null for CoLocated.

@@ -90,7 +90,7 @@
 #include "moe/core/weights.hpp"
 #include "moe/plan/placement_table.hpp"
 #include "moe/plan/replica_table.hpp"
-#include "moe/layer/records.hpp"
+#include "moe/kernels/records.hpp"
 #include "moe/replication/batch_split.hpp"
 #include "moe/router/router.hpp"
 #include "moe/schedule/problem.hpp"
@@ -306,7 +306,7 @@ private:
   static constexpr int split_tag = 3 * tag_window;
 
 
-  /// The dispatch record of moe/layer/records.hpp, its metadata unpadded.
+  /// The dispatch record of moe/kernels/records.hpp, its metadata unpadded.
   [[nodiscard]] std::size_t meta_bytes() const { return moe::detail::record_meta_bytes_unpadded(s_.top_k); }
   [[nodiscard]] std::size_t record_bytes() const { return meta_bytes() + static_cast<std::size_t>(s_.hidden) * sizeof(T); }
 

@@ -74,7 +74,7 @@
 #include "moe/kernels/grouped_gemm.cuh"
 #include "moe/layer/expert_ffn.cuh"
 #include "moe/layer/layer.hpp"
-#include "moe/layer/records.hpp"
+#include "moe/kernels/records.hpp"
 
 namespace moe {
 

@@ -42,7 +42,7 @@
 #include "moe/config.hpp"
 #include "moe/layer/layer.hpp"
 #include "moe/layer/paths/device.cuh"
-#include "moe/layer/records.hpp"
+#include "moe/kernels/records.hpp"
 #include "moe/schedule/disaggregated.hpp"
 #include "moe/layer/findep_cuda_executor.cuh"
 

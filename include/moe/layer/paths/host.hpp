@@ -41,7 +41,7 @@
 #include "moe/core/workspace.hpp"
 #include "moe/kernels/host.hpp"
 #include "moe/layer/layer.hpp"
-#include "moe/layer/records.hpp"
+#include "moe/kernels/records.hpp"
 #include "moe/plan/placement_table.hpp"
 #include "moe/plan/replica_table.hpp"
 #include "moe/router/router.hpp"

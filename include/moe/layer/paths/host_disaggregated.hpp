@@ -43,7 +43,7 @@
 #include "moe/core/weights.hpp"
 #include "moe/layer/findep_executor.hpp"
 #include "moe/layer/layer.hpp"
-#include "moe/layer/records.hpp"
+#include "moe/kernels/records.hpp"
 #include "moe/plan/placement_table.hpp"
 #include "moe/plan/replica_table.hpp"
 #include "moe/router/router.hpp"

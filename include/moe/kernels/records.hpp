@@ -10,12 +10,16 @@
 //
 // `token` is the index in the sender's batch, `count` how many of the token's experts the receiver
 // serves (1 without de-duplication), `expert` and `weight` those experts and their gate weights.
-// The CUDA kernels (moe/kernels/dispatch.cuh) write the same layout with record_meta_bytes().
+// The host paths and the CUDA kernels (dispatch.cuh packs and groups, combine.cuh combines) read
+// and write it through the accessors below; those the kernels use are host-device functions on
+// records that start 16-byte aligned (the kernels' records always do).
 
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <span>
+
+#include "moe/config.hpp"
 
 namespace moe::detail {
 
@@ -34,11 +38,23 @@ constexpr std::size_t record_meta_bytes_unpadded(int top_k) {
 constexpr std::size_t record_meta_bytes(int top_k) { return round16(record_meta_bytes_unpadded(top_k)); }
 
 /// Where a record's expert ids and gate weights lie (writable, for packing in place).
-inline std::int32_t* record_experts(std::byte* record) {
+MOE_HOST_DEVICE inline std::int32_t* record_experts(std::byte* record) {
   return reinterpret_cast<std::int32_t*>(record + sizeof(RecordHeader));
 }
-inline float* record_weights(std::byte* record, int top_k) {
+MOE_HOST_DEVICE inline float* record_weights(std::byte* record, int top_k) {
   return reinterpret_cast<float*>(record + sizeof(RecordHeader) + static_cast<std::size_t>(top_k) * sizeof(std::int32_t));
+}
+MOE_HOST_DEVICE inline std::int32_t const* record_experts(std::byte const* record) {
+  return reinterpret_cast<std::int32_t const*>(record + sizeof(RecordHeader));
+}
+MOE_HOST_DEVICE inline float const* record_weights(std::byte const* record, int top_k) {
+  return reinterpret_cast<float const*>(record + sizeof(RecordHeader) +
+                                        static_cast<std::size_t>(top_k) * sizeof(std::int32_t));
+}
+/// The header of an aligned record, in place (the kernels' records).
+MOE_HOST_DEVICE inline RecordHeader* record_header(std::byte* record) { return reinterpret_cast<RecordHeader*>(record); }
+MOE_HOST_DEVICE inline RecordHeader const* record_header(std::byte const* record) {
+  return reinterpret_cast<RecordHeader const*>(record);
 }
 inline void write_record_header(std::byte* record, int token, int count) {
   RecordHeader hdr{token, count};
@@ -64,12 +80,8 @@ public:
     std::memcpy(&h, p_, sizeof(h));
     return h;
   }
-  [[nodiscard]] std::int32_t const* experts() const {
-    return reinterpret_cast<std::int32_t const*>(p_ + sizeof(RecordHeader));
-  }
-  [[nodiscard]] float const* weights() const {
-    return reinterpret_cast<float const*>(p_ + sizeof(RecordHeader) + static_cast<std::size_t>(k_) * sizeof(std::int32_t));
-  }
+  [[nodiscard]] std::int32_t const* experts() const { return record_experts(p_); }
+  [[nodiscard]] float const* weights() const { return record_weights(p_, k_); }
 
 private:
   std::byte const* p_;
