@@ -9,7 +9,7 @@
 //
 // MOE_HAS_METIS is 1 when <metis.h> is available (the function exists), 0 otherwise.
 
-#include "moe/speculative/cocluster.hpp"
+#include "moe/speculative/cocluster_problem.hpp"
 
 #if __has_include(<metis.h>)
 #include <metis.h>
