@@ -412,6 +412,61 @@ TEST_CASE("the disaggregated Layer over a device communicator (staged point-to-p
   p2p_world<3, DeepSeekV2SmallBf16, moe::router::GroupLimitedTopK>(1, 48, 83, bf16_tol, Via::layer);
 }
 
+namespace {
+
+/// The device disaggregated Layer on `N` staged ranks (`ag` AG ranks): every rank passes 12 tokens
+/// (max_tokens) except rank `bad`, which passes 13. Returns each rank's error message ("" if it
+/// returned); the test needs every rank to throw and none to wait for the bad one.
+template <int N>
+std::vector<std::string> disaggregated_bad_rank(int ag, int bad) {
+  using Model = MixtralSmallF32;
+  using L = moe::Layer<Model, moe::router::SoftmaxTopK, moe::placement::Table, moe::replication::None, ms::FinDep,
+                       moe::test::StagedDevice<N>>;
+  constexpr moe::ShapeSpec s = Model::spec;
+  moe::RandomLayerWeights<float> weights(s, 77);
+  DeviceWeights<float> dw(s, weights.view());
+  std::vector<std::string> what(N);
+  moe::collective::run_in_process<N>([&](moe::collective::InProcess<N>& host) {
+    moe::test::StagedDevice<N> comm(host);
+    int rank = host.rank();
+    L layer(comm, moe::placement::Table::round_robin(s.experts, N - ag), {}, dw.view(),
+            {.max_tokens = 12, .schedule = {.ag = ag, .r1 = 2, .r2 = 2}});
+    Device<std::byte> ws(layer.workspace_size());
+    Device<float> x(13 * 64), y(13 * 64);
+    moe::test::Stream st;
+    bool sends_rows = rank < ag;
+    try {
+      layer.run({.tokens = rank == bad ? 13 : 12, .x = sends_rows ? x.get() : nullptr,
+                 .y = sends_rows ? y.get() : nullptr, .stream = st},
+                ws.bytes());
+      st.synchronize("run");
+    } catch (moe::Error const& e) {
+      what[static_cast<std::size_t>(rank)] = e.what();
+    }
+  });
+  return what;
+}
+
+}  // namespace
+
+TEST_CASE("device disaggregated Layer: one rank's bad arguments make every rank throw the same error",
+          "[cuda][findep][p2p][layer][agreement]") {
+  // The bad rank an AG rank or an EG rank (which passes an AG rank's token count).
+  for (auto [ag, bad] : {std::pair{1, 0}, {1, 2}, {2, 1}}) {
+    INFO("3 ranks, " << ag << " AG, bad rank " << bad);
+    auto what = disaggregated_bad_rank<3>(ag, bad);
+    for (auto const& m : what) CHECK(m == what[0]);
+    CHECK_THAT(what[0], Catch::Contains(moe::detail::concat("rank ", bad, " rejected its arguments")) &&
+                            Catch::Contains("13 tokens"));
+  }
+  {
+    INFO("4 ranks, 2 AG, bad rank 3");
+    auto what = disaggregated_bad_rank<4>(2, 3);
+    for (auto const& m : what) CHECK(m == what[0]);
+    CHECK_THAT(what[0], Catch::Contains("rank 3 rejected its arguments") && Catch::Contains("13 tokens"));
+  }
+}
+
 #if defined(MOE_TEST_NCCL)
 namespace {
 
