@@ -18,7 +18,7 @@ measurements, which quote the tree of their date, and is left out). For each fil
   flags      a --flag given to moe_plan (in a command after `moe_plan`, or in a code span of a
              line about moe_plan) is one moe_plan reads; a bare `--flag` span in
              docs/planners.md or docs/engines.md is one some tool reads;
-  retired    the names CudaLayer, DisaggregatedLayer and PipelineSchedule appear nowhere.
+  retired    the names of RETIRED (CudaLayer, FinDepCudaP2PExecutor, executor_of, ...) appear nowhere.
 
 Each problem is printed as FILE:LINE: what; the exit status is 1 if there is any, else 0 and the
 line "check_docs: ok (N files)".
@@ -34,7 +34,8 @@ import subprocess
 import sys
 
 TOP_FOLDERS = ("include", "tools", "tests", "examples", "benchmarks", "scripts", "docs", "cmake", "python")
-RETIRED = ("CudaLayer", "DisaggregatedLayer", "PipelineSchedule")
+RETIRED = ("CudaLayer", "DisaggregatedLayer", "PipelineSchedule", "FinDepCudaP2PExecutor", "findep_cuda_p2p",
+           "findep_cuda_common", "executor_of")
 CODE_DIRS = ("include", "tools/include", "tests/support")
 
 

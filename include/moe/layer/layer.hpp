@@ -254,9 +254,12 @@ void gather_votes(Comm& comm, Vote const& mine, std::span<Vote> votes) {
   comm.all_gather_v(std::as_bytes(std::span(&mine, 1)), std::as_writable_bytes(votes), bytes);
 }
 
-/// Which executor runs a path; each path's header (moe/layer/paths/) specialises it.
-template <ExecutionPath P, class Model, class Router, class Placement, class Replicas, class Schedule, class Comm>
-struct executor_of {
+/// Which executor runs a path: each path's header (moe/layer/paths/) specialises it with a member
+/// template `type` over the six policies. Left unspecialised (the path's header not included),
+/// `type` is void and the front's static_assert says which header to include.
+template <ExecutionPath P>
+struct path_executor {
+  template <class... Policies>
   using type = void;
 };
 
@@ -294,7 +297,8 @@ class Layer {
 public:
   static constexpr ShapeSpec shape = Model::spec;
   static constexpr ExecutionPath path = execution_path<Schedule, Comm>;
-  using Executor = typename detail::executor_of<path, Model, Router, Placement, Replicas, Schedule, Comm>::type;
+  using Executor =
+      typename detail::path_executor<path>::template type<Model, Router, Placement, Replicas, Schedule, Comm>;
 
   static_assert(!std::is_void_v<Executor>, "moe::Layer: the header of this execution path is not included; include "
                                            "<moe/moe.hpp> (device paths: in a translation unit nvcc compiles) or the "

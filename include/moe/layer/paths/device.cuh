@@ -664,11 +664,10 @@ public:
 
 }  // namespace layer
 
-namespace detail {
-template <class Model, class Router, class Placement, class Replicas, class Schedule, class Comm>
-struct executor_of<ExecutionPath::device, Model, Router, Placement, Replicas, Schedule, Comm> {
-  using type = layer::DeviceExecutor<Model, Router, Placement, Replicas, Schedule, Comm>;
+template <>
+struct detail::path_executor<ExecutionPath::device> {
+  template <class... Policies>
+  using type = layer::DeviceExecutor<Policies...>;
 };
-}  // namespace detail
 
 }  // namespace moe

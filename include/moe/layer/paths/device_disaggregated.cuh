@@ -180,11 +180,10 @@ private:
 
 }  // namespace layer
 
-namespace detail {
-template <class Model, class Router, class Placement, class Replicas, class Schedule, class Comm>
-struct executor_of<ExecutionPath::device_disaggregated, Model, Router, Placement, Replicas, Schedule, Comm> {
-  using type = layer::DeviceDisaggregatedExecutor<Model, Router, Placement, Replicas, Schedule, Comm>;
+template <>
+struct detail::path_executor<ExecutionPath::device_disaggregated> {
+  template <class... Policies>
+  using type = layer::DeviceDisaggregatedExecutor<Policies...>;
 };
-}  // namespace detail
 
 }  // namespace moe

@@ -527,11 +527,10 @@ public:
 
 }  // namespace layer
 
-namespace detail {
-template <class Model, class Router, class Placement, class Replicas, class Schedule, class Comm>
-struct executor_of<ExecutionPath::host, Model, Router, Placement, Replicas, Schedule, Comm> {
-  using type = layer::HostExecutor<Model, Router, Placement, Replicas, Schedule, Comm>;
+template <>
+struct detail::path_executor<ExecutionPath::host> {
+  template <class... Policies>
+  using type = layer::HostExecutor<Policies...>;
 };
-}  // namespace detail
 
 }  // namespace moe

@@ -147,11 +147,10 @@ private:
 
 }  // namespace layer
 
-namespace detail {
-template <class Model, class Router, class Placement, class Replicas, class Schedule, class Comm>
-struct executor_of<ExecutionPath::host_disaggregated, Model, Router, Placement, Replicas, Schedule, Comm> {
-  using type = layer::HostDisaggregatedExecutor<Model, Router, Placement, Replicas, Schedule, Comm>;
+template <>
+struct detail::path_executor<ExecutionPath::host_disaggregated> {
+  template <class... Policies>
+  using type = layer::HostDisaggregatedExecutor<Policies...>;
 };
-}  // namespace detail
 
 }  // namespace moe
