@@ -83,7 +83,7 @@ MUTATIONS = [
              "             \"cub::DeviceScan::ExclusiveSum (size query)\");\n  return bytes - 1;",
              "plain", "test_cuda_kernels_emu", "*"),
     Mutation("stream-wait", "dropped `cudaStreamWaitEvent` joining the shared-expert stream in the device `Layer`",
-             "include/moe/layer/device.cuh",
+             "include/moe/layer/paths/device.cuh",
              "    if (shared_acc) kc::check_cuda(cudaStreamWaitEvent(s, join_.get(), 0), \"cudaStreamWaitEvent (shared experts)\");",
              "",
              "tsan", "test_cuda_layer_emu", "single-GPU layer matches the host reference (bf16)"),
