@@ -553,25 +553,32 @@ Counters counters() {
 
 namespace {
 std::mutex g_inject_m;
-std::map<std::string, int> g_inject;  // API -> calls left until the one that fails
+// (API, device or -1 for any device) -> calls left until the one that fails
+std::map<std::pair<std::string, int>, int> g_inject;
 std::atomic<long long> g_live_streams{0}, g_live_events{0};
 }  // namespace
 
-void fail_nth_call(std::string const& api, int nth) {
+void fail_nth_call_on_device(std::string const& api, int device, int nth) {
   std::lock_guard<std::mutex> lock(g_inject_m);
   if (nth <= 0)
-    g_inject.erase(api);
+    g_inject.erase({api, device});
   else
-    g_inject[api] = nth;
+    g_inject[{api, device}] = nth;
 }
+
+void fail_nth_call(std::string const& api, int nth) { fail_nth_call_on_device(api, -1, nth); }
 
 bool injected_failure(char const* api) {
   std::lock_guard<std::mutex> lock(g_inject_m);
-  auto it = g_inject.find(api);
-  if (it == g_inject.end()) return false;
-  if (--it->second > 0) return false;
-  g_inject.erase(it);
-  return true;
+  bool fails = false;
+  for (int device : {-1, tl_device}) {  // every armed count that this call falls under counts it
+    auto it = g_inject.find({api, device});
+    if (it == g_inject.end()) continue;
+    if (--it->second > 0) continue;
+    g_inject.erase(it);
+    fails = true;
+  }
+  return fails;
 }
 
 Resources live_resources() {

@@ -247,6 +247,10 @@ Counters counters();
 /// cudaStreamCreate), "cudaEventCreateWithFlags" (also cudaEventCreate), "cublasCreate". nth <= 0
 /// disarms it.
 void fail_nth_call(std::string const& api, int nth);
+/// The same, counting only the calls made while `device` is the calling thread's current device:
+/// one rank's calls, when each rank of an in-process world has a device of its own (the other
+/// ranks' calls neither fail nor count). Armed beside fail_nth_call's; nth <= 0 disarms it.
+void fail_nth_call_on_device(std::string const& api, int device, int nth);
 /// Whether this call of `api` is the one fail_nth_call() armed (it is then disarmed).
 bool injected_failure(char const* api);
 /// What the program holds now: streams and events it created and did not destroy, and host
