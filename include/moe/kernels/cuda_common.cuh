@@ -28,8 +28,14 @@
 namespace moe::kernels::cuda {
 
 /// Throws moe::Error naming the CUDA call and the runtime's message.
+/// A failed call's error is also the runtime's "last error" of this thread until cudaGetLastError
+/// reads it: it is read here, so that a caller who catches this exception (a failed allocation
+/// turned into a rank's vote, say) does not see it again from the next check_launch, reported as
+/// a launch failure of an unrelated kernel on this rank alone. Sticky errors (a device fault) stay.
 inline void check_cuda(cudaError_t r, char const* what) {
-  if (r != cudaSuccess) fail(what, " failed: ", cudaGetErrorString(r), " (cudaError ", static_cast<int>(r), ")");
+  if (r == cudaSuccess) return;
+  (void)cudaGetLastError();
+  fail(what, " failed: ", cudaGetErrorString(r), " (cudaError ", static_cast<int>(r), ")");
 }
 
 /// Checks that the last kernel launch was accepted (launch errors only; never synchronises).
