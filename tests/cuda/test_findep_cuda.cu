@@ -26,6 +26,7 @@
 #include "layer_test_support.cuh"
 #include "staged_collective.cuh"
 #include "../support/least_max_load.hpp"
+#include "../support/load_window_rows.hpp"
 #include "moe/layer/paths/device_disaggregated.cuh"
 #include "moe/layer/paths/device.cuh"
 #include "moe/moe.hpp"
@@ -282,6 +283,24 @@ unsigned through_layer(Comm& a2e, Comm& e2a, Via via, int ag, moe::placement::Ta
   return layer->errors();
 }
 
+/// The weights a rank passes to a disaggregated executor or layer: every expert of `all` on an AG
+/// rank (rank < ag), on an EG rank those its EG index holds a copy of, the rest empty (`view`
+/// points into `held`).
+template <class T>
+struct RankWeights {
+  std::vector<moe::ExpertWeights<T>> held;
+  moe::LayerWeights<T> view;
+};
+template <class T>
+RankWeights<T> rank_weights(moe::LayerWeights<T> const& all, moe::replication::Table const& table, int rank, int ag) {
+  RankWeights<T> r{{all.experts.begin(), all.experts.end()}, all};
+  if (rank >= ag)
+    for (std::size_t e = 0; e < r.held.size(); ++e)
+      if (!table.holds(static_cast<int>(e), 0, rank - ag)) r.held[e] = {};
+  r.view.experts = r.held;
+  return r;
+}
+
 /// The replica table of p2p_world over `eg` EG indices (seeded layout, not data): one copy per
 /// expert, or with `replicated` expert 0 on every EG index and every third expert also on the next
 /// index, listed in an order that differs from the placement's for some.
@@ -336,12 +355,8 @@ void p2p_world(int ag, int tokens, std::uint64_t seed, double tolerance, Via via
   moe::collective::run_in_process<N>([&](moe::collective::InProcess<N>& host) {
     moe::test::StagedDevice<N> a2e(host), e2a(host);
     int rank = host.rank();
-    auto view = dw.view();
-    std::vector<moe::ExpertWeights<T>> held(view.experts.begin(), view.experts.end());
-    if (rank >= ag)
-      for (int e = 0; e < s.experts; ++e)
-        if (!replicas.holds(e, 0, rank - ag)) held[static_cast<std::size_t>(e)] = {};
-    view.experts = held;
+    auto mine_w = rank_weights(dw.view(), replicas, rank, ag);
+    auto const& view = mine_w.view;
     std::optional<Ex> ex;
     std::optional<Device<std::byte>> ws;
     if (via == Via::executor) {
@@ -410,6 +425,85 @@ TEST_CASE("the disaggregated Layer over a device communicator (staged point-to-p
   p2p_world<3, DeepSeekSmallF32, SigmoidGroupTopK>(2, 24, 81, fp32_tol, Via::layer);
   p2p_world<4, MixtralSmallF32, SoftmaxTopK>(1, 24, 82, fp32_tol, Via::layer_two_comms);
   p2p_world<3, DeepSeekV2SmallBf16, moe::router::GroupLimitedTopK>(1, 48, 83, bf16_tol, Via::layer);
+}
+
+namespace {
+
+/// LayerOptions::live.window on the device disaggregated Layer: `N` staged ranks (`ag` AG ranks of
+/// 12 tokens), two passes on different tokens, then every rank's window (load_window() waits for
+/// the last pass's counts) against counts made on the host from the router, token by token, and
+/// the documented copy rule: token t of AG rank p uses copy (p + t) mod n of an expert's n copies
+/// (p2p_replicas with replicated experts). Tokens whose route is fragile would make the host's
+/// routes differ from the device's; the seeds have none (checked).
+template <int N, class Model, class Router>
+void p2p_window(int ag, std::uint64_t seed) {
+  using Comm = moe::test::StagedDevice<N>;
+  using L = moe::Layer<Model, Router, moe::placement::Table, moe::replication::Table, ms::FinDep, Comm>;
+  static_assert(L::path == moe::ExecutionPath::device_disaggregated && L::counts_loads && !L::can_replan);
+  using T = typename L::element_type;
+  constexpr moe::ShapeSpec s = Model::spec;
+  constexpr int tokens = 12, passes = 2;
+  auto h = static_cast<std::size_t>(s.hidden), k = static_cast<std::size_t>(s.top_k);
+  auto E = static_cast<std::size_t>(s.experts);
+  moe::RandomLayerWeights<T> weights(s, seed);
+  auto on_eg = moe::placement::Table::round_robin(s.experts, N - ag);
+  auto replicas = p2p_replicas(on_eg, N - ag, true);
+  std::vector<std::vector<T>> x;
+  std::vector<std::vector<long long>> want;
+  std::vector<float> logits(static_cast<std::size_t>(ag * tokens) * E), gates(static_cast<std::size_t>(ag * tokens) * k);
+  std::vector<int> ids(gates.size());
+  std::span<float const> bias;
+  if (weights.view().router_bias) bias = {weights.view().router_bias, E};
+  for (int i = 0; i < passes; ++i) {
+    x.push_back(random_tokens<T>(ag * tokens, s.hidden, seed + 1 + static_cast<std::uint64_t>(i)));
+    auto fragile = fragile_tokens<Router>(s, weights.view(), x.back(), ag * tokens, 1e-5f);
+    REQUIRE(std::count(fragile.begin(), fragile.end(), 1) == 0);
+    moe::kernels::host::gate_logits(x.back().data(), ag * tokens, s.hidden, weights.view().router, s.experts, logits.data());
+    moe::router::route_all<Router>(s, logits, bias, ag * tokens, ids, gates);
+    want.push_back(moe::test::disaggregated_row(ids, k, ag, tokens, replicas.replicas(), N));
+  }
+  DeviceWeights<T> dw(s, weights.view());
+  std::vector<Device<T>> dx;
+  for (auto const& xi : x) dx.emplace_back(xi);
+  Device<T> dy(static_cast<std::size_t>(ag * tokens) * h);
+  std::vector<std::vector<std::vector<long long>>> seen(N);
+  std::vector<long long> last_max(N, -1);
+  moe::collective::run_in_process<N>([&](moe::collective::InProcess<N>& host) {
+    Comm a2e(host), e2a(host);
+    int rank = host.rank();
+    bool is_ag = rank < ag;
+    auto mine_w = rank_weights(dw.view(), replicas, rank, ag);
+    auto const& view = mine_w.view;
+    L layer(a2e, e2a, on_eg, replicas, view,
+            {.max_tokens = tokens, .schedule = ms::FinDep{ag, ms::Order::aass, 2, 2}, .live = {.window = 3}});
+    Device<std::byte> ws(layer.workspace_size());
+    moe::test::Stream st;
+    std::size_t first = is_ag ? static_cast<std::size_t>(rank) * tokens * h : 0;
+    for (int i = 0; i < passes; ++i)
+      layer.run({.tokens = tokens, .x = is_ag ? dx[static_cast<std::size_t>(i)].get() + first : nullptr,
+                 .y = is_ag ? dy.get() + first : nullptr, .stream = st},
+                ws.bytes());
+    auto const& w = layer.load_window();
+    seen[static_cast<std::size_t>(rank)] = moe::test::window_rows(w);
+    last_max[static_cast<std::size_t>(rank)] = layer.stats().rank_load_max;
+    st.synchronize("window");
+  });
+  for (int r = 0; r < N; ++r) {
+    INFO("rank " << r << " of " << N << ", " << ag << " AG");
+    REQUIRE(seen[static_cast<std::size_t>(r)].size() == passes);
+    for (int i = 0; i < passes; ++i)
+      CHECK(seen[static_cast<std::size_t>(r)][static_cast<std::size_t>(i)] == want[static_cast<std::size_t>(i)]);
+    CHECK(last_max[static_cast<std::size_t>(r)] ==
+          *std::max_element(want.back().begin() + static_cast<std::ptrdiff_t>(E), want.back().end()));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("device disaggregated Layer keeps a load window (LayerOptions::live.window)",
+          "[cuda][findep][p2p][layer][live]") {
+  p2p_window<3, DeepSeekSmallF32, moe::router::SigmoidGroupTopK>(1, 91);
+  p2p_window<4, MixtralSmallF32, moe::router::SoftmaxTopK>(2, 92);
 }
 
 namespace {
@@ -652,12 +746,8 @@ void p2p_split_world(int ag, int tokens, std::uint64_t seed, double tolerance) {
     Comm a2e(host), e2a(host);
     int rank = host.rank();
     bool is_ag = rank < ag;
-    auto view = dw.view();
-    std::vector<moe::ExpertWeights<T>> held(view.experts.begin(), view.experts.end());
-    if (!is_ag)
-      for (int e = 0; e < s.experts; ++e)
-        if (!table.holds(e, 0, rank - ag)) held[static_cast<std::size_t>(e)] = {};
-    view.experts = held;
+    auto mine_w = rank_weights(dw.view(), table, rank, ag);
+    auto const& view = mine_w.view;
     std::size_t first = is_ag ? static_cast<std::size_t>(rank) * static_cast<std::size_t>(tokens) * h : 0;
     T const* xr = is_ag ? dx.get() + first : nullptr;
     T* yr = is_ag ? dy.get() + first : nullptr;

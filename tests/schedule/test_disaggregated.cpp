@@ -8,6 +8,7 @@
 #include <string>
 #include <type_traits>
 
+#include "../support/load_window_rows.hpp"
 #include "disaggregated_cases.hpp"
 #include "moe/collective/in_process.hpp"
 
@@ -62,6 +63,18 @@ TEMPLATE_TEST_CASE("moe::Layer with a FinDep or PPPipe schedule takes the host d
 }
 
 namespace {
+/// The weights a rank passes to a disaggregated layer: on an EG rank those of the experts its EG
+/// index holds a copy of, on an AG rank none (`view` points into `held`).
+struct RankWeights {
+  std::vector<ExpertWeights<float>> held;
+  LayerWeights<float> view;
+};
+RankWeights rank_weights(RandomLayerWeights<float> const& w, replication::Table const& table, int rank, int ag) {
+  RankWeights r{w.experts_where([&](int e) { return rank >= ag && table.holds(e, 0, rank - ag); }), w.view()};
+  r.view.experts = r.held;
+  return r;
+}
+
 /// The records each EG index receives in one forward pass, counted independently of the executor
 /// from the documented rule: token t of AG rank p uses copy (p + t) mod n of the n copies the table
 /// lists for an expert, and goes once to each EG index serving one of its experts.
@@ -111,9 +124,8 @@ void check_replicated(int ag, std::uint64_t seed) {
   collective::run_in_process<N>([&](Comm& comm) {
     int rank = comm.rank();
     bool is_ag = rank < ag;
-    auto view = weights.view();
-    auto held = weights.experts_where([&](int e) { return !is_ag && table.holds(e, 0, rank - ag); });
-    view.experts = held;
+    auto mine_w = rank_weights(weights, table, rank, ag);
+    auto const& view = mine_w.view;
     for (std::size_t r = 0; r < runs; ++r) {
       Lyr layer(comm, on_eg, table, view, {.max_tokens = tokens_per_ag, .schedule = scheds[r]});
       std::vector<std::byte> ws(layer.workspace_size());
@@ -174,6 +186,74 @@ TEMPLATE_TEST_CASE("disaggregated Layer splits each micro-batch over the copies 
   check_batch_split<MixtralSmall, TestType, 5>(2, 810);
   check_batch_split<MixtralSmall, TestType, 4>(1, 820);
   check_batch_split<DeepSeekSmall, TestType, 5>(3, 830);
+}
+
+namespace {
+/// LayerOptions::live.window on the host disaggregated path: N ranks (ag of them AG), two passes
+/// on different tokens, then the window of every rank against counts made here from the router
+/// applied token by token and the documented copy rule (token t of AG rank p uses copy (p + t) mod
+/// n of an expert's n copies): pairs per expert, and the pairs each rank received (AG ranks none,
+/// EG index g is rank ag + g).
+template <class Model, int N>
+void check_window(int ag, std::uint64_t seed) {
+  using Router = router::ForModel<Model>;
+  using Comm = collective::InProcess<N>;
+  using Lyr = Layer<Model, Router, placement::Table, replication::Table, FinDep, Comm>;
+  static_assert(Lyr::counts_loads && !Lyr::can_replan);
+  constexpr ShapeSpec s = Model::spec;
+  int eg = N - ag;
+  auto h = static_cast<std::size_t>(s.hidden), k = static_cast<std::size_t>(s.top_k);
+  auto E = static_cast<std::size_t>(s.experts);
+  RandomLayerWeights<float> weights(s, seed);
+  placement::Table on_eg = blocks(s.experts, eg);
+  replication::Table table = replicated_on_eg(on_eg, eg);
+  constexpr int passes = 2;
+  std::vector<std::vector<float>> x;
+  std::vector<std::vector<long long>> want;
+  for (int i = 0; i < passes; ++i) {
+    x.push_back(random_tokens(ag * tokens_per_ag, s.hidden, seed + 3 + static_cast<std::uint64_t>(i)));
+    auto ids = routes_of<Router>(s, weights.view(), x.back().data(), ag * tokens_per_ag);
+    want.push_back(moe::test::disaggregated_row(ids, k, ag, tokens_per_ag, table.replicas(), N));
+  }
+  std::vector<std::vector<std::vector<long long>>> seen(N);
+  std::vector<long long> last_max(N, -1);
+  collective::run_in_process<N>([&](Comm& comm) {
+    int rank = comm.rank();
+    bool is_ag = rank < ag;
+    auto mine_w = rank_weights(weights, table, rank, ag);
+    auto const& view = mine_w.view;
+    Lyr layer(comm, on_eg, table, view,
+              {.max_tokens = tokens_per_ag, .schedule = FinDep{ag, Order::aass, 3, 2}, .live = {.window = 3}});
+    std::vector<std::byte> ws(layer.workspace_size());
+    std::vector<float> y(is_ag ? static_cast<std::size_t>(tokens_per_ag) * h : 0);
+    for (int i = 0; i < passes; ++i) {
+      typename Lyr::Arguments a;
+      if (is_ag) a = {tokens_per_ag, x[static_cast<std::size_t>(i)].data() + static_cast<std::size_t>(rank) * tokens_per_ag * h, y.data()};
+      layer.run(a, ws);
+    }
+    auto const& w = layer.load_window();
+    // This path keeps a window but does not re-plan: asking for it is a clear error.
+    if (rank == 0)
+      CHECK_THROWS_WITH(Lyr(comm, on_eg, table, view,
+                            {.max_tokens = tokens_per_ag, .schedule = FinDep{ag, Order::aass, 3, 2},
+                             .live = {.window = 3, .spare_slots = 2}}),
+                        Catch::Contains("the disaggregated paths keep a load window but do not re-plan"));
+    seen[static_cast<std::size_t>(rank)] = moe::test::window_rows(w);
+    last_max[static_cast<std::size_t>(rank)] = layer.stats().rank_load_max;
+  });
+  for (int r = 0; r < N; ++r) {
+    INFO("rank " << r << " of " << N << ", " << ag << " AG");
+    REQUIRE(seen[static_cast<std::size_t>(r)].size() == passes);
+    for (int i = 0; i < passes; ++i) CHECK(seen[static_cast<std::size_t>(r)][static_cast<std::size_t>(i)] == want[static_cast<std::size_t>(i)]);
+    CHECK(last_max[static_cast<std::size_t>(r)] == *std::max_element(want.back().begin() + static_cast<std::ptrdiff_t>(E), want.back().end()));
+  }
+}
+}  // namespace
+
+TEST_CASE("disaggregated Layer keeps a load window (LayerOptions::live.window)", "[schedule][disaggregated][live]") {
+  check_window<DeepSeekSmall, 4>(2, 840);
+  check_window<MixtralSmall, 5>(3, 850);
+  check_window<MixtralSmall, 3>(1, 860);
 }
 
 TEST_CASE("disaggregated Layer schedule policies carry the solved configuration", "[schedule][disaggregated]") {

@@ -471,24 +471,26 @@ inline void order_by_expert(cudaStream_t s, int const* ids, long long n, int exp
 
 namespace detail {
 __global__ void count_loads_kernel(int const* __restrict__ ids, int const* __restrict__ dest, long long pairs,
-                                   int experts, int* __restrict__ counts) {
+                                   int experts, int first_rank, int* __restrict__ counts) {
   for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < pairs;
        i += static_cast<long long>(gridDim.x) * blockDim.x) {
     atomicAdd(&counts[ids[i]], 1);
-    atomicAdd(&counts[experts + dest[i]], 1);
+    atomicAdd(&counts[experts + first_rank + dest[i]], 1);
   }
 }
 }  // namespace detail
 
 /// The load window's counts of one pass (moe/layer/live.hpp): counts[e] = the pairs of expert e,
-/// counts[experts + d] = the pairs served by rank d, from the routes (ids) and destinations (dest)
-/// of `pairs` token-expert pairs. Zeroes the `experts + ranks` counters first.
+/// counts[experts + first_rank + d] = the pairs served by destination d, from the routes (ids) and
+/// destinations (dest) of `pairs` token-expert pairs. `first_rank`: the rank of destination 0 (the
+/// disaggregated paths' EG index 0 is rank ag). Zeroes the `experts + ranks` counters first.
 inline void count_loads(cudaStream_t s, int const* ids, int const* dest, long long pairs, int experts, int ranks,
-                        int* counts) {
+                        int* counts, int first_rank = 0) {
   check_cuda(cudaMemsetAsync(counts, 0, static_cast<std::size_t>(experts + ranks) * sizeof(int), s), "cudaMemsetAsync");
   if (pairs == 0) return;
   int blocks = static_cast<int>(std::min<long long>((pairs + 255) / 256, 1024));
-  launch(detail::count_loads_kernel, static_cast<unsigned>(blocks), 256, 0, s, ids, dest, pairs, experts, counts);
+  launch(detail::count_loads_kernel, static_cast<unsigned>(blocks), 256, 0, s, ids, dest, pairs, experts, first_rank,
+         counts);
   check_launch("count_loads_kernel");
 }
 

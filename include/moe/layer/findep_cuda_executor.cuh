@@ -431,6 +431,22 @@ public:
   [[nodiscard]] std::size_t split_bytes(int r1) const {
     return splits() && is_ag() ? static_cast<std::size_t>(r1) * (uag() - 1) * E * sizeof(std::int32_t) : 0;
   }
+  /// The load window's row of this rank (moe/layer/live.hpp) for the run() of `tokens` tokens
+  /// with `workspace`, enqueued on `stream` after that run: `counts` (device, experts + ranks
+  /// int32, ranks = ag + eg) gets, on an AG rank, its pairs per expert and then the pairs it sent
+  /// to each rank (EG index g is rank ag + g); an EG rank's row is zero, since every pair is counted
+  /// once, by the AG rank that routed it.
+  void count_loads(std::span<std::byte const> workspace, int tokens, std::int32_t* counts, cudaStream_t stream) const {
+    int ranks = ag_ + eg_;
+    if (!is_ag() || tokens == 0) {
+      kernels::cuda::check_cuda(cudaMemsetAsync(counts, 0, (E + static_cast<std::size_t>(ranks)) * sizeof(std::int32_t), stream),
+                                "cudaMemsetAsync (load counts)");
+      return;
+    }
+    Buffers b = carved(workspace);
+    kernels::cuda::count_loads(stream, b.ids.data(), b.dest.data(), static_cast<long long>(tokens) * shape.top_k,
+                               shape.experts, ranks, counts, ag_);
+  }
   /// AG rank, after its last run() of `tokens` tokens (reads that run's workspace; synchronises the
   /// device; for tests): the EG index each (token, slot) pair was sent to.
   [[nodiscard]] std::vector<int> destinations(std::span<std::byte const> workspace, int tokens) const {

@@ -181,6 +181,25 @@ public:
   [[nodiscard]] long long split_max_sum() const { return split_max_sum_; }
   /// EG rank: the token-expert pairs it received in its last run().
   [[nodiscard]] long long pairs_received() const { return pairs_received_; }
+  /// The load window's row of this rank for its last run() of `tokens` tokens with `workspace`
+  /// (moe/layer/live.hpp): `row` (experts + ranks of the world) gets, on an AG rank, its pairs per
+  /// expert and then the pairs it sent to each rank (EG index g is rank attention_ranks() + g); an
+  /// EG rank's row is zero, since every pair is counted once, by the AG rank that routed it.
+  void count_loads(std::span<std::byte> workspace, int tokens, std::span<std::int32_t> row) const {
+    auto E = static_cast<std::size_t>(s_.experts);
+    check(row.size() == E + static_cast<std::size_t>(ag_ + eg_) && tokens >= 0 && tokens <= max_tokens_,
+          "FinDepExecutor::count_loads: a row of ", row.size(), " counts or ", tokens, " tokens");
+    std::fill(row.begin(), row.end(), 0);
+    if (!is_ag()) return;
+    core::Carver c(workspace);
+    AgBuffers b;
+    carve(c, b);
+    std::size_t n = static_cast<std::size_t>(tokens) * static_cast<std::size_t>(s_.top_k);
+    for (std::size_t i = 0; i < n; ++i) {
+      ++row[static_cast<std::size_t>(b.ids[i])];
+      ++row[E + static_cast<std::size_t>(ag_ + b.dest[i])];
+    }
+  }
 
   [[nodiscard]] bool is_ag() const { return comm_->rank() < ag_; }
   [[nodiscard]] int eg_index() const { return comm_->rank() - ag_; }

@@ -106,7 +106,7 @@ struct LayerOptions {
   /// configuration (order, r1, r2); schedule::Sequential carries nothing.
   Schedule schedule{};
   Device device{};  ///< the path's own options
-  live::Options live{};  ///< load window and re-planning while serving (moe/layer/live.hpp; host path)
+  live::Options live{};  ///< load window (every path), re-planning (sequential paths): layer/live.hpp
 };
 
 template <class Schedule>
@@ -114,7 +114,7 @@ struct LayerOptions<Schedule, void> {
   int max_tokens = 0;       ///< most tokens one rank passes to run(); sizes the workspace
   bool deduplicate = true;  ///< one record per (token, rank); false sends one per (token, expert)
   Schedule schedule{};      ///< the schedule's value (see above)
-  live::Options live{};     ///< load window and re-planning while serving (moe/layer/live.hpp; host path)
+  live::Options live{};     ///< load window (every path), re-planning (sequential paths): layer/live.hpp
 };
 
 /// What one run() did on this rank: assignment and record counts, and the bytes its communication
@@ -137,8 +137,10 @@ struct LayerStats {
   std::size_t agreement_bytes = 0;  ///< bytes of the ranks' agreement on the pass (moe::Layer::run:
                                     ///< one 256-byte vote to every other rank; 0 on one rank)
   // With a load window (LayerOptions::live.window > 0; moe/layer/live.hpp):
-  long long rank_load_max = 0;     ///< most token-expert pairs any rank received this pass
-  double rank_load_mean = 0;       ///< pairs received per rank this pass, averaged over the ranks
+  // rank_load_max / _mean describe the newest pass in the window: this pass on the host paths; on
+  // the device paths the one before, until Layer::load_window() waits for this pass's counts.
+  long long rank_load_max = 0;     ///< most token-expert pairs any rank received in that pass
+  double rank_load_mean = 0;       ///< pairs received per rank in that pass, averaged over the ranks
   std::size_t window_bytes = 0;    ///< bytes of the window's all-gather of per-expert and per-rank counts
   std::size_t migration_bytes = 0;  ///< expert weight bytes this rank sent to others for a migration
   double migration_seconds = 0;    ///< host time of this pass's migration chunk (pack, exchange, unpack)
@@ -325,7 +327,9 @@ public:
   Layer(Comm& a2e, Comm& e2a, Placement placement, Replicas replicas, LayerWeights<T> weights, Options options)
     requires(path == ExecutionPath::device_disaggregated)
       : comm_(&a2e), options_(checked(options, a2e.size())),
-        exec_(a2e, e2a, std::move(placement), std::move(replicas), weights, options_) {}
+        exec_(a2e, e2a, std::move(placement), std::move(replicas), weights, options_) {
+    start_live();
+  }
 
   /// Bytes of caller-owned workspace run() needs on this rank (host or device memory, as the
   /// collective's; the disaggregated paths' attention and expert ranks differ).
@@ -368,6 +372,7 @@ public:
     if constexpr (counts_loads) {
       if (live_) {
         if (auto late = exec_.take_loads(); !late.empty()) push_loads(late);  // device: the last pass's
+        report_newest();
       }
     }
     exec_.run(a, b, stats_);
@@ -378,16 +383,23 @@ public:
 
   // ---- Re-planning while serving (LayerOptions::live; moe/layer/live.hpp) ----
 
-  /// Whether this layer type counts loads (the host path) and can re-plan (and its placement is a
-  /// placement::Table, its replicas a copy list: replication::Table or replication::BatchSplit).
+  /// Whether this layer type counts loads (every path does) and can re-plan (the paths with
+  /// schedule::Sequential, whose executors can switch plans, when the placement is a
+  /// placement::Table and the replicas a copy list: replication::Table or replication::BatchSplit).
   static constexpr bool counts_loads = requires(typename Executor::Buffers const& b) { b.load_counts; };
-  static constexpr bool can_replan = counts_loads && live::Replannable<Placement, Replicas>;
+  static constexpr bool can_replan =
+      counts_loads && live::Replannable<Placement, Replicas> && requires(Executor const& e) { e.primary_ranks(); };
 
-  /// The last LayerOptions::live.window passes' loads (the same on every rank).
-  [[nodiscard]] live::LoadWindow const& load_window() const
+  /// The last LayerOptions::live.window passes' loads (the same on every rank), the last run()'s
+  /// pass included. The device paths copy a pass's counts to the host on the pass's stream and
+  /// read them on the next pass, after the agreement's synchronisation; when the caller asks for
+  /// the window first, this waits for the copy (one host synchronisation on that stream), and
+  /// stats() then reports that pass's rank loads too.
+  [[nodiscard]] live::LoadWindow const& load_window()
     requires counts_loads
   {
     check(live_ != nullptr, "moe::Layer: no load window (LayerOptions::live.window is 0)");
+    if (auto late = exec_.take_loads(); !late.empty()) push_loads(late);
     return live_->window;
   }
   /// The plan the layer serves with now.
@@ -672,10 +684,11 @@ private:
     check(o.nodes >= 1 && ranks % o.nodes == 0, "moe::Layer: LayerOptions::live.nodes (", o.nodes,
           ") must divide the ", ranks, " ranks");
     bool replanning = o.replan_every > 0 || o.spare_slots > 0 || o.migration_bytes_per_pass > 0;
-    check(o.window == 0 || counts_loads, "moe::Layer: LayerOptions::live.window: load windows run on the paths with "
-          "schedule::Sequential (host and device), not on the disaggregated ones");
+    check(o.window == 0 || counts_loads, "moe::Layer: LayerOptions::live.window: this path's executor does not count "
+          "loads (Buffers::load_counts)");
     check(!replanning || can_replan, "moe::Layer: LayerOptions::live: re-planning needs schedule::Sequential, a "
-          "placement::Table and replication::Table or replication::BatchSplit (host path)");
+          "placement::Table and replication::Table or replication::BatchSplit (the disaggregated paths keep a load "
+          "window but do not re-plan)");
     check(!replanning || o.window > 0, "moe::Layer: LayerOptions::live: re-planning needs a load window (window > 0)");
     check(o.replan_every == 0 || (o.spare_slots > 0 && o.migration_bytes_per_pass > 0),
           "moe::Layer: LayerOptions::live.replan_every needs spare_slots > 0 and migration_bytes_per_pass > 0");
@@ -856,9 +869,16 @@ private:
 
   /// Adds one pass's gathered counts to the window; stats() reports its rank loads.
   void push_loads(std::span<std::int32_t const> gathered) {
-    auto& L = *live_;
-    L.window.push(gathered);
-    auto loads = L.window.rank_loads(L.window.size() - 1);
+    live_->window.push(gathered);
+    report_newest();
+  }
+  /// stats().rank_load_max / _mean: the rank loads of the newest pass the window holds.
+  void report_newest() {
+    auto const& w = live_->window;
+    stats_.rank_load_max = 0;
+    stats_.rank_load_mean = 0;
+    if (w.size() == 0) return;
+    auto loads = w.rank_loads(w.size() - 1);
     long long sum = 0;
     for (long long v : loads) stats_.rank_load_max = std::max(stats_.rank_load_max, v), sum += v;
     stats_.rank_load_mean = static_cast<double>(sum) / static_cast<double>(loads.size());

@@ -36,11 +36,15 @@
 // thread must not wait for, and the caller's thread has no idle time between passes to lend. The
 // rank's passes go on; the plan is used when every rank reports it ready.
 //
-// On the device path (moe/layer/paths/device.cuh, collective::Nccl) the counts are made by a
-// kernel and gathered on the device; a copy to pinned memory on the pass's stream is read on the
-// next pass, after the agreement's synchronisation (the window trails by one pass, no extra host
-// round trip). The chunks move with the collective's all-to-all-v of device memory, the arena is
-// device memory, and the switch swaps device expert tables built before it.
+// On the device paths (moe/layer/paths/device.cuh, device_disaggregated.cuh; collective::Nccl) the
+// counts are made by a kernel and gathered on the device; a copy to pinned memory on the pass's
+// stream is read on the next pass, after the agreement's synchronisation, so counting adds no host
+// round trip to a pass. A caller who asks for the window (Layer::load_window) before the next pass
+// waits for that copy instead. The chunks move with the collective's all-to-all-v of device
+// memory, the arena is device memory, and the switch swaps device expert tables built before it.
+//
+// The disaggregated paths (host and device) keep the window: every AG rank counts the pairs it
+// routed, per expert and per EG rank, and all ranks gather the rows. They do not re-plan.
 //
 // Memory: the caller owns the expert slots (the arena: arena_slots() = the most experts a rank
 // holds + spare_slots, each slot_elements() elements: gate | up | down) and the workspace, which

@@ -116,6 +116,59 @@ struct DeviceVotes {
     }
   }
 };
+
+/// The device paths' load window (moe/layer/live.hpp): each pass's rows of every rank are gathered
+/// on the device and copied to pinned host memory on the pass's stream; take() waits for that copy
+/// and hands the rows over once. The front takes them on the next pass, after the agreement's
+/// synchronisation (no host round trip of its own), or when the caller asks for the window.
+class DeviceLoadRows {
+public:
+  DeviceLoadRows() = default;
+  /// `counts`: ranks x (experts + ranks), the gathered rows.
+  explicit DeviceLoadRows(std::size_t counts) : host_(counts), ready_(kernels::cuda::make_event()) {}
+
+  /// A pass with a load window cannot be captured into a CUDA graph: `who` names the layer.
+  static Status check_not_captured(char const* who, cudaStream_t s) {
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    kernels::cuda::check_cuda(cudaStreamIsCapturing(s, &capturing), "cudaStreamIsCapturing");
+    if (capturing == cudaStreamCaptureStatusNone) return {};
+    return {false, detail::concat(who, ": load windows and re-planning (LayerOptions::live) need the ranks' agreement "
+                                       "on every pass, which a CUDA graph capture skips; capture a layer without them")};
+  }
+
+  /// Gathers every rank's `mine` (device) into `gathered` (device) on `s`, then starts the copy to
+  /// the host. Without collective::Exchange (one GPU) this rank's row is the gathered one.
+  template <class Comm>
+  void gather(Comm& comm, cudaStream_t s, std::span<std::int32_t const> mine, std::span<std::int32_t> gathered) {
+    namespace kc = kernels::cuda;
+    auto n = gathered.size();
+    if constexpr (collective::Exchange<Comm>) {
+      comm.set_stream(s);
+      comm.all_gather_v(std::as_bytes(mine), std::as_writable_bytes(gathered),
+                        std::vector<std::size_t>(static_cast<std::size_t>(comm.size()), mine.size_bytes()));
+    } else {
+      kc::check_cuda(cudaMemcpyAsync(gathered.data(), mine.data(), n * sizeof(std::int32_t), cudaMemcpyDeviceToDevice, s),
+                     "cudaMemcpyAsync (load counts)");
+    }
+    kc::check_cuda(cudaMemcpyAsync(host_.get(), gathered.data(), n * sizeof(std::int32_t), cudaMemcpyDeviceToHost, s),
+                   "cudaMemcpyAsync (load counts)");
+    kc::check_cuda(cudaEventRecord(ready_.get(), s), "cudaEventRecord (load counts)");
+    pending_ = n;
+  }
+  /// The rows of the last gather() not taken yet (waits for their copy), else none.
+  std::span<std::int32_t const> take() {
+    if (pending_ == 0) return {};
+    kernels::cuda::check_cuda(cudaEventSynchronize(ready_.get()), "cudaEventSynchronize (load counts)");
+    std::size_t n = pending_;
+    pending_ = 0;
+    return {host_.get(), n};
+  }
+
+private:
+  kernels::cuda::PinnedArray<std::int32_t> host_;
+  kernels::cuda::OwnedEvent ready_;  // the copy to host_ is complete
+  std::size_t pending_ = 0;          // counts gathered and not taken yet
+};
 }  // namespace detail
 
 namespace layer {
@@ -203,8 +256,7 @@ public:
       split_bytes_.assign(static_cast<std::size_t>(ranks), E * sizeof(std::int32_t));
     }
     if (options_.live.window > 0) {  // made here, so that no pass can fail half-way through making them
-      load_host_ = kernels::cuda::PinnedArray<std::int32_t>(static_cast<std::size_t>(ranks) * (E + static_cast<std::size_t>(ranks)));
-      load_ready_ = kernels::cuda::make_event();
+      loads_ = detail::DeviceLoadRows(static_cast<std::size_t>(ranks) * (E + static_cast<std::size_t>(ranks)));
     }
     meta_bytes_ = detail::record_meta_bytes(k);
     payload_bytes_ = detail::round16(h * sizeof(T));
@@ -221,13 +273,8 @@ public:
                                     "must not be negative, got ", a.first_token)};
     if (reinterpret_cast<std::uintptr_t>(a.x) % 16 != 0 || reinterpret_cast<std::uintptr_t>(a.y) % 16 != 0)
       return {false, "moe::Layer (device): x and y must be 16-byte aligned"};
-    if (options_.live.window > 0) {
-      cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-      kernels::cuda::check_cuda(cudaStreamIsCapturing(a.stream, &capturing), "cudaStreamIsCapturing");
-      if (capturing != cudaStreamCaptureStatusNone)
-        return {false, "moe::Layer (device): load windows and re-planning (LayerOptions::live) need the ranks' "
-                       "agreement on every pass, which a CUDA graph capture skips; capture a layer without them"};
-    }
+    if (options_.live.window > 0)
+      if (Status st = detail::DeviceLoadRows::check_not_captured("moe::Layer (device)", a.stream); !st.ok) return st;
     if constexpr (!local) {
       // The exact exchange synchronises the host once per forward pass (all_to_all_v needs host
       // byte counts). Under stream capture that would fail deep inside the runtime; say why
@@ -436,35 +483,13 @@ public:
   }
   [[nodiscard]] Replicas const& replicas() const { return replicas_; }
   [[nodiscard]] std::span<ExpertWeights<T> const> expert_weights() const { return weights_.experts; }
-  /// The window's counts of this pass, gathered on the device and copied to pinned host memory on
-  /// the pass's stream; the front reads them on the next pass (take_loads), after the agreement's
-  /// stream synchronisation, so counting adds no host round trip.
+  /// The window's counts of this pass, gathered on the device; the front takes them on the next
+  /// pass or when the caller asks for the window (detail::DeviceLoadRows).
   std::span<std::int32_t const> gather_loads(Buffers const& b, std::span<std::int32_t> gathered) {
-    namespace kc = kernels::cuda;
-    auto n = gathered.size();
-    if constexpr (local) {
-      // One GPU: its own counts are the gathered ones, read now (after a synchronisation).
-      kernels::cuda::check_cuda(cudaMemcpyAsync(gathered.data(), b.load_counts.data(), n * sizeof(std::int32_t),
-                                                cudaMemcpyDeviceToDevice, stream_), "cudaMemcpyAsync (load counts)");
-    }
-    std::vector<std::size_t> bytes(static_cast<std::size_t>(comm_->size()), b.load_counts.size() * sizeof(std::int32_t));
-    if constexpr (!local) {
-      comm_->set_stream(stream_);
-      comm_->all_gather_v(std::as_bytes(b.load_counts), std::as_writable_bytes(gathered), bytes);
-    }
-    kc::check_cuda(cudaMemcpyAsync(load_host_.get(), gathered.data(), n * sizeof(std::int32_t), cudaMemcpyDeviceToHost,
-                                   stream_), "cudaMemcpyAsync (load counts)");
-    kc::check_cuda(cudaEventRecord(load_ready_.get(), stream_), "cudaEventRecord (load counts)");
-    load_pending_ = n;
+    loads_.gather(*comm_, stream_, b.load_counts, gathered);
     return {};
   }
-  std::span<std::int32_t const> take_loads() {
-    if (load_pending_ == 0) return {};
-    kernels::cuda::check_cuda(cudaEventSynchronize(load_ready_.get()), "cudaEventSynchronize (load counts)");
-    std::size_t n = load_pending_;
-    load_pending_ = 0;
-    return {load_host_.get(), n};
-  }
+  std::span<std::int32_t const> take_loads() { return loads_.take(); }
   /// Migration copies, on the stream of the pass (device memory on both sides).
   void copy_bytes(std::byte* to, std::byte const* from, std::size_t n) {
     kernels::cuda::check_cuda(cudaMemcpyAsync(to, from, n, cudaMemcpyDeviceToDevice, stream_), "cudaMemcpyAsync (migration)");
@@ -655,9 +680,7 @@ public:
   mutable std::size_t sort_bytes_ = 0;
   detail::DeviceVotes votes_;
   cudaStream_t stream_ = nullptr;                        // the stream of the last run()
-  kernels::cuda::PinnedArray<std::int32_t> load_host_;   // the window's gathered counts, on the host
-  kernels::cuda::OwnedEvent load_ready_;                 // ... complete when this event is
-  std::size_t load_pending_ = 0;                         // counts gathered and not read yet
+  detail::DeviceLoadRows loads_;                         // the window's gathered counts, on their way to the host
   std::optional<kernels::cuda::DeviceSplit> split_;      // replication::BatchSplit: the split kernel
   std::vector<std::size_t> split_bytes_;                 // ... and the bytes each rank's counts take
 };

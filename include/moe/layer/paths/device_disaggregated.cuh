@@ -29,6 +29,9 @@
 //   synchronisation (moe/layer/paths/device.cuh); under stream capture a rank checks alone.
 // - stats(): tokens and assignments on AG ranks, and the bytes this rank's link communicator sent
 //   (an AG rank's are all dispatch, an EG rank's all combine); no record counts.
+// - live.window: the load window (moe/layer/live.hpp). Each AG rank counts its pairs per expert and
+//   per EG rank with a kernel after the pass; the rows are gathered on the A2E communicator and
+//   reach the host on the next pass. Re-planning is refused on this path.
 // Replicas: any replica policy with fixed copies over EG indices, with the host path's rule (token
 // t of AG rank p uses copy (p + t) mod n of an expert's n copies); or replication::BatchSplit over
 // EG indices: each micro-batch split over the copies on the device (FinDepCudaExecutor; the AG
@@ -79,7 +82,9 @@ public:
     cudaStream_t stream = nullptr;
   };
   struct Buffers {
-    std::span<std::byte> workspace;  // the executor carves it (AG and EG ranks differ)
+    std::span<std::byte> workspace;       // the executor carves it (AG and EG ranks differ)
+    std::span<std::int32_t> load_counts;  // E + ranks: the load window's row of this rank
+                                          // (LayerOptions::live.window > 0; FinDepCudaExecutor::count_loads)
   };
 
   /// One communicator; the E2A link gets `comm.duplicate()` (a collective call on every rank).
@@ -94,9 +99,15 @@ public:
                               LayerWeights<T> weights, Options const& options)
       : DeviceDisaggregatedExecutor(nullptr, a2e, &e2a, placement, replicas, weights, options) {}
 
-  void carve(core::Carver& c, Buffers& b) const { b.workspace = c.take<std::byte>(executor_.workspace_size()); }
+  void carve(core::Carver& c, Buffers& b) const {
+    b.workspace = c.take<std::byte>(executor_.workspace_size());
+    if (window_) b.load_counts = c.take<std::int32_t>(static_cast<std::size_t>(shape.experts + a2e_->size()));
+  }
 
   [[nodiscard]] Status check_pass(Arguments const& a) const {
+    if (window_)
+      if (Status st = detail::DeviceLoadRows::check_not_captured("moe::Layer (device disaggregated)", a.stream); !st.ok)
+        return st;
     return executor_.can_implement(executor_args(a), schedule_.config());
   }
   [[nodiscard]] bool holds_tokens() const { return executor_.is_ag(); }
@@ -118,7 +129,19 @@ public:
     stats.meta_bytes = detail::record_meta_bytes(shape.top_k);
     stats.record_bytes = stats.meta_bytes + static_cast<std::size_t>(shape.hidden) * sizeof(T);
     (ag ? stats.dispatch_bytes : stats.combine_bytes) = link.bytes_sent() - before - split;
+    stream_ = a.stream;
+    if (!b.load_counts.empty()) executor_.count_loads(b.workspace, a.tokens, b.load_counts.data(), a.stream);
   }
+
+  /// The load window (LayerOptions::live.window): this pass's rows of every rank, gathered on the
+  /// A2E communicator; the front takes them on the next pass or when the caller asks for the
+  /// window (detail::DeviceLoadRows). The disaggregated paths count and gather loads; they do not
+  /// re-plan.
+  std::span<std::int32_t const> gather_loads(Buffers const& b, std::span<std::int32_t> gathered) {
+    loads_.gather(*a2e_, stream_, b.load_counts, gathered);
+    return {};
+  }
+  std::span<std::int32_t const> take_loads() { return loads_.take(); }
 
   [[nodiscard]] bool is_attention_rank() const { return executor_.is_ag(); }
   /// Error bits of the last run() on an EG rank (kernels::cuda::DeviceError). Synchronises the device.
@@ -159,7 +182,12 @@ private:
                   detail::expert_group_copies(replicas, eg_table(placement, a2e.size() - schedule_.ag),
                                               a2e.size() - schedule_.ag),
                   batch_split(replicas)),
-        votes_(a2e.size()) {}
+        votes_(a2e.size()),
+        window_(options.live.window > 0) {
+    if (window_)
+      loads_ = detail::DeviceLoadRows(static_cast<std::size_t>(a2e.size()) *
+                                      static_cast<std::size_t>(shape.experts + a2e.size()));
+  }
 
   static typename Executor::Arguments executor_args(Arguments const& a) { return {a.tokens, a.x, a.y, a.stream}; }
   static replication::BatchSplit const* batch_split(Replicas const& r) {
@@ -176,6 +204,9 @@ private:
   Schedule schedule_;
   Executor executor_;
   detail::DeviceVotes votes_;
+  bool window_;                    // LayerOptions::live.window > 0
+  detail::DeviceLoadRows loads_;   // the window's gathered rows, on their way to the host
+  cudaStream_t stream_ = nullptr;  // the stream of the last run()
 };
 
 }  // namespace layer

@@ -27,8 +27,10 @@
 // the busiest EG rank receives the fewest (FinDepExecutor::split_each_micro_batch: the AG ranks
 // exchange experts x int32 counts per micro-batch, in stats().control_bytes).
 //
-// Options: max_tokens and schedule; deduplicate = false is refused by the front (a token always
-// goes once to each EG rank that serves one of its experts).
+// Options: max_tokens, schedule and live.window (the load window: every AG rank counts the pairs it
+// routed per expert and per EG rank, and the ranks gather the rows after the pass; re-planning is
+// refused on this path); deduplicate = false is refused by the front (a token always goes once to
+// each EG rank that serves one of its experts).
 // stats(): tokens and assignments on AG ranks; the bytes this rank sent (an AG rank's are all
 // dispatch, an EG rank's all combine) and those of the executor's own control messages; no record
 // counts. The agreement of the front is not in stats().
@@ -78,14 +80,16 @@ public:
     T* y = nullptr;        ///< tokens x hidden, written
   };
   struct Buffers {
-    std::span<std::byte> workspace;  // the executor carves it (AG and EG ranks differ)
+    std::span<std::byte> workspace;       // the executor carves it (AG and EG ranks differ)
+    std::span<std::int32_t> load_counts;  // E + ranks: the load window's row of this rank
+                                          // (LayerOptions::live.window > 0; FinDepExecutor::count_loads)
   };
 
   /// `placement` maps experts to EG ranks [0, size - options.schedule.ag); `replicas` any policy
   /// over EG indices (its copies are asked once, here).
   HostDisaggregatedExecutor(Comm& comm, Placement const& placement, Replicas const& replicas, LayerWeights<T> weights,
                             Options const& options)
-      : comm_(&comm), schedule_(options.schedule),
+      : comm_(&comm), schedule_(options.schedule), window_(options.live.window > 0),
         executor_(comm, shape, schedule_.ag, eg_table(placement, comm.size() - schedule_.ag), weights, options.max_tokens,
                   detail::expert_group_copies(replicas, eg_table(placement, comm.size() - schedule_.ag),
                                               comm.size() - schedule_.ag)) {
@@ -95,7 +99,10 @@ public:
           " (a chunk holds at least one token of a full batch)");
   }
 
-  void carve(core::Carver& c, Buffers& b) const { b.workspace = c.take<std::byte>(executor_.workspace_size()); }
+  void carve(core::Carver& c, Buffers& b) const {
+    b.workspace = c.take<std::byte>(executor_.workspace_size());
+    if (window_) b.load_counts = c.take<std::int32_t>(static_cast<std::size_t>(shape.experts + comm_->size()));
+  }
 
   [[nodiscard]] Status check_pass(Arguments const& a) const {
     if (!executor_.is_ag() && a.tokens != 0)
@@ -131,7 +138,17 @@ public:
     std::size_t sent = after[collective::Op::send] - before[collective::Op::send] - split;
     (executor_.is_ag() ? stats.dispatch_bytes : stats.combine_bytes) = sent;
     stats.control_bytes = after.bytes_sent() - before.bytes_sent() - sent;
+    if (!b.load_counts.empty()) executor_.count_loads(b.workspace, a.tokens, b.load_counts);
   }
+
+  /// The load window (LayerOptions::live.window): this pass's rows of every rank, gathered now.
+  /// The disaggregated paths count and gather loads; they do not re-plan.
+  std::span<std::int32_t const> gather_loads(Buffers const& b, std::span<std::int32_t> gathered) {
+    std::vector<std::size_t> bytes(static_cast<std::size_t>(comm_->size()), b.load_counts.size() * sizeof(std::int32_t));
+    comm_->all_gather_v(std::as_bytes(b.load_counts), std::as_writable_bytes(gathered), bytes);
+    return gathered;
+  }
+  std::span<std::int32_t const> take_loads() { return {}; }
 
   [[nodiscard]] bool is_attention_rank() const { return executor_.is_ag(); }
   /// The pipeline executor (its split's loads and the pairs an EG rank received, for tests).
@@ -142,6 +159,7 @@ private:
 
   Comm* comm_;
   Schedule schedule_;
+  bool window_;  // LayerOptions::live.window > 0
   schedule::FinDepExecutor<Router, T, Comm> executor_;
 };
 

@@ -1,0 +1,43 @@
+#pragma once
+// The disaggregated layers' load window in the tests: the rows a live::LoadWindow holds, as plain
+// vectors, and the row one pass must give, counted from the routes and the documented copy rule
+// without the library's code.
+
+#include <cstddef>
+#include <vector>
+
+#include "moe/layer/live.hpp"
+
+namespace moe::test {
+
+/// Each pass the window holds, oldest first: pairs per expert, then pairs each rank received.
+inline std::vector<std::vector<long long>> window_rows(live::LoadWindow const& w) {
+  std::vector<std::vector<long long>> out;
+  for (int i = 0; i < w.size(); ++i) {
+    std::vector<long long> row(w.experts(i).begin(), w.experts(i).end());
+    row.insert(row.end(), w.rank_loads(i).begin(), w.rank_loads(i).end());
+    out.push_back(std::move(row));
+  }
+  return out;
+}
+
+/// The window row of one pass of a disaggregated layer on `ranks` ranks, the first `ag` of them
+/// attention ranks with `tokens` tokens each: `ids` holds every token's `k` routed experts (AG rank
+/// p's token t at (p * tokens + t) * k); token t of AG rank p sends its pair of expert e to copy
+/// (p + t) mod n of the n EG indices `copies[e]` lists, and EG index g is rank ag + g.
+inline std::vector<long long> disaggregated_row(std::vector<int> const& ids, std::size_t k, int ag, int tokens,
+                                                std::vector<std::vector<int>> const& copies, int ranks) {
+  std::size_t E = copies.size();
+  std::vector<long long> row(E + static_cast<std::size_t>(ranks), 0);
+  for (int p = 0; p < ag; ++p)
+    for (int t = 0; t < tokens; ++t)
+      for (std::size_t q = 0; q < k; ++q) {
+        int e = ids[(static_cast<std::size_t>(p) * static_cast<std::size_t>(tokens) + static_cast<std::size_t>(t)) * k + q];
+        auto const& c = copies[static_cast<std::size_t>(e)];
+        ++row[static_cast<std::size_t>(e)];
+        ++row[E + static_cast<std::size_t>(ag + c[static_cast<std::size_t>((p + t) % static_cast<int>(c.size()))])];
+      }
+  return row;
+}
+
+}  // namespace moe::test
