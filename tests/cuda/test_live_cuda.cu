@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <barrier>
 #include <functional>
 #include <numeric>
 #include <optional>
@@ -78,9 +79,21 @@ struct RankRun {
   bool finite = true;
   long long bytes = 0, expected = 0;  // migration bytes sent; added copies x slot bytes (adopted plans)
   int adopted = 0;
-  bool window_ok = true;             // the window's counts equal the reference's routes (one pass late)
+  bool window_ok = true;             // the window's last counts equal the reference's routes of the pass
   bool same_plan = true;             // fault runs: the plan after the fault is the one before
   double after = -1;                 // fault runs: the error of the pass after the fault
+#if defined(MOE_CUDA_EMULATOR)
+  emu::Resources held_before, held_after;  // allocation faults, rank 0: what the process held before
+                                           // the re-plan and after the pass after the fault
+#endif
+};
+
+/// An allocation fault (emulator only): the `nth` cudaMalloc that rank 1 makes from its switch's
+/// preparation on fails as if out of memory; `meet` makes the ranks measure the process's
+/// allocations together (rank 0 records them).
+struct AllocFault {
+  int nth = 0;
+  std::barrier<>* meet = nullptr;
 };
 
 /// What every rank's loop shares: the weights, the first plan and the primaries.
@@ -99,7 +112,7 @@ struct World {
 /// (plus one more, checked).
 template <class Comm>
 void serve_rank(Comm& comm, moe::test::Stream& st, int rank, int n, int passes, moe::live::Options o,
-                std::optional<moe::live::Step> fault, World const& world, RankRun& r) {
+                std::optional<moe::live::Step> fault, World const& world, RankRun& r, AllocFault alloc = {}) {
   auto const& weights = world.weights;
   auto const& copies = world.copies;
   auto const& primary = world.primary;
@@ -121,12 +134,30 @@ void serve_rank(Comm& comm, moe::test::Stream& st, int rank, int n, int passes, 
     layer.set_fault_hook([&](moe::live::Step step) {
       if (step == *fault && !fired) {
         fired = true;
+#if defined(MOE_CUDA_EMULATOR)
+        if (alloc.nth > 0) {
+          int device = 0;
+          moe::kernels::cuda::check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+          emu::fail_nth_call_on_device("cudaMalloc", device, alloc.nth);
+          return;
+        }
+#endif
         throw moe::Error("planted fault");
       }
     });
+#if defined(MOE_CUDA_EMULATOR)
+  // Every rank measures the process's allocations at the same point (rank 0 records them).
+  auto measure = [&](emu::Resources& into) {
+    if (!alloc.meet) return;
+    st.synchronize("measure");
+    alloc.meet->arrive_and_wait();
+    if (rank == 0) into = emu::live_resources();
+    alloc.meet->arrive_and_wait();
+  };
+#endif
+  int replan_at = alloc.nth > 0 ? 5 : 55;
   moe::test::Device<T> dx(static_cast<std::size_t>(tokens) * h), dy(static_cast<std::size_t>(tokens) * h);
   auto before = layer.plan();
-  std::vector<int> last_ids;
   int last = passes;  // this rank's: a fault run stops early
   for (int p = 0; p < last; ++p) {
     auto x = batch(weights, n, p);
@@ -139,7 +170,12 @@ void serve_rank(Comm& comm, moe::test::Stream& st, int rank, int n, int passes, 
     dx.upload(std::vector<T>(x.begin() + static_cast<std::ptrdiff_t>(first),
                              x.begin() + static_cast<std::ptrdiff_t>(first + tokens * h)));
     dy.poison();
-    if (fault && p == 55) layer.replan();  // hot: 16, 18, ..., 26, one copy each, on rank 0
+    if (fault && p == replan_at) {  // at 55 hot: 16, 18, ..., 26, one copy each, on rank 0; at 5: 0, 2, ..., 10
+#if defined(MOE_CUDA_EMULATOR)
+      measure(r.held_before);
+#endif
+      layer.replan();
+    }
     bool threw = false;
     try {
       layer.run({.tokens = tokens, .x = dx.get(), .y = dy.get(), .first_token = rank * tokens, .stream = st},
@@ -161,13 +197,13 @@ void serve_rank(Comm& comm, moe::test::Stream& st, int rank, int n, int passes, 
       if (r.errors.empty()) r.worst = std::max(r.worst, err.worst_stable);
       else r.after = err.worst_stable;
       r.bytes += static_cast<long long>(layer.stats().migration_bytes);
-      // The window holds the counts of the pass before this one (read after this pass's
-      // agreement, without a synchronisation of its own).
-      if (!last_ids.empty()) {
+      // The window ends with this pass: load_window() waits for its counts (the next pass would
+      // read them after its agreement, without a synchronisation of its own).
+      {
         auto const& w = layer.load_window();
         auto got = w.experts(w.size() - 1);
         std::vector<long long> want_counts(64, 0);
-        for (int e : last_ids) ++want_counts[static_cast<std::size_t>(e)];
+        for (int e : ids) ++want_counts[static_cast<std::size_t>(e)];
         r.window_ok = r.window_ok && std::equal(got.begin(), got.end(), want_counts.begin());
       }
       if (layer.stats().plans_adopted > r.adopted) {
@@ -177,18 +213,25 @@ void serve_rank(Comm& comm, moe::test::Stream& st, int rank, int n, int passes, 
         r.adopted = layer.stats().plans_adopted;
       }
     }
-    last_ids = threw ? std::vector<int>{} : ids;
     if (fault && threw) {
       r.same_plan = layer.plan() == before && !layer.migrating();
       last = std::min(last, p + 2);  // one more pass, checked
     }
   }
+#if defined(MOE_CUDA_EMULATOR)
+  measure(r.held_after);
+#endif
 }
 
-/// Runs `passes` passes on n NCCL ranks, one device each (see serve_rank).
-std::vector<RankRun> serve(int n, int passes, moe::live::Options o, std::optional<moe::live::Step> fault = {}) {
+/// Runs `passes` passes on n NCCL ranks, one device each (see serve_rank). `alloc_nth` > 0 (with
+/// `fault` at Step::prepare_switch, emulator only): rank 1's nth allocation from the switch's
+/// preparation on fails instead of the planted throw.
+std::vector<RankRun> serve(int n, int passes, moe::live::Options o, std::optional<moe::live::Step> fault = {},
+                           int alloc_nth = 0) {
   World world(n, !fault);
   std::vector<RankRun> out(static_cast<std::size_t>(n));
+  std::barrier<> meet(n);
+  AllocFault alloc{alloc_nth, alloc_nth > 0 ? &meet : nullptr};
   auto id = moe::collective::Nccl::unique_id();
   std::vector<std::thread> threads;
   for (int rank = 0; rank < n; ++rank)
@@ -198,12 +241,15 @@ std::vector<RankRun> serve(int n, int passes, moe::live::Options o, std::optiona
         moe::kernels::cuda::check_cuda(cudaSetDevice(rank), "cudaSetDevice");
         moe::test::Stream st;
         auto comm = moe::collective::Nccl::create(rank, n, id, st);
-        serve_rank(comm, st, rank, n, passes, o, fault, world, r);
+        serve_rank(comm, st, rank, n, passes, o, fault, world, r, alloc);
       } catch (std::exception const& e) {
         r.failure = e.what();
       }
     });
   for (auto& t : threads) t.join();
+#if defined(MOE_CUDA_EMULATOR)
+  if (alloc_nth > 0) emu::fail_nth_call_on_device("cudaMalloc", 1, 0);  // armed past the last allocation
+#endif
   return out;
 }
 
@@ -250,9 +296,9 @@ void check_loop(std::vector<RankRun> const& runs, int plans) {
   CHECK(sent > 0);
 }
 
-/// A fault run's checks: every rank throws the same error once, keeps its plan, and the pass after
-/// it is correct again.
-void check_fault(std::vector<RankRun> const& runs) {
+/// A fault run's checks: every rank throws the same error once, naming `cause`, keeps its plan, and
+/// the pass after it is correct again.
+void check_fault(std::vector<RankRun> const& runs, std::string const& cause = "planted fault") {
   for (std::size_t r = 0; r < runs.size(); ++r) {
     INFO("rank " << r);
     auto const& x = runs[r];
@@ -260,7 +306,7 @@ void check_fault(std::vector<RankRun> const& runs) {
     UNSCOPED_INFO(x.failure);
     REQUIRE(x.errors.size() == 1);
     CHECK(x.errors[0] == runs[0].errors[0]);
-    CHECK_THAT(x.errors[0], Catch::Contains("rank 1's re-plan failed") && Catch::Contains("planted fault"));
+    CHECK_THAT(x.errors[0], Catch::Contains("rank 1's re-plan failed") && Catch::Contains(cause));
     CHECK(x.worst <= 1e-4);
     CHECK(x.same_plan);
     CHECK(x.adopted == 0);
@@ -303,6 +349,38 @@ TEST_CASE("device live layer: a fault at any migration step leaves every rank on
     check_fault(serve(2, 100, o, step));
   }
 }
+
+#if defined(MOE_CUDA_EMULATOR)
+TEST_CASE("device live layer: each allocation of the switch fails in turn on one NCCL rank, nothing leaks",
+          "[cuda][layer][nccl][live][leaks]") {
+  // Rank 1's switch builds its next device tables (cudaMalloc); the emulator fails its 1st, 2nd,
+  // ... allocation from there on, counting only rank 1's device, until one run has no failure
+  // left to make. Each failure must leave both ranks on the old plan with the same error, the
+  // pass after it correct, and the process holding what it held before the re-plan.
+  int devices = 0;
+  REQUIRE(cudaGetDeviceCount(&devices) == cudaSuccess);
+  REQUIRE(devices >= 2);
+  auto o = loop;
+  o.replan_every = 0;
+  int failures = 0;
+  for (int nth = 1; nth <= 32; ++nth) {
+    INFO("allocation " << nth << " of rank 1's switch fails");
+    auto runs = serve(2, 40, o, moe::live::Step::prepare_switch, nth);
+    if (runs[0].errors.empty() && runs[1].errors.empty()) {  // past the last allocation: the plan switches
+      for (auto const& x : runs) {
+        CHECK(x.failure.empty());
+        CHECK(x.adopted == 1);
+        CHECK(x.worst <= 1e-4);
+      }
+      break;
+    }
+    ++failures;
+    check_fault(runs, "out of memory");
+    CHECK(runs[0].held_after == runs[0].held_before);
+  }
+  CHECK(failures >= 8);  // the next tables: replica lists, primaries, mask, three pointer tables, error word
+}
+#endif
 
 TEST_CASE("device live layer on one device: ranks through a staged collective, drifting passes and faults",
           "[cuda][layer][live]") {
