@@ -159,23 +159,7 @@ inline CoclusterResult balanced_kmeans(CoclusterProblem const& p, KMeansOptions 
   for (std::size_t i = 0; i < p.rows(); ++i)
     for (std::size_t d = 0; d < D; ++d)
       m[static_cast<std::size_t>(token_cluster[i]) * D + d] += p.frequency[i] * x[i * D + d];
-  std::vector<int> map(D, -1);
-  std::vector<bool> used(D, false);
-  for (std::size_t round = 0; round < D; ++round) {
-    double best = -1;
-    std::size_t bc = 0, bd = 0;
-    for (std::size_t c = 0; c < D; ++c) {
-      if (map[c] >= 0) continue;
-      for (std::size_t d = 0; d < D; ++d)
-        if (!used[d] && m[c * D + d] > best) {
-          best = m[c * D + d];
-          bc = c;
-          bd = d;
-        }
-    }
-    map[bc] = static_cast<int>(bd);
-    used[bd] = true;
-  }
+  auto map = detail::greedy_matching(m, D);
   std::vector<int> token_device(p.rows());
   for (std::size_t i = 0; i < p.rows(); ++i) token_device[i] = map[static_cast<std::size_t>(token_cluster[i])];
   return detail::finish(p, std::move(expert_device), std::move(token_device), it);

@@ -285,13 +285,10 @@ inline CoclusterResult finish(CoclusterProblem const& p, std::vector<int> expert
   return r;
 }
 
-/// Relabels `labels` (values in [0, D)) to agree as much as possible with `reference`
-/// (greedy maximum-overlap matching of the D x D overlap matrix).
-inline void align_labels(std::vector<int>& labels, std::vector<int> const& reference, int devices) {
-  auto D = static_cast<std::size_t>(devices);
-  std::vector<double> overlap(D * D, 0.0);
-  for (std::size_t e = 0; e < labels.size(); ++e)
-    overlap[static_cast<std::size_t>(labels[e]) * D + static_cast<std::size_t>(reference[e])] += 1;
+/// Greedy maximum-weight matching of a D x D weight matrix (row-major, non-negative): D rounds,
+/// each pairing the unmatched row and column of the largest weight (the first in row-major order
+/// on ties). Returns the column of each row.
+inline std::vector<int> greedy_matching(std::vector<double> const& weight, std::size_t D) {
   std::vector<int> map(D, -1);
   std::vector<bool> used(D, false);
   for (std::size_t round = 0; round < D; ++round) {
@@ -300,8 +297,8 @@ inline void align_labels(std::vector<int>& labels, std::vector<int> const& refer
     for (std::size_t f = 0; f < D; ++f) {
       if (map[f] >= 0) continue;
       for (std::size_t t = 0; t < D; ++t)
-        if (!used[t] && overlap[f * D + t] > best) {
-          best = overlap[f * D + t];
+        if (!used[t] && weight[f * D + t] > best) {
+          best = weight[f * D + t];
           bf = f;
           bt = t;
         }
@@ -309,6 +306,17 @@ inline void align_labels(std::vector<int>& labels, std::vector<int> const& refer
     map[bf] = static_cast<int>(bt);
     used[bt] = true;
   }
+  return map;
+}
+
+/// Relabels `labels` (values in [0, D)) to agree as much as possible with `reference`
+/// (greedy maximum-overlap matching of the D x D overlap matrix).
+inline void align_labels(std::vector<int>& labels, std::vector<int> const& reference, int devices) {
+  auto D = static_cast<std::size_t>(devices);
+  std::vector<double> overlap(D * D, 0.0);
+  for (std::size_t e = 0; e < labels.size(); ++e)
+    overlap[static_cast<std::size_t>(labels[e]) * D + static_cast<std::size_t>(reference[e])] += 1;
+  auto map = greedy_matching(overlap, D);
   for (auto& l : labels) l = map[static_cast<std::size_t>(l)];
 }
 
