@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "cuda_test_support.cuh"
@@ -28,9 +29,21 @@ namespace {
 
 using Model = moe::models::Reduced<moe::models::OLMoE_1B_7B, 32, 16, moe::DType::f32>;
 using T = float;
-template <class Comm>
-using L = moe::Layer<Model, moe::router::SoftmaxTopK, moe::placement::Table, moe::replication::Table,
-                     moe::schedule::Sequential, Comm>;
+template <class Comm, class Replicas = moe::replication::Table>
+using L = moe::Layer<Model, moe::router::SoftmaxTopK, moe::placement::Table, Replicas, moe::schedule::Sequential, Comm>;
+
+/// The first plan's replica policy: the copy list itself, or the per-batch split over it (rank r
+/// on server r / 2).
+template <class Replicas>
+Replicas replicas_of(std::vector<std::vector<int>> const& copies, int n) {
+  if constexpr (std::is_same_v<Replicas, moe::replication::BatchSplit>) {
+    std::vector<int> servers(static_cast<std::size_t>(n));
+    for (int r = 0; r < n; ++r) servers[static_cast<std::size_t>(r)] = r / 2;
+    return Replicas(copies, servers);
+  } else {
+    return Replicas(copies);
+  }
+}
 constexpr moe::ShapeSpec s = Model::spec;
 constexpr int tokens = 8;  // per rank and pass
 constexpr auto h = static_cast<std::size_t>(s.hidden);
@@ -110,7 +123,7 @@ struct World {
 /// device). With `fault` (and a first plan without copies), rank 1 throws at that step of the first
 /// migration, a re-plan is asked for before pass 55 and the run stops after the pass that threw
 /// (plus one more, checked).
-template <class Comm>
+template <class Replicas, class Comm>
 void serve_rank(Comm& comm, moe::test::Stream& st, int rank, int n, int passes, moe::live::Options o,
                 std::optional<moe::live::Step> fault, World const& world, RankRun& r, AllocFault alloc = {}) {
   auto const& weights = world.weights;
@@ -124,7 +137,7 @@ void serve_rank(Comm& comm, moe::test::Stream& st, int rank, int n, int passes, 
     for (int c : copies[static_cast<std::size_t>(e)])
       if (c == rank) mine[static_cast<std::size_t>(e)] = dw.experts[static_cast<std::size_t>(e)];
   view.experts = mine;
-  L<Comm> layer(comm, moe::placement::Table(primary), moe::replication::Table(copies), view,
+  L<Comm, Replicas> layer(comm, moe::placement::Table(primary), replicas_of<Replicas>(copies, n), view,
                 {.max_tokens = tokens, .live = o});
   moe::test::Device<T> arena(layer.arena_elements());
   layer.attach_arena({arena.get(), arena.size()});
@@ -226,6 +239,7 @@ void serve_rank(Comm& comm, moe::test::Stream& st, int rank, int n, int passes, 
 /// Runs `passes` passes on n NCCL ranks, one device each (see serve_rank). `alloc_nth` > 0 (with
 /// `fault` at Step::prepare_switch, emulator only): rank 1's nth allocation from the switch's
 /// preparation on fails instead of the planted throw.
+template <class Replicas = moe::replication::Table>
 std::vector<RankRun> serve(int n, int passes, moe::live::Options o, std::optional<moe::live::Step> fault = {},
                            int alloc_nth = 0) {
   World world(n, !fault);
@@ -241,7 +255,7 @@ std::vector<RankRun> serve(int n, int passes, moe::live::Options o, std::optiona
         moe::kernels::cuda::check_cuda(cudaSetDevice(rank), "cudaSetDevice");
         moe::test::Stream st;
         auto comm = moe::collective::Nccl::create(rank, n, id, st);
-        serve_rank(comm, st, rank, n, passes, o, fault, world, r, alloc);
+        serve_rank<Replicas>(comm, st, rank, n, passes, o, fault, world, r, alloc);
       } catch (std::exception const& e) {
         r.failure = e.what();
       }
@@ -254,7 +268,7 @@ std::vector<RankRun> serve(int n, int passes, moe::live::Options o, std::optiona
 }
 
 /// The same with the N ranks on device 0, exchanging through host memory (StagedDevice).
-template <int N>
+template <int N, class Replicas = moe::replication::Table>
 std::vector<RankRun> serve_staged(int passes, moe::live::Options o, std::optional<moe::live::Step> fault = {}) {
   World world(N, !fault);
   std::vector<RankRun> out(static_cast<std::size_t>(N));
@@ -264,7 +278,7 @@ std::vector<RankRun> serve_staged(int passes, moe::live::Options o, std::optiona
       moe::kernels::cuda::check_cuda(cudaSetDevice(0), "cudaSetDevice");
       moe::test::Stream st;
       moe::test::StagedDevice<N> comm(host);
-      serve_rank(comm, st, host.rank(), N, passes, o, fault, world, r);
+      serve_rank<Replicas>(comm, st, host.rank(), N, passes, o, fault, world, r);
     } catch (std::exception const& e) {
       r.failure = e.what();
     }
@@ -315,6 +329,15 @@ void check_fault(std::vector<RankRun> const& runs, std::string const& cause = "p
   }
 }
 
+/// Whether the machine has `n` devices for n NCCL ranks (if not, a warning says the case is skipped).
+bool has_devices(int n) {
+  int devices = 0;
+  REQUIRE(cudaGetDeviceCount(&devices) == cudaSuccess);
+  if (devices >= n) return true;
+  WARN("needs " << n << " devices; skipped");
+  return false;
+}
+
 constexpr moe::live::Step all_steps[] = {moe::live::Step::plan, moe::live::Step::pack, moe::live::Step::unpack,
                                          moe::live::Step::prepare_switch};
 
@@ -322,13 +345,8 @@ constexpr moe::live::Step all_steps[] = {moe::live::Step::plan, moe::live::Step:
 
 TEST_CASE("device live layer: drifting passes through NCCL, a re-plan every 20, every pass equals the reference",
           "[cuda][layer][nccl][live]") {
-  int devices = 0;
-  REQUIRE(cudaGetDeviceCount(&devices) == cudaSuccess);
   for (int n : {2, 4}) {
-    if (devices < n) {
-      WARN("needs " << n << " devices; skipped");
-      continue;
-    }
+    if (!has_devices(n)) continue;
     INFO(n << " ranks");
     check_loop(serve(n, 200, loop), 4);
   }
@@ -336,12 +354,7 @@ TEST_CASE("device live layer: drifting passes through NCCL, a re-plan every 20, 
 
 TEST_CASE("device live layer: a fault at any migration step leaves every rank on the old plan (NCCL)",
           "[cuda][layer][nccl][live]") {
-  int devices = 0;
-  REQUIRE(cudaGetDeviceCount(&devices) == cudaSuccess);
-  if (devices < 2) {
-    WARN("needs 2 devices; skipped");
-    return;
-  }
+  if (!has_devices(2)) return;
   auto o = loop;
   o.replan_every = 0;
   for (auto step : all_steps) {
@@ -357,9 +370,7 @@ TEST_CASE("device live layer: each allocation of the switch fails in turn on one
   // ... allocation from there on, counting only rank 1's device, until one run has no failure
   // left to make. Each failure must leave both ranks on the old plan with the same error, the
   // pass after it correct, and the process holding what it held before the re-plan.
-  int devices = 0;
-  REQUIRE(cudaGetDeviceCount(&devices) == cudaSuccess);
-  REQUIRE(devices >= 2);
+  REQUIRE(has_devices(2));  // the emulator has several
   auto o = loop;
   o.replan_every = 0;
   int failures = 0;
@@ -381,6 +392,22 @@ TEST_CASE("device live layer: each allocation of the switch fails in turn on one
   CHECK(failures >= 8);  // the next tables: replica lists, primaries, mask, three pointer tables, error word
 }
 #endif
+
+TEST_CASE("device live layer with replication::BatchSplit: re-plans, and each pass split over the new copies",
+          "[cuda][layer][live][batch-split]") {
+  // The split's device tables are rebuilt for every adopted plan; every pass must still equal the
+  // reference, and the moves must send exactly the added copies.
+  SECTION("2 staged ranks on one device, 200 passes") {
+    check_loop(serve_staged<2, moe::replication::BatchSplit>(200, loop), 4);
+  }
+  SECTION("4 staged ranks, 100 passes") { check_loop(serve_staged<4, moe::replication::BatchSplit>(100, loop), 2); }
+  SECTION("2 NCCL ranks, a fault at the switch") {
+    if (!has_devices(2)) return;
+    auto o = loop;
+    o.replan_every = 0;
+    check_fault(serve<moe::replication::BatchSplit>(2, 100, o, moe::live::Step::prepare_switch));
+  }
+}
 
 TEST_CASE("device live layer on one device: ranks through a staged collective, drifting passes and faults",
           "[cuda][layer][live]") {

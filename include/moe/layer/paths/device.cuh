@@ -249,9 +249,6 @@ public:
     if (!local) host_counts_ = kernels::cuda::PinnedArray<std::uint64_t>(2 * static_cast<std::size_t>(ranks));
     votes_ = detail::DeviceVotes(ranks);
     if constexpr (batch) {
-      check(options_.live.spare_slots == 0 && options_.live.replan_every == 0 && options_.live.migration_bytes_per_pass == 0,
-            "moe::Layer (device): re-planning (LayerOptions::live: spare_slots, replan_every, migration_bytes_per_pass) with "
-            "replication::BatchSplit is not supported on the device path yet; the load window alone is");
       split_.emplace(replicas_.layout());
       split_bytes_.assign(static_cast<std::size_t>(ranks), E * sizeof(std::int32_t));
     }
@@ -445,6 +442,7 @@ public:
     Placement placement;
     Replicas replicas;
     detail::DeviceExpertTable<T> experts;
+    std::optional<kernels::cuda::DeviceSplit> split;  // replication::BatchSplit: the new copies' split
   };
   NextPlan prepare_plan(Placement placement, Replicas replicas, std::span<ExpertWeights<T> const> experts) const {
     LayerWeights<T> w = weights_;
@@ -458,17 +456,23 @@ public:
       check(held <= max_held_, "moe::Layer (device): the plan gives rank ", r, " ", held, " experts, the workspace "
             "was sized for ", max_held_);
     }
-    if constexpr (batch)
-      check(replicas.copy_lists().first == replicas_.copy_lists().first &&
-                replicas.copy_lists().ranks == replicas_.copy_lists().ranks,
-            "moe::Layer (device): re-planning with replication::BatchSplit is not supported on the device path yet");
     detail::DeviceExpertTable<T> table(copies, primary, true, rank, experts, "moe::Layer (device)");
-    return {std::move(placement), std::move(replicas), std::move(table)};
+    std::optional<kernels::cuda::DeviceSplit> split;
+    if constexpr (batch) {
+      // The workspace holds the split of any plan whose ranks hold at most max_held_ experts.
+      split.emplace(replicas.layout());
+      check(split->take_size() <= split_take_bound() && split->workspace_bytes() <= split_work_bound(),
+            "moe::Layer (device): the plan's split needs ", split->take_size(), " take entries and ",
+            split->workspace_bytes(), " workspace bytes, the workspace holds ", split_take_bound(), " and ",
+            split_work_bound());
+    }
+    return {std::move(placement), std::move(replicas), std::move(table), std::move(split)};
   }
   void adopt(NextPlan&& next, std::span<ExpertWeights<T> const> experts) noexcept {
     placement_ = std::move(next.placement);
     replicas_ = std::move(next.replicas);
     experts_ = std::move(next.experts);
+    if constexpr (batch) split_ = std::move(next.split);
     weights_.experts = experts;
   }
   /// The experts now live in the front's arena: the pointer tables are rebuilt.
@@ -621,11 +625,32 @@ public:
     if constexpr (batch) {
       b.split_own = c.take<std::int32_t>(E);
       b.split_counts = c.take<std::int32_t>(ranks * E);
-      b.split_take = c.take<std::int32_t>(split_->take_size());
+      b.split_take = c.take<std::int32_t>(split_take_bound());
       b.split_load = c.take<long long>(split_->load_size());
       b.split_outcome = c.take<replication::split::Outcome>(1);
-      b.split_work = c.take<std::byte>(split_->workspace_bytes());
+      b.split_work = c.take<std::byte>(split_work_bound());
     }
+  }
+
+  /// replication::BatchSplit, the split's outputs and global workspace as the workspace holds
+  /// them: this plan's; with re-planning (live.spare_slots > 0), any plan's whose ranks hold at most
+  /// max_held_ experts each. Such a plan has at most ranks x max_held_ copies, and an expert has at
+  /// most `ranks` of them, so the copy pairs (arcs) number at most copies x (ranks - 1).
+  [[nodiscard]] std::size_t split_take_bound() const
+    requires batch
+  {
+    if (options_.live.spare_slots == 0) return split_->take_size();
+    auto ranks = static_cast<std::size_t>(comm_->size());
+    return ranks * ranks * static_cast<std::size_t>(max_held_);
+  }
+  [[nodiscard]] std::size_t split_work_bound() const
+    requires batch
+  {
+    if (options_.live.spare_slots == 0) return split_->workspace_bytes();
+    replication::split::Layout most = split_->layout();
+    most.slots = most.ranks * max_held_;
+    most.arcs = most.slots * (most.ranks - 1);
+    return static_cast<std::size_t>(replication::split::workspace_words(most)) * sizeof(long long);
   }
 
   /// replication::BatchSplit: this pass's pairs per expert from every rank (an all-gather on the
@@ -652,7 +677,7 @@ public:
       stats.control_bytes += comm_->counters().bytes_sent() - before.bytes_sent();
     }
     split_->run(b.split_counts.data(), b.split_take.data(), b.split_load.data(), b.split_outcome.data(),
-                b.split_work.empty() ? nullptr : b.split_work.data(), s);
+                split_->workspace_bytes() == 0 ? nullptr : b.split_work.data(), s);
     if (t == 0) return;
     kc::order_by_expert(s, b.ids.data(), n, shape.experts, b.values.data(), b.sorted_keys.data(),
                         b.sorted_values.data(), b.offsets.data(), b.sort_temp.data(), b.sort_temp.size());
