@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "moe/kernels/cuda_common.cuh"
@@ -111,5 +112,26 @@ private:
   cudaGraph_t graph_ = nullptr;
   cudaGraphExec_t exec_ = nullptr;
 };
+
+/// Calls `enqueue` while `stream` is being captured into a CUDA graph (this thread's capture) and
+/// returns the message of the moe::Error it threw, "" if it threw none. The capture is ended and
+/// whatever it recorded dropped either way.
+template <class Enqueue>
+std::string error_under_capture(cudaStream_t stream, Enqueue&& enqueue) {
+  using kernels::cuda::check_cuda;
+  check_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+  std::string what;
+  try {
+    enqueue();
+  } catch (moe::Error const& e) {
+    what = e.what();
+  }
+  cudaGraph_t graph = nullptr;
+  cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  if (what.empty()) check_cuda(ended, "cudaStreamEndCapture");
+  (void)cudaGetLastError();  // an invalidated capture's error is not the next call's
+  return what;
+}
 
 }  // namespace moe::test

@@ -434,7 +434,8 @@ namespace {
 /// the last pass's counts) against counts made on the host from the router, token by token, and
 /// the documented copy rule: token t of AG rank p uses copy (p + t) mod n of an expert's n copies
 /// (p2p_replicas with replicated experts). Tokens whose route is fragile would make the host's
-/// routes differ from the device's; the seeds have none (checked).
+/// routes differ from the device's; the seeds have none (checked). A first pass, captured into a
+/// CUDA graph, must be refused on every rank and count nothing.
 template <int N, class Model, class Router>
 void p2p_window(int ag, std::uint64_t seed) {
   using Comm = moe::test::StagedDevice<N>;
@@ -468,6 +469,7 @@ void p2p_window(int ag, std::uint64_t seed) {
   Device<T> dy(static_cast<std::size_t>(ag * tokens) * h);
   std::vector<std::vector<std::vector<long long>>> seen(N);
   std::vector<long long> last_max(N, -1);
+  std::vector<std::string> refused(N);
   moe::collective::run_in_process<N>([&](moe::collective::InProcess<N>& host) {
     Comm a2e(host), e2a(host);
     int rank = host.rank();
@@ -479,6 +481,16 @@ void p2p_window(int ag, std::uint64_t seed) {
     Device<std::byte> ws(layer.workspace_size());
     moe::test::Stream st;
     std::size_t first = is_ag ? static_cast<std::size_t>(rank) * tokens * h : 0;
+    // A pass captured into a CUDA graph is refused on every rank (the window needs the ranks'
+    // agreement, which a capture skips) and counts nothing: the window below holds two passes. The
+    // ranks share device 0: no rank copies through the legacy stream while another captures.
+    host.barrier();
+    refused[static_cast<std::size_t>(rank)] = moe::test::error_under_capture(st, [&] {
+      layer.run({.tokens = tokens, .x = is_ag ? dx[0].get() + first : nullptr, .y = is_ag ? dy.get() + first : nullptr,
+                 .stream = st},
+                ws.bytes());
+    });
+    host.barrier();
     for (int i = 0; i < passes; ++i)
       layer.run({.tokens = tokens, .x = is_ag ? dx[static_cast<std::size_t>(i)].get() + first : nullptr,
                  .y = is_ag ? dy.get() + first : nullptr, .stream = st},
@@ -490,6 +502,8 @@ void p2p_window(int ag, std::uint64_t seed) {
   });
   for (int r = 0; r < N; ++r) {
     INFO("rank " << r << " of " << N << ", " << ag << " AG");
+    CHECK_THAT(refused[static_cast<std::size_t>(r)],
+               Catch::Contains("moe::Layer (device disaggregated)") && Catch::Contains("CUDA graph capture"));
     REQUIRE(seen[static_cast<std::size_t>(r)].size() == passes);
     for (int i = 0; i < passes; ++i)
       CHECK(seen[static_cast<std::size_t>(r)][static_cast<std::size_t>(i)] == want[static_cast<std::size_t>(i)]);

@@ -422,3 +422,62 @@ TEST_CASE("device live layer on one device: ranks through a staged collective, d
     }
   }
 }
+
+TEST_CASE("device live layer: a pass captured into a CUDA graph is refused on every rank, the next one counts",
+          "[cuda][layer][live][graph]") {
+  // A load window needs the ranks' agreement on every pass, which a capture skips: each rank must
+  // refuse the captured pass alone, count nothing, and serve the next pass as before. The padded
+  // exchange, which can be captured, so that the window is the only reason to refuse.
+  constexpr int N = 2;
+  World world(N, true);
+  std::vector<std::string> refused(N);
+  std::vector<double> worst(N, 1.0);
+  std::vector<int> window(N, -1);
+  auto x = batch(world.weights, N, 0);
+  std::vector<T> ref(x.size());
+  moe::reference_forward<moe::router::SoftmaxTopK>(s, world.weights.view(), N * tokens, x.data(), ref.data());
+  moe::collective::run_in_process<N>([&](moe::collective::InProcess<N>& host) {
+    int rank = host.rank();
+    auto r = static_cast<std::size_t>(rank);
+    moe::kernels::cuda::check_cuda(cudaSetDevice(0), "cudaSetDevice");
+    moe::test::Stream st;
+    moe::test::StagedDevice<N> comm(host);
+    moe::test::DeviceWeights<T> dw(s, world.weights.view());
+    L<moe::test::StagedDevice<N>> layer(comm, moe::placement::Table(world.primary), moe::replication::Table(world.copies),
+                                        dw.view(),
+                                        {.max_tokens = tokens,
+                                         .device = {.exchange = moe::cuda::Exchange::padded},  // capturable
+                                         .live = {.window = 4}});
+    moe::test::Device<std::byte> ws(layer.workspace_size());
+    auto first = r * tokens * h;
+    moe::test::Device<T> dx(std::vector<T>(x.begin() + static_cast<std::ptrdiff_t>(first),
+                                           x.begin() + static_cast<std::ptrdiff_t>(first + tokens * h)));
+    moe::test::Device<T> dy(tokens * h);
+    auto pass = [&] {
+      layer.run({.tokens = tokens, .x = dx.get(), .y = dy.get(), .first_token = rank * tokens, .stream = st},
+                ws.bytes());
+    };
+    // The ranks share device 0: no rank copies through the legacy stream while another captures.
+    host.barrier();
+    refused[r] = moe::test::error_under_capture(st, pass);
+    host.barrier();
+    pass();
+    st.synchronize("pass");
+    auto y = dy.download(tokens * h);
+    std::vector<T> want(ref.begin() + static_cast<std::ptrdiff_t>(first),
+                        ref.begin() + static_cast<std::ptrdiff_t>(first + tokens * h));
+    std::vector<T> mine_x(x.begin() + static_cast<std::ptrdiff_t>(first),
+                          x.begin() + static_cast<std::ptrdiff_t>(first + tokens * h));
+    auto fragile = moe::test::fragile_tokens<moe::router::SoftmaxTopK>(s, world.weights.view(), mine_x, tokens, 1e-5f);
+    auto err = moe::test::token_errors(y, want, fragile, tokens, s.hidden);
+    worst[r] = err.finite ? err.worst_stable : 1.0;
+    window[r] = layer.load_window().size();
+  });
+  for (int r = 0; r < N; ++r) {
+    INFO("rank " << r);
+    CHECK_THAT(refused[static_cast<std::size_t>(r)],
+               Catch::Contains("moe::Layer (device)") && Catch::Contains("CUDA graph capture"));
+    CHECK(worst[static_cast<std::size_t>(r)] <= 1e-4);
+    CHECK(window[static_cast<std::size_t>(r)] == 1);
+  }
+}

@@ -256,6 +256,16 @@ void gather_votes(Comm& comm, Vote const& mine, std::span<Vote> votes) {
   comm.all_gather_v(std::as_bytes(std::span(&mine, 1)), std::as_writable_bytes(votes), bytes);
 }
 
+/// The host paths' load-window gather: every rank's row of this pass (its `load_counts`) into
+/// `gathered` (ranks x row) through one all-gather; ready when it returns.
+template <class Comm>
+std::span<std::int32_t const> gather_load_rows(Comm& comm, std::span<std::int32_t const> row,
+                                               std::span<std::int32_t> gathered) {
+  std::vector<std::size_t> bytes(static_cast<std::size_t>(comm.size()), row.size() * sizeof(std::int32_t));
+  comm.all_gather_v(std::as_bytes(row), std::as_writable_bytes(gathered), bytes);
+  return gathered;
+}
+
 /// Which executor runs a path: each path's header (moe/layer/paths/) specialises it with a member
 /// template `type` over the six policies. Left unspecialised (the path's header not included),
 /// `type` is void and the front's static_assert says which header to include.
@@ -371,8 +381,10 @@ public:
     stats_.agreement_bytes = sent() - before;
     if constexpr (counts_loads) {
       if (live_) {
-        if (auto late = exec_.take_loads(); !late.empty()) push_loads(late);  // device: the last pass's
-        report_newest();
+        // Device: the last pass's counts arrive now (push_loads reports them); else stats() goes on
+        // describing the newest pass the window holds.
+        if (auto late = exec_.take_loads(); !late.empty()) push_loads(late);
+        else report_newest();
       }
     }
     exec_.run(a, b, stats_);

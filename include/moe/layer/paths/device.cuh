@@ -444,7 +444,10 @@ public:
     detail::DeviceExpertTable<T> experts;
     std::optional<kernels::cuda::DeviceSplit> split;  // replication::BatchSplit: the new copies' split
   };
-  NextPlan prepare_plan(Placement placement, Replicas replicas, std::span<ExpertWeights<T> const> experts) const {
+  /// The tables of a plan, checked; `new_copies` false (the same copies, other weight pointers)
+  /// leaves the split out, and adopt() keeps the current one.
+  NextPlan prepare_plan(Placement placement, Replicas replicas, std::span<ExpertWeights<T> const> experts,
+                        bool new_copies = true) const {
     LayerWeights<T> w = weights_;
     w.experts = experts;
     int ranks = comm_->size(), rank = comm_->rank();
@@ -459,6 +462,7 @@ public:
     detail::DeviceExpertTable<T> table(copies, primary, true, rank, experts, "moe::Layer (device)");
     std::optional<kernels::cuda::DeviceSplit> split;
     if constexpr (batch) {
+      if (!new_copies) return {std::move(placement), std::move(replicas), std::move(table), std::nullopt};
       // The workspace holds the split of any plan whose ranks hold at most max_held_ experts.
       split.emplace(replicas.layout());
       check(split->take_size() <= split_take_bound() && split->workspace_bytes() <= split_work_bound(),
@@ -472,12 +476,14 @@ public:
     placement_ = std::move(next.placement);
     replicas_ = std::move(next.replicas);
     experts_ = std::move(next.experts);
-    if constexpr (batch) split_ = std::move(next.split);
+    if constexpr (batch) {
+      if (next.split) split_ = std::move(next.split);
+    }
     weights_.experts = experts;
   }
   /// The experts now live in the front's arena: the pointer tables are rebuilt.
   void set_expert_weights(std::span<ExpertWeights<T> const> experts) {
-    auto next = prepare_plan(placement_, replicas_, experts);
+    auto next = prepare_plan(placement_, replicas_, experts, false);
     adopt(std::move(next), experts);
   }
   [[nodiscard]] std::vector<int> primary_ranks() const {

@@ -137,9 +137,7 @@ public:
   void set_expert_weights(std::span<ExpertWeights<T> const> experts) { weights_.experts = experts; }
   /// The window's counts of this pass (load_counts), gathered from every rank: ready now.
   std::span<std::int32_t const> gather_loads(Buffers const& b, std::span<std::int32_t> gathered) {
-    std::vector<std::size_t> bytes(static_cast<std::size_t>(comm_->size()), b.load_counts.size() * sizeof(std::int32_t));
-    comm_->all_gather_v(std::as_bytes(b.load_counts), std::as_writable_bytes(gathered), bytes);
-    return gathered;
+    return detail::gather_load_rows(*comm_, std::span<std::int32_t const>(b.load_counts), gathered);
   }
   /// Counts gathered on an earlier pass and not read yet: none on the host.
   std::span<std::int32_t const> take_loads() { return {}; }

@@ -144,9 +144,7 @@ public:
   /// The load window (LayerOptions::live.window): this pass's rows of every rank, gathered now.
   /// The disaggregated paths count and gather loads; they do not re-plan.
   std::span<std::int32_t const> gather_loads(Buffers const& b, std::span<std::int32_t> gathered) {
-    std::vector<std::size_t> bytes(static_cast<std::size_t>(comm_->size()), b.load_counts.size() * sizeof(std::int32_t));
-    comm_->all_gather_v(std::as_bytes(b.load_counts), std::as_writable_bytes(gathered), bytes);
-    return gathered;
+    return detail::gather_load_rows(*comm_, std::span<std::int32_t const>(b.load_counts), gathered);
   }
   std::span<std::int32_t const> take_loads() { return {}; }
 
