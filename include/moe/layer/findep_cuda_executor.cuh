@@ -58,6 +58,7 @@
 #include <vector>
 
 #include "moe/collective/concept.hpp"
+#include "moe/collective/pairwise.hpp"
 #include "moe/config.hpp"
 #include "moe/core/shape.hpp"
 #include "moe/core/weights.hpp"
@@ -786,16 +787,7 @@ private:
       }
       split_->count(b.ids.data() + first, n, row(me).data(), s);
       a2e_->set_stream(s);
-      for (int p = 0; p < ag_; ++p)
-        for (int q = p + 1; q < ag_; ++q) {
-          if (me == p) {
-            a2e_->send(std::as_bytes(row(p)), q, a2e_tag);
-            a2e_->recv(std::as_writable_bytes(row(q)), q, a2e_tag);
-          } else if (me == q) {
-            a2e_->recv(std::as_writable_bytes(row(p)), p, a2e_tag);
-            a2e_->send(std::as_bytes(row(q)), p, a2e_tag);
-          }
-        }
+      collective::swap_rows_pairwise(*a2e_, me, ag_, row, a2e_tag);
       split_->run(b.split_counts.data(), b.split_take.data(), b.split_load.data(), b.split_outcome.data(),
                   b.split_work.empty() ? nullptr : b.split_work.data(), s);
       kc::order_by_expert(s, b.ids.data() + first, n, shape.experts, b.split_values.data(), b.split_sorted_keys.data(),

@@ -82,6 +82,7 @@
 #include <vector>
 
 #include "moe/collective/concept.hpp"
+#include "moe/collective/pairwise.hpp"
 #include "moe/config.hpp"
 #include "moe/core/bf16.hpp"
 #include "moe/core/shape.hpp"
@@ -365,16 +366,7 @@ private:
     // AG rank p's row is eg + p (BatchSplit::with_sources)
     auto row = [&](int p) { return std::span(split_counts_).subspan(static_cast<std::size_t>(eg_ + p) * E, E); };
     for (std::size_t q = first; q < first + n; ++q) ++row(me)[static_cast<std::size_t>(b.ids[q])];
-    for (int p = 0; p < ag_; ++p)
-      for (int q = p + 1; q < ag_; ++q) {
-        if (me == p) {
-          comm_->send(std::as_bytes(row(p)), q, split_tag);
-          comm_->recv(std::as_writable_bytes(row(q)), q, split_tag);
-        } else if (me == q) {
-          comm_->recv(std::as_writable_bytes(row(p)), p, split_tag);
-          comm_->send(std::as_bytes(row(q)), p, split_tag);
-        }
-      }
+    collective::swap_rows_pairwise(*comm_, me, ag_, row, split_tag);
     split_bytes_ += static_cast<std::size_t>(ag_ - 1) * E * sizeof(std::int32_t);
     split_max_sum_ += split_->plan_batch(split_counts_).max_load;
     for (int g = 0; g < eg_; ++g) split_load_[static_cast<std::size_t>(g)] += split_->load()[static_cast<std::size_t>(g)];
