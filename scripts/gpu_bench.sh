@@ -294,7 +294,7 @@ step_configure() {
   local b=$1 args=() nccl extra=() dir
   unpack_deps || return 1
   args=(-S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DMOE_BUILD_TESTS=ON -DMOE_BUILD_BENCHMARKS=ON
-        -DMOE_BUILD_EXAMPLES=ON -DMOE_EMULATOR=OFF "-DMOE_AREAS=cuda;schedule")
+        -DMOE_BUILD_EXAMPLES=ON -DMOE_EMULATOR=OFF "-DMOE_AREAS=cuda;schedule;extending")
   # Ninja for a new build folder, unless CMAKE_GENERATOR (read by CMake itself) names another.
   if [[ ! -f $build/CMakeCache.txt && -z ${CMAKE_GENERATOR:-} ]] && command -v ninja >/dev/null; then args+=(-G Ninja); fi
   [[ -d $build/deps/usr ]] && args+=("-DCMAKE_PREFIX_PATH=$build/deps/usr")
@@ -346,6 +346,7 @@ program() {
   case $1 in
     test_*) echo "$build/tests/cuda/$1" ;;
     bench_*) echo "$build/benchmarks/cuda/$1" ;;
+    extending_*) echo "$build/examples/extending/$1" ;;
     *) echo "$build/tools/schedule/$1" ;;
   esac
 }

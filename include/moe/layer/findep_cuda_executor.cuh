@@ -493,8 +493,8 @@ private:
   FinDepCudaExecutor(Comm* a2e, Comm* e2a, int rank, int size, int ag, placement::Table on_eg, LayerWeights<T> weights,
                      FinDepCudaOptions options, replication::Table const& replicas,
                      replication::BatchSplit const* split)
-      : a2e_(a2e), e2a_(e2a), rank_(rank), ag_(ag), eg_(colocated ? 1 : size - ag), placement_(std::move(on_eg)),
-        weights_(weights), options_(options) {
+      : a2e_(a2e), e2a_(e2a), rank_(rank), ag_(ag), eg_(colocated ? 1 : size - ag), weights_(weights),
+        options_(options) {
     namespace kc = kernels::cuda;
     moe::detail::keep_shared_list(weights_, shared_);  // run() reads the shared list
     moe::detail::prepare_gemm_path<T>(who, options_.gemm);  // probes before any capture
@@ -511,14 +511,14 @@ private:
     check(options_.max_chunks >= 1, who, ": max_chunks must be at least 1, got ", options_.max_chunks);
     check(options_.max_chunks <= max_cuda_chunks, who, ": max_chunks = ", options_.max_chunks,
           " is above the limit of ", max_cuda_chunks, " (about 5 CUDA events per chunk)");
-    placement_.validate(shape.experts, eg_);
+    on_eg.validate(shape.experts, eg_);
     check(static_cast<int>(weights_.experts.size()) == shape.experts, who, ": weights list ", weights_.experts.size(),
           " experts, the shape has ", shape.experts);
     check(static_cast<int>(weights_.shared.size()) == shape.shared_experts, who, ": weights list ",
           weights_.shared.size(), " shared experts, the shape has ", shape.shared_experts);
     // Each expert's copies (EG indices): the table's lists, or the placement's index.
-    if (!replicas.replicas().empty()) replicas.validate(shape.experts, eg_, placement_.ranks());
-    std::vector<int> const& eg_of = placement_.ranks();
+    if (!replicas.replicas().empty()) replicas.validate(shape.experts, eg_, on_eg.ranks());
+    std::vector<int> const& eg_of = on_eg.ranks();
     replication::CopyLists copies = replication::copy_lists(eg_of, replicas);
     if (is_ag()) {
       check(weights_.router != nullptr, who, ": AG rank ", rank_, " has no router weights");
@@ -867,7 +867,6 @@ private:
   Comm* a2e_;  // null for CoLocated
   Comm* e2a_;
   int rank_, ag_, eg_;
-  placement::Table placement_;
   LayerWeights<T> weights_;
   std::vector<ExpertWeights<T>> shared_;  // weights_.shared points here (detail::keep_shared_list)
   FinDepCudaOptions options_;
