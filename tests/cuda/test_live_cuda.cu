@@ -8,10 +8,13 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
-#include <barrier>
+#include <chrono>
+#include <condition_variable>
 #include <functional>
+#include <mutex>
 #include <numeric>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -101,12 +104,39 @@ struct RankRun {
 #endif
 };
 
+/// A barrier whose wait gives up (throws) after `limit`: ranks out of step fail the test at once
+/// instead of waiting for CTest's timeout.
+class TimedBarrier {
+public:
+  explicit TimedBarrier(int n, std::chrono::seconds limit = std::chrono::seconds(60)) : n_(n), limit_(limit) {}
+  void arrive_and_wait() {
+    std::unique_lock lock(m_);
+    auto generation = generation_;
+    if (++arrived_ == n_) {
+      arrived_ = 0;
+      ++generation_;
+      cv_.notify_all();
+      return;
+    }
+    if (!cv_.wait_for(lock, limit_, [&] { return generation_ != generation; }))
+      throw std::runtime_error("a rank waited " + std::to_string(limit_.count()) +
+                               " s for the others at the test's barrier: the ranks are out of step");
+  }
+
+private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  int n_, arrived_ = 0;
+  long long generation_ = 0;
+  std::chrono::seconds limit_;
+};
+
 /// An allocation fault (emulator only): the `nth` cudaMalloc that rank 1 makes from its switch's
 /// preparation on fails as if out of memory; `meet` makes the ranks measure the process's
 /// allocations together (rank 0 records them).
 struct AllocFault {
   int nth = 0;
-  std::barrier<>* meet = nullptr;
+  TimedBarrier* meet = nullptr;
 };
 
 /// What every rank's loop shares: the weights, the first plan and the primaries.
@@ -244,7 +274,7 @@ std::vector<RankRun> serve(int n, int passes, moe::live::Options o, std::optiona
                            int alloc_nth = 0) {
   World world(n, !fault);
   std::vector<RankRun> out(static_cast<std::size_t>(n));
-  std::barrier<> meet(n);
+  TimedBarrier meet(n);
   AllocFault alloc{alloc_nth, alloc_nth > 0 ? &meet : nullptr};
   auto id = moe::collective::Nccl::unique_id();
   std::vector<std::thread> threads;
