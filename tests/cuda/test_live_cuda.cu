@@ -104,6 +104,18 @@ struct RankRun {
 #endif
 };
 
+/// A rank's output `y` (`tokens` rows from element `first` of the global batch `x`) against the
+/// reference's same rows; tokens whose route is fragile are exempt from the per-token bound.
+auto rank_errors(std::vector<T> const& y, std::vector<T> const& x, std::vector<T> const& ref,
+                 moe::RandomLayerWeights<T> const& weights, std::size_t first) {
+  auto rows = [&](std::vector<T> const& v) {
+    return std::vector<T>(v.begin() + static_cast<std::ptrdiff_t>(first),
+                          v.begin() + static_cast<std::ptrdiff_t>(first + tokens * h));
+  };
+  auto fragile = moe::test::fragile_tokens<moe::router::SoftmaxTopK>(s, weights.view(), rows(x), tokens, 1e-5f);
+  return moe::test::token_errors(y, rows(ref), fragile, tokens, s.hidden);
+}
+
 /// A barrier whose wait gives up (throws) after `limit`: ranks out of step fail the test at once
 /// instead of waiting for CTest's timeout.
 class TimedBarrier {
@@ -229,13 +241,7 @@ void serve_rank(Comm& comm, moe::test::Stream& st, int rank, int n, int passes, 
     }
     if (!threw) {
       st.synchronize("pass");
-      auto y = dy.download(tokens * h);
-      std::vector<T> want(ref.begin() + static_cast<std::ptrdiff_t>(first),
-                          ref.begin() + static_cast<std::ptrdiff_t>(first + tokens * h));
-      std::vector<T> mine_x(x.begin() + static_cast<std::ptrdiff_t>(first),
-                            x.begin() + static_cast<std::ptrdiff_t>(first + tokens * h));
-      auto fragile = moe::test::fragile_tokens<moe::router::SoftmaxTopK>(s, weights.view(), mine_x, tokens, 1e-5f);
-      auto err = moe::test::token_errors(y, want, fragile, tokens, s.hidden);
+      auto err = rank_errors(dy.download(tokens * h), x, ref, weights, first);
       r.finite = r.finite && err.finite;
       if (r.errors.empty()) r.worst = std::max(r.worst, err.worst_stable);
       else r.after = err.worst_stable;
@@ -493,13 +499,7 @@ TEST_CASE("device live layer: a pass captured into a CUDA graph is refused on ev
     host.barrier();
     pass();
     st.synchronize("pass");
-    auto y = dy.download(tokens * h);
-    std::vector<T> want(ref.begin() + static_cast<std::ptrdiff_t>(first),
-                        ref.begin() + static_cast<std::ptrdiff_t>(first + tokens * h));
-    std::vector<T> mine_x(x.begin() + static_cast<std::ptrdiff_t>(first),
-                          x.begin() + static_cast<std::ptrdiff_t>(first + tokens * h));
-    auto fragile = moe::test::fragile_tokens<moe::router::SoftmaxTopK>(s, world.weights.view(), mine_x, tokens, 1e-5f);
-    auto err = moe::test::token_errors(y, want, fragile, tokens, s.hidden);
+    auto err = rank_errors(dy.download(tokens * h), x, ref, world.weights, first);
     worst[r] = err.finite ? err.worst_stable : 1.0;
     window[r] = layer.load_window().size();
   });
