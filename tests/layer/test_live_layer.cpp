@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <array>
+#include <filesystem>
 #include <numeric>
 
 #include "live_layer_case.hpp"
@@ -107,6 +108,38 @@ TEST_CASE("live layer: a fault at any step of a migration leaves every rank on t
     }
   }
 }
+
+#if defined(__linux__)
+TEST_CASE("live layer: starting a re-plan starts no thread", "[layer][live]") {
+  // The layers share one planner thread, made when they are built: a thread started in a pass
+  // took the core from the rank that started it (docs/results/serving-loop-layer.md). The count
+  // of the process's threads (/proc/self/task) stays the same across replan() on every rank.
+  auto threads = [] {
+    return std::distance(std::filesystem::directory_iterator("/proc/self/task"), std::filesystem::directory_iterator{});
+  };
+  std::ptrdiff_t before = -1, after = -1;
+  std::array<int, 4> adopted{};
+  collective::run_in_process<4>([&](auto& comm) {
+    auto o = serving;
+    o.replan_every = 0;
+    LiveHarness<std::remove_reference_t<decltype(comm)>, replication::Table> hx(comm, live_table(), o);
+    LiveRun run;
+    for (int p = 0; p < 20; ++p) hx.pass(p, run);
+    comm.barrier();
+    if (comm.rank() == 0) before = threads();
+    comm.barrier();
+    hx.layer.replan();
+    comm.barrier();
+    if (comm.rank() == 0) after = threads();
+    for (int p = 20; p < 60; ++p) hx.pass(p, run);
+    adopted[static_cast<std::size_t>(comm.rank())] = hx.layer.stats().plans_adopted;
+    CHECK(run.errors.empty());
+  });
+  CHECK(before > 4);
+  CHECK(after == before);
+  for (int a : adopted) CHECK(a == 1);  // and the plan was made and used
+}
+#endif
 
 TEST_CASE("live layer: a bad plan is refused on every rank before any byte moves", "[layer][live]") {
   struct Case {

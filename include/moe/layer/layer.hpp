@@ -713,7 +713,10 @@ private:
       if (options_.live.window <= 0) return;
       live_ = std::make_unique<LiveData>();
       live_->window = live::LoadWindow(options_.live.window, shape.experts, comm_->size());
-      if constexpr (can_replan) live_->width = live::width_of(plan(), comm_->size());
+      if constexpr (can_replan) {
+        live_->width = live::width_of(plan(), comm_->size());
+        if (options_.live.spare_slots > 0) live_->replanner.attach();
+      }
     }
   }
 

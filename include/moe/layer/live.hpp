@@ -30,11 +30,13 @@
 //     unpacking is caught, the rank still takes part in the exchange, and it votes failed on the
 //     next pass.
 // A re-plan starts every `replan_every` passes (or when the caller calls Layer::replan() on every
-// rank between the same two passes); it runs on a host thread (std::thread) that each rank starts
-// for itself: the planner (replication::migration::rebalance, minimal moves at EPLB's balance
-// within `tolerance_permille`) takes milliseconds to seconds for large layers, which the serving
-// thread must not wait for, and the caller's thread has no idle time between passes to lend. The
-// rank's passes go on; the plan is used when every rank reports it ready.
+// rank between the same two passes); it runs on a host thread, not the caller's: the planner
+// (replication::migration::rebalance, minimal moves at EPLB's balance within `tolerance_permille`)
+// takes milliseconds to seconds for large layers, which the serving thread must not wait for, and
+// the caller's thread has no idle time between passes to lend. That thread (PlannerThread) is one
+// per process, shared by every layer and in-process rank, made when the first layer that can
+// re-plan is built, and runs at the lowest priority: starting a re-plan only queues it. The rank's
+// passes go on; the plan is used when every rank reports it ready.
 //
 // On the device paths (moe/layer/paths/device.cuh, device_disaggregated.cuh; collective::Nccl) the
 // counts are made by a kernel and gathered on the device; a copy to pinned memory on the pass's
@@ -55,17 +57,27 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <exception>
 #include <functional>
-#include <future>
+#include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <thread>
 #include <type_traits>
 #include <vector>
+
+#if defined(__linux__)
+#include <pthread.h>
+#include <sched.h>
+#include <sys/resource.h>
+#include <unistd.h>
+#endif
 
 #include "moe/config.hpp"
 #include "moe/core/weights.hpp"
@@ -374,10 +386,76 @@ inline std::uint32_t hash_layout(std::span<int const> layout) {
   return h;
 }
 
-/// The re-planner: a new slot layout from the window's loads and the current layout, on its own
-/// thread. The plan moves the fewest experts at EPLB's balance (replication::migration::rebalance)
-/// and gives no rank more new experts than `spare` (if the first plan does, the copies it may
-/// make are capped and it is planned again).
+/// The host thread that runs the re-plans of every live layer of the process (every layer of a
+/// model, and every rank of collective::InProcess), one job at a time in the order they came. It
+/// is made when the first layer that can re-plan is built and ends when the last such layer goes,
+/// so no pass pays for starting a thread: a thread started at the end of a pass cost that pass
+/// 0.1-1 ms on a machine with fewer cores than ranks, as the new thread took the core from the
+/// rank that started it (docs/results/serving-loop-layer.md). One thread for the process also
+/// keeps the re-plans of many layers from taking every core at once.
+class PlannerThread {
+public:
+  /// The process's planner thread (made on the first call after the last holder let it go).
+  static std::shared_ptr<PlannerThread> shared() {
+    static std::mutex made;
+    static std::weak_ptr<PlannerThread> one;
+    std::lock_guard lock(made);
+    auto p = one.lock();
+    if (!p) one = p = std::shared_ptr<PlannerThread>(new PlannerThread);
+    return p;
+  }
+  void post(std::function<void()> job) {
+    {
+      std::lock_guard lock(mu_);
+      jobs_.push_back(std::move(job));
+    }
+    cv_.notify_one();
+  }
+  PlannerThread(PlannerThread const&) = delete;
+  PlannerThread& operator=(PlannerThread const&) = delete;
+  /// Runs the jobs still queued, then joins the thread.
+  ~PlannerThread() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_one();
+    thread_.join();
+  }
+
+private:
+  PlannerThread() : thread_([this] { loop(); }) {}
+  void loop() {
+#if defined(__linux__)
+    // The lowest priority, set before the first job (SCHED_IDLE; nice 19 where that is refused): a
+    // woken planner then does not take the core from a serving thread (one that lowered itself only
+    // once running had already done so). Where every core is busy the plan comes later, and the
+    // layer serves on its old plan meanwhile.
+    sched_param idle{};
+    if (pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle) != 0)
+      (void)setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 19);
+#endif
+    for (;;) {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+      if (jobs_.empty()) return;
+      auto job = std::move(jobs_.front());
+      jobs_.pop_front();
+      lock.unlock();
+      job();  // a job catches its own errors
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;
+  bool stop_ = false;
+  std::thread thread_;  // last: it starts once the members above exist
+};
+
+/// The re-planner: a new slot layout from the window's loads and the current layout, computed on
+/// the process's PlannerThread. The plan moves the fewest experts at EPLB's balance
+/// (replication::migration::rebalance) and gives no rank more new experts than `spare` (if the
+/// first plan does, the copies it may make are capped and it is planned again).
 class Replanner {
 public:
   struct Result {
@@ -437,32 +515,83 @@ public:
     return {r.phy2log.v, r.copies(), st.max_load, st.eplb_max_load, st.old_max_load};
   }
 
+  /// Takes a share of the process's planner thread, so that start() does not make it in a pass.
+  /// Layers that can re-plan call it when they are built.
+  void attach() {
+    if (!thread_) thread_ = PlannerThread::shared();
+  }
+  /// Queues a plan on the planner thread; the caller goes on.
   void start(std::vector<float> loads, std::vector<int> layout, int ranks, int spare, int tolerance_permille, int nodes,
              Planner planner, std::function<void(Step)> const& hook) {
     check(!busy(), "live: a re-plan is already running");
-    future_ = std::async(std::launch::async, [=, hook = hook, loads = std::move(loads), layout = std::move(layout)] {
-      if (hook) hook(Step::plan);
-      return plan(loads, layout, ranks, spare, tolerance_permille, nodes, planner);
+    attach();
+    auto job = std::make_shared<Job>();
+    thread_->post([=, hook = hook, loads = std::move(loads), layout = std::move(layout)] {
+      {
+        std::lock_guard lock(job->mu);
+        if (job->state == Job::dropped) return;
+        job->state = Job::running;
+      }
+      Result r;
+      std::exception_ptr error;
+      try {
+        if (hook) hook(Step::plan);
+        r = plan(loads, layout, ranks, spare, tolerance_permille, nodes, planner);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      {
+        std::lock_guard lock(job->mu);
+        job->result = std::move(r);
+        job->error = error;
+        job->state = Job::done;
+      }
+      job->cv.notify_all();
     });
+    job_ = std::move(job);
   }
-  [[nodiscard]] bool busy() const { return future_.valid(); }
+  [[nodiscard]] bool busy() const { return job_ != nullptr; }
   [[nodiscard]] bool ready() const {
-    return future_.valid() && future_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+    if (!job_) return false;
+    std::lock_guard lock(job_->mu);
+    return job_->state == Job::done;
   }
-  /// The result of a ready plan; rethrows the planner's error.
-  Result take() { return future_.get(); }
-  /// Waits for a running plan and drops it (errors included).
+  /// The result of the plan (waits for it); rethrows the planner's error.
+  Result take() {
+    check(job_ != nullptr, "live: no re-plan to take");
+    auto job = std::move(job_);
+    std::unique_lock lock(job->mu);
+    job->cv.wait(lock, [&] { return job->state == Job::done; });
+    if (job->error) std::rethrow_exception(job->error);
+    return std::move(job->result);
+  }
+  /// Drops the plan: one still queued never runs; one running is waited for (its hook may refer
+  /// to the caller's objects), and its result and errors are dropped.
   void drop() noexcept {
-    if (!future_.valid()) return;
-    try {
-      future_.get();
-    } catch (...) {
+    if (!job_) return;
+    auto job = std::move(job_);
+    std::unique_lock lock(job->mu);
+    if (job->state == Job::queued) {
+      job->state = Job::dropped;
+      return;
     }
+    job->cv.wait(lock, [&] { return job->state == Job::done; });
   }
+  Replanner() = default;
+  Replanner(Replanner const&) = delete;
+  Replanner& operator=(Replanner const&) = delete;
   ~Replanner() { drop(); }
 
 private:
-  std::future<Result> future_;
+  struct Job {
+    std::mutex mu;
+    std::condition_variable cv;
+    enum State { queued, running, done, dropped } state = queued;
+    Result result;
+    std::exception_ptr error;
+  };
+  std::shared_ptr<PlannerThread> thread_;
+  std::shared_ptr<Job> job_;
 };
 
 }  // namespace moe::live
