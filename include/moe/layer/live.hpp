@@ -35,7 +35,8 @@
 // takes milliseconds to seconds for large layers, which the serving thread must not wait for, and
 // the caller's thread has no idle time between passes to lend. That thread (PlannerThread) is one
 // per process, shared by every layer and in-process rank, made when the first layer that can
-// re-plan is built, and runs at the lowest priority: starting a re-plan only queues it. The rank's
+// re-plan is built, and runs as a batch thread (Linux SCHED_BATCH: it never preempts a serving
+// thread on waking): starting a re-plan only queues it. The rank's
 // passes go on; the plan is used when every rank reports it ready.
 //
 // On the device paths (moe/layer/paths/device.cuh, device_disaggregated.cuh; collective::Nccl) the
@@ -427,12 +428,12 @@ private:
   PlannerThread() : thread_([this] { loop(); }) {}
   void loop() {
 #if defined(__linux__)
-    // The lowest priority, set before the first job (SCHED_IDLE; nice 19 where that is refused): a
-    // woken planner then does not take the core from a serving thread (one that lowered itself only
-    // once running had already done so). Where every core is busy the plan comes later, and the
-    // layer serves on its old plan meanwhile.
-    sched_param idle{};
-    if (pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle) != 0)
+    // SCHED_BATCH (nice 19 where that is refused), set before the first job: a woken planner then
+    // does not preempt a serving thread (one that lowered itself only once running had already
+    // taken the core), yet keeps a fair share of a busy machine. SCHED_IDLE, which gives up even
+    // that share, starved the plans of tests run beside two busy processes.
+    sched_param batch{};
+    if (pthread_setschedparam(pthread_self(), SCHED_BATCH, &batch) != 0)
       (void)setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 19);
 #endif
     for (;;) {
