@@ -377,14 +377,17 @@ public:
     exec_.carve(c, b);
     LiveBuffers lb;
     carve_live(c, lb);
+    // stats() goes on describing the newest pass the window holds until a newer one arrives.
+    auto const newest_max = stats_.rank_load_max;
+    auto const newest_mean = stats_.rank_load_mean;
     stats_ = {};
     stats_.agreement_bytes = sent() - before;
+    stats_.rank_load_max = newest_max;
+    stats_.rank_load_mean = newest_mean;
     if constexpr (counts_loads) {
       if (live_) {
-        // Device: the last pass's counts arrive now (push_loads reports them); else stats() goes on
-        // describing the newest pass the window holds.
+        // Device: the last pass's counts arrive now (push_loads reports them).
         if (auto late = exec_.take_loads(); !late.empty()) push_loads(late);
-        else report_newest();
       }
     }
     exec_.run(a, b, stats_);
