@@ -141,6 +141,30 @@ TEST_CASE("live layer: starting a re-plan starts no thread", "[layer][live]") {
 }
 #endif
 
+TEST_CASE("live layer: in-process ranks with the same window plan once", "[layer][live]") {
+  // The 4 ranks queue the same job; the planner thread computes it once and the other 3 ranks take
+  // a copy. Each rank's plan is still its own job: the ranks compare the plans' hashes before any
+  // byte moves, and here adopt them.
+  auto& memo = live::PlanMemo<live::Replanner::Result>::process();
+  long long made = memo.made(), reused = memo.reused();
+  std::array<int, 4> adopted{};
+  collective::run_in_process<4>([&](auto& comm) {
+    auto o = serving;
+    o.replan_every = 0;
+    LiveHarness<std::remove_reference_t<decltype(comm)>, replication::Table> hx(comm, live_table(), o);
+    LiveRun run;
+    for (int p = 0; p < 27; ++p) hx.pass(p, run);  // a window no other case plans from
+    hx.layer.replan();
+    for (int p = 27; p < 67; ++p) hx.pass(p, run);
+    adopted[static_cast<std::size_t>(comm.rank())] = hx.layer.stats().plans_adopted;
+    CHECK(run.errors.empty());
+    CHECK(run.worst_error <= 1e-5);
+  });
+  for (int a : adopted) CHECK(a == 1);
+  CHECK(memo.made() - made == 1);
+  CHECK(memo.reused() - reused == 3);
+}
+
 TEST_CASE("live layer: a bad plan is refused on every rank before any byte moves", "[layer][live]") {
   struct Case {
     char const* what;

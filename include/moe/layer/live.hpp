@@ -71,6 +71,7 @@
 #include <string>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #if defined(__linux__)
@@ -453,6 +454,62 @@ private:
   std::thread thread_;  // last: it starts once the members above exist
 };
 
+/// The plans made lately in this process, by their inputs. The ranks of collective::InProcess
+/// queue the same job on the one planner thread (the window and the layout are the same on every
+/// rank, and the planner is deterministic), so each distinct job is planned once and the other
+/// ranks take a copy: 8 in-process ranks of a 58-layer model would otherwise plan every layer 8
+/// times over, one after another. Holds the last `capacity` plans (a few KB each at DeepSeek-V3's
+/// size).
+template <class Result>
+class PlanMemo {
+public:
+  struct Key {
+    std::vector<float> loads;
+    std::vector<int> layout;
+    int ranks = 0, spare = 0, tolerance_permille = 0, nodes = 0;
+    Planner planner = Planner::minimal_move;
+    friend bool operator==(Key const&, Key const&) = default;
+  };
+  static constexpr std::size_t capacity = 64;
+
+  static PlanMemo& process() {
+    static PlanMemo memo;
+    return memo;
+  }
+  /// The plan remembered for `key`, else make() (remembered if it returns).
+  template <class Make>
+  Result get(Key key, Make&& make) {
+    {
+      std::lock_guard lock(mu_);
+      for (auto const& [k, r] : recent_)
+        if (k == key) {
+          ++reused_;
+          return r;
+        }
+    }
+    Result r = make();
+    std::lock_guard lock(mu_);
+    recent_.emplace_front(std::move(key), r);
+    if (recent_.size() > capacity) recent_.pop_back();
+    ++made_;
+    return r;
+  }
+  /// Plans computed and plans taken from memory since the process started.
+  [[nodiscard]] long long made() const {
+    std::lock_guard lock(mu_);
+    return made_;
+  }
+  [[nodiscard]] long long reused() const {
+    std::lock_guard lock(mu_);
+    return reused_;
+  }
+
+private:
+  mutable std::mutex mu_;
+  std::deque<std::pair<Key, Result>> recent_;
+  long long made_ = 0, reused_ = 0;
+};
+
 /// The re-planner: a new slot layout from the window's loads and the current layout, computed on
 /// the process's PlannerThread. The plan moves the fewest experts at EPLB's balance
 /// (replication::migration::rebalance) and gives no rank more new experts than `spare` (if the
@@ -537,7 +594,9 @@ public:
       std::exception_ptr error;
       try {
         if (hook) hook(Step::plan);
-        r = plan(loads, layout, ranks, spare, tolerance_permille, nodes, planner);
+        r = PlanMemo<Result>::process().get({loads, layout, ranks, spare, tolerance_permille, nodes, planner}, [&] {
+          return plan(loads, layout, ranks, spare, tolerance_permille, nodes, planner);
+        });
       } catch (...) {
         error = std::current_exception();
       }
