@@ -109,6 +109,30 @@ TEST_CASE("live layer: a fault at any step of a migration leaves every rank on t
   }
 }
 
+namespace {
+
+/// 4 in-process ranks serve `before` passes, call `between(comm, layer)` on every rank (which
+/// starts a re-plan), then serve 40 passes more; each rank's plans adopted.
+template <class Between>
+std::array<int, 4> replan_between(int before, Between&& between) {
+  std::array<int, 4> adopted{};
+  collective::run_in_process<4>([&](auto& comm) {
+    auto o = serving;
+    o.replan_every = 0;
+    LiveHarness<std::remove_reference_t<decltype(comm)>, replication::Table> hx(comm, live_table(), o);
+    LiveRun run;
+    for (int p = 0; p < before; ++p) hx.pass(p, run);
+    between(comm, hx.layer);
+    for (int p = before; p < before + 40; ++p) hx.pass(p, run);
+    adopted[static_cast<std::size_t>(comm.rank())] = hx.layer.stats().plans_adopted;
+    CHECK(run.errors.empty());
+    CHECK(run.worst_error <= 1e-5);
+  });
+  return adopted;
+}
+
+}  // namespace
+
 #if defined(__linux__)
 TEST_CASE("live layer: starting a re-plan starts no thread", "[layer][live]") {
   // The layers share one planner thread, made when they are built: a thread started in a pass
@@ -118,22 +142,13 @@ TEST_CASE("live layer: starting a re-plan starts no thread", "[layer][live]") {
     return std::distance(std::filesystem::directory_iterator("/proc/self/task"), std::filesystem::directory_iterator{});
   };
   std::ptrdiff_t before = -1, after = -1;
-  std::array<int, 4> adopted{};
-  collective::run_in_process<4>([&](auto& comm) {
-    auto o = serving;
-    o.replan_every = 0;
-    LiveHarness<std::remove_reference_t<decltype(comm)>, replication::Table> hx(comm, live_table(), o);
-    LiveRun run;
-    for (int p = 0; p < 20; ++p) hx.pass(p, run);
+  auto adopted = replan_between(20, [&](auto& comm, auto& layer) {
     comm.barrier();
     if (comm.rank() == 0) before = threads();
     comm.barrier();
-    hx.layer.replan();
+    layer.replan();
     comm.barrier();
     if (comm.rank() == 0) after = threads();
-    for (int p = 20; p < 60; ++p) hx.pass(p, run);
-    adopted[static_cast<std::size_t>(comm.rank())] = hx.layer.stats().plans_adopted;
-    CHECK(run.errors.empty());
   });
   CHECK(before > 4);
   CHECK(after == before);
@@ -147,19 +162,8 @@ TEST_CASE("live layer: in-process ranks with the same window plan once", "[layer
   // byte moves, and here adopt them.
   auto& memo = live::PlanMemo<live::Replanner::Result>::process();
   long long made = memo.made(), reused = memo.reused();
-  std::array<int, 4> adopted{};
-  collective::run_in_process<4>([&](auto& comm) {
-    auto o = serving;
-    o.replan_every = 0;
-    LiveHarness<std::remove_reference_t<decltype(comm)>, replication::Table> hx(comm, live_table(), o);
-    LiveRun run;
-    for (int p = 0; p < 27; ++p) hx.pass(p, run);  // a window no other case plans from
-    hx.layer.replan();
-    for (int p = 27; p < 67; ++p) hx.pass(p, run);
-    adopted[static_cast<std::size_t>(comm.rank())] = hx.layer.stats().plans_adopted;
-    CHECK(run.errors.empty());
-    CHECK(run.worst_error <= 1e-5);
-  });
+  // 27 passes: a window no other case plans from.
+  auto adopted = replan_between(27, [](auto&, auto& layer) { layer.replan(); });
   for (int a : adopted) CHECK(a == 1);
   CHECK(memo.made() - made == 1);
   CHECK(memo.reused() - reused == 3);
