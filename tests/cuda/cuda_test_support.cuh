@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "moe/kernels/cuda_common.cuh"
+#include "sanitized.hpp"
 
 namespace moe::test {
 

@@ -120,8 +120,10 @@ TEST_CASE("single-GPU layer matches the host reference (fp32)", "[cuda][layer]")
 TEST_CASE("single-GPU layer matches the host reference (bf16)", "[cuda][layer]") {
   using moe::router::GroupLimitedTopK;
   using moe::router::SigmoidGroupTopK;
-  check(single_gpu<DeepSeekSmallBf16, SigmoidGroupTopK>(200, 256, true, 4), bf16_tol, 200);
-  check(single_gpu<DeepSeekV2SmallBf16, GroupLimitedTopK>(150, 150, true, 5), bf16_tol, 150);
+  // Under a sanitizer fewer tokens (the emulated bf16 GEMMs are its longest runs): the same kernels.
+  int const t200 = moe::test::full_or(200, 48), t150 = moe::test::full_or(150, 40);
+  check(single_gpu<DeepSeekSmallBf16, SigmoidGroupTopK>(t200, 256, true, 4), bf16_tol, t200);
+  check(single_gpu<DeepSeekV2SmallBf16, GroupLimitedTopK>(t150, t150, true, 5), bf16_tol, t150);
   // Reusing the workspace: the second run must not depend on the first one's leftovers.
   check(single_gpu<DeepSeekSmallBf16, SigmoidGroupTopK>(33, 256, true, 6, 2), bf16_tol, 33);
 }
@@ -133,12 +135,13 @@ TEST_CASE("single-GPU layer with each grouped-GEMM kernel (bf16)", "[cuda][layer
   using moe::router::GroupLimitedTopK;
   using moe::router::SigmoidGroupTopK;
   std::vector<kc::GemmPath> paths{kc::GemmPath::portable};
+  int const t200 = moe::test::full_or(200, 48), t150 = moe::test::full_or(150, 40);
   if (kc::hopper_gemm_available()) paths.push_back(kc::GemmPath::hopper);
   for (kc::GemmPath path : paths) {
     INFO("GemmPath " << static_cast<int>(path));
-    check(single_gpu<DeepSeekSmallBf16, SigmoidGroupTopK>(200, 256, true, 41, 2, path), bf16_tol, 200);
+    check(single_gpu<DeepSeekSmallBf16, SigmoidGroupTopK>(t200, 256, true, 41, 2, path), bf16_tol, t200);
     check(single_gpu<DeepSeekSmallBf16, SigmoidGroupTopK>(70, 80, false, 42, 1, path), bf16_tol, 70);
-    check(single_gpu<DeepSeekV2SmallBf16, GroupLimitedTopK>(150, 150, true, 43, 1, path), bf16_tol, 150);
+    check(single_gpu<DeepSeekV2SmallBf16, GroupLimitedTopK>(t150, t150, true, 43, 1, path), bf16_tol, t150);
   }
 }
 

@@ -409,8 +409,10 @@ TEST_CASE("FinDEP CUDA executor with AG and EG on different ranks (staged point-
   using moe::router::SigmoidGroupTopK;
   using moe::router::SoftmaxTopK;
   p2p_world<2, DeepSeekSmallF32, SigmoidGroupTopK>(1, 24, 61, fp32_tol);
-  p2p_world<3, DeepSeekSmallF32, SigmoidGroupTopK>(1, 24, 62, fp32_tol);
-  p2p_world<3, DeepSeekSmallF32, SigmoidGroupTopK>(2, 24, 63, fp32_tol);
+  if (!moe::test::sanitized) {  // under a sanitizer: one shape per model, rank count and path
+    p2p_world<3, DeepSeekSmallF32, SigmoidGroupTopK>(1, 24, 62, fp32_tol);
+    p2p_world<3, DeepSeekSmallF32, SigmoidGroupTopK>(2, 24, 63, fp32_tol);
+  }
   p2p_world<4, MixtralSmallF32, SoftmaxTopK>(2, 24, 64, fp32_tol);
   p2p_world<3, DeepSeekV2SmallBf16, moe::router::GroupLimitedTopK>(2, 48, 65, bf16_tol);
   // Fewer tokens than the executors were built for.
