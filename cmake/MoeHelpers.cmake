@@ -63,10 +63,16 @@ if(NOT EXISTS "${MOE_SHARED_DATA_DIR}/olmoe-routing/README.md")
 endif()
 
 # MOE_SANITIZE: OFF, ON (AddressSanitizer + UndefinedBehaviorSanitizer) or thread (ThreadSanitizer).
+# moe_sanitize(<target> [ADDRESS_ONLY]): ADDRESS_ONLY compiles the target's own code with ASan alone
+# under ON (it still links UBSan's runtime, for the libraries it links that have UBSan's checks).
 function(moe_sanitize target)
+  cmake_parse_arguments(S "ADDRESS_ONLY" "" "" ${ARGN})
   if(MOE_SANITIZE STREQUAL "thread")
     target_compile_options(${target} PRIVATE -fsanitize=thread -fno-omit-frame-pointer)
     target_link_options(${target} PRIVATE -fsanitize=thread)
+  elseif(MOE_SANITIZE AND S_ADDRESS_ONLY)
+    target_compile_options(${target} PRIVATE -fsanitize=address -fno-omit-frame-pointer)
+    target_link_options(${target} PRIVATE -fsanitize=address,undefined)
   elseif(MOE_SANITIZE)
     target_compile_options(${target} PRIVATE -fsanitize=address,undefined -fno-omit-frame-pointer
                                              -fno-sanitize-recover=undefined)
@@ -82,10 +88,11 @@ endfunction()
 set(MOE_HOST_TEST_OPT "" CACHE STRING "compiler flags for the host and MPI test programs, e.g. -O1 (empty: the build type's)")
 
 # moe_add_test(NAME <name> SOURCES <files...> LABELS <host|mpi|cuda> [LINK <targets...>]
-#              [MAIN catch|mpi] [MPI_RANKS <n>] [ARGS <args...>])
+#              [MAIN catch|mpi] [MPI_RANKS <n>] [ARGS <args...>] [ADDRESS_ONLY])
 # A host test runs its program once. An MPI test runs it under mpirun with MPI_RANKS processes.
+# ADDRESS_ONLY: under MOE_SANITIZE=ON, the program's own code has ASan's checks but not UBSan's.
 function(moe_add_test)
-  cmake_parse_arguments(T "" "NAME;MPI_RANKS;MAIN" "SOURCES;LABELS;LINK;ARGS" ${ARGN})
+  cmake_parse_arguments(T "ADDRESS_ONLY" "NAME;MPI_RANKS;MAIN" "SOURCES;LABELS;LINK;ARGS" ${ARGN})
   if(NOT TARGET ${T_NAME})
     add_executable(${T_NAME} ${T_SOURCES})
     set(_main moe_catch_main)
@@ -99,7 +106,11 @@ function(moe_add_test)
       separate_arguments(_opt UNIX_COMMAND "${MOE_HOST_TEST_OPT}")
       target_compile_options(${T_NAME} PRIVATE "$<$<COMPILE_LANGUAGE:CXX>:${_opt}>")
     endif()
-    moe_sanitize(${T_NAME})
+    if(T_ADDRESS_ONLY)
+      moe_sanitize(${T_NAME} ADDRESS_ONLY)
+    else()
+      moe_sanitize(${T_NAME})
+    endif()
     if(T_MAIN STREQUAL "mpi")
       moe_sanitize(moe_mpi_main)
     else()

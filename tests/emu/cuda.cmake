@@ -1,6 +1,6 @@
 # The project's CUDA tests (tests/cuda/*.cu), unmodified, on the emulator. Label emu; the kernel
 # and stream tests also carry emu_tsan (run under ThreadSanitizer by `scripts/test.sh --tsan`).
-moe_emu_cuda_test(NAME test_cuda_kernels_emu SOURCE test_cuda_kernels.cu LABELS emu_tsan)
+moe_emu_cuda_test(NAME test_cuda_kernels_emu SOURCE test_cuda_kernels.cu LABELS emu_tsan UBSAN)
 moe_emu_cuda_test(NAME test_cuda_shuffle_emu SOURCE test_cuda_shuffle.cu LABELS emu_tsan)
 moe_emu_cuda_test(NAME test_cuda_layer_emu SOURCE test_cuda_layer.cu)
 # Compile coverage with a workspace query that runs in a tenth of a second: the plain build's alone
@@ -104,7 +104,7 @@ TEST_CASE(\"examples/paths/${_example}.cu runs as written and matches the refere
   REQUIRE(moe_example_main() == 0);
 }
 ")
-    moe_emu_add_test(NAME example_${_example}_emu SOURCES ${_wrap})
+    moe_emu_add_test(NAME example_${_example}_emu SOURCES ${_wrap} ADDRESS_ONLY)
     target_include_directories(example_${_example}_emu PRIVATE ${PROJECT_SOURCE_DIR}/examples/paths)
     target_compile_options(example_${_example}_emu PRIVATE -Wno-unknown-pragmas)
   endforeach()
