@@ -95,6 +95,7 @@ struct RankRun {
   bool finite = true;
   long long bytes = 0, expected = 0;  // migration bytes sent; added copies x slot bytes (adopted plans)
   int adopted = 0;
+  int changed = 0, changed_stat = 0;  // adoptions that changed layer.plan(); the layer's plans_changed
   bool window_ok = true;             // the window's last counts equal the reference's routes of the pass
   bool same_plan = true;             // fault runs: the plan after the fault is the one before
   double after = -1;                 // fault runs: the error of the pass after the fault
@@ -258,9 +259,11 @@ void serve_rank(Comm& comm, moe::test::Stream& st, int rank, int n, int passes, 
       if (layer.stats().plans_adopted > r.adopted) {
         auto now = layer.plan();
         r.expected += added_copies(before, now) * static_cast<long long>(moe::live::slot_bytes<T>(s));
+        r.changed += now != before;  // plan() lists each expert's copies in rank order
         before = now;
         r.adopted = layer.stats().plans_adopted;
       }
+      r.changed_stat = layer.stats().plans_changed;
     }
     if (fault && threw) {
       r.same_plan = layer.plan() == before && !layer.migrating();
@@ -339,6 +342,8 @@ void check_loop(std::vector<RankRun> const& runs, int plans) {
     CHECK(x.worst <= 1e-4);
     CHECK(x.window_ok);
     CHECK(x.adopted == runs[0].adopted);
+    CHECK(x.changed == runs[0].changed);
+    CHECK(x.changed_stat == x.changed);
     sent += x.bytes;
   }
   CHECK(runs[0].adopted >= plans);

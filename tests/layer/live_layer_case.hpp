@@ -67,6 +67,8 @@ struct LiveRun {
   long long bytes_sent = 0;     // migration bytes this rank sent
   long long expected_bytes = 0;  // expert bytes of the copies the adopted plans added (all ranks)
   int adopted = 0;
+  int changed = 0;              // adoptions after which layer.plan() differs from the plan before
+  int changed_stat = 0;         // the layer's stats().plans_changed after the last pass
   int passes_moving = 0;        // passes during which a migration was under way
   bool window_counts_ok = true;  // the window's per-expert pairs equal the reference's routes
   std::vector<std::string> errors;  // what run() threw, per pass that threw
@@ -143,10 +145,12 @@ struct LiveHarness {
       if (layer.stats().plans_adopted > out.adopted) {
         live::Plan now = layer.plan();
         out.expected_bytes += added_copies(before, now) * static_cast<long long>(live::slot_bytes<float>(s));
+        out.changed += now != before;  // plan() lists each expert's copies in rank order
         before = std::move(now);
         out.adopted = layer.stats().plans_adopted;
       }
     }
+    out.changed_stat = layer.stats().plans_changed;
     return out;
   }
 };

@@ -44,6 +44,8 @@ void check_loop(std::array<LiveRun, 4> const& runs, int min_adopted = 3) {
     CHECK(x.worst_error <= 1e-5);
     CHECK(x.window_counts_ok);
     CHECK(x.adopted == runs[0].adopted);
+    CHECK(x.changed == runs[0].changed);
+    CHECK(x.changed_stat == x.changed);
     CHECK(x.expected_bytes == runs[0].expected_bytes);
     sent += x.bytes_sent;
   }

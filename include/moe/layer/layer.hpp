@@ -145,6 +145,9 @@ struct LayerStats {
   std::size_t migration_bytes = 0;  ///< expert weight bytes this rank sent to others for a migration
   double migration_seconds = 0;    ///< host time of this pass's migration chunk (pack, exchange, unpack)
   int plans_adopted = 0;           ///< plans switched to since the layer was built
+  int plans_changed = 0;           ///< of those, plans whose layout (primaries or copies) differs from
+                                   ///< the one before; a re-plan that keeps the layout is adopted
+                                   ///< (every rank switches at the same pass) but not counted here
 
   [[nodiscard]] double local_activation_rate() const {
     return assignments ? static_cast<double>(local_assignments) / static_cast<double>(assignments) : 0.0;
@@ -654,6 +657,7 @@ private:
     long long passes = 0;  ///< passes run
     int started = 0;       ///< re-plans started (every rank counts the same)
     int adopted = 0;       ///< plans switched to
+    int changed = 0;       ///< of those, plans with another layout than the one before
     int width = 0;         ///< most experts a rank holds (the first plan's)
     // the expert slots
     std::span<T> arena;
@@ -661,6 +665,7 @@ private:
     std::vector<ExpertWeights<T>> experts;   ///< the weights the executor reads
     // the plan in flight
     live::Plan next;
+    bool next_changes = false;  ///< `next` differs from the plan in use (set by prepare_switch)
     std::uint32_t hash = 0;
     live::ChunkSchedule schedule;
     std::vector<int> incoming_slot;  ///< per move: the arena slot it fills on this rank, -1
@@ -883,6 +888,7 @@ private:
       ++L.passes;
     }
     stats_.plans_adopted = L.adopted;
+    stats_.plans_changed = L.changed;
   }
 
   /// Adds one pass's gathered counts to the window; stats() reports its rank loads.
@@ -991,6 +997,7 @@ private:
       L.next_exec.emplace(exec_.prepare_plan(placement::Table(L.next.primary),
                                              live::rebuilt(exec_.replicas(), L.next.copies), L.next_experts));
       L.next_slot_of = std::move(slot_of);
+      L.next_changes = !live::same_layout(plan(), L.next);
       L.state = LiveState::moved;
       (void)R;
     } catch (std::exception const& e) {
@@ -1009,6 +1016,8 @@ private:
     if (!L.next_slot_of.empty() && !L.arena.empty()) L.slot_of = std::move(L.next_slot_of);
     exec_.adopt(std::move(*L.next_exec), L.experts);
     ++L.adopted;
+    L.changed += L.next_changes ? 1 : 0;
+    L.next_changes = false;
     L.next_exec.reset();
     L.state = LiveState::idle;
     L.next = {};

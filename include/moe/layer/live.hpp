@@ -188,6 +188,19 @@ struct Plan {
   friend bool operator==(Plan const&, Plan const&) = default;
 };
 
+/// Whether two plans place every expert alike: the same primary rank and the same set of ranks
+/// holding a copy (in any order).
+inline bool same_layout(Plan const& a, Plan const& b) {
+  if (a.primary != b.primary || a.copies.size() != b.copies.size()) return false;
+  for (std::size_t e = 0; e < a.copies.size(); ++e) {
+    std::vector<int> x = a.copies[e], y = b.copies[e];
+    std::sort(x.begin(), x.end());
+    std::sort(y.begin(), y.end());
+    if (x != y) return false;
+  }
+  return true;
+}
+
 /// The most experts one rank holds.
 inline int width_of(Plan const& p, int ranks) {
   std::vector<int> held(static_cast<std::size_t>(ranks), 0);
