@@ -531,26 +531,18 @@ MOE_HOST_DEVICE inline void decide_end(Layout const& L, long long* load, detail:
   W.hdr[kMc] = n_mc;
 }
 
-/// Stage 2 of solve(), one thread: the loads and the amount each copy receives, after
-/// count_servers() has covered every expert and `sign` is the OR of what its parts returned. The
-/// outcome's local and same_server count the single-copy experts only; match() adds the others.
-MOE_HOST_DEVICE inline Outcome decide(Layout const& L, std::int32_t const* counts, long long* load, long long* work,
-                                      std::int32_t sign) {
+/// Stage 2, its first half (one thread): the start and the least max load T over every split
+/// (part 1 of the file comment), after count_servers(). Leaves the start in W.y0 / W.load_s for the
+/// tie-breaks and returns T.
+MOE_HOST_DEVICE inline long long least_max(Layout const& L, std::int32_t const* counts, detail::Work& W) {
   using namespace detail;
-  Outcome out;
   int G = L.ranks, E = L.experts;
-  Work W(L, work);
-  if (sign < 0) {
-    out.bad = 1;
-    return out;
-  }
   decide_begin(L, W);
   W.n_multi = 0;
   PlainAdd add;
   for (int e = 0; e < E; ++e)
     if (expert_totals(L, counts, W, e, add)) W.multi[W.n_multi++] = e;
-  long long T = lower_bound(L, W), total = W.hdr[kTotal];
-  long long A = total + 1;  // one local pair outweighs every same-server pair
+  long long T = lower_bound(L, W);
   W.n_arcs = 0;
   for (int i = 0; i < W.n_multi; ++i) {
     int e = static_cast<int>(W.multi[i]);
@@ -588,6 +580,25 @@ MOE_HOST_DEVICE inline Outcome decide(Layout const& L, std::int32_t const* count
     }
     T = max_load_step(L, W, T, end);
   }
+  return T;
+}
+
+/// Stage 2 of solve(), one thread: the loads and the amount each copy receives, after
+/// count_servers() has covered every expert and `sign` is the OR of what its parts returned. The
+/// outcome's local and same_server count the single-copy experts only; match() adds the others.
+MOE_HOST_DEVICE inline Outcome decide(Layout const& L, std::int32_t const* counts, long long* load, long long* work,
+                                      std::int32_t sign) {
+  using namespace detail;
+  Outcome out;
+  int G = L.ranks;
+  Work W(L, work);
+  if (sign < 0) {
+    out.bad = 1;
+    return out;
+  }
+  long long T = least_max(L, counts, W);
+  long long total = W.hdr[kTotal];
+  long long A = total + 1;  // one local pair outweighs every same-server pair
 
   // --- 2-3. least cost at that T (or the slack's cap): successive shortest paths from the same start
   if (L.slack_permille > 0 && G > 0) {
@@ -789,6 +800,21 @@ public:
     check(out.bad == 0, "batch split: internal fault (no way to move a rank's excess); please report it");
     last_ = out;
     return out;
+  }
+
+  /// The least max load of the batch `counts` (ranks x experts) alone: what plan_batch() reports
+  /// as max_load, without the tie-breaks and the matching (it does not depend on the source ranks,
+  /// only on each expert's total): a cheap measure of what a copy layout allows. Leaves the last
+  /// split as it was. Throws moe::Error as plan_batch() does.
+  long long least_max_load(std::span<std::int32_t const> counts) {
+    auto G = static_cast<std::size_t>(layout_.ranks), E = static_cast<std::size_t>(layout_.experts);
+    check(counts.size() == G * E, "batch split: ", counts.size(), " counts, expected ", G, " ranks x ", E, " experts");
+    if (split::count_servers(layout_, counts.data(), work_.data(), 0, 1) < 0) {
+      for (std::size_t i = 0; i < counts.size(); ++i)
+        check(counts[i] >= 0, "batch split: rank ", i / E, " reports ", counts[i], " pairs of expert ", i % E);
+    }
+    split::detail::Work W(layout_, work_.data());
+    return split::least_max(layout_, counts.data(), W);
   }
 
   /// The rank serving `rank`'s m-th pair of `expert` in token order (after plan_batch).
