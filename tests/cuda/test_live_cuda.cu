@@ -443,7 +443,14 @@ TEST_CASE("device live layer with replication::BatchSplit: re-plans, and each pa
     check_loop(serve_staged<2, moe::replication::BatchSplit>(moe::test::full_or(200, 100), loop),
                moe::test::full_or(4, 2));
   }
-  SECTION("4 staged ranks, 100 passes") { check_loop(serve_staged<4, moe::replication::BatchSplit>(100, loop), 2); }
+  SECTION("4 staged ranks, 100 passes, the split-aware re-planner") {
+    // live::Planner::split_balance (replication::split_planner) plans on the host thread from the
+    // window the device counted; the device path runs its plans as any other
+    auto o = loop;
+    o.planner = moe::live::Planner::split_balance;
+    o.tolerance_permille = 5;
+    check_loop(serve_staged<4, moe::replication::BatchSplit>(100, o), 2);
+  }
   SECTION("2 NCCL ranks, a fault at the switch") {
     if (!has_devices(2)) return;
     auto o = loop;

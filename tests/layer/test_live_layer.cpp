@@ -67,6 +67,14 @@ TEST_CASE("live layer with the per-batch split: every pass equals the reference"
   check_loop(serve_loop(+[] { return live_split(); }, 200));
 }
 
+TEST_CASE("live layer with the split-aware re-planner: every pass equals the reference",
+          "[layer][live][batch-split]") {
+  auto o = serving;
+  o.planner = live::Planner::split_balance;
+  o.tolerance_permille = 5;  // the least gain of a moved copy, in thousandths of max/mean
+  check_loop(serve_loop(+[] { return live_split(); }, 200, o));
+}
+
 TEST_CASE("live layer: a fault at any step of a migration leaves every rank on the old plan", "[layer][live]") {
   for (auto step : {live::Step::plan, live::Step::pack, live::Step::unpack, live::Step::prepare_switch}) {
     INFO("fault at " << live::step_name(step));
@@ -270,6 +278,9 @@ TEST_CASE("live layer: options that cannot work are refused at construction", "[
     CHECK_THROWS_WITH(make({.window = 5, .spare_slots = 2}), Catch::Contains("re-planning needs schedule::Sequential, "
                                                                              "a placement::Table and replication::Table"));
     CHECK_THROWS_WITH(make({.window = -1}), Catch::Contains("must not be negative"));
+    CHECK_THROWS_WITH(make({.window = 5, .planner = live::Planner::split_balance}),
+                      Catch::Contains("split_balance scores plans by the per-batch split: it needs "
+                                      "replication::BatchSplit"));
   });
 }
 

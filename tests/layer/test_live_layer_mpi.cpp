@@ -9,11 +9,13 @@
 using namespace moe;
 using namespace moe::test;
 
-TEST_CASE("live layer: 200 drifting passes on 4 MPI ranks, a re-plan every 20", "[layer][live][mpi]") {
+namespace {
+
+template <class Replicas>
+void serve_and_check(Replicas replicas, live::Options o) {
   collective::Mpi comm;
   REQUIRE(comm.size() == 4);
-  LiveHarness<collective::Mpi, replication::Table> hx(
-      comm, live_table(), {.window = 20, .replan_every = 20, .spare_slots = 3, .migration_bytes_per_pass = 4096});
+  LiveHarness<collective::Mpi, Replicas> hx(comm, std::move(replicas), o);
   auto run = hx.serve(0, 200);
   INFO("rank " << comm.rank());
   CHECK(run.errors.empty());
@@ -28,4 +30,16 @@ TEST_CASE("live layer: 200 drifting passes on 4 MPI ranks, a re-plan every 20", 
   for (long long b : all) sent += b;
   CHECK(sent == run.expected_bytes);
   CHECK(sent > 0);
+}
+
+}  // namespace
+
+TEST_CASE("live layer: 200 drifting passes on 4 MPI ranks, a re-plan every 20", "[layer][live][mpi]") {
+  serve_and_check(live_table(), {.window = 20, .replan_every = 20, .spare_slots = 3, .migration_bytes_per_pass = 4096});
+}
+
+TEST_CASE("live layer: the split-aware re-planner on 4 MPI ranks", "[layer][live][mpi][batch-split]") {
+  // Each process plans on its own planner thread from the same window: the plans must agree.
+  serve_and_check(live_split(), {.window = 20, .replan_every = 20, .spare_slots = 3, .migration_bytes_per_pass = 4096,
+                                 .tolerance_permille = 5, .planner = live::Planner::split_balance});
 }

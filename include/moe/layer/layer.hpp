@@ -522,7 +522,9 @@ public:
     L.state = LiveState::planning;
     L.replanner.start(L.window.expert_loads(), live::planning_layout(plan(), comm_->size(), L.width), comm_->size(),
                       options_.live.spare_slots, options_.live.tolerance_permille, options_.live.nodes,
-                      options_.live.planner, L.hook);
+                      options_.live.planner, L.hook,
+                      options_.live.planner == live::Planner::split_balance ? L.window.expert_rows()
+                                                                            : std::vector<long long>{});
   }
   /// Migrates to a plan made elsewhere: a slot layout of ranks x w (w <= the first plan's width),
   /// -1 empty. Every rank calls it with the same layout between the same two passes. A layout that
@@ -699,8 +701,12 @@ private:
     check(o.window >= 0 && o.replan_every >= 0 && o.spare_slots >= 0 && o.tolerance_permille >= 0,
           "moe::Layer: LayerOptions::live fields must not be negative (window ", o.window, ", replan_every ",
           o.replan_every, ", spare_slots ", o.spare_slots, ", tolerance_permille ", o.tolerance_permille, ")");
-    check(o.planner == live::Planner::minimal_move || o.planner == live::Planner::eplb,
+    check(o.planner == live::Planner::minimal_move || o.planner == live::Planner::eplb ||
+              o.planner == live::Planner::split_balance,
           "moe::Layer: LayerOptions::live.planner: unknown planner ", static_cast<int>(o.planner));
+    check(o.planner != live::Planner::split_balance || std::is_same_v<Replicas, replication::BatchSplit>,
+          "moe::Layer: LayerOptions::live.planner = split_balance scores plans by the per-batch split: it needs "
+          "replication::BatchSplit replicas");
     check(o.nodes >= 1 && ranks % o.nodes == 0, "moe::Layer: LayerOptions::live.nodes (", o.nodes,
           ") must divide the ", ranks, " ranks");
     bool replanning = o.replan_every > 0 || o.spare_slots > 0 || o.migration_bytes_per_pass > 0;

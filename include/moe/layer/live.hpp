@@ -31,7 +31,9 @@
 //     next pass.
 // A re-plan starts every `replan_every` passes (or when the caller calls Layer::replan() on every
 // rank between the same two passes); it runs on a host thread, not the caller's: the planner
-// (replication::migration::rebalance, minimal moves at EPLB's balance within `tolerance_permille`)
+// (replication::migration::rebalance, minimal moves at EPLB's balance within `tolerance_permille`;
+// or, for layers that split every batch, replication::split_planner, the fewest moves that lower
+// the split's balance over the window's passes)
 // takes milliseconds to seconds for large layers, which the serving thread must not wait for, and
 // the caller's thread has no idle time between passes to lend. That thread (PlannerThread) is one
 // per process, shared by every layer and in-process rank, made when the first layer that can
@@ -87,6 +89,7 @@
 #include "moe/plan/replica_table.hpp"
 #include "moe/replication/batch_split.hpp"
 #include "moe/replication/migration.hpp"
+#include "moe/replication/split_planner.hpp"
 
 namespace moe::live {
 
@@ -95,7 +98,10 @@ namespace moe::live {
 ///                 fewest experts moved from the current layout (the default)
 ///   eplb          replication::eplb from scratch, as the engines re-plan (a full reshuffle: the
 ///                 baseline; needs spare_slots as large as the number of experts a rank holds)
-enum class Planner : std::int32_t { minimal_move = 0, eplb = 1 };
+///   split_balance replication::split_planner: the fewest copies that lower the mean of the per-batch
+///                 split's max/mean over the window's passes (for replication::BatchSplit layers;
+///                 tolerance_permille is then the least gain, in thousandths, a moved copy must bring)
+enum class Planner : std::int32_t { minimal_move = 0, eplb = 1, split_balance = 2 };
 
 /// LayerOptions::live: the load window and re-planning. All zero: the layer keeps its plan and
 /// counts nothing.
@@ -160,6 +166,13 @@ public:
     long long mx = 0, sum = 0;
     for (long long v : r) mx = std::max(mx, v), sum += v;
     return sum > 0 ? static_cast<double>(mx) * static_cast<double>(R_) / static_cast<double>(sum) : 1.0;
+  }
+  /// Pairs per expert of every pass held, oldest first: size() x experts.
+  [[nodiscard]] std::vector<long long> expert_rows() const {
+    std::vector<long long> out;
+    out.reserve(static_cast<std::size_t>(size()) * static_cast<std::size_t>(E_));
+    for (int i = 0; i < size(); ++i) out.insert(out.end(), experts(i).begin(), experts(i).end());
+    return out;
   }
   /// Pairs per expert over the passes held.
   [[nodiscard]] std::vector<float> expert_loads() const {
@@ -478,6 +491,7 @@ class PlanMemo {
 public:
   struct Key {
     std::vector<float> loads;
+    std::vector<long long> batches;
     std::vector<int> layout;
     int ranks = 0, spare = 0, tolerance_permille = 0, nodes = 0;
     Planner planner = Planner::minimal_move;
@@ -536,10 +550,19 @@ public:
   };
 
   /// The plan (blocking): what the thread runs.
+  /// `batches`: the window's passes x experts loads, read by Planner::split_balance only.
   static Result plan(std::vector<float> const& loads, std::vector<int> const& layout, int ranks, int spare,
-                     int tolerance_permille, int nodes, Planner planner = Planner::minimal_move) {
+                     int tolerance_permille, int nodes, Planner planner = Planner::minimal_move,
+                     std::vector<long long> const& batches = {}) {
     check(spare > 0, "live: re-planning needs spare slots (live::Options::spare_slots > 0)");
     int E = static_cast<int>(loads.size()), P = static_cast<int>(layout.size());
+    if (planner == Planner::split_balance) {
+      replication::split_planner::Options o;
+      o.spare = spare;
+      o.min_gain_permille = tolerance_permille;
+      auto r = replication::split_planner::plan(batches, E, layout, ranks, o);
+      return {std::move(r.layout), r.copies, r.after, 0, r.before};
+    }
     replication::eplb::Matrix<float> w(1, E);
     std::copy(loads.begin(), loads.end(), w.v.begin());
     if (planner == Planner::eplb) {
@@ -593,11 +616,12 @@ public:
   }
   /// Queues a plan on the planner thread; the caller goes on.
   void start(std::vector<float> loads, std::vector<int> layout, int ranks, int spare, int tolerance_permille, int nodes,
-             Planner planner, std::function<void(Step)> const& hook) {
+             Planner planner, std::function<void(Step)> const& hook, std::vector<long long> batches = {}) {
     check(!busy(), "live: a re-plan is already running");
     attach();
     auto job = std::make_shared<Job>();
-    thread_->post([=, hook = hook, loads = std::move(loads), layout = std::move(layout)] {
+    thread_->post([=, hook = hook, loads = std::move(loads), layout = std::move(layout),
+                   batches = std::move(batches)] {
       {
         std::lock_guard lock(job->mu);
         if (job->state == Job::dropped) return;
@@ -607,9 +631,9 @@ public:
       std::exception_ptr error;
       try {
         if (hook) hook(Step::plan);
-        r = PlanMemo<Result>::process().get({loads, layout, ranks, spare, tolerance_permille, nodes, planner}, [&] {
-          return plan(loads, layout, ranks, spare, tolerance_permille, nodes, planner);
-        });
+        r = PlanMemo<Result>::process().get(
+            {loads, batches, layout, ranks, spare, tolerance_permille, nodes, planner},
+            [&] { return plan(loads, layout, ranks, spare, tolerance_permille, nodes, planner, batches); });
       } catch (...) {
         error = std::current_exception();
       }
