@@ -7,14 +7,21 @@
 //     layer and for 58 layers (every MoE layer given the same loads); beside it EPLB from scratch
 //     on the same loads (the engine-style re-plan);
 //   - one per-batch split: replication::BatchSplit::plan_batch on pass 1000's counts with the
-//     initial plan's copies.
+//     initial plan's copies;
+//   - one split-aware re-plan: replication::split_planner::plan from the initial EPLB plan on the
+//     per-pass loads of passes 900-999, one layer of OLMoE and Mixtral (8 ranks) and of
+//     DeepSeek-V3 (8 groups kept on their nodes, and 1 group), the study's settings (2 spare slots,
+//     10 permille least gain), beside the minimal-move re-plan.
 // The CPU column is the time (one thread); wall also counts time the process waited for a core.
 #include <benchmark/benchmark.h>
+
+#include <string>
 
 #include "moe/replication/batch_split.hpp"
 #include "moe/replication/eplb.hpp"
 #include "moe/replication/migration.hpp"
 #include "moe/replication/reactive.hpp"
+#include "moe/replication/split_planner.hpp"
 #include "moe_tools/serving_loop.hpp"
 
 using namespace moe;
@@ -32,6 +39,7 @@ struct Setup {
   eplb::Matrix<float> arxiv, drifted;  // 1 x experts: window loads
   std::vector<int> initial;            // the initial plan's slot row
   std::vector<std::int32_t> counts;    // pass 1000: ranks x experts
+  std::vector<long long> rows;         // passes 900-999: pairs per expert, pass-major
   mig::Options options;
 };
 
@@ -53,6 +61,11 @@ Setup const& setup() {
     x.drifted = window(x.model, G, 900, 1000);
     x.initial = eplb::rebalance_experts(x.arxiv, x.model.slots, x.model.groups, x.topo.servers(), G).phy2log.row(0);
     x.counts = replication::reactive::pair_counts(sv::draw_pass(x.model, G, 1000, kPasses, kTokens, 1), G, x.model.experts);
+    for (int p = 900; p < 1000; ++p) {
+      std::vector<double> c(static_cast<std::size_t>(x.model.experts), 0.0);
+      sv::count_experts(sv::draw_pass(x.model, G, p, kPasses, kTokens, 1), c);
+      for (double v : c) x.rows.push_back(static_cast<long long>(v));
+    }
     x.options.num_groups = x.model.groups;
     x.options.num_nodes = x.topo.servers();
     return x;
@@ -108,6 +121,56 @@ void BM_ServingLoopSplit(benchmark::State& state) {
   state.SetLabel("BatchSplit::plan_batch, DeepSeek-V3 EP32, 256 tokens per rank, pass 1000");
 }
 BENCHMARK(BM_ServingLoopSplit)->Unit(benchmark::kMicrosecond);
+
+/// The split-aware re-planner's inputs for one model of the study: the initial EPLB plan (passes
+/// 0-99) and the per-pass loads of passes 900-999; DeepSeek-V3 with its 8 groups kept on nodes
+/// (`groups` 8) or EPLB's global policy (1).
+struct PlannerCase {
+  std::vector<int> start;
+  std::vector<long long> rows;
+  int experts = 0, ranks = 0, node_size = 0;
+};
+
+PlannerCase planner_case(char const* name, int groups) {
+  PlannerCase c;
+  auto m = sv::make_model(name, MOE_DATA_DIR);
+  auto topo = topology::preset_topology(m.preset);
+  int G = topo.gpus();
+  if (m.experts == 256) m.groups = groups;
+  c.start = eplb::rebalance_experts(window(m, G, 0, 100), m.slots, m.groups, topo.servers(), G).phy2log.row(0);
+  for (int p = 900; p < 1000; ++p) {
+    std::vector<double> v(static_cast<std::size_t>(m.experts), 0.0);
+    sv::count_experts(sv::draw_pass(m, G, p, kPasses, kTokens, 1), v);
+    for (double x : v) c.rows.push_back(static_cast<long long>(x));
+  }
+  c.experts = m.experts, c.ranks = G;
+  c.node_size = m.groups > 1 && topo.servers() > 1 ? G / topo.servers() : 0;
+  return c;
+}
+
+void BM_ServingLoopSplitPlanner(benchmark::State& state) {
+  static PlannerCase const cases[] = {planner_case("olmoe", 1), planner_case("mixtral", 1),
+                                      planner_case("dsv3-h800", 8), planner_case("dsv3-h800", 1)};
+  static char const* const labels[] = {"OLMoE, 8 ranks", "Mixtral, 8 ranks", "DeepSeek-V3 EP32, 8 groups kept on nodes",
+                                       "DeepSeek-V3 EP32, 1 group"};
+  auto i = static_cast<std::size_t>(state.range(0));
+  auto const& c = cases[i];
+  replication::split_planner::Options o;
+  o.spare = 2;
+  o.min_gain_permille = 10;
+  o.node_size = c.node_size;
+  replication::split_planner::Result r;
+  for (auto _ : state) {
+    r = replication::split_planner::plan(c.rows, c.experts, c.start, c.ranks, o);
+    benchmark::DoNotOptimize(r.layout.data());
+  }
+  state.counters["copies"] = static_cast<double>(r.copies);
+  state.counters["rounds"] = r.rounds;
+  state.counters["score_before"] = r.before;
+  state.counters["score_after"] = r.after;
+  state.SetLabel(std::string("split_planner::plan, ") + labels[i] + ", 100 passes");
+}
+BENCHMARK(BM_ServingLoopSplitPlanner)->DenseRange(0, 3)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

@@ -25,6 +25,9 @@
 //   minimal  the layer's own re-planner (LayerOptions::live: replan_every = R, spare_slots,
 //            migration_bytes_per_pass = chunk experts' bytes), replica choice by the fixed rule
 //   split    the same with replication::BatchSplit as the replica policy (per-batch balance)
+//   splitplan  per-batch balance re-planned by the split's own score (live::Planner::split_balance:
+//            the fewest copies that lower the window's mean split max/mean by --split-gain-permille
+//            each); not in the default list
 //
 // Every pass on every rank: the outputs against moe::reference_forward on the rank's tokens (all
 // passes by default, --check-every), the layer's load window against the drawn routes. The ranks
@@ -36,7 +39,8 @@
 //
 //   live_layer_study [--models olmoe,mixtral] [--ranks 8|4] [--passes 2000] [--tokens 64]
 //                    [--window 100] [--replan-every 100] [--spare-slots 2] [--chunk-experts 1]
-//                    [--tolerance-permille 10] [--strategies static,full,minimal,split]
+//                    [--tolerance-permille 10] [--strategies static,full,minimal,split[,splitplan]]
+//                    [--split-gain-permille 10]
 //                    [--check-every 1] [--seed 1] [--pass-log FILE] [--data-dir DIR]
 //   mpirun -np 4 live_layer_study_mpi --mpi [same options but --ranks]
 // Exit status 1 when a check fails (router mismatch, output error, bytes, a pass that threw).
@@ -73,7 +77,7 @@ constexpr std::array<char const*, 3> kDomains{"arxiv", "github", "book"};
 using OlmoeSmall = models::Reduced<models::OLMoE_1B_7B, 64, 32, DType::f32>;
 using MixtralSmall = models::Reduced<models::Mixtral8x7B, 16, 32, DType::f32>;
 
-enum class Strategy { static_plan, full, minimal, split };
+enum class Strategy { static_plan, full, minimal, split, split_planner };
 
 char const* name_of(Strategy s) {
   switch (s) {
@@ -81,13 +85,14 @@ char const* name_of(Strategy s) {
     case Strategy::full: return "full-reshuffle";
     case Strategy::minimal: return "minimal-move";
     case Strategy::split: return "minimal+split";
+    case Strategy::split_planner: return "split-planner";
   }
   return "?";
 }
 
 struct Study {
   int ranks = 8, passes = 2000, tokens = 64, window = 100, replan_every = 100, spare = 2, chunk = 1;
-  int tolerance = 10, check_every = 1;
+  int tolerance = 10, check_every = 1, split_gain = 10;
   bool probe = false, help = false;
   std::uint64_t seed = 1;
   std::vector<Strategy> strategies;
@@ -240,11 +245,15 @@ RankResult serve(Comm& comm, Routing const& m, Study const& st, FirstPlan const&
   if (strategy == Strategy::full) {
     lo.spare_slots = width;
     lo.migration_bytes_per_pass = static_cast<std::size_t>(width) * slot_bytes;
-  } else if (strategy == Strategy::minimal || strategy == Strategy::split) {
+  } else if (strategy == Strategy::minimal || strategy == Strategy::split || strategy == Strategy::split_planner) {
     lo.replan_every = st.replan_every;
     lo.spare_slots = st.spare;
     lo.migration_bytes_per_pass = static_cast<std::size_t>(st.chunk) * slot_bytes;
     lo.tolerance_permille = st.tolerance;
+    if (strategy == Strategy::split_planner) {
+      lo.planner = live::Planner::split_balance;
+      lo.tolerance_permille = st.split_gain;
+    }
   }
   L layer(comm, placement::Table(fp.primary), std::move(replicas), mine,
           {.max_tokens = st.tokens, .live = lo});
@@ -469,7 +478,7 @@ std::vector<Summary> run_model(Comm& comm, Routing const& m, Study const& st, Fi
   for (Strategy strategy : st.strategies) {
     RankResult mine;
     int R = comm.size();
-    if (strategy == Strategy::split) {
+    if (strategy == Strategy::split || strategy == Strategy::split_planner) {
       replication::BatchSplit split(fp.copies, std::vector<int>(static_cast<std::size_t>(R), 0));
       mine = serve<Model>(comm, m, st, fp, strategy, std::move(split));
     } else {
@@ -557,7 +566,7 @@ bool report(std::vector<Summary> const& rows, Study const& st) {
   }
   // The three goals.
   for (auto const& r : rows) {
-    if (r.strategy != "minimal+split") continue;
+    if (r.strategy != "minimal+split" && r.strategy != "split-planner") continue;
     long long full = 0;
     double worst = r.worst_hold;
     for (auto const& q : rows)
@@ -565,9 +574,9 @@ bool report(std::vector<Summary> const& rows, Study const& st) {
     char pct[32] = "n/a";
     if (full > 0)
       std::snprintf(pct, sizeof pct, "%.2f %%", 100.0 * static_cast<double>(r.copies) / static_cast<double>(full));
-    std::printf("# goal %s (%s, %d ranks): mean max/mean %.4f (<= 1.05: %s); moved %s of full reshuffle (<= 5 %%: %s); "
+    std::printf("# goal %s %s (%s, %d ranks): mean max/mean %.4f (<= 1.05: %s); moved %s of full reshuffle (<= 5 %%: %s); "
                 "worst hold-up %.2f %% of its pass (<= 10 %%: %s)\n",
-                r.model.c_str(), r.comm.c_str(), r.ranks, r.mean_imbalance, r.mean_imbalance <= 1.05 ? "met" : "NOT met",
+                r.strategy.c_str(), r.model.c_str(), r.comm.c_str(), r.ranks, r.mean_imbalance, r.mean_imbalance <= 1.05 ? "met" : "NOT met",
                 pct,
                 full > 0 && r.copies * 20 <= full ? "met" : (full > 0 ? "NOT met" : "n/a"), 100.0 * worst,
                 worst <= 0.10 ? "met" : "NOT met");
@@ -579,7 +588,7 @@ bool report(std::vector<Summary> const& rows, Study const& st) {
 Study parse(int argc, char** argv) {
   tools::Args a(argc, argv,
                 {{"models"}, {"ranks"}, {"passes"}, {"tokens"}, {"window"}, {"replan-every"}, {"spare-slots"},
-                 {"chunk-experts"}, {"tolerance-permille"}, {"strategies"}, {"check-every"}, {"seed"}, {"pass-log"},
+                 {"chunk-experts"}, {"tolerance-permille"}, {"split-gain-permille"}, {"strategies"}, {"check-every"}, {"seed"}, {"pass-log"},
                  {"data-dir"}, {"mpi", true}, {"probe", true}});
   Study st;
   if (a.help()) {
@@ -603,6 +612,7 @@ Study parse(int argc, char** argv) {
   st.spare = static_cast<int>(a.integer("spare-slots", 2, 1, 1024));
   st.chunk = static_cast<int>(a.integer("chunk-experts", 1, 1, 1024));
   st.tolerance = static_cast<int>(a.integer("tolerance-permille", 10, 0, 1000));
+  st.split_gain = static_cast<int>(a.integer("split-gain-permille", 10, 0, 1000));
   st.check_every = static_cast<int>(a.integer("check-every", 1, 1, 1000000));
   st.seed = static_cast<std::uint64_t>(a.integer("seed", 1, 0, std::numeric_limits<int>::max()));
   st.pass_log = a.text("pass-log");
@@ -617,7 +627,8 @@ Study parse(int argc, char** argv) {
                  : n == "full"  ? Strategy::full
                  : n == "minimal" ? Strategy::minimal
                  : n == "split" ? Strategy::split
-                                : (fail("--strategies: unknown strategy '", n, "' (static, full, minimal, split)"),
+                 : n == "splitplan" ? Strategy::split_planner
+                                : (fail("--strategies: unknown strategy '", n, "' (static, full, minimal, split, splitplan)"),
                                    Strategy::static_plan);
     check(std::find(st.strategies.begin(), st.strategies.end(), s) == st.strategies.end(), "--strategies: '", n,
           "' given twice");
@@ -637,7 +648,7 @@ int body(int argc, char** argv, int rank, int ranks_given, auto&& run) {
     if (rank == 0)
       std::printf("live_layer_study [--models olmoe,mixtral] [--ranks 8|4] [--passes 2000] [--tokens 64] [--window 100]\n"
                   "  [--replan-every 100] [--spare-slots 2] [--chunk-experts 1] [--tolerance-permille 10]\n"
-                  "  [--strategies static,full,minimal,split] [--check-every 1] [--seed 1] [--pass-log FILE]\n"
+                  "  [--split-gain-permille 10] [--strategies static,full,minimal,split[,splitplan]] [--check-every 1] [--seed 1] [--pass-log FILE]\n"
                   "  [--data-dir DIR] [--probe] [--mpi (live_layer_study_mpi under mpirun)]\n");
     return tools::exit_ok;
   }

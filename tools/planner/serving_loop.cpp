@@ -19,6 +19,10 @@
 //   minimal+split as minimal, and every batch's pairs are split over the copies by
 //                 replication::BatchSplit (the least possible max rank load) instead of the fixed
 //                 rule; the pass pays the all-gather of the per-expert counts.
+//   split-planner every batch split as minimal+split, re-planned by replication::split_planner (the
+//                 split's mean max/mean over the window's passes; a moved copy must lower it by
+//                 --split-gain permille, at most --spare new experts per rank and re-plan; under
+//                 the group rule, new copies stay on the node that holds the expert).
 //
 // Chunks: an expert of X bytes travels as n = ceil(X / B) equal pieces (B = --chunk-mib); in one
 // pass a rank sends at most floor(B / piece) pieces and receives at most as many, taken in
@@ -55,6 +59,7 @@
 #include "moe/replication/eplb.hpp"
 #include "moe/replication/migration.hpp"
 #include "moe/replication/reactive.hpp"
+#include "moe/replication/split_planner.hpp"
 #include "moe/schedule/perf_model.hpp"
 #include "moe/topology/presets.hpp"
 #include "moe/topology/traffic.hpp"
@@ -74,7 +79,7 @@ char const* const kProgram = "serving_loop";
 
 struct Options {
   std::vector<std::string> models;
-  int passes = 2000, tokens = 256, period = 100, window = 100;
+  int passes = 2000, tokens = 256, period = 100, window = 100, spare = 2, split_gain = 10;
   double chunk_bytes = 64.0 * 1024 * 1024, tolerance = 0.01;
   std::uint64_t seed = 1;
   int dsv3_groups = 8;
@@ -82,14 +87,16 @@ struct Options {
   bool verify = false;
 };
 
-enum class Kind { static_plan, full, minimal, minimal_split };
-constexpr std::array<Kind, 4> kKinds{Kind::static_plan, Kind::full, Kind::minimal, Kind::minimal_split};
+enum class Kind { static_plan, full, minimal, minimal_split, split_planner };
+constexpr std::array<Kind, 5> kKinds{Kind::static_plan, Kind::full, Kind::minimal, Kind::minimal_split,
+                                     Kind::split_planner};
 char const* kind_name(Kind k) {
   switch (k) {
     case Kind::static_plan: return "static";
     case Kind::full: return "full";
     case Kind::minimal: return "minimal";
     case Kind::minimal_split: return "minimal+split";
+    case Kind::split_planner: return "split-planner";
   }
   return "?";
 }
@@ -133,7 +140,7 @@ void install(Strategy& s, std::vector<int> row, sv::Model const& m, topology::To
   auto copies = sv::copies_of(s.row, m.experts, topo.gpus());
   s.primary.resize(copies.size());
   for (std::size_t e = 0; e < copies.size(); ++e) s.primary[e] = copies[e].front();
-  if (s.kind == Kind::minimal_split) s.split.emplace(copies, topo);
+  if (s.kind == Kind::minimal_split || s.kind == Kind::split_planner) s.split.emplace(copies, topo);
   s.table = replication::Table(std::move(copies));
 }
 
@@ -255,6 +262,27 @@ int run(Options const& o) {
     auto rebalance_seconds = [&](std::vector<mig::Transfer> const& t) {
       return t.empty() ? 0.0 : mig::transfer_time(traffic, t, 1, m.expert_bytes).seconds;
     };
+    // A re-plan of the chunked strategies: its transfers start moving (or, with none, it is adopted now).
+    auto begin_migration = [&](Strategy& s, std::vector<int> row, std::vector<mig::Transfer> const& transfers,
+                               int pass) {
+      double secs = rebalance_seconds(transfers);
+      s.copies += static_cast<long long>(transfers.size());
+      s.sum_rebalance_s += secs, s.max_rebalance_s = std::max(s.max_rebalance_s, secs);
+      ++s.replans;
+      if (transfers.empty()) {
+        install(s, std::move(row), m, topo);  // moves inside GPUs only: nothing to wait for
+        return;
+      }
+      s.migrating = true;
+      s.next_row = std::move(row);
+      s.pending.clear();
+      for (auto const& t : transfers)
+        for (int k = 0; k < pieces_per_expert; ++k) s.pending.push_back({t.src, t.dst, t.slot, t.expert});
+      s.migration_bytes_planned = static_cast<double>(transfers.size()) * m.expert_bytes;
+      s.migration_bytes_sent = 0;
+      s.migration_start = pass;
+      ++s.migrations;
+    };
 
     // The group rule (EPLB's hierarchical policy: whole expert groups on a node, groups / nodes
     // of them on each): no layout under it, whatever its copies and split, gets a pass's max/mean
@@ -289,6 +317,25 @@ int run(Options const& o) {
           s.sum_rebalance_s += stall_s, s.max_rebalance_s = std::max(s.max_rebalance_s, stall_s);
           ++s.replans;
           install(s, std::move(row), m, topo);
+        } else if (replan && s.kind == Kind::split_planner && s.migrating) {
+          ++s.skipped;
+        } else if (replan && s.kind == Kind::split_planner) {
+          std::vector<long long> rows;
+          for (auto const& v : window)
+            for (double x : v) rows.push_back(std::llround(x));
+          replication::split_planner::Options so;
+          so.spare = o.spare;
+          so.min_gain_permille = o.split_gain;
+          so.node_size = group_rule ? per_server : 0;
+          auto row = replication::split_planner::plan(rows, E, s.row, G, so).layout;
+          auto t = sv::transfers_between(s.row, row, G, per_server);
+          if (o.verify) {
+            long long brute = count_new_copies(s.row, row, S);
+            expect(brute == static_cast<long long>(t.size()), name, " split-planner pass ", pass, ": ", t.size(),
+                   " transfers, brute force counts ", brute);
+            ++verified_replans;
+          }
+          begin_migration(s, std::move(row), t, pass);
         } else if (replan && (s.kind == Kind::minimal || s.kind == Kind::minimal_split)) {
           if (s.migrating) {
             ++s.skipped;
@@ -310,29 +357,13 @@ int run(Options const& o) {
                        name, " pass ", pass, ": transfer ", i, " differs from rebalance's");
               ++verified_replans;
             }
-            double secs = rebalance_seconds(r.transfers);
-            s.copies += static_cast<long long>(r.transfers.size());
-            s.sum_rebalance_s += secs, s.max_rebalance_s = std::max(s.max_rebalance_s, secs);
-            ++s.replans;
-            if (r.transfers.empty()) {
-              install(s, std::move(row), m, topo);  // moves inside GPUs only: nothing to wait for
-            } else {
-              s.migrating = true;
-              s.next_row = std::move(row);
-              s.pending.clear();
-              for (auto const& t : r.transfers)
-                for (int k = 0; k < pieces_per_expert; ++k) s.pending.push_back({t.src, t.dst, t.slot, t.expert});
-              s.migration_bytes_planned = static_cast<double>(r.transfers.size()) * m.expert_bytes;
-              s.migration_bytes_sent = 0;
-              s.migration_start = pass;
-              ++s.migrations;
-            }
+            begin_migration(s, std::move(row), r.transfers, pass);
           }
         }
         // 2. The pass, on the layout serving now.
         topology::TrafficReport rep;
         double extra_s = 0;
-        if (s.kind == Kind::minimal_split) {
+        if (s.kind == Kind::minimal_split || s.kind == Kind::split_planner) {
           if (counts.empty()) counts = replication::reactive::pair_counts(batch, G, E);
           auto out = s.split->plan_batch(counts);
           replication::reactive::PairRoutes routes{m.top_k, &batch.experts, tools::dealt_routes(*s.split, batch, G, E)};
@@ -470,6 +501,8 @@ void usage() {
       "  --window W        passes of loads a re-plan sees, 1..passes (default 100)\n"
       "  --chunk-mib B     weight bytes a rank sends and receives per pass, MiB, > 0 (default 64)\n"
       "  --tolerance T     migration::rebalance's balance tolerance, 0..10 (default 0.01)\n"
+      "  --spare N         split-planner: most new experts per rank and re-plan, 1..64 (default 2)\n"
+      "  --split-gain G    split-planner: least gain of a moved copy, permille of max/mean, 0..1000 (default 10)\n"
       "  --seed S          seed of the batches (default 1)\n"
       "  --dsv3-groups N   expert groups EPLB and the minimal-move rule see for DeepSeek-V3: 8 (the\n"
       "                    model's, as engines pass it; default) or 1, 2, 4 (1: EPLB's global policy)\n"
@@ -482,7 +515,7 @@ void usage() {
 int main(int argc, char** argv) {
   return tools::guarded_main(kProgram, [&]() -> int {
     tools::Args a(argc, argv,
-                  {{"models"}, {"passes"}, {"tokens"}, {"period"}, {"window"}, {"chunk-mib"}, {"tolerance"}, {"seed"},
+                  {{"models"}, {"passes"}, {"tokens"}, {"period"}, {"window"}, {"chunk-mib"}, {"tolerance"}, {"spare"}, {"split-gain"}, {"seed"},
                    {"dsv3-groups"}, {"per-pass"}, {"verify", true}});
     if (a.help()) {
       usage();
@@ -499,6 +532,8 @@ int main(int argc, char** argv) {
     o.window = static_cast<int>(a.integer("window", 100, 1, o.passes));
     o.chunk_bytes = a.number("chunk-mib", 64, 1.0 / 1024, 1 << 20) * 1024.0 * 1024.0;
     o.tolerance = a.number("tolerance", 0.01, 0, 10);
+    o.spare = static_cast<int>(a.integer("spare", 2, 1, 64));
+    o.split_gain = static_cast<int>(a.integer("split-gain", 10, 0, 1000));
     o.seed = static_cast<std::uint64_t>(a.integer("seed", 1, 0, std::numeric_limits<long long>::max()));
     o.dsv3_groups = static_cast<int>(a.integer("dsv3-groups", 8, 1, 8));
     check(o.dsv3_groups == 1 || o.dsv3_groups == 2 || o.dsv3_groups == 4 || o.dsv3_groups == 8, "--dsv3-groups: ",
