@@ -1003,7 +1003,7 @@ private:
       L.next_exec.emplace(exec_.prepare_plan(placement::Table(L.next.primary),
                                              live::rebuilt(exec_.replicas(), L.next.copies), L.next_experts));
       L.next_slot_of = std::move(slot_of);
-      L.next_changes = !live::same_layout(plan(), L.next);
+      L.next_changes = plan() != L.next;  // both list each expert's copies in rank order
       L.state = LiveState::moved;
       (void)R;
     } catch (std::exception const& e) {

@@ -201,19 +201,6 @@ struct Plan {
   friend bool operator==(Plan const&, Plan const&) = default;
 };
 
-/// Whether two plans place every expert alike: the same primary rank and the same set of ranks
-/// holding a copy (in any order).
-inline bool same_layout(Plan const& a, Plan const& b) {
-  if (a.primary != b.primary || a.copies.size() != b.copies.size()) return false;
-  for (std::size_t e = 0; e < a.copies.size(); ++e) {
-    std::vector<int> x = a.copies[e], y = b.copies[e];
-    std::sort(x.begin(), x.end());
-    std::sort(y.begin(), y.end());
-    if (x != y) return false;
-  }
-  return true;
-}
-
 /// The most experts one rank holds.
 inline int width_of(Plan const& p, int ranks) {
   std::vector<int> held(static_cast<std::size_t>(ranks), 0);
@@ -546,6 +533,8 @@ public:
   struct Result {
     std::vector<int> layout;  ///< ranks x width
     long long copies = 0;     ///< slots that needed an expert from another rank (-1: not counted)
+    /// The largest rank load of the new layout, of EPLB's, and of the old one; for
+    /// Planner::split_balance the window's mean split max/mean of the new and old layouts (EPLB's 0).
     double max_load = 0, eplb_max_load = 0, old_max_load = 0;
   };
 

@@ -26,10 +26,11 @@
 // the best `finalists` of those on every pass.
 // Deterministic: integer loads, fixed orders, ties to the lower (rank, slot, expert).
 //
-// Cost: one BatchSplit per candidate and one least-max flow per (candidate, screened pass):
-// milliseconds for OLMoE- and Mixtral-sized layers, run on the layer's planner thread
+// Cost: one least-max flow (split::least_max, BatchSplit's first stage) per (candidate, screened
+// pass): milliseconds for OLMoE- and Mixtral-sized layers, a tenth of a second and more for a
+// DeepSeek-V3 layer at EP32 (bench_serving_loop), run on the layer's planner thread
 // (moe/layer/live.hpp). Tested against brute force: every single-slot change scored by the
-// max-flow min-cut bound (tests/replication/test_split_planner.cpp).
+// max-flow min-cut bound (tests/planners/test_split_planner.cpp).
 
 #include <algorithm>
 #include <cstdint>
@@ -168,6 +169,19 @@ inline Result plan(std::span<long long const> batches, int experts, std::span<in
       if (held[r * W + j] == e) return true;
     return false;
   };
+  // slot j of rank r holds an expert r also holds in an earlier slot
+  auto second_copy = [&](std::vector<int> const& layout, std::size_t r, std::size_t j) {
+    for (std::size_t k = 0; k < j; ++k)
+      if (layout[r * W + k] == layout[r * W + j]) return true;
+    return false;
+  };
+  // emptying slot j of rank r gives up an expert r did not hold in `held` (frees one of its spare slots)
+  auto frees_new = [&](std::vector<int> const& layout, std::size_t r, std::size_t j) {
+    int e = layout[r * W + j];
+    return e >= 0 && !had(r, e) &&
+           std::count(layout.begin() + static_cast<std::ptrdiff_t>(r * W),
+                      layout.begin() + static_cast<std::ptrdiff_t>(r * W + W), e) == 1;
+  };
   long long budget = o.max_copies >= 0 ? o.max_copies : static_cast<long long>(o.spare) * ranks;
 
   detail::Scorer scorer(batches, experts, ranks);
@@ -213,24 +227,24 @@ inline Result plan(std::span<long long const> batches, int experts, std::span<in
     std::iota(by_heat.begin(), by_heat.end(), 0);
     std::sort(by_heat.begin(), by_heat.end(), [&](int a, int b) { return per_copy_less(b, a); });
 
+    // the score of the layout with one change, on the passes `which`
+    auto score_with = [&](Change const& c, std::span<int const> which) {
+      auto trial = out.layout;
+      trial[c.rank * W + c.slot] = c.expert;
+      return scorer.score(detail::copies_of(trial, ranks, experts), which);
+    };
     double base = scorer.score(copies, coarse);
     std::vector<Change> screened;
     for (std::size_t r = 0; r < R; ++r) {
       // droppable slots of r: empty or a second copy on r first, then experts with a copy elsewhere
       // by load per copy, least first
-      std::vector<std::size_t> drops;
+      std::vector<std::size_t> drops, shared;
       for (std::size_t j = 0; j < W; ++j) {
         int e = out.layout[r * W + j];
-        bool twice = false;
-        for (std::size_t k = 0; k < j; ++k) twice |= out.layout[r * W + k] == e;
-        if (e < 0 || twice) drops.push_back(j);
-      }
-      std::vector<std::size_t> shared;
-      for (std::size_t j = 0; j < W; ++j) {
-        int e = out.layout[r * W + j];
-        bool twice = false;
-        for (std::size_t k = 0; k < j; ++k) twice |= out.layout[r * W + k] == e;
-        if (e >= 0 && !twice && copies[static_cast<std::size_t>(e)].size() >= 2) shared.push_back(j);
+        if (e < 0 || second_copy(out.layout, r, j))
+          drops.push_back(j);
+        else if (copies[static_cast<std::size_t>(e)].size() >= 2)
+          shared.push_back(j);
       }
       std::stable_sort(shared.begin(), shared.end(), [&](std::size_t x, std::size_t y) {
         return per_copy_less(out.layout[r * W + x], out.layout[r * W + y]);
@@ -250,17 +264,12 @@ inline Result plan(std::span<long long const> batches, int experts, std::span<in
         hot.push_back(b);
       }
       for (std::size_t j : drops) {
-        int gone = out.layout[r * W + j];
+        int freed = frees_new(out.layout, r, j) ? 1 : 0;
         for (int b : hot) {
-          bool costs = !had(r, b);
-          bool gone_new = gone >= 0 && !had(r, gone) &&
-                          std::count(out.layout.begin() + static_cast<std::ptrdiff_t>(r * W),
-                                     out.layout.begin() + static_cast<std::ptrdiff_t>(r * W + W), gone) == 1;
-          if (costs && (out.copies - gone_new >= budget || new_on[r] - gone_new >= o.spare)) continue;
-          auto trial = out.layout;
-          trial[r * W + j] = b;
-          double s = scorer.score(detail::copies_of(trial, ranks, experts), coarse);
-          if (s < base) screened.push_back({r, j, b, s, 0});
+          if (!had(r, b) && (out.copies - freed >= budget || new_on[r] - freed >= o.spare)) continue;
+          Change c{r, j, b, 0, 0};
+          c.screened = score_with(c, coarse);
+          if (c.screened < base) screened.push_back(c);
         }
       }
     }
@@ -272,31 +281,22 @@ inline Result plan(std::span<long long const> batches, int experts, std::span<in
     };
     if (coarse.size() < sample.size()) {
       keep_best(4 * static_cast<std::size_t>(o.finalists));
-      for (auto& c : screened) {
-        auto trial = out.layout;
-        trial[c.rank * W + c.slot] = c.expert;
-        c.screened = scorer.score(detail::copies_of(trial, ranks, experts), sample);
-      }
+      for (auto& c : screened) c.screened = score_with(c, sample);
     }
     keep_best(static_cast<std::size_t>(o.finalists));
     Change const* best = nullptr;
     for (auto& c : screened) {
-      auto trial = out.layout;
-      trial[c.rank * W + c.slot] = c.expert;
-      c.full = scorer.score(detail::copies_of(trial, ranks, experts), all);
+      c.full = score_with(c, all);
       if (!best || c.full < best->full) best = &c;
     }
     bool costs = !had(best->rank, best->expert);
     double gain = out.after - best->full;
     if (gain <= 0 || (costs && gain * 1000.0 < o.min_gain_permille)) break;
     std::size_t r = best->rank;
-    int gone = out.layout[r * W + best->slot];
-    bool gone_new = gone >= 0 && !had(r, gone) &&
-                    std::count(out.layout.begin() + static_cast<std::ptrdiff_t>(r * W),
-                               out.layout.begin() + static_cast<std::ptrdiff_t>(r * W + W), gone) == 1;
+    int added = (costs ? 1 : 0) - (frees_new(out.layout, r, best->slot) ? 1 : 0);
     out.layout[r * W + best->slot] = best->expert;
-    new_on[r] += (costs ? 1 : 0) - (gone_new ? 1 : 0);
-    out.copies += (costs ? 1 : 0) - (gone_new ? 1 : 0);
+    new_on[r] += added;
+    out.copies += added;
     out.after = best->full;
     copies = detail::copies_of(out.layout, ranks, experts);
     ++out.rounds;
