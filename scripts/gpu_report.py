@@ -250,13 +250,24 @@ def main():
         err = " (ERROR: " + b.get("error_message", "") + ")" if b.get("error_occurred") else ""
         lines.append(f"| {b['name'].replace('/manual_time', '')}{err} | {fmt(b.get('real_time'))} | "
                      + " | ".join(fmt(b.get(c)) for c in bcols) + " |")
+    # the rank rounds on one warp against the whole block, same run: the block's graph time over the warp's
+    times = {}
+    for b in bdata.get("benchmarks", []):
+        parts = b["name"].replace("/manual_time", "").split("/")
+        if b.get("run_type") != "aggregate" and parts[0] == "DeviceSplit" and len(parts) == 3 and not b.get("error_occurred"):
+            times[(parts[1], parts[2])] = b.get("graph_us") or b.get("real_time")
+    pairs = [(t, times[(t, "block")] / times[(t, "warp")]) for t, v in times if v == "warp" and times.get((t, "block"))
+             and times[(t, "warp")]]
+    if pairs:
+        lines += ["", "Rank rounds on one warp against the whole block (the block's graph_us over the warp's; > 1: the "
+                  "warp is faster): " + ", ".join(f"{t} tokens {fmt(r)}" for t, r in pairs)]
     if stages:
         names = ["counts", "totals", "lists", "start", "max_load", "tie_breaks", "sources", "matching"]
         lines += ["", "Where a split's time goes (DeviceSplitStages: thread 0's clock64 after each stage, mean of "
                   "50 splits; share of the whole, and the whole in SM cycles):", "",
-                  "| tokens | " + " | ".join(names) + " | all (cycles) |", "|---|" + "---:|" * (len(names) + 1)]
+                  "| tokens / rounds | " + " | ".join(names) + " | all (cycles) |", "|---|" + "---:|" * (len(names) + 1)]
         for b in stages:
-            lines.append(f"| {b['name'].split('/')[1]} | "
+            lines.append(f"| {' / '.join(b['name'].split('/')[1:3])} | "
                          + " | ".join(fmt(b.get(n + "_share")) for n in names) + f" | {fmt(b.get('all_cycles'))} |")
     with open(out, "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -7,13 +7,15 @@
 // result is checked against the host split (max load and every take entry) before timing.
 // DealOneRank: one rank's 4096 x 8 pairs dealt to ranks by the reference deal kernel.
 // Stages: where a split's time goes, from thread 0's clock64 after each stage of the kernel (the
-// mean over 50 splits, in SM cycles and as a share of the whole).
+// mean over 50 splits, in SM cycles and as a share of the whole). Each split twice: the rank rounds
+// on one warp (/warp) and on the whole block (/block), in the same run.
 // scripts/gpu_bench.sh runs it as the step `split`.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../planners/batch_split_scenario.hpp"
@@ -53,11 +55,11 @@ double mean_us(F&& body, int reps) {
   return static_cast<double>(ms) * 1e3 / reps;
 }
 
-void BM_DeviceSplit(benchmark::State& state, int tokens) {
+void BM_DeviceSplit(benchmark::State& state, int tokens, kc::DeviceSplit::Rounds rounds) {
   auto s = moe::bench_split::make(tokens);
   moe::replication::BatchSplit host(s.copies, s.topo);
   auto want = host.plan_batch(s.counts);
-  kc::DeviceSplit dev(host.layout());
+  kc::DeviceSplit dev(host.layout(), 0, rounds);
   kc::DeviceArray<std::int32_t> counts(s.counts.size()), take(dev.take_size());
   kc::DeviceArray<long long> load(dev.load_size());
   kc::DeviceArray<Outcome> outcome(1);
@@ -96,15 +98,16 @@ void BM_DeviceSplit(benchmark::State& state, int tokens) {
   state.counters["graph_us"] = graph_us;
   state.counters["shared_bytes"] = static_cast<double>(dev.shared_bytes());
   state.counters["start_waves"] = dev.start_waves();
+  state.counters["warp_rounds"] = dev.warp_rounds() ? 1 : 0;
   state.counters["split_max_over_mean"] = static_cast<double>(want.max_load) / s.mean;
   state.counters["fixed_max_over_mean"] = s.fixed_ratio;
   state.SetLabel("DeepSeek-V3 EP32, EPLB 288 slots, h800:4");
 }
 
-void BM_DeviceSplitStages(benchmark::State& state, int tokens) {
+void BM_DeviceSplitStages(benchmark::State& state, int tokens, kc::DeviceSplit::Rounds rounds) {
   auto s = moe::bench_split::make(tokens);
   moe::replication::BatchSplit host(s.copies, s.topo);
-  kc::DeviceSplit dev(host.layout());
+  kc::DeviceSplit dev(host.layout(), 0, rounds);
   constexpr int K = kc::DeviceSplit::stamps_size;
   kc::DeviceArray<std::int32_t> counts(s.counts.size()), take(dev.take_size());
   kc::DeviceArray<long long> load(dev.load_size()), stamps(K);
@@ -159,13 +162,20 @@ int main(int argc, char** argv) {
     std::printf("bench_cuda_batch_split: no CUDA device, nothing measured\n");
     return 0;
   }
+  // the rank rounds on one warp (the automatic choice at this size) and on the whole block, side by side
+  using Rounds = kc::DeviceSplit::Rounds;
+  std::pair<char const*, Rounds> const teams[] = {{"warp", Rounds::warp}, {"block", Rounds::block}};
   for (int tokens : {16, 64, 256, 4096})
-    benchmark::RegisterBenchmark(("DeviceSplit/" + std::to_string(tokens)).c_str(), BM_DeviceSplit, tokens)
-        ->UseManualTime()
-        ->Unit(benchmark::kMicrosecond);
+    for (auto [name, rounds] : teams)
+      benchmark::RegisterBenchmark(("DeviceSplit/" + std::to_string(tokens) + "/" + name).c_str(), BM_DeviceSplit,
+                                   tokens, rounds)
+          ->UseManualTime()
+          ->Unit(benchmark::kMicrosecond);
   for (int tokens : {16, 64, 4096})
-    benchmark::RegisterBenchmark(("DeviceSplitStages/" + std::to_string(tokens)).c_str(), BM_DeviceSplitStages, tokens)
-        ->Iterations(1);
+    for (auto [name, rounds] : teams)
+      benchmark::RegisterBenchmark(("DeviceSplitStages/" + std::to_string(tokens) + "/" + name).c_str(),
+                                   BM_DeviceSplitStages, tokens, rounds)
+          ->Iterations(1);
   benchmark::RegisterBenchmark("DeviceSplitDealOneRank/4096", BM_DeviceSplitDealOneRank, 4096)
       ->UseManualTime()
       ->Unit(benchmark::kMicrosecond);

@@ -51,13 +51,14 @@ Case random_case(std::mt19937& rng, int G, int servers, int E, int extra, int sc
   return c;
 }
 
-/// Runs host and device on the case; requires equality. Returns whether the workspace was shared.
-/// `shared_limit`: DeviceSplit's (0: what the device allows with an opt-in).
-bool compare(Case const& c, std::size_t shared_limit = 0) {
+/// Runs host and device on the case, the rank rounds on `rounds`; requires equality. Returns
+/// whether the workspace was shared.
+bool compare_with(Case const& c, std::size_t shared_limit, moe::kernels::cuda::DeviceSplit::Rounds rounds) {
   BatchSplit host(c.copies, c.server);
   auto hout = host.plan_batch(c.counts);
   auto const& L = host.layout();
-  moe::kernels::cuda::DeviceSplit dev(L, shared_limit);
+  moe::kernels::cuda::DeviceSplit dev(L, shared_limit, rounds);
+  INFO((dev.warp_rounds() ? "rounds on one warp" : "rounds on the block"));
   Device<std::int32_t> counts(c.counts);
   Device<std::int32_t> take(std::max<std::size_t>(dev.take_size(), 1));
   Device<long long> load(dev.load_size());
@@ -102,6 +103,17 @@ bool compare(Case const& c, std::size_t shared_limit = 0) {
   }
   return dev.shared_bytes() > 0;
 }
+
+/// Runs host and device on the case with both teams of the rank rounds (one warp, the whole
+/// block); requires equality. Returns whether the workspace was shared.
+/// `shared_limit`: DeviceSplit's (0: what the device allows with an opt-in).
+bool compare(Case const& c, std::size_t shared_limit = 0) {
+  bool shared = false;
+  for (auto rounds : {moe::kernels::cuda::DeviceSplit::Rounds::warp, moe::kernels::cuda::DeviceSplit::Rounds::block})
+    shared = compare_with(c, shared_limit, rounds);
+  return shared;
+}
+
 
 }  // namespace
 

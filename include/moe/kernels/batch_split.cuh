@@ -15,6 +15,10 @@
 //   - the tie-breaks (successive shortest paths on the rank graph): each path's Bellman-Ford rounds
 //     and its shortest-path tree (breadth-first over the tight arcs, a rank claimed by its lowest
 //     arc) over the threads, its augmentation on thread 0; then the matching over the threads.
+// The rounds of the last two are rank-sized (tens of ranks and arcs at EP32) and many: by default
+// (DeviceSplit::Rounds) they run on the block's first warp, whose barriers and reductions are a
+// warp's, while the other warps gather the matching's sources; a large layout runs them on the
+// whole block. The ranks of each server are the layout's and are uploaded once.
 // The workspace and the copy lists sit in shared memory when they fit (past 48 KiB the constructor
 // opts the kernel in, up to what the device allows), else the workspace is the caller's.
 //
@@ -26,7 +30,8 @@
 // split::Outcome, and workspace_bytes() of workspace (none when it fits in the block's shared
 // memory: shared_bytes() > 0). run() launches one kernel on `stream` and never synchronises, so a
 // pass that calls it can be captured in a CUDA graph. A negative count leaves take and load as they
-// were and sets outcome.bad = 1 on the device.
+// were and sets outcome.bad = 1 on the device; an internal fault (outcome.bad = 2, a bug) leaves
+// load as it was but may have cleared the take entries of experts with copies.
 //
 // deal(): one rank's pairs (tokens x k expert ids, token order) -> the rank serving each, as the
 // host's BatchSplit::deal; one block, one thread per expert (a reference for the layer, which may
@@ -37,6 +42,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "moe/config.hpp"
@@ -108,25 +114,194 @@ __device__ int block_exclusive_scan(int v, int* warp_sums, int* total) {
   return out;
 }
 
+/// The teams that run the rank-sized rounds of the split (the least max load and the tie-breaks):
+/// the whole block, or its first warp while the other warps gather the sources. Both give the same
+/// results (the rounds are written once over a team); they differ in what a round's barrier and
+/// its reductions cost. Every member calls every member function (the team's control is uniform).
+///   sync()    a barrier of the team (shared memory written before it is seen after it)
+///   min(v)    a barrier and the least v over the members
+///   from0(v)  a barrier and member 0's v
+struct WarpTeam {
+  static constexpr int size = 32;
+  int rank;
+  __device__ WarpTeam(int lane, long long*) : rank(lane) {}
+  __device__ void sync() const { __syncwarp(); }
+  __device__ long long min(long long v) const {
+    __syncwarp();
+    for (int o = 16; o > 0; o >>= 1) {
+      long long w = __shfl_xor_sync(0xffffffffu, v, o);
+      v = w < v ? w : v;
+    }
+    return v;
+  }
+  __device__ long long from0(long long v) const {
+    __syncwarp();
+    return __shfl_sync(0xffffffffu, v, 0);
+  }
+};
+
+/// The block as a team: a reduction is a warp's shuffles, one shared atomic per warp and one
+/// barrier. Its three shared slots rotate: the slot of call i is reset during call i - 1 (before
+/// that call's barrier), after every member read it in call i - 3 (before the barrier of call i - 2).
+template <int Threads>
+struct BlockTeam {
+  static constexpr int size = Threads;
+  static constexpr long long identity = 0x7fffffffffffffffLL;
+  int rank;
+  long long* slot;  ///< 3 shared words; slot[0] = identity before the first call
+  int k = 0;
+  __device__ BlockTeam(int tid, long long* s) : rank(tid), slot(s) {}
+  __device__ void sync() const { __syncthreads(); }
+  __device__ long long min(long long v) {
+    for (int o = 16; o > 0; o >>= 1) {
+      long long w = __shfl_xor_sync(0xffffffffu, v, o);
+      v = w < v ? w : v;
+    }
+    long long* here = slot + k;
+    k = k == 2 ? 0 : k + 1;
+    if ((rank & 31) == 0 && v != identity) atomicMin(here, v);
+    if (rank == 0) slot[k] = identity;
+    __syncthreads();
+    return *here;
+  }
+  __device__ long long from0(long long v) {
+    long long* here = slot + k;
+    k = k == 2 ? 0 : k + 1;
+    if (rank == 0) *here = v, slot[k] = identity;
+    __syncthreads();
+    return *here;
+  }
+};
+
+/// 2e. The least max load from T (the lower bound), on the team: breadth-first rounds over the
+/// arcs from the ranks above T, a rank claimed by its lowest arc (as the host's arc loop claims it),
+/// then split::max_load_step on member 0. Returns the least max load; every member gets it.
+template <class Team>
+__device__ __forceinline__ long long least_max_rounds(replication::split::Layout const& L, replication::split::detail::Work& W,
+                                      int n_arcs, long long T, Team& team) {
+  namespace split = replication::split;
+  constexpr long long none = 0x7fffffffffffffffLL;
+  long long* claim = W.rem;
+  int const G = L.ranks;
+  for (;;) {
+    bool above = false;
+    for (int g = team.rank; g < G; g += team.size) {
+      W.dist[g] = W.load[g] > T ? 0 : -1;
+      W.pred[g] = -1;
+      claim[g] = none;
+      above |= W.load[g] > T;
+    }
+    if (team.min(above ? 0 : 1) != 0) return T;
+    int end = G;
+    for (long long round = 0;; ++round) {
+      for (int a = team.rank; a < n_arcs; a += team.size) {
+        int h = L.rank[W.arc_d[a]];
+        if (W.dist[h] < 0 && split::bfs_arc(L, W, a, round)) atomicMin(&claim[h], static_cast<long long>(a));
+      }
+      team.sync();
+      // one reduction for both: the lowest reached rank below T (< G), something reached (G), nothing (G + 1)
+      long long mine = G + 1;
+      for (int h = team.rank; h < G; h += team.size) {
+        if (claim[h] == none) continue;
+        W.dist[h] = round + 1, W.pred[h] = claim[h], claim[h] = none;
+        if (W.load[h] < T && h < mine) mine = h;
+        else if (mine > G) mine = G;
+      }
+      long long r = team.min(mine);
+      if (r < G) end = static_cast<int>(r);
+      if (r != G) break;
+    }
+    if (team.rank == 0) T = split::max_load_step(L, W, T, end == G ? -1 : end);
+    T = team.from0(T);
+  }
+}
+
+/// 2f. The tie-breaks at max load T from the start, on the team (split::least_cost says what they
+/// compute): each shortest path's Bellman-Ford rounds from the last round's distances and its
+/// tree (breadth-first over the tight arcs, a rank claimed by its lowest arc), the cheapest rank
+/// below T by two reductions, the augmentation on member 0. Returns false on an internal fault.
+template <class Team>
+__device__ __forceinline__ bool least_cost_rounds(replication::split::Layout const& L, replication::split::detail::Work& W, int n_arcs,
+                                  long long T, long long A, Team& team) {
+  namespace split = replication::split;
+  constexpr long long none = 0x7fffffffffffffffLL, inf = split::detail::inf;
+  long long* claim = W.rem;
+  int const G = L.ranks;
+  for (;;) {
+    bool above = false;
+    for (int g = team.rank; g < G; g += team.size) {
+      W.dist[g] = W.ndist[g] = W.load[g] > T ? 0 : inf;
+      W.pred[g] = -1;
+      claim[g] = none;
+      above |= W.load[g] > T;
+    }
+    for (int a = team.rank; a < n_arcs; a += team.size) W.cost[a] = split::arc_cost(L, W, a, A);
+    if (team.min(above ? 0 : 1) != 0) return true;
+    // the shortest distances
+    for (int round = 0;; ++round) {
+      for (int a = team.rank; a < n_arcs; a += team.size) {
+        long long r = split::relaxed(L, W, a);
+        if (r != inf) atomicMin(&W.ndist[L.rank[W.arc_d[a]]], r);
+      }
+      team.sync();
+      bool changed = false;
+      for (int g = team.rank; g < G; g += team.size)
+        if (W.ndist[g] < W.dist[g]) W.dist[g] = W.ndist[g], changed = true;
+      if (team.min(changed ? 0 : 1) != 0) break;
+      if (round == G) return false;  // still changing after G + 1 rounds: a negative cycle
+    }
+    // the shortest-path tree
+    for (int g = team.rank; g < G; g += team.size) W.hop[g] = W.load[g] > T && W.dist[g] == 0 ? 0 : -1;
+    team.sync();
+    for (long long round = 0;; ++round) {
+      for (int a = team.rank; a < n_arcs; a += team.size) {
+        int h = L.rank[W.arc_d[a]];
+        if (W.hop[h] < 0 && split::tree_arc(L, W, a, round)) atomicMin(&claim[h], static_cast<long long>(a));
+      }
+      team.sync();
+      bool grew = false;
+      for (int h = team.rank; h < G; h += team.size) {
+        if (claim[h] == none) continue;
+        W.hop[h] = round + 1, W.pred[h] = claim[h], claim[h] = none;
+        grew = true;
+      }
+      if (team.min(grew ? 0 : 1) != 0) break;
+    }
+    // the cheapest rank below T, the lowest on a tie
+    long long best = inf, at = G;
+    for (int h = team.rank; h < G; h += team.size)
+      if (W.load[h] < T && W.dist[h] < best) best = W.dist[h], at = h;
+    long long least = team.min(best);
+    int end = static_cast<int>(team.min(best == least ? at : G));
+    bool ok = true;
+    if (team.rank == 0) ok = end < G && W.hop[end] > 0 && split::augment(L, W, T, A, end);
+    if (team.from0(ok ? 1 : 0) == 0) return false;
+  }
+}
+
 /// The split in one block. The stages of split::solve, spread over the threads where their result
 /// does not depend on the order of the work (every sum is an integer sum; every list keeps expert
 /// order through prefix sums; the start runs its experts in waves of experts on disjoint ranks, each
 /// wave after every earlier expert that shares a rank; the breadth-first rounds let the lowest arc
 /// index claim a rank, as the host's arc loop does; the shortest distances do not depend on the
-/// order of the relaxations). Paths are augmented on thread 0. `wave_first` / `wave_expert`: the
-/// waves of the start (DeviceSplit).
-template <int Threads>
-__global__ void __launch_bounds__(Threads)
+/// order of the relaxations). Paths are augmented on one thread. `WarpRounds`: the rank-sized rounds
+/// on the first warp while the others gather the sources, else on the whole block. `wave_first` /
+/// `wave_expert`: the waves of the start; `sfirst` / `srank`: the ranks of each server (DeviceSplit).
+/// One block per launch, so `__launch_bounds__(Threads, 1)`: without the 1, ptxas (CUDA 13, sm_90a)
+/// held the warp form to 80 registers and spilled; with it neither form spills.
+template <int Threads, bool WarpRounds>
+__global__ void __launch_bounds__(Threads, 1)
     batch_split_kernel(replication::split::Layout L, std::int32_t const* __restrict__ counts, std::int32_t* take,
                        long long* load, replication::split::Outcome* outcome, long long* global_work, int use_shared,
                        int waves, int const* __restrict__ wave_first, int const* __restrict__ wave_expert,
-                       long long* stamps) {
+                       int const* __restrict__ sfirst, int const* __restrict__ srank, long long* stamps) {
+  static_assert(Threads % 32 == 0 && (!WarpRounds || Threads >= 64), "whole warps; a warp beside the rounds");
   namespace split = replication::split;
   using split::detail::Work;
   MOE_EXTERN_SHARED(long long, smem);
-  __shared__ int negative, grew, end, go, changed, fault;
-  __shared__ long long T_s, best;
+  __shared__ int negative;
   __shared__ int warp_sums[Threads / 32 + 1];
+  __shared__ long long team_slots[3];
   static_assert(alignof(split::Outcome) <= alignof(long long));
   __shared__ long long out_raw[(sizeof(split::Outcome) + sizeof(long long) - 1) / sizeof(long long)];
   auto& out = *reinterpret_cast<split::Outcome*>(out_raw);
@@ -149,10 +324,15 @@ __global__ void __launch_bounds__(Threads)
     for (int i = tid; i < L.ranks; i += n) server[i] = L.server[i];
     L.first = first, L.rank = rank, L.server = server;
   }
-  if (tid == 0) negative = 0, local = 0, same_server = 0;
-  __syncthreads();
   Work W(L, work);
   int G = L.ranks, E = L.experts;
+  if (tid == 0) negative = 0, local = 0, same_server = 0, team_slots[0] = BlockTeam<Threads>::identity;
+  // what split::decide_begin makes, in parallel: the ranks of each server (the layout's, uploaded
+  // once), the loads and the header zeroed
+  for (int v = tid; v <= L.servers; v += n) W.sfirst[v] = sfirst[v];
+  for (int g = tid; g < G; g += n) W.srank[g] = srank[g], W.load[g] = 0;
+  for (int i = tid; i < 8; i += n) W.hdr[i] = 0;
+  __syncthreads();  // the copy lists in shared memory are read by every thread from here
   // 1. pairs per (source server, expert): every thread, a stride of experts
   if (split::count_servers(L, counts, work, tid, n) < 0) atomicOr(&negative, 1);
   __syncthreads();
@@ -165,16 +345,25 @@ __global__ void __launch_bounds__(Threads)
     }
     return;
   }
-  // 2a-b. the ranks of each server (thread 0), then every expert's totals (a stride of experts)
-  if (tid == 0) split::decide_begin(L, W);
-  __syncthreads();
+  // 2b. every expert's totals (a stride of experts)
   {
     BlockAdd add{W.hdr};
     for (int e = tid; e < E; e += n) split::expert_totals(L, counts, W, e, add);
     add.flush();
   }
   __syncthreads();
-  if (tid == 0) T_s = split::lower_bound(L, W);  // from the fixed loads, before the start
+  // the team of the rank-sized rounds, and the lower bound of the max load on it (from the fixed
+  // loads, before the start): split::lower_bound
+  bool const in_team = !WarpRounds || tid < 32;
+  using Team = std::conditional_t<WarpRounds, WarpTeam, BlockTeam<Threads>>;
+  Team team(tid, team_slots);
+  long long T = 0;
+  long long const total = W.hdr[split::detail::kTotal];
+  if (in_team) {
+    long long m = 0;
+    for (int g = team.rank; g < G; g += team.size) m = split::detail::lmax(m, W.load[g]);
+    T = split::detail::lmax(-team.min(-m), G > 0 ? (total + G - 1) / G : 0);
+  }
   stamp(2);
   // 2c. the lists in expert order: each thread a run of experts, placed by prefix sums
   int chunk = (E + n - 1) / n, lo = tid * chunk, hi = lo + chunk < E ? lo + chunk : E;
@@ -211,140 +400,43 @@ __global__ void __launch_bounds__(Threads)
   for (int c = tid; c < L.slots; c += n) W.y0[c] = W.y[c];
   for (int g = tid; g < G; g += n) W.load_s[g] = W.load[g];
   __syncthreads();
-  // 2e. the least max load: breadth-first rounds over the arcs, a rank claimed by its lowest arc
-  constexpr long long none = 0x7fffffffffffffffLL;
-  long long* claim = W.rem;
-  for (;;) {
-    long long T = T_s;
-    if (tid == 0) go = 0, end = G;
-    __syncthreads();
-    int any = 0;
-    for (int g = tid; g < G; g += n) {
-      W.dist[g] = W.load[g] > T ? 0 : -1;
-      W.pred[g] = -1;
-      claim[g] = none;
-      any |= W.load[g] > T;
-    }
-    if (any) atomicOr(&go, 1);
-    __syncthreads();
-    if (!go) break;
-    for (long long round = 0;; ++round) {
-      if (tid == 0) grew = 0;
-      for (int a = tid; a < n_arcs; a += n) {
-        int h = L.rank[W.arc_d[a]];
-        if (W.dist[h] < 0 && split::bfs_arc(L, W, a, round)) atomicMin(&claim[h], static_cast<long long>(a));
-      }
-      __syncthreads();
-      for (int h = tid; h < G; h += n) {
-        if (claim[h] == none) continue;
-        W.dist[h] = round + 1, W.pred[h] = claim[h], claim[h] = none;
-        atomicOr(&grew, 1);
-        if (W.load[h] < T) atomicMin(&end, h);
-      }
-      __syncthreads();
-      if (end < G || !grew) break;
-      __syncthreads();  // grew is reset for the next round after every thread has read it
-    }
-    if (tid == 0) T_s = split::max_load_step(L, W, T, end == G ? -1 : end);
-    __syncthreads();
-  }
-  stamp(5);
-  // 2f. the tie-breaks from the same start: successive shortest paths, each path's rounds over the
-  // threads (split::least_cost says what they compute), its augmentation on thread 0
-  for (int c = tid; c < L.slots; c += n) W.y[c] = W.y0[c];
-  for (int g = tid; g < G; g += n) W.load[g] = W.load_s[g];
-  long long const total = W.hdr[split::detail::kTotal], A = total + 1;
-  if (tid == 0) {
+  // 2e-f on the team; with a warp team, the other warps gather the sources meanwhile (stage 3: it
+  // reads the counts and the list of experts with copies, and writes only its own rows)
+  if (in_team) {
+    T = least_max_rounds(L, W, n_arcs, T, team);
+    stamp(5);
+    // the tie-breaks from the same start
+    for (int c = team.rank; c < L.slots; c += team.size) W.y[c] = W.y0[c];
+    for (int g = team.rank; g < G; g += team.size) W.load[g] = W.load_s[g];
     if (L.slack_permille > 0 && G > 0) {
       long long den = 1000LL * G;
-      T_s = split::detail::lmax(T_s, (total * (1000LL + L.slack_permille) + den - 1) / den);
+      T = split::detail::lmax(T, (total * (1000LL + L.slack_permille) + den - 1) / den);
     }
-    fault = 0;
+    team.sync();
+    bool ok = least_cost_rounds(L, W, n_arcs, T, total + 1, team);
+    stamp(6);
+    long long m = 0;
+    for (int g = team.rank; g < G; g += team.size) m = split::detail::lmax(m, W.load[g]);
+    m = -team.min(-m);
+    if (team.rank == 0) {
+      out = split::Outcome{};
+      out.bad = ok ? 0 : 2;
+      out.local = W.hdr[split::detail::kLocal];
+      out.same_server = W.hdr[split::detail::kSame];
+      out.max_load = m;
+    }
   }
+  if (WarpRounds ? !in_team : true)
+    split::gather_sources(L, counts, take, work, WarpRounds ? tid - 32 : tid, WarpRounds ? n - 32 : n);
   __syncthreads();
-  constexpr long long inf = split::detail::inf;
-  for (long long const T = T_s;;) {
-    if (tid == 0) go = 0, end = G, best = inf;
-    __syncthreads();
-    int any = 0;
-    for (int g = tid; g < G; g += n) {
-      W.dist[g] = W.ndist[g] = W.load[g] > T ? 0 : inf;
-      W.pred[g] = -1;
-      claim[g] = none;
-      any |= W.load[g] > T;
-    }
-    for (int a = tid; a < n_arcs; a += n) W.cost[a] = split::arc_cost(L, W, a, A);
-    if (any) atomicOr(&go, 1);
-    __syncthreads();
-    if (!go) break;
-    // the shortest distances: Bellman-Ford rounds, each from the last round's distances
-    for (int round = 0;; ++round) {
-      if (tid == 0) changed = 0;
-      for (int a = tid; a < n_arcs; a += n) {
-        long long r = split::relaxed(L, W, a);
-        if (r != inf) atomicMin(&W.ndist[L.rank[W.arc_d[a]]], r);
-      }
-      __syncthreads();
-      for (int g = tid; g < G; g += n)
-        if (W.ndist[g] < W.dist[g]) W.dist[g] = W.ndist[g], atomicOr(&changed, 1);
-      __syncthreads();
-      if (!changed) break;
-      if (round == G) {  // still changing after G + 1 rounds: a negative cycle
-        if (tid == 0) fault = 1;
-        break;
-      }
-      __syncthreads();
-    }
-    if (fault) break;
-    // the shortest-path tree: breadth-first over the tight arcs, a rank claimed by its lowest arc
-    for (int g = tid; g < G; g += n) W.hop[g] = W.load[g] > T && W.dist[g] == 0 ? 0 : -1;
-    __syncthreads();
-    for (long long round = 0;; ++round) {
-      if (tid == 0) grew = 0;
-      for (int a = tid; a < n_arcs; a += n) {
-        int h = L.rank[W.arc_d[a]];
-        if (W.hop[h] < 0 && split::tree_arc(L, W, a, round)) atomicMin(&claim[h], static_cast<long long>(a));
-      }
-      __syncthreads();
-      for (int h = tid; h < G; h += n) {
-        if (claim[h] == none) continue;
-        W.hop[h] = round + 1, W.pred[h] = claim[h], claim[h] = none;
-        atomicOr(&grew, 1);
-      }
-      __syncthreads();
-      if (!grew) break;
-      __syncthreads();
-    }
-    // the cheapest rank below T (the lowest on a tie), then the augmentation on thread 0
-    for (int h = tid; h < G; h += n)
-      if (W.load[h] < T && W.dist[h] != inf) atomicMin(&best, W.dist[h]);
-    __syncthreads();
-    for (int h = tid; h < G; h += n)
-      if (W.load[h] < T && W.dist[h] != inf && W.dist[h] == best) atomicMin(&end, h);
-    __syncthreads();
-    if (tid == 0 && (end == G || W.hop[end] <= 0 || !split::augment(L, W, T, A, end))) fault = 1;
-    __syncthreads();
-    if (fault) break;
-  }
-  if (tid == 0) {
-    out = split::Outcome{};
-    out.bad = fault ? 2 : 0;
-    out.local = W.hdr[split::detail::kLocal];
-    out.same_server = W.hdr[split::detail::kSame];
-    for (int g = 0; g < G; ++g) out.max_load = split::detail::lmax(out.max_load, W.load[g]);
-  }
-  __syncthreads();
-  stamp(6);
+  stamp(7);
   if (out.bad) {
     if (tid == 0) *outcome = out;
     return;
   }
   for (int g = tid; g < G; g += n) load[g] = W.load[g];
-  // 3-4. the sources of the experts with copies (a stride of rows), then their matching (a stride
-  // of experts); integer sums, so the order of the atomics does not change them
-  split::gather_sources(L, counts, take, work, tid, n);
-  __syncthreads();
-  stamp(7);
+  // 4. the matching (a stride of experts); integer sums, so the order of the atomics does not
+  // change them
   long long l = 0, s = 0;
   split::match(L, take, work, tid, n, &l, &s);
   // warp sums first: 64-bit shared atomics on one word from every thread would serialise
@@ -410,12 +502,19 @@ public:
   static constexpr int stamps_size = 9;
   /// Shared memory a block may use without an opt-in on every CUDA GPU.
   static constexpr std::size_t max_shared = 48 * 1024;
+  /// Who runs the rank-sized rounds (the least max load and the tie-breaks): the block's first
+  /// warp, while the other warps gather the sources (a round's barrier is a warp's), or the whole
+  /// block (more threads over the arcs of a large layout). `automatic`: the warp when no pass over
+  /// the ranks or the arcs gives a lane more than `warp_items` of them.
+  enum class Rounds { automatic, warp, block };
+  static constexpr int warp_items = 4;
 
   /// `host`: the layout of a replication::BatchSplit (host pointers); copies it to the device, with
   /// the waves of the split's start. `shared_limit`: the most dynamic shared memory the kernel may
   /// use (0: what the current device allows a block with an opt-in); past 48 KiB the constructor
   /// opts the kernel in. A split whose workspace and copy lists do not fit runs from global memory.
-  explicit DeviceSplit(replication::split::Layout const& host, std::size_t shared_limit = 0)
+  explicit DeviceSplit(replication::split::Layout const& host, std::size_t shared_limit = 0,
+                       Rounds rounds = Rounds::automatic)
       : layout_(host),
         first_(static_cast<std::size_t>(host.experts) + 1),
         rank_(static_cast<std::size_t>(host.slots)),
@@ -426,6 +525,20 @@ public:
     layout_.first = first_.get();
     layout_.rank = rank_.get();
     layout_.server = server_.get();
+    warp_rounds_ = rounds == Rounds::warp ||
+                   (rounds == Rounds::automatic && std::max(host.ranks, host.arcs) <= warp_items * 32);
+    // the ranks of each server, in rank order (split::decide_begin's lists: the layout's alone)
+    std::vector<int> sfirst(static_cast<std::size_t>(host.servers) + 1, 0), srank(static_cast<std::size_t>(host.ranks));
+    for (int r = 0; r < host.ranks; ++r) ++sfirst[static_cast<std::size_t>(host.server[r]) + 1];
+    for (int v = 0; v < host.servers; ++v) sfirst[static_cast<std::size_t>(v) + 1] += sfirst[static_cast<std::size_t>(v)];
+    {
+      std::vector<int> at(sfirst.begin(), sfirst.end() - 1);
+      for (int r = 0; r < host.ranks; ++r) srank[static_cast<std::size_t>(at[static_cast<std::size_t>(host.server[r])]++)] = r;
+    }
+    sfirst_ = DeviceArray<int>(sfirst.size());
+    sfirst_.upload(sfirst.data(), sfirst.size());
+    srank_ = DeviceArray<int>(std::max<std::size_t>(srank.size(), 1));
+    if (!srank.empty()) srank_.upload(srank.data(), srank.size());
     // The start's waves: an expert with copies starts one wave after the latest earlier expert with
     // copies on one of its ranks, so experts of one wave share no rank, and each starts after every
     // earlier expert it shares a rank with (the host's expert order, for what it can see).
@@ -465,8 +578,9 @@ public:
     if (need <= shared_limit) {
       shared_ = need;
       if (need > max_shared)
-        check_cuda(cudaFuncSetAttribute(detail::batch_split_kernel<threads>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(need)),
+        check_cuda(cudaFuncSetAttribute(warp_rounds_ ? detail::batch_split_kernel<threads, true>
+                                                     : detail::batch_split_kernel<threads, false>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(need)),
                    "cudaFuncSetAttribute(batch_split_kernel, MaxDynamicSharedMemorySize)");
     }
   }
@@ -474,6 +588,8 @@ public:
   /// The number of waves the split's start runs in (the longest chain of experts with copies that
   /// share ranks, in expert order): the start's serial depth.
   [[nodiscard]] int start_waves() const { return waves_; }
+  /// Whether the rank-sized rounds run on one warp (see Rounds).
+  [[nodiscard]] bool warp_rounds() const { return warp_rounds_; }
   /// The layout with device pointers.
   [[nodiscard]] replication::split::Layout const& layout() const { return layout_; }
   /// Bytes of the per-block workspace the split needs.
@@ -500,9 +616,10 @@ public:
     bool shared = shared_bytes() > 0;
     check(shared || workspace != nullptr, "device batch split: the workspace (", work_bytes(),
           " bytes) does not fit in shared memory and none was given");
-    launch(detail::batch_split_kernel<threads>, dim3(1), dim3(threads), shared_bytes(), stream, layout_, counts, take,
-           load, outcome, static_cast<long long*>(workspace), shared ? 1 : 0, waves_, wave_first_.get(),
-           wave_expert_.get(), stamps);
+    launch(warp_rounds_ ? detail::batch_split_kernel<threads, true> : detail::batch_split_kernel<threads, false>,
+           dim3(1), dim3(threads), shared_bytes(), stream, layout_, counts, take, load, outcome,
+           static_cast<long long*>(workspace), shared ? 1 : 0, waves_, wave_first_.get(), wave_expert_.get(),
+           sfirst_.get(), srank_.get(), stamps);
     check_launch("batch_split_kernel");
   }
 
@@ -544,8 +661,9 @@ public:
 
 private:
   replication::split::Layout layout_;
-  DeviceArray<int> first_, rank_, server_, wave_first_, wave_expert_;
+  DeviceArray<int> first_, rank_, server_, wave_first_, wave_expert_, sfirst_, srank_;
   int waves_ = 0;
+  bool warp_rounds_ = false;
   std::size_t shared_ = 0;
 };
 
