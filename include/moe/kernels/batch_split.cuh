@@ -293,8 +293,9 @@ template <int Threads, bool WarpRounds>
 __global__ void __launch_bounds__(Threads, 1)
     batch_split_kernel(replication::split::Layout L, std::int32_t const* __restrict__ counts, std::int32_t* take,
                        long long* load, replication::split::Outcome* outcome, long long* global_work, int use_shared,
-                       int waves, int const* __restrict__ wave_first, int const* __restrict__ wave_expert,
-                       int const* __restrict__ sfirst, int const* __restrict__ srank, long long* stamps) {
+                       int waves, int wave_experts, int const* __restrict__ wave_first,
+                       int const* __restrict__ wave_expert, int const* __restrict__ sfirst,
+                       int const* __restrict__ srank, long long* stamps) {
   static_assert(Threads % 32 == 0 && (!WarpRounds || Threads >= 64), "whole warps; a warp beside the rounds");
   namespace split = replication::split;
   using split::detail::Work;
@@ -313,16 +314,21 @@ __global__ void __launch_bounds__(Threads, 1)
   };
   stamp(0);
   long long* work = global_work;
-  if (use_shared) {  // the workspace, then the copy lists and servers, in shared memory
+  if (use_shared) {  // the workspace, then the copy lists, servers and the start's waves, in shared memory
     work = smem;
     auto* lay = reinterpret_cast<int*>(smem + split::workspace_words(L));
     int* first = lay;
     int* rank = first + L.experts + 1;
     int* server = rank + L.slots;
+    int* wfirst = server + L.ranks;
+    int* wexpert = wfirst + waves + 1;
     for (int i = tid; i <= L.experts; i += n) first[i] = L.first[i];
     for (int i = tid; i < L.slots; i += n) rank[i] = L.rank[i];
     for (int i = tid; i < L.ranks; i += n) server[i] = L.server[i];
+    for (int i = tid; i <= waves; i += n) wfirst[i] = wave_first[i];
+    for (int i = tid; i < wave_experts; i += n) wexpert[i] = wave_expert[i];
     L.first = first, L.rank = rank, L.server = server;
+    wave_first = wfirst, wave_expert = wexpert;
   }
   Work W(L, work);
   int G = L.ranks, E = L.experts;
@@ -559,12 +565,14 @@ public:
       first[static_cast<std::size_t>(w) + 1] = static_cast<int>(order.size());
     }
     waves_ = waves;
+    wave_experts_ = static_cast<int>(order.size());
     wave_first_ = DeviceArray<int>(first.size());
     wave_first_.upload(first.data(), first.size());
     wave_expert_ = DeviceArray<int>(std::max<std::size_t>(order.size(), 1));
     if (!order.empty()) wave_expert_.upload(order.data(), order.size());
-    // shared memory: the workspace, then the copy lists and servers (int)
+    // shared memory: the workspace, then the copy lists, the servers and the start's waves (int)
     std::size_t lists = (static_cast<std::size_t>(host.experts) + 1 + static_cast<std::size_t>(host.slots) +
+                         static_cast<std::size_t>(waves_) + 1 + static_cast<std::size_t>(wave_experts_) +
                          static_cast<std::size_t>(host.ranks)) * sizeof(int);
     std::size_t need = work_bytes() + (lists + sizeof(long long) - 1) / sizeof(long long) * sizeof(long long);
     if (shared_limit == 0) {
@@ -618,7 +626,7 @@ public:
           " bytes) does not fit in shared memory and none was given");
     launch(warp_rounds_ ? detail::batch_split_kernel<threads, true> : detail::batch_split_kernel<threads, false>,
            dim3(1), dim3(threads), shared_bytes(), stream, layout_, counts, take, load, outcome,
-           static_cast<long long*>(workspace), shared ? 1 : 0, waves_, wave_first_.get(), wave_expert_.get(),
+           static_cast<long long*>(workspace), shared ? 1 : 0, waves_, wave_experts_, wave_first_.get(), wave_expert_.get(),
            sfirst_.get(), srank_.get(), stamps);
     check_launch("batch_split_kernel");
   }
@@ -662,7 +670,7 @@ public:
 private:
   replication::split::Layout layout_;
   DeviceArray<int> first_, rank_, server_, wave_first_, wave_expert_, sfirst_, srank_;
-  int waves_ = 0;
+  int waves_ = 0, wave_experts_ = 0;
   bool warp_rounds_ = false;
   std::size_t shared_ = 0;
 };

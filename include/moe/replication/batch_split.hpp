@@ -303,9 +303,9 @@ MOE_HOST_DEVICE inline std::int32_t count_servers(Layout const& L, std::int32_t 
     }
     return sign;
   }
-  // eight rows' loads before their sums: the loads do not wait on the stores (a GPU thread would
-  // otherwise pay one memory latency per rank)
-  constexpr int batch = 8;
+  // 32 rows' loads before their sums: the loads do not wait on the stores (a GPU thread would
+  // otherwise pay one memory latency per rank; at 32 ranks or fewer it pays one in all)
+  constexpr int batch = 32;
   for (int e = part; e < L.experts; e += parts)
     for (int r0 = 0; r0 < L.ranks; r0 += batch) {
       std::int32_t n[batch];
