@@ -359,7 +359,7 @@ __global__ void __launch_bounds__(Threads, 1)
   }
   __syncthreads();
   // the team of the rank-sized rounds, and the lower bound of the max load on it (from the fixed
-  // loads, before the start): split::lower_bound
+  // loads, before the start)
   bool const in_team = !WarpRounds || tid < 32;
   using Team = std::conditional_t<WarpRounds, WarpTeam, BlockTeam<Threads>>;
   Team team(tid, team_slots);
@@ -368,7 +368,7 @@ __global__ void __launch_bounds__(Threads, 1)
   if (in_team) {
     long long m = 0;
     for (int g = team.rank; g < G; g += team.size) m = split::detail::lmax(m, W.load[g]);
-    T = split::detail::lmax(-team.min(-m), G > 0 ? (total + G - 1) / G : 0);
+    T = split::lower_bound(-team.min(-m), total, G);
   }
   stamp(2);
   // 2c. the lists in expert order: each thread a run of experts, placed by prefix sums
@@ -414,10 +414,7 @@ __global__ void __launch_bounds__(Threads, 1)
     // the tie-breaks from the same start
     for (int c = team.rank; c < L.slots; c += team.size) W.y[c] = W.y0[c];
     for (int g = team.rank; g < G; g += team.size) W.load[g] = W.load_s[g];
-    if (L.slack_permille > 0 && G > 0) {
-      long long den = 1000LL * G;
-      T = split::detail::lmax(T, (total * (1000LL + L.slack_permille) + den - 1) / den);
-    }
+    T = split::tie_break_cap(L, T, total);
     team.sync();
     bool ok = least_cost_rounds(L, W, n_arcs, T, total + 1, team);
     stamp(6);
@@ -533,14 +530,10 @@ public:
     layout_.server = server_.get();
     warp_rounds_ = rounds == Rounds::warp ||
                    (rounds == Rounds::automatic && std::max(host.ranks, host.arcs) <= warp_items * 32);
-    // the ranks of each server, in rank order (split::decide_begin's lists: the layout's alone)
-    std::vector<int> sfirst(static_cast<std::size_t>(host.servers) + 1, 0), srank(static_cast<std::size_t>(host.ranks));
-    for (int r = 0; r < host.ranks; ++r) ++sfirst[static_cast<std::size_t>(host.server[r]) + 1];
-    for (int v = 0; v < host.servers; ++v) sfirst[static_cast<std::size_t>(v) + 1] += sfirst[static_cast<std::size_t>(v)];
-    {
-      std::vector<int> at(sfirst.begin(), sfirst.end() - 1);
-      for (int r = 0; r < host.ranks; ++r) srank[static_cast<std::size_t>(at[static_cast<std::size_t>(host.server[r])]++)] = r;
-    }
+    // the ranks of each server (split::decide_begin's lists: the layout's alone)
+    std::vector<int> sfirst(static_cast<std::size_t>(host.servers) + 1), srank(static_cast<std::size_t>(host.ranks)),
+        cursor(static_cast<std::size_t>(host.servers));
+    replication::split::server_ranks(host, sfirst.data(), srank.data(), cursor.data());
     sfirst_ = DeviceArray<int>(sfirst.size());
     sfirst_.upload(sfirst.data(), sfirst.size());
     srank_ = DeviceArray<int>(std::max<std::size_t>(srank.size(), 1));
@@ -586,9 +579,7 @@ public:
     if (need <= shared_limit) {
       shared_ = need;
       if (need > max_shared)
-        check_cuda(cudaFuncSetAttribute(warp_rounds_ ? detail::batch_split_kernel<threads, true>
-                                                     : detail::batch_split_kernel<threads, false>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(need)),
+        check_cuda(cudaFuncSetAttribute(kernel(), cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(need)),
                    "cudaFuncSetAttribute(batch_split_kernel, MaxDynamicSharedMemorySize)");
     }
   }
@@ -624,8 +615,7 @@ public:
     bool shared = shared_bytes() > 0;
     check(shared || workspace != nullptr, "device batch split: the workspace (", work_bytes(),
           " bytes) does not fit in shared memory and none was given");
-    launch(warp_rounds_ ? detail::batch_split_kernel<threads, true> : detail::batch_split_kernel<threads, false>,
-           dim3(1), dim3(threads), shared_bytes(), stream, layout_, counts, take, load, outcome,
+    launch(kernel(), dim3(1), dim3(threads), shared_bytes(), stream, layout_, counts, take, load, outcome,
            static_cast<long long*>(workspace), shared ? 1 : 0, waves_, wave_experts_, wave_first_.get(), wave_expert_.get(),
            sfirst_.get(), srank_.get(), stamps);
     check_launch("batch_split_kernel");
@@ -668,6 +658,11 @@ public:
   }
 
 private:
+  /// The kernel of this split's rounds (see Rounds).
+  [[nodiscard]] decltype(&detail::batch_split_kernel<threads, true>) kernel() const {
+    return warp_rounds_ ? detail::batch_split_kernel<threads, true> : detail::batch_split_kernel<threads, false>;
+  }
+
   replication::split::Layout layout_;
   DeviceArray<int> first_, rank_, server_, wave_first_, wave_expert_, sfirst_, srank_;
   int waves_ = 0, wave_experts_ = 0;

@@ -320,13 +320,20 @@ MOE_HOST_DEVICE inline std::int32_t count_servers(Layout const& L, std::int32_t 
 /// Stage 2 of solve(), in pieces that the threads of a CUDA block can share
 /// (moe/kernels/batch_split.cuh); decide() runs them in order on one thread.
 ///
-/// 2a (one thread): the ranks of each server, in rank order; the loads and the header sums zeroed.
+/// The ranks of each server, in rank order: server v's are srank[sfirst[v] .. sfirst[v + 1]].
+/// `cursor`: servers words of scratch. They depend on the layout alone (DeviceSplit makes them once).
+template <class I>
+MOE_HOST_DEVICE inline void server_ranks(Layout const& L, I* sfirst, I* srank, I* cursor) {
+  for (int v = 0; v <= L.servers; ++v) sfirst[v] = 0;
+  for (int r = 0; r < L.ranks; ++r) ++sfirst[L.server[r] + 1];
+  for (int v = 0; v < L.servers; ++v) sfirst[v + 1] += sfirst[v];
+  for (int v = 0; v < L.servers; ++v) cursor[v] = sfirst[v];
+  for (int r = 0; r < L.ranks; ++r) srank[cursor[L.server[r]]++] = r;
+}
+
+/// 2a (one thread): the ranks of each server (server_ranks); the loads and the header sums zeroed.
 MOE_HOST_DEVICE inline void decide_begin(Layout const& L, detail::Work& W) {
-  for (int v = 0; v <= L.servers; ++v) W.sfirst[v] = 0;
-  for (int r = 0; r < L.ranks; ++r) ++W.sfirst[L.server[r] + 1];
-  for (int v = 0; v < L.servers; ++v) W.sfirst[v + 1] += W.sfirst[v];
-  for (int v = 0; v < L.servers; ++v) W.path[v] = W.sfirst[v];
-  for (int r = 0; r < L.ranks; ++r) W.srank[W.path[L.server[r]]++] = r;
+  server_ranks(L, W.sfirst, W.srank, W.path);
   for (int g = 0; g < L.ranks; ++g) W.load[g] = 0;
   for (int i = 0; i < 8; ++i) W.hdr[i] = 0;
 }
@@ -373,11 +380,21 @@ MOE_HOST_DEVICE inline int expert_arc_count(Layout const& L, int e) {
 }
 
 /// The least max load the flow starts from: the largest fixed load and the mean, rounded up.
+MOE_HOST_DEVICE inline long long lower_bound(long long max_fixed, long long total, int ranks) {
+  return detail::lmax(max_fixed, ranks > 0 ? (total + ranks - 1) / ranks : 0);
+}
 MOE_HOST_DEVICE inline long long lower_bound(Layout const& L, detail::Work const& W) {
   long long T = 0;
   for (int g = 0; g < L.ranks; ++g) T = detail::lmax(T, W.load[g]);
-  long long total = W.hdr[detail::kTotal];
-  return detail::lmax(T, L.ranks > 0 ? (total + L.ranks - 1) / L.ranks : 0);
+  return lower_bound(T, W.hdr[detail::kTotal], L.ranks);
+}
+
+/// The max load the tie-breaks may use: the least max load T, or with a balance slack
+/// (Layout::slack_permille) the mean raised by the slack, rounded up, when that is higher.
+MOE_HOST_DEVICE inline long long tie_break_cap(Layout const& L, long long T, long long total) {
+  if (L.slack_permille <= 0 || L.ranks <= 0) return T;
+  long long den = 1000LL * L.ranks;
+  return detail::lmax(T, (total * (1000LL + L.slack_permille) + den - 1) / den);
 }
 
 /// Whether arc a may carry the breadth-first search of round `round` (its tail was reached in that
@@ -601,10 +618,7 @@ MOE_HOST_DEVICE inline Outcome decide(Layout const& L, std::int32_t const* count
   long long A = total + 1;  // one local pair outweighs every same-server pair
 
   // --- 2-3. least cost at that T (or the slack's cap): successive shortest paths from the same start
-  if (L.slack_permille > 0 && G > 0) {
-    long long den = 1000LL * G;
-    T = lmax(T, (total * (1000LL + L.slack_permille) + den - 1) / den);
-  }
+  T = tie_break_cap(L, T, total);
   for (int c = 0; c < L.slots; ++c) W.y[c] = W.y0[c];
   for (int g = 0; g < G; ++g) W.load[g] = W.load_s[g];
   if (!least_cost(L, W, T, A)) {
