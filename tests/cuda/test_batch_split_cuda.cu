@@ -190,6 +190,16 @@ TEST_CASE("device batch split on the edge cases", "[batch-split]") {
     CHECK(compare(c));  // the workspace fits in shared memory (past 48 KiB: the kernel opts in)
     CHECK_FALSE(compare(c, moe::kernels::cuda::DeviceSplit::max_shared));  // without the opt-in: global memory
   }
+  SECTION("an expert of 32 copies (a lane each) and one of 40 (past a warp: the host's code on a lane)") {
+    std::mt19937 rng(17);
+    auto c = random_case(rng, 48, 3, 12, 20, 30);
+    for (int e : {3, 7}) {
+      auto& l = c.copies[static_cast<std::size_t>(e)];
+      l.clear();
+      for (int j = 0; j < (e == 3 ? 32 : 40); ++j) l.push_back((j * 7 + e) % 48);  // distinct: 7 is odd, not 3
+    }
+    compare(c);
+  }
   SECTION("counts whose per-server sums pass 2^31 (the host's 64-bit path)") {
     std::mt19937 rng(13);
     auto c = random_case(rng, 8, 2, 6, 6, 1);

@@ -2,19 +2,23 @@
 // The per-batch replica split on the device: the split of replication::BatchSplit
 // (moe/replication/batch_split.hpp) computed by one thread block from device-resident counts, so
 // that a layer pass can go from the count exchange to the dispatch with no host round trip. The
-// block runs the host's own pieces of split::solve (count_servers, the pieces of decide,
-// gather_sources, match) and spreads them over its threads wherever the result does not depend on
-// the order of the work, so the result equals the host's bit for bit:
+// block runs the host's pieces of split::solve (count_servers, the pieces of decide,
+// gather_sources; the start and the matching in a warp form of their own) and spreads them over
+// its threads wherever the result does not depend on the order of the work, so the result equals
+// the host's bit for bit:
 //   - the counts per server, the experts' totals and fixed loads (integer sums, atomic where shared);
 //   - the lists of experts with copies and their arcs, in expert order (block prefix sums);
 //   - the start of the flow, wave by wave (experts of a wave share no rank; an expert starts after
 //     every earlier expert on one of its ranks, as in the host's expert order; DeviceSplit makes
-//     the waves from the copy lists once);
+//     the waves from the copy lists once), each expert on a warp, a lane per copy;
 //   - the breadth-first rounds of the least max load (a rank is claimed by its lowest arc, as the
 //     host's arc loop claims it);
 //   - the tie-breaks (successive shortest paths on the rank graph): each path's Bellman-Ford rounds
 //     and its shortest-path tree (breadth-first over the tight arcs, a rank claimed by its lowest
-//     arc) over the threads, its augmentation on thread 0; then the matching over the threads.
+//     arc) over the threads, its augmentation on thread 0; then the matching, each expert on a
+//     warp (a lane per copy, then 32 ranks at a time).
+// One expert per warp, not per thread: the lanes of a warp that take paths of different lengths
+// run one after the other, so 25 experts on the first 25 threads cost the sum of their paths.
 // The rounds of the last two are rank-sized (tens of ranks and arcs at EP32) and many: by default
 // (DeviceSplit::Rounds) they run on the block's first warp, whose barriers and reductions are a
 // warp's, while the other warps gather the matching's sources; a large layout runs them on the
@@ -172,6 +176,167 @@ struct BlockTeam {
     return *here;
   }
 };
+
+/// split::detail::level on one warp, a lane per copy: lanes with `on` and the same `group` are one
+/// call's slots, and `amount` (the same on every lane of a group) is spread over them by raising the
+/// lowest rank loads first, the remainder one pair each to the lowest slots at the final level. `l`
+/// and `y`: the lane's rank load and its copy's take. The host sorts the slots by (load, slot) and
+/// walks up the levels; here each lane finds its place p in that order and the cost of raising the
+/// p slots below it to its load (p l - the sum of their loads). That cost grows with p, so the slots
+/// raised are those whose cost is at most `amount`, and the lowest always: the same slots, level
+/// and remainder as the host's walk. Lanes from k on have no copy; every lane calls it.
+__device__ __forceinline__ void level_warp(long long& l, long long& y, bool on, int group, long long amount, int k,
+                                           int lane) {
+  int p = 0;
+  long long below = 0;  // loads of the group's slots before this one in (load, slot) order
+  for (int j = 0; j < k; ++j) {
+    long long lj = __shfl_sync(0xffffffffu, l, j);
+    int gj = __shfl_sync(0xffffffffu, group, j);
+    if (gj == group && (lj < l || (lj == l && j < lane))) ++p, below += lj;
+  }
+  bool in = on && amount > 0 && (p == 0 || p * l - below <= amount);
+  unsigned raised = __ballot_sync(0xffffffffu, in);
+  long long n = 0, sum = 0, top = 0;  // the group's raised slots: how many, their loads, the highest
+  int before = 0;                     // raised slots of the group at lower lanes (slot order)
+  for (int j = 0; j < k; ++j) {
+    long long lj = __shfl_sync(0xffffffffu, l, j);
+    int gj = __shfl_sync(0xffffffffu, group, j);
+    if (gj != group || !((raised >> j) & 1u)) continue;
+    ++n, sum += lj, top = n == 1 || lj > top ? lj : top;
+    before += j < lane;
+  }
+  if (!in) return;
+  long long spent = n * top - sum;  // raising them all to the highest
+  long long q = (amount - spent) / n, extra = amount - spent - q * n;
+  long long add = top + q - l + (before < extra ? 1 : 0);
+  y += add, l += add;
+}
+
+/// split::detail::start_expert on one warp, a lane per copy (an expert of up to 32 copies; more
+/// run on lane 0 with the host's code). An expert's copies are on distinct ranks (BatchSplit checks
+/// it), so each lane owns its copy's rank load, and the levels of different servers touch disjoint
+/// ranks: they run at once where the host runs them in slot order. Writes what the host's writes
+/// (y and the loads of the copies' ranks), not its scratch (mark, need).
+__device__ __forceinline__ void start_expert_warp(replication::split::Layout const& L,
+                                                  replication::split::detail::Work& W, int e, int lane) {
+  int lo = L.first[e], k = L.first[e + 1] - lo;
+  if (k > 32) {
+    if (lane == 0) replication::split::detail::start_expert(L, W, e);
+    __syncwarp();
+    return;
+  }
+  bool on = lane < k;
+  int c = lo + (on ? lane : 0);
+  int g = L.rank[c], srv = L.server[g];
+  long long loc = on ? W.loc[c] : 0;
+  long long y = loc, l = on ? W.load[g] + loc : 0;  // own-rank pairs on their copy
+  // each server's pairs on its own copies: the group of a copy is the first copy on its server
+  int lead = lane;
+  long long local = 0;
+  for (int j = 0; j < k; ++j) {
+    int sj = __shfl_sync(0xffffffffu, srv, j);
+    long long lj = __shfl_sync(0xffffffffu, loc, j);
+    if (sj == srv) lead = j < lead ? j : lead, local += lj;
+  }
+  long long amount = on ? W.srvN[c] - local : 0;
+  long long placed = loc + (on && lead == lane ? amount : 0);
+  for (int o = 16; o > 0; o >>= 1) placed += __shfl_xor_sync(0xffffffffu, placed, o);
+  level_warp(l, y, on, lead, amount, k, lane);
+  // the rest over every copy
+  level_warp(l, y, on, 0, W.N[e] - placed, k, lane);
+  if (on) W.y[c] = y, W.load[g] = l;
+}
+
+/// Inclusive prefix sum over the warp's lanes.
+__device__ __forceinline__ long long warp_inclusive_sum(long long v, int lane) {
+  for (int o = 1; o < 32; o <<= 1) {
+    long long u = __shfl_up_sync(0xffffffffu, v, static_cast<unsigned>(o));
+    if (lane >= o) v += u;
+  }
+  return v;
+}
+
+/// One greedy pass of split::match on one warp: copies (the lanes below k with `mine`) take, in slot
+/// order, what the ranks at[0..count) hold (`rem`), in that order; each copy needs `need`. The host
+/// walks both lists with two cursors; that gives every (rank, copy) the overlap of the rank's span
+/// [R, R + rem) in the ranks' running sum with the copy's span [C, C + need) in the copies'. Here the
+/// lanes take 32 ranks at a time and write the non-zero overlaps. Lowers `need` and the ranks' rem;
+/// returns (on every lane) the pairs taken.
+template <class At>
+__device__ __forceinline__ long long match_pass(replication::split::Layout const& L, std::int32_t* take, long long* rem,
+                                                At at, int count, int lo, int k, bool mine, long long& need,
+                                                int lane) {
+  long long wanted = mine ? need : 0;
+  long long before = warp_inclusive_sum(wanted, lane) - wanted;  // C: the needs of the copies before
+  long long total = __shfl_sync(0xffffffffu, before + wanted, 31);
+  long long held = 0;  // R of this chunk's first rank
+  for (int base = 0; base < count && held < total; base += 32) {
+    int r = base + lane < count ? at(base + lane) : -1;
+    long long has = r >= 0 ? rem[r] : 0;
+    long long upto = warp_inclusive_sum(has, lane), from = upto - has;
+    upto += held, from += held;
+    for (int j = 0; j < k; ++j) {
+      long long cj = __shfl_sync(0xffffffffu, before, j), nj = __shfl_sync(0xffffffffu, wanted, j);
+      long long a = from > cj ? from : cj, b = upto < cj + nj ? upto : cj + nj;
+      if (b > a) take[static_cast<long long>(r) * L.slots + lo + j] = static_cast<std::int32_t>(b - a), has -= b - a;
+    }
+    if (r >= 0) rem[r] = has;
+    held = __shfl_sync(0xffffffffu, upto, 31);
+  }
+  // each copy took the part of its span below the ranks' total
+  long long got = held - before;
+  got = got < 0 ? 0 : got < wanted ? got : wanted;
+  need -= got;
+  for (int o = 16; o > 0; o >>= 1) got += __shfl_xor_sync(0xffffffffu, got, o);
+  return got;
+}
+
+/// split::match for the expert of W.mc[i] on one warp (an expert of up to 32 copies; more run on lane
+/// 0 with the host's code). Own rank first (a lane per copy: the copies' ranks are distinct), then
+/// each server's ranks to its copies, then every rank to every copy, each pass in the host's order
+/// (match_pass). Adds the lane's share of the pairs kept on their rank and server to *local and
+/// *same_server (the sums over the warp are the host's).
+__device__ __forceinline__ void match_expert_warp(replication::split::Layout const& L, std::int32_t* take,
+                                                  long long* work, replication::split::detail::Work& W, long long i,
+                                                  int lane, long long* local, long long* same_server) {
+  int e = static_cast<int>(W.mc[i]);
+  int lo = L.first[e], k = L.first[e + 1] - lo, G = L.ranks;
+  if (W.N[e] == 0) return;
+  if (k > 32) {
+    long long n_mc = W.hdr[replication::split::detail::kMc];
+    if (lane == 0)
+      replication::split::match(L, take, work, static_cast<int>(i), static_cast<int>(n_mc), local, same_server);
+    __syncwarp();
+    return;
+  }
+  long long* rem = W.supply + i * G;
+  bool on = lane < k;
+  int c = lo + (on ? lane : 0), g = L.rank[c], srv = L.server[g];
+  long long need = 0;
+  if (on) {
+    long long m = rem[g] < W.y[c] ? rem[g] : W.y[c];
+    take[static_cast<long long>(g) * L.slots + c] = static_cast<std::int32_t>(m);
+    rem[g] -= m, need = W.y[c] - m;
+    *local += m, *same_server += m;
+  }
+  __syncwarp();
+  // each server's ranks to its copies: one pass per server, its copies in slot order
+  unsigned left = __ballot_sync(0xffffffffu, on && need > 0);
+  while (left != 0) {
+    int v = __shfl_sync(0xffffffffu, srv, __ffs(left) - 1);
+    bool mine = on && srv == v;
+    left &= ~__ballot_sync(0xffffffffu, mine);
+    int first = static_cast<int>(W.sfirst[v]);
+    long long got = match_pass(L, take, rem, [&](int t) { return static_cast<int>(W.srank[first + t]); },
+                               static_cast<int>(W.sfirst[v + 1]) - first, lo, k, mine, need, lane);
+    if (lane == 0) *same_server += got;
+    __syncwarp();
+  }
+  // the rest: every rank in order
+  if (__any_sync(0xffffffffu, on && need > 0))
+    match_pass(L, take, rem, [](int t) { return t; }, G, lo, k, on, need, lane);
+  __syncwarp();
+}
 
 /// 2e. The least max load from T (the lower bound), on the team: breadth-first rounds over the
 /// arcs from the ranks above T, a rank claimed by its lowest arc (as the host's arc loop claims it),
@@ -396,9 +561,9 @@ __global__ void __launch_bounds__(Threads, 1)
   stamp(3);
   // 2d. the start, wave by wave
   for (int w = 0; w < waves; ++w) {
-    for (int i = wave_first[w] + tid; i < wave_first[w + 1]; i += n) {
+    for (int i = wave_first[w] + (tid >> 5); i < wave_first[w + 1]; i += n >> 5) {
       int e = wave_expert[i];
-      if (W.N[e] > 0) split::detail::start_expert(L, W, e);
+      if (W.N[e] > 0) detail::start_expert_warp(L, W, e, tid & 31);
     }
     __syncthreads();
   }
@@ -441,7 +606,8 @@ __global__ void __launch_bounds__(Threads, 1)
   // 4. the matching (a stride of experts); integer sums, so the order of the atomics does not
   // change them
   long long l = 0, s = 0;
-  split::match(L, take, work, tid, n, &l, &s);
+  for (long long i = tid >> 5, n_mc = W.hdr[split::detail::kMc]; i < n_mc; i += n >> 5)
+    detail::match_expert_warp(L, take, work, W, i, tid & 31, &l, &s);
   // warp sums first: 64-bit shared atomics on one word from every thread would serialise
   for (int o = 16; o > 0; o >>= 1) {
     l += __shfl_down_sync(0xffffffffu, l, static_cast<unsigned>(o));
