@@ -14,8 +14,9 @@
 // every token's top_k-th choice is an exact tie the tie rule settles):
 //   - every token's output matches moe::reference_forward<TemperedTopK> (the host router) within
 //     1e-5 of the token's largest output value;
-//   - on every rank, the dispatch records kept, sent and received equal the counts made here from
-//     the reference's routes and HotEverywhere::choose (one record per token and serving rank);
+//   - on every rank, the dispatch records kept, sent and received, and the pairs served on the
+//     rank itself (local_assignments), equal the counts made here from the reference's routes and
+//     HotEverywhere::choose (one record per token and serving rank);
 //   - the checks can fail: the model's own router gives other outputs, and one copy per expert
 //     would give other record counts.
 // A batch is compared only where rounding cannot change a route: the program first checks that,
@@ -169,9 +170,9 @@ DeviceRun run_device(moe::LayerWeights<float> const& weights, std::vector<float>
 
 /// The dispatch records each rank keeps, sends and receives when the pairs of `ids` (the reference's
 /// routes) are served where `choose(expert, source_rank, token)` says: one record per token and
-/// serving rank (the layer's de-duplication).
+/// serving rank (the layer's de-duplication); and the pairs each rank serves itself.
 struct Records {
-  std::vector<long long> kept = std::vector<long long>(ranks), sent = kept, received = kept;
+  std::vector<long long> kept = std::vector<long long>(ranks), sent = kept, received = kept, local = kept;
   bool operator==(Records const&) const = default;
 };
 template <class Choose>
@@ -180,8 +181,11 @@ Records expected_records(std::vector<int> const& ids, Choose choose) {
   for (int t = 0; t < total; ++t) {
     int source = t / tokens_per_rank;
     std::set<int> serving;
-    for (int j = 0; j < shape.top_k; ++j)
-      serving.insert(choose(ids[static_cast<std::size_t>(t * shape.top_k + j)], source, t));
+    for (int j = 0; j < shape.top_k; ++j) {
+      int d = choose(ids[static_cast<std::size_t>(t * shape.top_k + j)], source, t);
+      serving.insert(d);
+      r.local[static_cast<std::size_t>(source)] += d == source;
+    }
     for (int d : serving) {
       ++(d == source ? r.kept : r.sent)[static_cast<std::size_t>(source)];
       ++r.received[static_cast<std::size_t>(d)];
@@ -266,10 +270,14 @@ bool check_batch(char const* what, moe::LayerWeights<float> const& weights, std:
     got.kept[r] = run.stats[r].records_local;
     got.sent[r] = run.stats[r].records_remote;
     got.received[r] = run.stats[r].records_received;
-    std::printf("rank %zu: records kept %lld, sent %lld, received %lld (HotEverywhere::choose: %lld, %lld, %lld)\n", r,
-                got.kept[r], got.sent[r], got.received[r], want.kept[r], want.sent[r], want.received[r]);
+    got.local[r] = run.stats[r].local_assignments;
+    std::printf("rank %zu: records kept %lld, sent %lld, received %lld, pairs served here %lld "
+                "(HotEverywhere::choose: %lld, %lld, %lld, %lld)\n",
+                r, got.kept[r], got.sent[r], got.received[r], got.local[r], want.kept[r], want.sent[r],
+                want.received[r], want.local[r]);
   }
-  ok &= expect(got == want, "records kept, sent and received per rank follow HotEverywhere::choose");
+  ok &= expect(got == want,
+               "records kept, sent and received and pairs served on their rank follow HotEverywhere::choose");
   auto single = expected_records(ids, [&](int e, int, long long) { return placement.rank_of(e); });
   ok &= expect(!(single == want), "one copy per expert would give other record counts");
   return ok;

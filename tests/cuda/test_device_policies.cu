@@ -208,6 +208,7 @@ TEST_CASE("a router and a replica policy defined outside the library run on the 
     if (!any_tie) {
       CHECK(b.stats.records_local == a.stats.records_local);
       CHECK(b.stats.records_remote == a.stats.records_remote);
+      CHECK(b.stats.local_assignments == a.stats.local_assignments);
     }
   }
   // The replica policy decides where records go: with one copy per expert the host layer keeps and

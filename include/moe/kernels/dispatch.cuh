@@ -478,7 +478,27 @@ __global__ void count_loads_kernel(int const* __restrict__ ids, int const* __res
     atomicAdd(&counts[experts + first_rank + dest[i]], 1);
   }
 }
+__global__ void count_rank_kernel(int const* __restrict__ dest, long long pairs, int rank,
+                                  unsigned long long* __restrict__ out) {
+  unsigned long long n = 0;
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < pairs;
+       i += static_cast<long long>(gridDim.x) * blockDim.x)
+    n += dest[i] == rank;
+  for (int o = 16; o > 0; o >>= 1) n += __shfl_xor_sync(0xffffffffu, n, o);
+  if ((threadIdx.x & 31) == 0 && n != 0) atomicAdd(out, n);
+}
 }  // namespace detail
+
+/// *out = the pairs of `pairs` whose destination (dest) is `rank`: a layer pass's local assignments.
+inline void count_rank(cudaStream_t s, int const* dest, long long pairs, int rank, std::uint64_t* out) {
+  static_assert(sizeof(std::uint64_t) == sizeof(unsigned long long));
+  check_cuda(cudaMemsetAsync(out, 0, sizeof(std::uint64_t), s), "cudaMemsetAsync");
+  if (pairs == 0) return;
+  int blocks = static_cast<int>(std::min<long long>((pairs + 255) / 256, 256));
+  launch(detail::count_rank_kernel, static_cast<unsigned>(blocks), 256, 0, s, dest, pairs, rank,
+         reinterpret_cast<unsigned long long*>(out));
+  check_launch("count_rank_kernel");
+}
 
 /// The load window's counts of one pass (moe/layer/live.hpp): counts[e] = the pairs of expert e,
 /// counts[experts + first_rank + d] = the pairs served by destination d, from the routes (ids) and

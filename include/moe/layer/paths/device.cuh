@@ -39,7 +39,9 @@
 //                         max_tokens * min(top_k, most experts one rank holds) without) with a
 //                         plain all_to_all; the real counts travel
 //                         in a separate 8-byte-per-peer all_to_all and only the device reads them.
-//                         Costs bandwidth: each region is sent whole.
+//                         Costs bandwidth: each region is sent whole. So the host never learns the
+//                         counts, and LayerStats' record counts and local_assignments stay 0 (the
+//                         exact exchange reads them with its counts; on one GPU every pair is local).
 //
 // Everything the kernels need is carved from the caller's workspace (worst case from
 // max_tokens); the layer itself owns only small tables uploaded at construction (expert weight
@@ -246,7 +248,7 @@ public:
       fork_ = kernels::cuda::make_event();
       join_ = kernels::cuda::make_event();
     }
-    if (!local) host_counts_ = kernels::cuda::PinnedArray<std::uint64_t>(2 * static_cast<std::size_t>(ranks));
+    if (!local) host_counts_ = kernels::cuda::PinnedArray<std::uint64_t>(2 * static_cast<std::size_t>(ranks) + 1);
     votes_ = detail::DeviceVotes(ranks);
     if constexpr (batch) {
       split_.emplace(replicas_.layout());
@@ -306,6 +308,7 @@ public:
     stats_.record_bytes = rec;
     stats_.meta_bytes = meta_bytes_;
     stats_.control_bytes = 0;
+    if constexpr (local) stats_.local_assignments = stats_.assignments;  // one GPU serves every pair
     kc::check_cuda(cudaMemsetAsync(experts_.errors(), 0, sizeof(unsigned), s), "cudaMemsetAsync");
 
     // 0. Shared experts on the side stream, overlapping everything up to the final sum.
@@ -360,11 +363,15 @@ public:
         comm_->all_to_all(std::as_bytes(b.send), b.recv, static_cast<std::size_t>(cap) * rec);
         slots = static_cast<long long>(ranks) * cap;
       } else {
-        // The one host synchronisation of the exact exchange (not under capture: checked above).
-        kc::check_cuda(cudaMemcpyAsync(host_counts_.get(), b.counts.data(), 2 * static_cast<std::size_t>(ranks) * sizeof(std::uint64_t),
+        // The one host synchronisation of the exact exchange (not under capture: checked above). The
+        // word after the counts: this rank's pairs served on this rank (stats only).
+        kc::count_rank(s, b.dest.data(), static_cast<long long>(t) * k, rank, b.counts.data() + 2 * ranks);
+        kc::check_cuda(cudaMemcpyAsync(host_counts_.get(), b.counts.data(),
+                                       (2 * static_cast<std::size_t>(ranks) + 1) * sizeof(std::uint64_t),
                                        cudaMemcpyDeviceToHost, s),
                        "cudaMemcpyAsync (record counts)");
         kc::check_cuda(cudaStreamSynchronize(s), "cudaStreamSynchronize (record counts)");
+        stats_.local_assignments = static_cast<long long>(host_counts_.get()[2 * static_cast<std::size_t>(ranks)]);
         host_bytes_.assign(4 * static_cast<std::size_t>(ranks), 0);
         std::size_t total = 0;
         for (int p = 0; p < ranks; ++p) {
@@ -531,7 +538,7 @@ public:
     std::span<float> weights;           // m x k
     std::span<int> rec_count, rec_pos;  // ranks x m
     std::span<std::byte> scan_temp;
-    std::span<std::uint64_t> counts;    // send (ranks), then received (ranks)
+    std::span<std::uint64_t> counts;    // send (ranks), received (ranks), local assignments (1)
     std::span<long long> send_base, recv_base;
     std::span<int> recv_n;
     std::span<std::byte> send, recv;    // dispatch records
@@ -605,7 +612,8 @@ public:
     b.rec_count = c.take<int>(ranks * m);
     b.rec_pos = c.take<int>(ranks * m);
     b.scan_temp = c.take<std::byte>(scan_bytes_ ? scan_bytes_ : (scan_bytes_ = kc::exclusive_sum_bytes(static_cast<long long>(ranks * m))));
-    b.counts = c.take<std::uint64_t>(local ? ranks : 2 * ranks);  // one GPU receives no counts
+    // send, received, then (exact exchange) the local assignments; one GPU receives no counts
+    b.counts = c.take<std::uint64_t>(local ? ranks : 2 * ranks + (padded() ? 0 : 1));
     b.send_base = c.take<long long>(ranks);
     b.recv_base = c.take<long long>(ranks);
     b.recv_n = c.take<int>(ranks);
@@ -703,7 +711,7 @@ public:
   kernels::cuda::OwnedCublas cublas_;
   kernels::cuda::OwnedStream side_;  // shared experts (only when the shape has some)
   kernels::cuda::OwnedEvent fork_, join_;
-  kernels::cuda::PinnedArray<std::uint64_t> host_counts_;  // send counts, then received counts
+  kernels::cuda::PinnedArray<std::uint64_t> host_counts_;  // send counts, received counts, local pairs
   std::vector<std::size_t> host_bytes_;   // exact exchange: send, recv, back, returned bytes per peer
   std::size_t meta_bytes_ = 0;
   std::size_t payload_bytes_ = 0;
