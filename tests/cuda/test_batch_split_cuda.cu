@@ -200,6 +200,12 @@ TEST_CASE("device batch split on the edge cases", "[batch-split]") {
     }
     compare(c);
   }
+  SECTION("servers without ranks (server numbers 1 and 3 only)") {
+    std::mt19937 rng(19);
+    auto c = random_case(rng, 12, 2, 20, 14, 40);
+    for (int g = 0; g < 12; ++g) c.server[static_cast<std::size_t>(g)] = g < 5 ? 1 : 3;
+    compare(c);
+  }
   SECTION("counts whose per-server sums pass 2^31 (the host's 64-bit path)") {
     std::mt19937 rng(13);
     auto c = random_case(rng, 8, 2, 6, 6, 1);

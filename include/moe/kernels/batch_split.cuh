@@ -177,6 +177,38 @@ struct BlockTeam {
   }
 };
 
+/// Stage 1 (split::count_servers) for the experts e = part, part + parts, ...: a thread reads its
+/// expert's column rank by rank in server order (W.srank, W.sfirst), 32 rows' loads in flight, and
+/// sums each server's rows in a register: one store per (server, expert), where the host's form adds
+/// every row into shared memory. Integer sums, so equal to the host's. Returns the OR of the counts
+/// read (negative when one of them is).
+__device__ __forceinline__ std::int32_t count_servers_block(replication::split::Layout const& L,
+                                                            std::int32_t const* __restrict__ counts,
+                                                            replication::split::detail::Work& W, int part, int parts) {
+  constexpr int batch = 32;
+  int const G = L.ranks, S = L.servers, E = L.experts;
+  std::int32_t sign = 0;
+  for (int e = part; e < E; e += parts) {
+    int v = 0;
+    long long sum = 0;
+    while (v < S && W.sfirst[v + 1] == 0) W.P[static_cast<long long>(v) * E + e] = 0, ++v;  // servers without ranks
+    for (int a0 = 0; a0 < G; a0 += batch) {
+      std::int32_t x[batch];
+#pragma unroll
+      for (int j = 0; j < batch; ++j)
+        x[j] = a0 + j < G ? counts[W.srank[a0 + j] * E + e] : 0;
+#pragma unroll
+      for (int j = 0; j < batch; ++j) {
+        if (a0 + j >= G) break;
+        sum += x[j], sign |= x[j];
+        // the server (and any empty ones after it) whose ranks end here
+        while (v < S && W.sfirst[v + 1] == a0 + j + 1) W.P[static_cast<long long>(v) * E + e] = sum, sum = 0, ++v;
+      }
+    }
+  }
+  return sign;
+}
+
 /// split::detail::level on one warp, a lane per copy: lanes with `on` and the same `group` are one
 /// call's slots, and `amount` (the same on every lane of a group) is spread over them by raising the
 /// lowest rank loads first, the remainder one pair each to the lowest slots at the final level. `l`
@@ -505,7 +537,7 @@ __global__ void __launch_bounds__(Threads, 1)
   for (int i = tid; i < 8; i += n) W.hdr[i] = 0;
   __syncthreads();  // the copy lists in shared memory are read by every thread from here
   // 1. pairs per (source server, expert): every thread, a stride of experts
-  if (split::count_servers(L, counts, work, tid, n) < 0) atomicOr(&negative, 1);
+  if (detail::count_servers_block(L, counts, W, tid, n) < 0) atomicOr(&negative, 1);
   __syncthreads();
   stamp(1);
   if (negative) {
