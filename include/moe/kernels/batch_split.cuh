@@ -2,10 +2,10 @@
 // The per-batch replica split on the device: the split of replication::BatchSplit
 // (moe/replication/batch_split.hpp) computed by one thread block from device-resident counts, so
 // that a layer pass can go from the count exchange to the dispatch with no host round trip. The
-// block runs the host's pieces of split::solve (count_servers, the pieces of decide,
-// gather_sources; the start and the matching in a warp form of their own) and spreads them over
-// its threads wherever the result does not depend on the order of the work, so the result equals
-// the host's bit for bit:
+// block runs the host's pieces of split::solve (the pieces of decide, gather_sources; the counts,
+// the start and the matching in block and warp forms of their own) and spreads them over its
+// threads wherever the result does not depend on the order of the work, so the result equals the
+// host's bit for bit:
 //   - the counts per server, the experts' totals and fixed loads (integer sums, atomic where shared);
 //   - the lists of experts with copies and their arcs, in expert order (block prefix sums);
 //   - the start of the flow, wave by wave (experts of a wave share no rank; an expert starts after
@@ -591,7 +591,7 @@ __global__ void __launch_bounds__(Threads, 1)
   for (int c = tid; c < L.slots; c += n) W.y[c] = 0, W.mark[c] = -1;
   __syncthreads();
   stamp(3);
-  // 2d. the start, wave by wave
+  // 2d. the start, wave by wave, an expert per warp
   for (int w = 0; w < waves; ++w) {
     for (int i = wave_first[w] + (tid >> 5); i < wave_first[w + 1]; i += n >> 5) {
       int e = wave_expert[i];
@@ -635,7 +635,7 @@ __global__ void __launch_bounds__(Threads, 1)
     return;
   }
   for (int g = tid; g < G; g += n) load[g] = W.load[g];
-  // 4. the matching (a stride of experts); integer sums, so the order of the atomics does not
+  // 4. the matching, an expert per warp; integer sums, so the order of the atomics does not
   // change them
   long long l = 0, s = 0;
   for (long long i = tid >> 5, n_mc = W.hdr[split::detail::kMc]; i < n_mc; i += n >> 5)
