@@ -283,16 +283,16 @@ void exit_checks(Worker& w, Fiber const& f) {
     Fiber const& other = w.fibers[static_cast<std::size_t>(w.bar_first)];
     fail_here("exited while " + thread_name(other) + " waits at __syncthreads (" + where_str(other.where) + ")");
   }
-  for (auto& rv : w.warp_rv) {
-    if (!rv.active || rv.first != f.info.warp * 32) continue;
-    if (rv.mask & (1u << f.info.lane))
+  // Only this thread's warp (its four rendezvous slots) and its warpgroup can wait for it.
+  for (std::size_t i = static_cast<std::size_t>(f.info.warp) * 4; i < static_cast<std::size_t>(f.info.warp) * 4 + 4; ++i) {
+    auto const& rv = w.warp_rv[i];
+    if (rv.active && (rv.mask & (1u << f.info.lane)))
       fail_here("exited while lanes " + hex(rv.arrived_mask) + " of its warp wait at " + rv.what + " (" +
                 where_str(rv.where) + ") with mask " + hex(rv.mask) + ", which names this lane");
   }
-  for (auto& rv : w.group_rv) {
-    if (rv.active && f.info.linear >= rv.first && f.info.linear < rv.first + rv.count)
-      fail_here(std::string("exited while its warpgroup waits at ") + rv.what + " (" + where_str(rv.where) + ")");
-  }
+  auto const& rv = w.group_rv[static_cast<std::size_t>(f.info.linear / 128)];
+  if (rv.active && f.info.linear >= rv.first && f.info.linear < rv.first + rv.count)
+    fail_here(std::string("exited while its warpgroup waits at ") + rv.what + " (" + where_str(rv.where) + ")");
 }
 
 void record_failure(Worker& w, Fiber const& f, char const* what) {
@@ -568,6 +568,11 @@ void block_barrier(std::source_location where) {
   if (auto* rv = find_warp_rv(w, f.info.warp, f.info.lane))
     fail_here("waits at __syncthreads (" + where_str(where) + ") while lanes " + hex(rv->arrived_mask) +
               " of its warp wait at " + rv->what + " (" + where_str(rv->where) + ") with mask " + hex(rv->mask));
+  // Nor can its warpgroup's collective, if one has started.
+  if (auto const& g = w.group_rv[static_cast<std::size_t>(f.info.linear / 128)];
+      g.active && f.info.linear >= g.first && f.info.linear < g.first + g.count)
+    fail_here("waits at __syncthreads (" + where_str(where) + ") while its warpgroup waits at " + g.what + " (" +
+              where_str(g.where) + ")");
   unsigned const phase = w.bar_phase;
   san::release(&w.bar_hb[phase & 1]);
   if (w.bar_arrived == 0) {
@@ -645,8 +650,11 @@ void warp_collective(unsigned mask, char const* what, void* mine, CollectiveFn f
   if (mask & ~present)
     fail_here(std::string(what) + " (" + where_str(where) + "): mask " + hex(mask) + " names lanes that do not exist (warp " +
               std::to_string(warp) + " has " + std::to_string(lanes_here) + " lanes)");
-  // Lanes named by the mask that have exited can never arrive.
-  for (int l = 0; l < lanes_here; ++l) {
+  Rendezvous* rv = find_warp_rv(w, warp, lane);
+  // Lanes named by the mask that have exited, or wait at __syncthreads, can never arrive. Checked when
+  // the operation starts: afterwards a named lane that exits (exit_checks) or reaches __syncthreads
+  // (block_barrier) fails there.
+  for (int l = 0; !rv && l < lanes_here; ++l) {
     if (!(mask & (1u << l))) continue;
     Fiber const& o = w.fibers[static_cast<std::size_t>(warp * 32 + l)];
     if (o.state == State::done)
@@ -656,9 +664,8 @@ void warp_collective(unsigned mask, char const* what, void* mine, CollectiveFn f
       fail_here(std::string(what) + " (" + where_str(where) + "): mask " + hex(mask) + " names lane " + std::to_string(l) +
                 ", which waits at __syncthreads (" + where_str(o.where) + ")");
   }
-  Rendezvous* rv = find_warp_rv(w, warp, lane);
   if (rv) {
-    if (rv->mask != mask || std::strcmp(rv->what, what) != 0)
+    if (rv->mask != mask || (rv->what != what && std::strcmp(rv->what, what) != 0))
       fail_here(std::string(what) + " (" + where_str(where) + ") with mask " + hex(mask) + " while lanes " +
                 hex(rv->arrived_mask) + " wait at " + rv->what + " (" + where_str(rv->where) + ") with mask " + hex(rv->mask));
   } else {
@@ -699,7 +706,10 @@ void group_collective(int count, char const* what, void* mine, CollectiveFn fn,
   if ((g + 1) * count > w.threads)
     fail_here(std::string(what) + " (" + where_str(where) + "): the block has " + std::to_string(w.threads) +
               " threads, not a whole warpgroup at thread " + std::to_string(g * count));
-  for (int t = g * count; t < (g + 1) * count; ++t) {
+  Rendezvous& rv = w.group_rv[static_cast<std::size_t>(g)];
+  // Checked when the collective starts, as for warp operations: a thread of the warpgroup that exits
+  // or reaches __syncthreads afterwards fails there.
+  for (int t = g * count; !rv.active && t < (g + 1) * count; ++t) {
     Fiber const& o = w.fibers[static_cast<std::size_t>(t)];
     if (o.state == State::done)
       fail_here(std::string(what) + " (" + where_str(where) + "): thread " + std::to_string(t) + " of the warpgroup has exited");
@@ -707,9 +717,8 @@ void group_collective(int count, char const* what, void* mine, CollectiveFn fn,
       fail_here(std::string(what) + " (" + where_str(where) + "): thread " + std::to_string(t) +
                 " of the warpgroup waits at __syncthreads (" + where_str(o.where) + ")");
   }
-  Rendezvous& rv = w.group_rv[static_cast<std::size_t>(g)];
   if (rv.active) {
-    if (std::strcmp(rv.what, what) != 0)
+    if (rv.what != what && std::strcmp(rv.what, what) != 0)
       fail_here(std::string(what) + " (" + where_str(where) + ") while its warpgroup waits at " + rv.what + " (" +
                 where_str(rv.where) + ")");
   } else {

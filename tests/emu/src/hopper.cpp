@@ -126,10 +126,10 @@ std::string at(char const* what, std::source_location const& where) {
   return std::string(what) + " (" + f + ":" + std::to_string(where.line()) + ")";
 }
 
-/// The bf16 element at a shared address, read by the async proxy (wgmma): the bytes must have no
-/// pending cp.async and no retired-but-unfenced one.
-float async_read_bf16(Block const& b, std::uint32_t addr, char const* operand, std::source_location const& where) {
-  if (std::size_t{addr} + 2 > b.smem_bytes)
+/// The 16-byte chunk at a shared address (16-byte aligned), read by the async proxy (wgmma) as eight
+/// bf16 values: the bytes must have no pending cp.async and no retired-but-unfenced one.
+void async_read_chunk(Block const& b, std::uint32_t addr, float* out, char const* operand, std::source_location const& where) {
+  if (std::size_t{addr} + 16 > b.smem_bytes)
     ::emu::kernel_fail(at("wgmma.mma_async", where) + ": operand " + operand + " reads shared address " + hex32(addr) + ", outside the " +
                        std::to_string(b.smem_bytes) + " bytes of dynamic shared memory");
   std::size_t const chunk = addr / 16;
@@ -141,28 +141,48 @@ float async_read_bf16(Block const& b, std::uint32_t addr, char const* operand, s
     ::emu::kernel_fail(at("wgmma.mma_async", where) + ": operand " + operand + " reads shared address " + hex32(addr) +
                        " written by a cp.async of thread " + std::to_string(b.unfenced_by[chunk]) +
                        " that has not executed fence.proxy.async since");
-  std::uint16_t bits;
-  std::memcpy(&bits, static_cast<unsigned char const*>(::emu::dynamic_shared()) + addr, 2);
-  std::uint32_t const f = static_cast<std::uint32_t>(bits) << 16;
-  float v;
-  std::memcpy(&v, &f, 4);
-  return v;
+  std::uint16_t bits[8];
+  std::memcpy(bits, static_cast<unsigned char const*>(::emu::dynamic_shared()) + addr, 16);
+  for (int i = 0; i < 8; ++i) {
+    std::uint32_t const f = static_cast<std::uint32_t>(bits[i]) << 16;
+    std::memcpy(out + i, &f, 4);
+  }
 }
 
+/// Row `row` (k = 0 .. 15) of a K-major operand. kmajor_address(desc, row, k) for k = 0 .. 7 lies in
+/// one 16-byte chunk and k = 8 .. 15 in the next one: the row's logical start is 16-byte aligned and the
+/// 128-byte swizzle moves whole 16-byte chunks. So the row is two chunk reads.
+void read_operand_row(Block const& b, std::uint64_t desc, int row, float* out, char const* operand,
+                      std::source_location const& where) {
+  async_read_chunk(b, kmajor_address(desc, row, 0), out, operand, where);
+  async_read_chunk(b, kmajor_address(desc, row, 8), out + 8, operand, where);
+}
+
+/// D (64 x n, fp32) = A (64 x 16) * B^T (n x 16) (+ D). Each output is summed in k order, 0 to 15,
+/// one rounded product at a time (the emulator builds with -ffp-contract=off): the loops run k outside
+/// the output columns so that the compiler can vectorise across columns, and every sum is added in
+/// the order it would be with k innermost.
 void compute(Block const& b, Mma const& m) {
   Acc& acc = *m.acc;
   int const n = acc.n;
-  static thread_local float A[64][16], B[256][16];
-  for (int r = 0; r < 64; ++r)
-    for (int k = 0; k < 16; ++k) A[r][k] = async_read_bf16(b, kmajor_address(m.a, r, k), "A", m.where);
-  for (int r = 0; r < n; ++r)
-    for (int k = 0; k < 16; ++k) B[r][k] = async_read_bf16(b, kmajor_address(m.b, r, k), "B", m.where);
+  static thread_local float A[64][16], Bt[16][256], row[16];
+  for (int r = 0; r < 64; ++r) read_operand_row(b, m.a, r, A[r], "A", m.where);
+  for (int c = 0; c < n; ++c) {
+    read_operand_row(b, m.b, c, row, "B", m.where);
+    for (int k = 0; k < 16; ++k) Bt[k][c] = row[k];
+  }
+  constexpr int cols = 64;  // n is 128 or 256: whole blocks of 64 columns, summed in registers
   for (int r = 0; r < 64; ++r) {
     float* out = acc.tile.data() + static_cast<std::size_t>(r) * static_cast<std::size_t>(n);
-    for (int c = 0; c < n; ++c) {
-      float s = m.scale_d ? out[c] : 0.0f;
-      for (int k = 0; k < 16; ++k) s += A[r][k] * B[c][k];
-      out[c] = s;
+    for (int c0 = 0; c0 < n; c0 += cols) {
+      float s[cols];
+      for (int j = 0; j < cols; ++j) s[j] = m.scale_d ? out[c0 + j] : 0.0f;
+      for (int k = 0; k < 16; ++k) {
+        float const a = A[r][k];
+        float const* bk = Bt[k] + c0;
+        for (int j = 0; j < cols; ++j) s[j] += a * bk[j];
+      }
+      for (int j = 0; j < cols; ++j) out[c0 + j] = s[j];
     }
   }
 }

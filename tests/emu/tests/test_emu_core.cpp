@@ -4,6 +4,8 @@
 #include <catch2/catch.hpp>
 #include <cuda_runtime.h>
 
+#include "emu/hopper.hpp"
+
 #include <algorithm>
 #include <cstring>
 #include <numeric>
@@ -111,6 +113,37 @@ __global__ void bad_mask_kernel(int* out) {
 __global__ void outside_lane_kernel(int* out) {
   int t = static_cast<int>(threadIdx.x);
   if (t < 16) out[t] = __shfl_sync(0x0000ffffu, t, 20);  // lane 20 is not in the mask
+}
+
+// Warp and warpgroup operations whose participants can never all arrive. The emulator runs a block's
+// threads in order until each blocks, so "before" and "after" below are the order of the events.
+/// Lanes 0-3 exit before lane 4 starts the shuffle that names them.
+__global__ void exited_before_shuffle_kernel(int* out) {
+  if (threadIdx.x < 4) return;
+  out[threadIdx.x] = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x), 0);
+}
+/// Lane 5 exits while lanes 0-4 wait in a shuffle that names it.
+__global__ void exits_during_shuffle_kernel(int* out) {
+  if (threadIdx.x == 5) return;
+  out[threadIdx.x] = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x), 0);
+}
+/// Lanes 16-31 reach __syncthreads while lanes 0-15 wait in a shuffle that names them.
+__global__ void barrier_during_shuffle_kernel(int* out) {
+  if (threadIdx.x < 16) out[threadIdx.x] = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x), 0);
+  else __syncthreads();
+}
+/// Warp 3 exits while warps 0-2 are held up by two __syncwarp, so that the warpgroup's fence starts
+/// after thread 96 has exited.
+__global__ void exited_before_fence_kernel(int*) {
+  if (threadIdx.x >= 96) return;
+  __syncwarp();
+  __syncwarp();
+  emu::sm90::wgmma_fence();
+}
+/// Threads 64-127 reach __syncthreads while threads 0-63 wait at the warpgroup's fence.
+__global__ void barrier_during_fence_kernel(int*) {
+  if (threadIdx.x < 64) emu::sm90::wgmma_fence();
+  else __syncthreads();
 }
 
 __global__ void trap_kernel(int* out, int when) {
@@ -246,7 +279,7 @@ TEST_CASE("atomics are device-wide", "[emu]") {
 }
 
 TEST_CASE("divergence is an error naming the kernel, block and thread", "[emu][errors]") {
-  int* out = device_alloc<int>(64);
+  int* out = device_alloc<int>(128);
   SECTION("threads at different __syncthreads") {
     REQUIRE(emu::kernel_launch(divergent_barrier_kernel, dim3(2), dim3(32), 0, nullptr, out) == cudaSuccess);
     expect_kernel_error({"divergent_barrier_kernel", "block (0,0,0)", "thread (16,0,0)", "another __syncthreads"});
@@ -262,6 +295,28 @@ TEST_CASE("divergence is an error naming the kernel, block and thread", "[emu][e
   SECTION("a shuffle reads a lane outside its mask") {
     REQUIRE(emu::kernel_launch(outside_lane_kernel, dim3(1), dim3(32), 0, nullptr, out) == cudaSuccess);
     expect_kernel_error({"outside_lane_kernel", "reads lane 20", "not in the mask"});
+  }
+  SECTION("a shuffle names lanes that exited before it started") {
+    REQUIRE(emu::kernel_launch(exited_before_shuffle_kernel, dim3(1), dim3(32), 0, nullptr, out) == cudaSuccess);
+    expect_kernel_error({"exited_before_shuffle_kernel", "thread (4,0,0)", "__shfl_sync", "names lane 0, which has exited"});
+  }
+  SECTION("a lane exits while a shuffle that names it waits") {
+    REQUIRE(emu::kernel_launch(exits_during_shuffle_kernel, dim3(1), dim3(32), 0, nullptr, out) == cudaSuccess);
+    expect_kernel_error({"exits_during_shuffle_kernel", "thread (5,0,0)", "exited while lanes 0x0000001f of its warp wait at __shfl_sync"});
+  }
+  SECTION("a lane reaches __syncthreads while a shuffle that names it waits") {
+    REQUIRE(emu::kernel_launch(barrier_during_shuffle_kernel, dim3(1), dim3(32), 0, nullptr, out) == cudaSuccess);
+    expect_kernel_error({"barrier_during_shuffle_kernel", "thread (16,0,0)", "waits at __syncthreads",
+                         "lanes 0x0000ffff of its warp wait at __shfl_sync"});
+  }
+  SECTION("a warpgroup operation starts after a thread of the warpgroup exited") {
+    REQUIRE(emu::kernel_launch(exited_before_fence_kernel, dim3(1), dim3(128), 0, nullptr, out) == cudaSuccess);
+    expect_kernel_error({"exited_before_fence_kernel", "wgmma.fence", "thread 96 of the warpgroup has exited"});
+  }
+  SECTION("a thread reaches __syncthreads while its warpgroup waits in a warpgroup operation") {
+    REQUIRE(emu::kernel_launch(barrier_during_fence_kernel, dim3(1), dim3(128), 0, nullptr, out) == cudaSuccess);
+    expect_kernel_error({"barrier_during_fence_kernel", "thread (64,0,0)", "waits at __syncthreads",
+                         "while its warpgroup waits at wgmma.fence"});
   }
   SECTION("__trap") {
     REQUIRE(emu::kernel_launch(trap_kernel, dim3(1), dim3(32), 0, nullptr, out, 5) == cudaSuccess);
