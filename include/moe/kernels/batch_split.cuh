@@ -177,7 +177,7 @@ struct BlockTeam {
   }
 };
 
-/// Stage 1 (split::count_servers) for the experts e = part, part + parts, ...: a thread reads its
+/// Stage 1 (split::count_servers) on the block, a thread per expert (e = tid, tid + n, ...): it reads its
 /// expert's column rank by rank in server order (W.srank, W.sfirst), 32 rows' loads in flight, and
 /// sums each server's rows in a register: one store per (server, expert), where the host's form adds
 /// every row into shared memory. Integer sums, so equal to the host's. Returns the OR of the counts

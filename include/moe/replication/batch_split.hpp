@@ -43,7 +43,7 @@
 // (benchmarks/planners/bench_batch_split.cpp, docs/results/batch-balance.md). The decision part
 // grows with ranks x arcs per shortest path: at 256 ranks with experts of 16 copies it takes ms.
 //
-// Stages (so that a CUDA block can share them): count_servers (any split of the experts), decide
+// Stages (so that a CUDA block can share them): count_servers (the block: count_servers_block), decide
 // (its pieces: decide_begin, expert_totals and expert_arcs over the experts, start_expert per
 // expert, the breadth-first and shortest-path rounds over the arcs, augment; decide() runs them on
 // one thread), gather_sources (any split of the rows), match (any split of the experts with
@@ -272,48 +272,31 @@ constexpr long long inf = 0x3fffffffffffffffLL;
 
 }  // namespace detail
 
-/// Stage 1 of solve(), which the threads of a CUDA block share: the pairs per (source server, expert)
-/// of the experts e = part, part + parts, ... Returns the bitwise OR of the counts it read (negative
-/// when one of them is).
-MOE_HOST_DEVICE inline std::int32_t count_servers(Layout const& L, std::int32_t const* counts, long long* work, int part,
-                                                  int parts) {
+/// Stage 1 of solve(): the pairs per (source server, expert), row by row (contiguous), in 32-bit sums
+/// when no sum can reach 2^31. Returns the bitwise OR of the counts it read (negative when one of them
+/// is). The CUDA block has its own form of it (count_servers_block in moe/kernels/batch_split.cuh).
+MOE_HOST_DEVICE inline std::int32_t count_servers(Layout const& L, std::int32_t const* counts, long long* work) {
   detail::Work W(L, work);
   std::int32_t sign = 0;
-  for (int e = part; e < L.experts; e += parts)
-    for (int v = 0; v < L.servers; ++v) W.P[static_cast<long long>(v) * L.experts + e] = 0;
-  if (parts == 1) {  // row by row (contiguous), in 32-bit sums when no sum can reach 2^31
-    long long n = static_cast<long long>(L.servers) * L.experts;
-    auto* P32 = reinterpret_cast<std::uint32_t*>(W.P32);
-    for (long long i = 0; i < n; ++i) P32[i] = 0;
-    for (int r = 0; r < L.ranks; ++r) {
-      std::int32_t const* row = counts + static_cast<long long>(r) * L.experts;
-      std::uint32_t* acc = P32 + static_cast<long long>(L.server[r]) * L.experts;
-      for (int e = 0; e < L.experts; ++e) acc[e] += static_cast<std::uint32_t>(row[e]), sign |= row[e];
-    }
-    if (sign < 0) return sign;
-    if (sign <= 0x7fffffff / (L.ranks > 0 ? L.ranks : 1)) {  // every count <= sign: no sum wrapped
-      for (long long i = 0; i < n; ++i) W.P[i] = static_cast<long long>(P32[i]);
-      return sign;
-    }
-    for (long long i = 0; i < n; ++i) W.P[i] = 0;  // large counts: 64-bit sums
-    for (int r = 0; r < L.ranks; ++r) {
-      std::int32_t const* row = counts + static_cast<long long>(r) * L.experts;
-      long long* acc = W.P + static_cast<long long>(L.server[r]) * L.experts;
-      for (int e = 0; e < L.experts; ++e) acc[e] += row[e];
-    }
+  long long const n = static_cast<long long>(L.servers) * L.experts;
+  auto* P32 = reinterpret_cast<std::uint32_t*>(W.P32);
+  for (long long i = 0; i < n; ++i) P32[i] = 0;
+  for (int r = 0; r < L.ranks; ++r) {
+    std::int32_t const* row = counts + static_cast<long long>(r) * L.experts;
+    std::uint32_t* acc = P32 + static_cast<long long>(L.server[r]) * L.experts;
+    for (int e = 0; e < L.experts; ++e) acc[e] += static_cast<std::uint32_t>(row[e]), sign |= row[e];
+  }
+  if (sign < 0) return sign;
+  if (sign <= 0x7fffffff / (L.ranks > 0 ? L.ranks : 1)) {  // every count <= sign: no sum wrapped
+    for (long long i = 0; i < n; ++i) W.P[i] = static_cast<long long>(P32[i]);
     return sign;
   }
-  // 32 rows' loads before their sums: the loads do not wait on the stores (a GPU thread would
-  // otherwise pay one memory latency per rank; at 32 ranks or fewer it pays one in all)
-  constexpr int batch = 32;
-  for (int e = part; e < L.experts; e += parts)
-    for (int r0 = 0; r0 < L.ranks; r0 += batch) {
-      std::int32_t n[batch];
-      for (int j = 0; j < batch; ++j)
-        n[j] = r0 + j < L.ranks ? counts[static_cast<long long>(r0 + j) * L.experts + e] : 0;
-      for (int j = 0; j < batch && r0 + j < L.ranks; ++j)
-        W.P[static_cast<long long>(L.server[r0 + j]) * L.experts + e] += n[j], sign |= n[j];
-    }
+  for (long long i = 0; i < n; ++i) W.P[i] = 0;  // large counts: 64-bit sums
+  for (int r = 0; r < L.ranks; ++r) {
+    std::int32_t const* row = counts + static_cast<long long>(r) * L.experts;
+    long long* acc = W.P + static_cast<long long>(L.server[r]) * L.experts;
+    for (int e = 0; e < L.experts; ++e) acc[e] += row[e];
+  }
   return sign;
 }
 
@@ -601,7 +584,7 @@ MOE_HOST_DEVICE inline long long least_max(Layout const& L, std::int32_t const* 
 }
 
 /// Stage 2 of solve(), one thread: the loads and the amount each copy receives, after
-/// count_servers() has covered every expert and `sign` is the OR of what its parts returned. The
+/// count_servers() (or the block's form of it) and `sign` the OR of the counts it returned. The
 /// outcome's local and same_server count the single-copy experts only; match() adds the others.
 MOE_HOST_DEVICE inline Outcome decide(Layout const& L, std::int32_t const* counts, long long* load, long long* work,
                                       std::int32_t sign) {
@@ -702,7 +685,7 @@ MOE_HOST_DEVICE inline void match(Layout const& L, std::int32_t* take, long long
 /// nothing and returns bad = 1 (the host wrapper names the entry).
 MOE_HOST_DEVICE inline Outcome solve(Layout const& L, std::int32_t const* counts, std::int32_t* take, long long* load,
                                      long long* work) {
-  Outcome out = decide(L, counts, load, work, count_servers(L, counts, work, 0, 1));
+  Outcome out = decide(L, counts, load, work, count_servers(L, counts, work));
   if (out.bad) return out;
   gather_sources(L, counts, take, work, 0, 1);
   match(L, take, work, 0, 1, &out.local, &out.same_server);
@@ -823,7 +806,7 @@ public:
   long long least_max_load(std::span<std::int32_t const> counts) {
     auto G = static_cast<std::size_t>(layout_.ranks), E = static_cast<std::size_t>(layout_.experts);
     check(counts.size() == G * E, "batch split: ", counts.size(), " counts, expected ", G, " ranks x ", E, " experts");
-    if (split::count_servers(layout_, counts.data(), work_.data(), 0, 1) < 0) {
+    if (split::count_servers(layout_, counts.data(), work_.data()) < 0) {
       for (std::size_t i = 0; i < counts.size(); ++i)
         check(counts[i] >= 0, "batch split: rank ", i / E, " reports ", counts[i], " pairs of expert ", i % E);
     }

@@ -126,7 +126,7 @@ public:
     for (int i : which) {
       auto p = static_cast<std::size_t>(used_[static_cast<std::size_t>(i)]);
       std::int32_t const* counts = rows_.data() + p * stride;
-      split::count_servers(L, counts, work_.data(), 0, 1);
+      split::count_servers(L, counts, work_.data());
       split::detail::Work W(L, work_.data());
       sum += static_cast<double>(split::least_max(L, counts, W)) / mean_[p];
     }
