@@ -295,6 +295,9 @@ step_configure() {
   unpack_deps || return 1
   args=(-S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DMOE_BUILD_TESTS=ON -DMOE_BUILD_BENCHMARKS=ON
         -DMOE_BUILD_EXAMPLES=ON -DMOE_EMULATOR=OFF "-DMOE_AREAS=cuda;schedule;extending")
+  # The test programs in full on a GPU; in a rehearsal their device code only, as in the test stage of
+  # CI (tests/cuda/CMakeLists.txt: the program then exits 77, so the test step reads the same).
+  if ((rehearsal)); then args+=(-DMOE_CUDA_TESTS=device-only); else args+=(-DMOE_CUDA_TESTS=full); fi
   # Ninja for a new build folder, unless CMAKE_GENERATOR (read by CMake itself) names another.
   if [[ ! -f $build/CMakeCache.txt && -z ${CMAKE_GENERATOR:-} ]] && command -v ninja >/dev/null; then args+=(-G Ninja); fi
   [[ -d $build/deps/usr ]] && args+=("-DCMAKE_PREFIX_PATH=$build/deps/usr")
