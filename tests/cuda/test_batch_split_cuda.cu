@@ -119,8 +119,17 @@ bool compare(Case const& c, std::size_t shared_limit = 0) {
 }  // namespace
 
 TEST_CASE("device batch split equals the host split bit for bit", "[batch-split]") {
+  // Under ThreadSanitizer (the emulator's TSan build) the first 30 seeds: a race is a property of the
+  // kernel's code paths, which the first 30 already take (both teams, one to six servers, slack and
+  // zero counts; the edge cases below force the global workspace and the long experts), and the
+  // sanitizer makes every case about 20 times slower. The plain, ASan and GPU builds run all 120.
+#if defined(MOE_EMU_TSAN)
+  constexpr unsigned seeds = 30;
+#else
+  constexpr unsigned seeds = 120;
+#endif
   int shared = 0, global = 0;
-  for (unsigned seed = 1; seed <= 120; ++seed) {
+  for (unsigned seed = 1; seed <= seeds; ++seed) {
     std::mt19937 rng(seed);
     int servers = 1 + static_cast<int>(seed % 6);
     int G = servers * (1 + static_cast<int>(rng() % 8));
