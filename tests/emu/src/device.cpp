@@ -277,6 +277,23 @@ void make_ready(Worker& w, int i) {
   w.ready[w.tail++ % w.ready.size()] = i;
 }
 
+/// The warp operation in progress that names this lane, if any.
+Rendezvous* find_warp_rv(Worker& w, int warp, int lane) {
+  for (std::size_t i = static_cast<std::size_t>(warp) * 4; i < static_cast<std::size_t>(warp) * 4 + 4; ++i) {
+    auto& rv = w.warp_rv[i];
+    if (rv.active && (rv.mask & (1u << lane))) return &rv;
+  }
+  return nullptr;
+}
+
+/// The warpgroup collective in progress that includes this thread, if any. A group collective always
+/// spans the 128 threads from (linear / 128) * 128 (group_collective refuses any other shape), so
+/// the slot alone says whether it names the thread.
+Rendezvous* find_group_rv(Worker& w, int linear) {
+  auto& rv = w.group_rv[static_cast<std::size_t>(linear / 128)];
+  return rv.active ? &rv : nullptr;
+}
+
 /// Checks at a thread's exit: nobody may be waiting for it.
 void exit_checks(Worker& w, Fiber const& f) {
   if (w.bar_arrived > 0) {
@@ -284,15 +301,11 @@ void exit_checks(Worker& w, Fiber const& f) {
     fail_here("exited while " + thread_name(other) + " waits at __syncthreads (" + where_str(other.where) + ")");
   }
   // Only this thread's warp (its four rendezvous slots) and its warpgroup can wait for it.
-  for (std::size_t i = static_cast<std::size_t>(f.info.warp) * 4; i < static_cast<std::size_t>(f.info.warp) * 4 + 4; ++i) {
-    auto const& rv = w.warp_rv[i];
-    if (rv.active && (rv.mask & (1u << f.info.lane)))
-      fail_here("exited while lanes " + hex(rv.arrived_mask) + " of its warp wait at " + rv.what + " (" +
-                where_str(rv.where) + ") with mask " + hex(rv.mask) + ", which names this lane");
-  }
-  auto const& rv = w.group_rv[static_cast<std::size_t>(f.info.linear / 128)];
-  if (rv.active && f.info.linear >= rv.first && f.info.linear < rv.first + rv.count)
-    fail_here(std::string("exited while its warpgroup waits at ") + rv.what + " (" + where_str(rv.where) + ")");
+  if (auto const* rv = find_warp_rv(w, f.info.warp, f.info.lane))
+    fail_here("exited while lanes " + hex(rv->arrived_mask) + " of its warp wait at " + rv->what + " (" +
+              where_str(rv->where) + ") with mask " + hex(rv->mask) + ", which names this lane");
+  if (auto const* rv = find_group_rv(w, f.info.linear))
+    fail_here(std::string("exited while its warpgroup waits at ") + rv->what + " (" + where_str(rv->where) + ")");
 }
 
 void record_failure(Worker& w, Fiber const& f, char const* what) {
@@ -364,14 +377,6 @@ void prepare_fiber(Worker& w, Fiber& f) {
   std::memcpy(&x[-8], csr, 8);
   f.sp = &x[-8];
   (void)w;
-}
-
-Rendezvous* find_warp_rv(Worker& w, int warp, int lane) {
-  for (std::size_t i = static_cast<std::size_t>(warp) * 4; i < static_cast<std::size_t>(warp) * 4 + 4; ++i) {
-    auto& rv = w.warp_rv[i];
-    if (rv.active && (rv.mask & (1u << lane))) return &rv;
-  }
-  return nullptr;
 }
 
 }  // namespace
@@ -569,10 +574,9 @@ void block_barrier(std::source_location where) {
     fail_here("waits at __syncthreads (" + where_str(where) + ") while lanes " + hex(rv->arrived_mask) +
               " of its warp wait at " + rv->what + " (" + where_str(rv->where) + ") with mask " + hex(rv->mask));
   // Nor can its warpgroup's collective, if one has started.
-  if (auto const& g = w.group_rv[static_cast<std::size_t>(f.info.linear / 128)];
-      g.active && f.info.linear >= g.first && f.info.linear < g.first + g.count)
-    fail_here("waits at __syncthreads (" + where_str(where) + ") while its warpgroup waits at " + g.what + " (" +
-              where_str(g.where) + ")");
+  if (auto const* g = find_group_rv(w, f.info.linear))
+    fail_here("waits at __syncthreads (" + where_str(where) + ") while its warpgroup waits at " + g->what + " (" +
+              where_str(g->where) + ")");
   unsigned const phase = w.bar_phase;
   san::release(&w.bar_hb[phase & 1]);
   if (w.bar_arrived == 0) {
