@@ -77,9 +77,7 @@ TEST_CASE("solver equals exhaustive simulation and is never below the best PPPip
 
 TEST_CASE("with the host-fitted models the solver still matches exhaustive simulation", "[schedule][solver]") {
   // The model file measured on the host by findep_fit_host (tools/schedule/data).
-  std::string here = __FILE__;
-  std::string dir = here.substr(0, here.rfind('/'));
-  PerfModels m = read_models(dir + "/../../tools/schedule/data/host_models_2026-11-21.tsv");
+  PerfModels m = read_models(std::string(MOE_SCHEDULE_DATA_DIR) + "/host_models_2026-11-21.tsv");
   REQUIRE_NOTHROW(m.validate());
   for (moe::ShapeSpec const& s : {moe::models::DeepSeekV2::spec, moe::models::Qwen3_235B_A22B::spec})
     for (int seq : {1024, 8192})
