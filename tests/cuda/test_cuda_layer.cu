@@ -245,6 +245,9 @@ struct RankResult {
   int fragile = 0;
   moe::LayerStats stats;
   std::size_t expected_dispatch = 0;  // from the host routes and the tables
+  // Records kept, sent and received, and pairs served here, from the host routes and the tables
+  // (the padded exchange reports them through Layer::read_record_counts).
+  long long expected_local = 0, expected_remote = 0, expected_received = 0, expected_local_pairs = 0;
   unsigned errors = 0;
   int non_finite = 0;  // tokens with a NaN or infinite output, fragile ones included
   int tokens = 0;
@@ -358,7 +361,9 @@ std::vector<RankResult> four_ranks(std::vector<int> const& counts, moe::placemen
     view.experts = mine;
     using L = moe::Layer<Model, Router, moe::placement::Table, Replicas, moe::schedule::Sequential, StagedDevice<N>>;
     L layer(comm, placement, replicas, view,
-            {.max_tokens = max_tokens, .deduplicate = dedup, .device = {.exchange = exchange}});
+            {.max_tokens = max_tokens,
+             .deduplicate = dedup,
+             .device = {.exchange = exchange, .count_records = exchange == moe::cuda::Exchange::padded}});
     Device<std::byte> ws(layer.workspace_size());
     ws.poison();
     moe::test::Stream st;
@@ -367,7 +372,7 @@ std::vector<RankResult> four_ranks(std::vector<int> const& counts, moe::placemen
               ws.bytes());
     st.synchronize("rank run");
     auto& r = results[static_cast<std::size_t>(rank)];
-    r.stats = layer.stats();
+    r.stats = layer.read_record_counts();
     r.errors = layer.errors();
     // Analytic dispatch bytes. Padded: every peer gets a whole worst-case region. Exact: one record
     // per (token, remote serving rank) with de-duplication, per remote assignment without.
@@ -389,6 +394,20 @@ std::vector<RankResult> four_ranks(std::vector<int> const& counts, moe::placemen
     }
   });
 
+  // The records each rank sends each rank: one per distinct destination of a token with
+  // de-duplication, one per pair without.
+  for (int p = 0, t0 = 0; p < N; t0 += counts[static_cast<std::size_t>(p)], ++p)
+    for (int t = t0; t < t0 + counts[static_cast<std::size_t>(p)]; ++t) {
+      std::vector<int> dests;
+      for (std::size_t j = 0; j < k; ++j) {
+        int d = dest_of[static_cast<std::size_t>(t) * k + j];
+        if (d == p) ++results[static_cast<std::size_t>(p)].expected_local_pairs;
+        if (dedup && std::find(dests.begin(), dests.end(), d) != dests.end()) continue;
+        dests.push_back(d);
+        ++(d == p ? results[static_cast<std::size_t>(p)].expected_local : results[static_cast<std::size_t>(p)].expected_remote);
+        ++results[static_cast<std::size_t>(d)].expected_received;
+      }
+    }
   score_outputs(results, counts, dy.download(), ref, fragile, h);
   return results;
 }
@@ -408,7 +427,13 @@ void check_ranks(std::vector<RankResult> const& results, double tolerance, bool 
     CHECK(r.errors == 0u);
     CHECK(r.non_finite == 0);
     CHECK(r.worst_stable <= tolerance);
-    if (check_bytes && fragile == 0) CHECK(r.stats.dispatch_bytes == r.expected_dispatch);
+    if (check_bytes && fragile == 0) {
+      CHECK(r.stats.dispatch_bytes == r.expected_dispatch);
+      CHECK(r.stats.records_local == r.expected_local);
+      CHECK(r.stats.records_remote == r.expected_remote);
+      CHECK(r.stats.records_received == r.expected_received);
+      CHECK(r.stats.local_assignments == r.expected_local_pairs);
+    }
   }
 }
 
@@ -566,7 +591,11 @@ std::vector<RankResult> nccl_four_ranks(std::vector<int> const& counts, moe::pla
           Device<T> dx(std::vector<T>(begin, begin + static_cast<std::ptrdiff_t>(std::max<std::size_t>(n, 1) * h)));
           Device<T> dy(std::max<std::size_t>(n, 1) * h);
           dy.poison();
-          L layer(comm, placement, replicas, view, {.max_tokens = max_tokens, .device = {.exchange = exchange}});
+          // The padded exchange keeps its record counts on the device (read after the pass, outside
+          // the window of `trips`: what the pass itself does is counted).
+          L layer(comm, placement, replicas, view,
+                  {.max_tokens = max_tokens,
+                   .device = {.exchange = exchange, .count_records = exchange == moe::cuda::Exchange::padded}});
           Device<std::byte> ws(layer.workspace_size());
           ws.poison();
           if (trips) {
@@ -587,7 +616,7 @@ std::vector<RankResult> nccl_four_ranks(std::vector<int> const& counts, moe::pla
           st.synchronize("rank run");
           auto out = dy.download(n * h);
           std::copy(out.begin(), out.end(), y.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(first) * h));
-          results[static_cast<std::size_t>(rank)].stats = layer.stats();
+          results[static_cast<std::size_t>(rank)].stats = layer.read_record_counts();
           results[static_cast<std::size_t>(rank)].errors = layer.errors();
         }
       } catch (std::exception const& e) {
@@ -643,7 +672,8 @@ TEST_CASE("a per-batch split adds no host round trip to a pass (NCCL ranks)", "[
   // count exchange, kernel, sort and deal must add no host synchronisation and no read of device
   // memory by the host. What a pass has without it, per rank: the ranks' agreement on the pass (one
   // read of the gathered votes; skipped under graph capture), and with the exact exchange the
-  // record counts it sizes its exchange with.
+  // record counts it sizes its exchange with. The padded passes keep their record counts on the
+  // device (LayerOptions::device.count_records), which adds none either.
   auto rr = moe::placement::Table::round_robin(8, 4);
   std::vector<std::vector<int>> copies(8);
   for (int e = 0; e < 8; ++e) copies[static_cast<std::size_t>(e)] = e == 3 ? std::vector<int>{3, 0, 1, 2}
@@ -770,5 +800,41 @@ TEST_CASE("NCCL padded exchange can be captured in a CUDA graph", "[cuda][layer]
             dw.view(), {.max_tokens = 40, .device = {.exchange = moe::cuda::Exchange::padded}});
     check_graph_replay(layer, 40, 16);
   }
+}
+
+TEST_CASE("padded exchange: the record counts a pass keeps on the device, after a graph replay too",
+          "[cuda][layer][nccl][graph]") {
+  using L = moe::Layer<MixtralSmallF32, moe::router::SoftmaxTopK, moe::placement::Table, moe::replication::None,
+                       moe::schedule::Sequential, moe::collective::Nccl>;
+  constexpr moe::ShapeSpec s = L::shape;
+  auto comm = moe::collective::Nccl::create(0, 1, moe::collective::Nccl::unique_id());
+  moe::RandomLayerWeights<float> weights(s, 17);
+  DeviceWeights<float> dw(s, weights.view());
+  L layer(comm, moe::placement::Table::contiguous(s.experts, 1), {}, dw.view(),
+          {.max_tokens = 40, .device = {.exchange = moe::cuda::Exchange::padded, .count_records = true}});
+  Device<std::byte> ws(layer.workspace_size());
+  auto x = random_tokens<float>(40, s.hidden, 18);
+  Device<float> dx(x), dy(x.size());
+  moe::test::Stream st;
+  // One rank: every token is one de-duplicated record to itself, every pair is served here.
+  auto expect = [&](int tokens) {
+    auto const& got = layer.read_record_counts();
+    CHECK(got.records_local == tokens);
+    CHECK(got.records_remote == 0);
+    CHECK(got.records_received == tokens);
+    CHECK(got.local_assignments == static_cast<long long>(tokens) * s.top_k);
+    CHECK(got.local_activation_rate() == (tokens ? 1.0 : 0.0));
+  };
+  layer.run({.tokens = 7, .x = dx.get(), .y = dy.get(), .stream = st}, ws.bytes());
+  CHECK(layer.stats().records_local == 0);  // not known to the host during a padded pass
+  st.synchronize("direct run");
+  expect(7);
+  moe::test::CapturedGraph graph(st, [&] { layer.run({.tokens = 40, .x = dx.get(), .y = dy.get(), .stream = st}, ws.bytes()); });
+  graph.launch(st);
+  st.synchronize("graph replay");
+  expect(40);  // the replay's counts, not the direct run's
+  layer.run({.tokens = 0, .x = dx.get(), .y = dy.get(), .stream = st}, ws.bytes());
+  st.synchronize("empty run");
+  expect(0);
 }
 #endif

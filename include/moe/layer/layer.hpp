@@ -85,6 +85,11 @@ struct DeviceOptions {
   kernels::cuda::GemmPath gemm = kernels::cuda::GemmPath::automatic;
   std::size_t cublas_workspace = std::size_t{8} << 20;  ///< bytes handed to cuBLAS for the gate GEMM
   Exchange exchange = Exchange::exact;                  ///< how records cross ranks
+  /// Exchange::padded: keep each pass's record counts and local assignments on the device, where
+  /// Layer::read_record_counts() finds them (one small kernel and one device-to-device copy of
+  /// 8 x (2 ranks + 1) bytes per pass; no host synchronisation, so a pass stays capturable). The
+  /// exact exchange, and one GPU, have these counts in stats() anyway.
+  bool count_records = false;
 };
 
 /// The device disaggregated path's own options (LayerOptions::device).
@@ -551,6 +556,17 @@ public:
 
   /// What the last run() did on this rank (see LayerStats and the path's executor).
   [[nodiscard]] LayerStats const& stats() const { return stats_; }
+  /// Device path, Exchange::padded with LayerOptions::device.count_records: stats() completed with
+  /// the record counts and local assignments that the last pass left on the device (a synchronous
+  /// copy of 8 x (2 ranks + 1) bytes). Call it once that pass, or the replay of a CUDA graph that
+  /// captured one, has finished (its stream synchronised): the counts are those of the newest pass
+  /// the device ran. Elsewhere stats() has these counts already and is returned as it is.
+  LayerStats const& read_record_counts()
+    requires requires(Executor& e, LayerStats& st) { e.read_record_counts(st); }
+  {
+    exec_.read_record_counts(stats_);
+    return stats_;
+  }
   [[nodiscard]] Options const& options() const { return options_; }
   [[nodiscard]] Comm& comm() const { return *comm_; }
   [[nodiscard]] Schedule const& schedule() const { return options_.schedule; }

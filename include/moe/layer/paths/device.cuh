@@ -40,8 +40,10 @@
 //                         plain all_to_all; the real counts travel
 //                         in a separate 8-byte-per-peer all_to_all and only the device reads them.
 //                         Costs bandwidth: each region is sent whole. So the host never learns the
-//                         counts, and LayerStats' record counts and local_assignments stay 0 (the
-//                         exact exchange reads them with its counts; on one GPU every pair is local).
+//                         counts during a pass, and LayerStats' record counts and local_assignments
+//                         stay 0; with Options::device.count_records each pass keeps them on the
+//                         device and Layer::read_record_counts() reads them afterwards (the exact
+//                         exchange reads them with its counts; on one GPU every pair is local).
 //
 // Everything the kernels need is carved from the caller's workspace (worst case from
 // max_tokens); the layer itself owns only small tables uploaded at construction (expert weight
@@ -249,6 +251,8 @@ public:
       join_ = kernels::cuda::make_event();
     }
     if (!local) host_counts_ = kernels::cuda::PinnedArray<std::uint64_t>(2 * static_cast<std::size_t>(ranks) + 1);
+    if (padded() && options_.device.count_records)
+      kept_counts_ = kernels::cuda::DeviceArray<std::uint64_t>(2 * static_cast<std::size_t>(ranks) + 1);
     votes_ = detail::DeviceVotes(ranks);
     if constexpr (batch) {
       split_.emplace(replicas_.layout());
@@ -362,6 +366,13 @@ public:
       if (padded()) {
         comm_->all_to_all(std::as_bytes(b.send), b.recv, static_cast<std::size_t>(cap) * rec);
         slots = static_cast<long long>(ranks) * cap;
+        if (options_.device.count_records) {
+          // This pass's counts (send, received, local pairs) kept where read_record_counts() reads them.
+          kc::count_rank(s, b.dest.data(), static_cast<long long>(t) * k, rank, b.counts.data() + 2 * ranks);
+          kc::check_cuda(cudaMemcpyAsync(kept_counts_.get(), b.counts.data(), b.counts.size_bytes(),
+                                         cudaMemcpyDeviceToDevice, s),
+                         "cudaMemcpyAsync (record counts)");
+        }
       } else {
         // The one host synchronisation of the exact exchange (not under capture: checked above). The
         // word after the counts: this rank's pairs served on this rank (stats only).
@@ -371,7 +382,7 @@ public:
                                        cudaMemcpyDeviceToHost, s),
                        "cudaMemcpyAsync (record counts)");
         kc::check_cuda(cudaStreamSynchronize(s), "cudaStreamSynchronize (record counts)");
-        stats_.local_assignments = static_cast<long long>(host_counts_.get()[2 * static_cast<std::size_t>(ranks)]);
+        record_counts(host_counts_.get(), stats_);
         host_bytes_.assign(4 * static_cast<std::size_t>(ranks), 0);
         std::size_t total = 0;
         for (int p = 0; p < ranks; ++p) {
@@ -382,12 +393,10 @@ public:
           host_bytes_[2 * static_cast<std::size_t>(ranks) + up] = got * h * sizeof(T);  // partials back
           host_bytes_[3 * static_cast<std::size_t>(ranks) + up] = sent * h * sizeof(T);
           total += got;
-          (p == rank ? stats_.records_local : stats_.records_remote) += static_cast<long long>(sent);
         }
         check(total <= recv_capacity(), "moe::Layer (device): rank ", rank, " would receive ", total,
               " records but its workspace holds ", recv_capacity(),
               " (do all ranks use the same LayerOptions::max_tokens?)");
-        stats_.records_received = static_cast<long long>(total);
         auto hb = std::span<std::size_t const>(host_bytes_);
         comm_->all_to_all_v(std::as_bytes(b.send), hb.subspan(0, static_cast<std::size_t>(ranks)), b.recv,
                             hb.subspan(static_cast<std::size_t>(ranks), static_cast<std::size_t>(ranks)));
@@ -523,6 +532,18 @@ public:
     }
   }
 
+  /// Layer::read_record_counts(): the counts a padded pass with Options::device.count_records kept
+  /// on the device, into `st`. The exact exchange and one GPU filled them during the pass.
+  void read_record_counts(LayerStats& st) {
+    if (!padded() || !options_.device.count_records) return;
+    int const ranks = comm_->size();
+    kernels::cuda::check_cuda(cudaMemcpy(host_counts_.get(), kept_counts_.get(),
+                                         (2 * static_cast<std::size_t>(ranks) + 1) * sizeof(std::uint64_t),
+                                         cudaMemcpyDeviceToHost),
+                              "cudaMemcpy (record counts)");
+    record_counts(host_counts_.get(), st);
+  }
+
   /// Error bits (kernels::cuda::DeviceError) raised by the last run(). Synchronises the device
   /// first (a plain cudaMemcpy would not wait for a non-blocking stream): a diagnostic for tests
   /// and debugging, not for the hot path.
@@ -612,8 +633,9 @@ public:
     b.rec_count = c.take<int>(ranks * m);
     b.rec_pos = c.take<int>(ranks * m);
     b.scan_temp = c.take<std::byte>(scan_bytes_ ? scan_bytes_ : (scan_bytes_ = kc::exclusive_sum_bytes(static_cast<long long>(ranks * m))));
-    // send, received, then (exact exchange) the local assignments; one GPU receives no counts
-    b.counts = c.take<std::uint64_t>(local ? ranks : 2 * ranks + (padded() ? 0 : 1));
+    // send, received, then (exact exchange, or padded with count_records) the local assignments;
+    // one GPU receives no counts
+    b.counts = c.take<std::uint64_t>(local ? ranks : 2 * ranks + (padded() && !options_.device.count_records ? 0 : 1));
     b.send_base = c.take<long long>(ranks);
     b.recv_base = c.take<long long>(ranks);
     b.recv_n = c.take<int>(ranks);
@@ -700,6 +722,18 @@ public:
     kc::count_records<k>(s, b.dest.data(), t, ranks, options_.deduplicate, b.rec_count.data());
   }
 
+  /// The record stats from one pass's counts (send per peer, received per peer, local pairs).
+  void record_counts(std::uint64_t const* counts, LayerStats& st) const {
+    int const ranks = comm_->size(), rank = comm_->rank();
+    st.records_local = st.records_remote = st.records_received = 0;
+    for (int p = 0; p < ranks; ++p) {
+      auto sent = static_cast<long long>(counts[p]);
+      (p == rank ? st.records_local : st.records_remote) += sent;
+      st.records_received += static_cast<long long>(counts[ranks + p]);
+    }
+    st.local_assignments = static_cast<long long>(counts[2 * ranks]);
+  }
+
   Comm* comm_;
   Placement placement_;
   Replicas replicas_;
@@ -712,6 +746,7 @@ public:
   kernels::cuda::OwnedStream side_;  // shared experts (only when the shape has some)
   kernels::cuda::OwnedEvent fork_, join_;
   kernels::cuda::PinnedArray<std::uint64_t> host_counts_;  // send counts, received counts, local pairs
+  kernels::cuda::DeviceArray<std::uint64_t> kept_counts_;  // padded + count_records: the last pass's, on the device
   std::vector<std::size_t> host_bytes_;   // exact exchange: send, recv, back, returned bytes per peer
   std::size_t meta_bytes_ = 0;
   std::size_t payload_bytes_ = 0;
