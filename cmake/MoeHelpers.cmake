@@ -65,6 +65,9 @@ endif()
 # MOE_SANITIZE: OFF, ON (AddressSanitizer + UndefinedBehaviorSanitizer) or thread (ThreadSanitizer).
 # moe_sanitize(<target> [ADDRESS_ONLY]): ADDRESS_ONLY compiles the target's own code with ASan alone
 # under ON (it still links UBSan's runtime, for the libraries it links that have UBSan's checks).
+# UBSan's `vptr` check (the dynamic type at each member access of a polymorphic class) is left out:
+# the library's policies are templates, and the check cost 15 % of a host test's compile time
+# (tests/schedule/test_disaggregated.cpp under ASan + UBSan at -O0: 53 s with it, 45 s without).
 function(moe_sanitize target)
   cmake_parse_arguments(S "ADDRESS_ONLY" "" "" ${ARGN})
   if(MOE_SANITIZE STREQUAL "thread")
@@ -74,7 +77,7 @@ function(moe_sanitize target)
     target_compile_options(${target} PRIVATE -fsanitize=address -fno-omit-frame-pointer)
     target_link_options(${target} PRIVATE -fsanitize=address,undefined)
   elseif(MOE_SANITIZE)
-    target_compile_options(${target} PRIVATE -fsanitize=address,undefined -fno-omit-frame-pointer
+    target_compile_options(${target} PRIVATE -fsanitize=address,undefined -fno-sanitize=vptr -fno-omit-frame-pointer
                                              -fno-sanitize-recover=undefined)
     target_link_options(${target} PRIVATE -fsanitize=address,undefined)
   endif()

@@ -172,6 +172,44 @@ inline void store_matrix_sync(float* p, fragment<accumulator, 16, 16, 16, float>
                          where);
 }
 
+namespace detail {
+/// mma_sync's warp collective: the lanes' fragments in, d out. Without the sanitizers' checks, as
+/// the wgmma model's arithmetic (tests/emu/src/hopper.cpp): it touches only the fragments, fixed-size
+/// arrays of the lanes, never memory a kernel addresses.
+template <class T, class Args>
+__attribute__((no_sanitize("address", "undefined"))) void mma_lanes(void* const* lanes) {
+  float A[16][16], B[16][16], C[16][16];
+  auto to_f = [](T v) {
+    if constexpr (std::is_same_v<T, float>) return v;
+    else return __bfloat162float(v);
+  };
+  for (int l = 0; l < 32; ++l) {
+    auto const* g = static_cast<Args const*>(lanes[l]);
+    for (int i = 0; i < 8; ++i) {
+      int qa = pos<matrix_a>(l, i), qb = pos<matrix_b>(l, i);
+      int qc = pos<accumulator>(l, i);
+      A[qa / 16][qa % 16] = to_f(g->a[i]);
+      B[qb / 16][qb % 16] = to_f(g->b[i]);
+      C[qc / 16][qc % 16] = g->c[i];
+    }
+  }
+  float D[16][16];
+  for (int r = 0; r < 16; ++r)
+    for (int col = 0; col < 16; ++col) {
+      float acc = C[r][col];
+      for (int k = 0; k < 16; ++k) acc += A[r][k] * B[k][col];
+      D[r][col] = acc;
+    }
+  for (int l = 0; l < 32; ++l) {
+    auto const* g = static_cast<Args const*>(lanes[l]);
+    for (int i = 0; i < 8; ++i) {
+      int q = pos<accumulator>(l, i);
+      g->d[i] = D[q / 16][q % 16];
+    }
+  }
+}
+}  // namespace detail
+
 /// d = a * b + c (fp32 accumulation over k in order).
 template <class T, class LA, class LB>
 void mma_sync(fragment<accumulator, 16, 16, 16, float>& d, fragment<matrix_a, 16, 16, 16, T, LA> const& a,
@@ -184,38 +222,7 @@ void mma_sync(fragment<accumulator, 16, 16, 16, float>& d, fragment<matrix_a, 16
     float const* c;
   } mine{d.x, a.x, b.x, c.x};
   ::emu::warp_collective(0xffffffffu, "wmma::mma_sync", &mine,
-                         [](void* const* lanes) {
-                           float A[16][16], B[16][16], C[16][16];
-                           auto to_f = [](T v) {
-                             if constexpr (std::is_same_v<T, float>) return v;
-                             else return __bfloat162float(v);
-                           };
-                           for (int l = 0; l < 32; ++l) {
-                             auto const* g = static_cast<Args const*>(lanes[l]);
-                             for (int i = 0; i < 8; ++i) {
-                               int qa = detail::pos<matrix_a>(l, i), qb = detail::pos<matrix_b>(l, i);
-                               int qc = detail::pos<accumulator>(l, i);
-                               A[qa / 16][qa % 16] = to_f(g->a[i]);
-                               B[qb / 16][qb % 16] = to_f(g->b[i]);
-                               C[qc / 16][qc % 16] = g->c[i];
-                             }
-                           }
-                           float D[16][16];
-                           for (int r = 0; r < 16; ++r)
-                             for (int col = 0; col < 16; ++col) {
-                               float acc = C[r][col];
-                               for (int k = 0; k < 16; ++k) acc += A[r][k] * B[k][col];
-                               D[r][col] = acc;
-                             }
-                           for (int l = 0; l < 32; ++l) {
-                             auto const* g = static_cast<Args const*>(lanes[l]);
-                             for (int i = 0; i < 8; ++i) {
-                               int q = detail::pos<accumulator>(l, i);
-                               g->d[i] = D[q / 16][q % 16];
-                             }
-                           }
-                         },
-                         where);
+                         [](void* const* lanes) { detail::mma_lanes<T, Args>(lanes); }, where);
 }
 
 }  // namespace nvcuda::wmma
