@@ -251,7 +251,7 @@ public:
       join_ = kernels::cuda::make_event();
     }
     if (!local) host_counts_ = kernels::cuda::PinnedArray<std::uint64_t>(2 * static_cast<std::size_t>(ranks) + 1);
-    if (padded() && options_.device.count_records)
+    if (keeps_record_counts())
       kept_counts_ = kernels::cuda::DeviceArray<std::uint64_t>(2 * static_cast<std::size_t>(ranks) + 1);
     votes_ = detail::DeviceVotes(ranks);
     if constexpr (batch) {
@@ -366,7 +366,7 @@ public:
       if (padded()) {
         comm_->all_to_all(std::as_bytes(b.send), b.recv, static_cast<std::size_t>(cap) * rec);
         slots = static_cast<long long>(ranks) * cap;
-        if (options_.device.count_records) {
+        if (keeps_record_counts()) {
           // This pass's counts (send, received, local pairs) kept where read_record_counts() reads them.
           kc::count_rank(s, b.dest.data(), static_cast<long long>(t) * k, rank, b.counts.data() + 2 * ranks);
           kc::check_cuda(cudaMemcpyAsync(kept_counts_.get(), b.counts.data(), b.counts.size_bytes(),
@@ -384,7 +384,6 @@ public:
         kc::check_cuda(cudaStreamSynchronize(s), "cudaStreamSynchronize (record counts)");
         record_counts(host_counts_.get(), stats_);
         host_bytes_.assign(4 * static_cast<std::size_t>(ranks), 0);
-        std::size_t total = 0;
         for (int p = 0; p < ranks; ++p) {
           auto up = static_cast<std::size_t>(p);
           std::size_t sent = host_counts_.get()[up], got = host_counts_.get()[static_cast<std::size_t>(ranks) + up];
@@ -392,8 +391,8 @@ public:
           host_bytes_[static_cast<std::size_t>(ranks) + up] = got * rec;
           host_bytes_[2 * static_cast<std::size_t>(ranks) + up] = got * h * sizeof(T);  // partials back
           host_bytes_[3 * static_cast<std::size_t>(ranks) + up] = sent * h * sizeof(T);
-          total += got;
         }
+        auto const total = static_cast<std::size_t>(stats_.records_received);
         check(total <= recv_capacity(), "moe::Layer (device): rank ", rank, " would receive ", total,
               " records but its workspace holds ", recv_capacity(),
               " (do all ranks use the same LayerOptions::max_tokens?)");
@@ -535,7 +534,7 @@ public:
   /// Layer::read_record_counts(): the counts a padded pass with Options::device.count_records kept
   /// on the device, into `st`. The exact exchange and one GPU filled them during the pass.
   void read_record_counts(LayerStats& st) {
-    if (!padded() || !options_.device.count_records) return;
+    if (!keeps_record_counts()) return;
     int const ranks = comm_->size();
     kernels::cuda::check_cuda(cudaMemcpy(host_counts_.get(), kept_counts_.get(),
                                          (2 * static_cast<std::size_t>(ranks) + 1) * sizeof(std::uint64_t),
@@ -584,6 +583,8 @@ public:
   };
 
   [[nodiscard]] bool padded() const { return !local && options_.device.exchange == cuda::Exchange::padded; }
+  /// A padded pass that keeps its record counts on the device for read_record_counts().
+  [[nodiscard]] bool keeps_record_counts() const { return padded() && options_.device.count_records; }
   /// Bytes of one dispatch record: metadata, then the token row, except on one GPU (metadata only).
   [[nodiscard]] std::size_t record_bytes() const { return local ? meta_bytes_ : meta_bytes_ + payload_bytes_; }
   /// Records one token sends one peer at most: 1 with de-duplication, else one per expert of the
@@ -635,7 +636,7 @@ public:
     b.scan_temp = c.take<std::byte>(scan_bytes_ ? scan_bytes_ : (scan_bytes_ = kc::exclusive_sum_bytes(static_cast<long long>(ranks * m))));
     // send, received, then (exact exchange, or padded with count_records) the local assignments;
     // one GPU receives no counts
-    b.counts = c.take<std::uint64_t>(local ? ranks : 2 * ranks + (padded() && !options_.device.count_records ? 0 : 1));
+    b.counts = c.take<std::uint64_t>(local ? ranks : 2 * ranks + (padded() && !keeps_record_counts() ? 0 : 1));
     b.send_base = c.take<long long>(ranks);
     b.recv_base = c.take<long long>(ranks);
     b.recv_n = c.take<int>(ranks);
