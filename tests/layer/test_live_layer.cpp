@@ -7,6 +7,13 @@
 #include <array>
 #include <filesystem>
 #include <numeric>
+#include <thread>
+
+#if defined(__linux__)
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#endif
 
 #include "live_layer_case.hpp"
 
@@ -22,6 +29,17 @@ void replace_on(std::vector<int>& layout, int r, int from, int to) {
   REQUIRE(it != last);
   *it = to;
 }
+
+// Recorded from the emulated NCCL test (test_live_cuda, 2 ranks, 40 slots each, 3 spare).
+std::vector<float> const recorded_loads = {0,   0, 92,  2, 0, 36, 3,  2,  57, 0,   22, 114, 13, 10, 1,   0,
+                                           211, 0, 0,   53, 2, 4,  1,  44, 7,  4,   10, 0,   93, 0,  9,   21,
+                                           201, 3, 200, 4, 209, 0, 228, 4, 209, 0, 187, 34, 54, 0, 9,  43,
+                                           0,   0, 229, 0, 0,  0,  2,  76, 0,  0,   0,  5,   0,  52, 0,   0};
+std::vector<int> const recorded_layout = {
+    0,  1,  2,  3,  5,  6,  7,  8,  12, 15, 16, 18, 20, 26, 30, 32, 34, 36, 38, 42,
+    44, 46, 48, 50, 52, 54, 56, 58, 60, 62, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+    4,  7,  9,  10, 11, 13, 14, 17, 19, 21, 22, 23, 24, 25, 26, 27, 28, 29, 31, 33,
+    35, 37, 39, 40, 41, 43, 45, 47, 49, 51, 53, 55, 57, 59, 61, 63, -1, -1, -1, -1};
 
 constexpr live::Options serving{.window = 20, .replan_every = 20, .spare_slots = 3, .migration_bytes_per_pass = 4096};
 
@@ -315,18 +333,12 @@ TEST_CASE("live layer: the engines' full reshuffle (EPLB from scratch) moves far
 
 TEST_CASE("live re-planner: empty slots never give a rank more new experts than its spare slots",
           "[layer][live]") {
-  // Recorded from the emulated NCCL test (test_live_cuda, 2 ranks, 40 slots each, 3 spare) after
-  // earlier plans had left rank 0 with 10 empty slots: the planner fills empty slots before its
-  // capped search, so no cap fitted and the re-planner looped for ever. Now it ends; and the layer
-  // hands it the ranks' empty slots as second copies of their own experts (planning_layout).
-  std::vector<float> loads = {0,   0, 92,  2, 0, 36, 3,  2,  57, 0,   22, 114, 13, 10, 1,   0,
-                              211, 0, 0,   53, 2, 4,  1,  44, 7,  4,   10, 0,   93, 0,  9,   21,
-                              201, 3, 200, 4, 209, 0, 228, 4, 209, 0, 187, 34, 54, 0, 9,  43,
-                              0,   0, 229, 0, 0,  0,  2,  76, 0,  0,   0,  5,   0,  52, 0,   0};
-  std::vector<int> layout = {0,  1,  2,  3,  5,  6,  7,  8,  12, 15, 16, 18, 20, 26, 30, 32, 34, 36, 38, 42,
-                             44, 46, 48, 50, 52, 54, 56, 58, 60, 62, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
-                             4,  7,  9,  10, 11, 13, 14, 17, 19, 21, 22, 23, 24, 25, 26, 27, 28, 29, 31, 33,
-                             35, 37, 39, 40, 41, 43, 45, 47, 49, 51, 53, 55, 57, 59, 61, 63, -1, -1, -1, -1};
+  // recorded_loads / recorded_layout, recorded after earlier plans had left rank 0 with 10 empty
+  // slots: the planner fills empty slots before its capped search, so no cap fitted and the
+  // re-planner looped for ever. Now it ends; and the layer hands it the ranks' empty slots as
+  // second copies of their own experts (planning_layout).
+  auto const& loads = recorded_loads;
+  auto const& layout = recorded_layout;
   auto fresh = [](std::vector<int> const& from, std::vector<int> const& to, int g) {
     int n = 0;
     for (int i = 0; i < 40; ++i) {
@@ -347,3 +359,63 @@ TEST_CASE("live re-planner: empty slots never give a rank more new experts than 
   for (int g = 0; g < 2; ++g) CHECK(fresh(start_from, q.layout, g) <= 3);
   CHECK(q.max_load < q.old_max_load);
 }
+
+#if defined(__linux__)
+TEST_CASE("live re-planner: a fork()ed child plans on a thread of its own, the parent's plan in flight too",
+          "[layer][live]") {
+  // A child inherits the planner thread's objects but not the thread. Before, the child's plans
+  // were queued on a thread it does not have (never ready), and dropping the last share of that
+  // thread joined a thread that is not there. The plan here is held in its hook while the process
+  // forks, so the child inherits it running.
+  auto const want = live::Replanner::plan(recorded_loads, recorded_layout, 2, 3, 10, 1).layout;
+  std::atomic<int> phase{0};  // 1: the parent's plan is in its hook; 2: let it go on
+  live::Replanner r;
+  r.start(recorded_loads, recorded_layout, 2, 3, 10, 1, live::Planner::minimal_move, [&](live::Step) {
+    if (phase.load() == 2) return;
+    phase = 1;
+    while (phase.load() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  });
+  while (phase.load() != 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    // Exit codes: 0 both plans equal the planner's, 1 a plan never got ready, 2 one differs.
+    phase = 2;
+    auto wait = [](live::Replanner& p) {
+      auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      while (!p.ready() && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      return p.ready();
+    };
+    // r's first call here moves it to the child's thread, and the last share of the parent's
+    // goes: before, that joined a thread the child does not have.
+    int code = 0;
+    {
+      live::Replanner fresh;  // queued after the fork
+      fresh.start(recorded_loads, recorded_layout, 2, 3, 10, 1, live::Planner::minimal_move, {});
+      if (!wait(r) || !wait(fresh)) {
+        code = 1;
+      } else if (r.take().layout != want || fresh.take().layout != want) {
+        code = 2;
+      }
+    }
+    std::_Exit(code);
+  }
+  phase = 2;
+  CHECK(r.take().layout == want);
+  // A child stuck (joining a thread it does not have) is killed after a minute and fails here.
+  int status = 0;
+  pid_t waited = 0;
+  for (auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+       (waited = ::waitpid(child, &status, WNOHANG)) == 0 && std::chrono::steady_clock::now() < until;)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (waited == 0) {
+    ::kill(child, SIGKILL);
+    ::waitpid(child, &status, 0);
+    FAIL("the fork()ed child did not exit within a minute");
+  }
+  REQUIRE(waited == child);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+}
+#endif

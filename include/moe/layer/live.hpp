@@ -51,6 +51,13 @@
 // The disaggregated paths (host and device) keep the window: every AG rank counts the pairs it
 // routed, per expert and per EG rank, and all ranks gather the rows. They do not re-plan.
 //
+// fork(): a child process inherits the layers but not the planner thread. The first re-plan a
+// child starts, or a plan the parent had queued or running at the fork, runs on a planner thread of
+// the child's own (made then); the parent's objects that the child cannot use (the thread, its
+// queue, a plan in flight) are left alone in the child's memory, never locked or destroyed there.
+// The locks a planner thread takes between jobs (the plan memo's) are held across fork() by a
+// pthread_atfork handler, so a child never inherits one locked.
+//
 // Memory: the caller owns the expert slots (the arena: arena_slots() = the most experts a rank
 // holds + spare_slots, each slot_elements() elements: gate | up | down) and the workspace, which
 // grows by 2 x migration_bytes_per_pass (the chunk's send and receive buffers) and the window's
@@ -401,6 +408,34 @@ inline std::uint32_t hash_layout(std::span<int const> layout) {
   return h;
 }
 
+/// This process's id (0 where there is no fork()): what tells an object made before a fork() from
+/// one made in this process.
+inline long process_id() noexcept {
+#if defined(__linux__)
+  return static_cast<long>(::getpid());
+#else
+  return 0;
+#endif
+}
+
+/// Deletes `p` if it was made in this process; after a fork() the parent's object stays, unused:
+/// its mutex may be held and its condition waited on by threads the child does not have, so
+/// destroying it could block for ever (glibc's pthread_cond_destroy waits for the waiters).
+template <class Object>
+void delete_if_here(Object* p) noexcept {
+  if (p->pid == process_id()) delete p;
+}
+
+/// Holds `mu` across every fork() of the process (pthread_atfork), so that a child never inherits
+/// it locked by a thread it does not have. `mu` lives as long as the process (a function static).
+template <std::mutex& (*Mutex)()>
+void hold_across_fork() {
+#if defined(__linux__)
+  static int const once = ::pthread_atfork([] { Mutex().lock(); }, [] { Mutex().unlock(); }, [] { Mutex().unlock(); });
+  (void)once;
+#endif
+}
+
 /// The host thread that runs the re-plans of every live layer of the process (every layer of a
 /// model, and every rank of collective::InProcess), one job at a time in the order they came. It
 /// is made when the first layer that can re-plan is built and ends when the last such layer goes,
@@ -410,15 +445,18 @@ inline std::uint32_t hash_layout(std::span<int const> layout) {
 /// keeps the re-plans of many layers from taking every core at once.
 class PlannerThread {
 public:
-  /// The process's planner thread (made on the first call after the last holder let it go).
+  /// The process's planner thread (made on the first call after the last holder let it go, and
+  /// in a fork()ed child on its first call there).
   static std::shared_ptr<PlannerThread> shared() {
-    static std::mutex made;
+    hold_across_fork<&made>();
     static std::weak_ptr<PlannerThread> one;
-    std::lock_guard lock(made);
+    std::lock_guard lock(made());
     auto p = one.lock();
-    if (!p) one = p = std::shared_ptr<PlannerThread>(new PlannerThread);
+    if (!p || !p->here()) one = p = std::shared_ptr<PlannerThread>(new PlannerThread, delete_if_here<PlannerThread>);
     return p;
   }
+  /// Whether the thread runs in this process (not so in a fork()ed child of the process that made it).
+  [[nodiscard]] bool here() const noexcept { return pid == process_id(); }
   void post(std::function<void()> job) {
     {
       std::lock_guard lock(mu_);
@@ -460,6 +498,15 @@ private:
       job();  // a job catches its own errors
     }
   }
+  static std::mutex& made() {
+    static std::mutex m;
+    return m;
+  }
+
+public:
+  long const pid = process_id();  // the process whose thread this is
+
+private:
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> jobs_;
@@ -488,6 +535,7 @@ public:
 
   static PlanMemo& process() {
     static PlanMemo memo;
+    hold_across_fork<&memo_mutex>();
     return memo;
   }
   /// The plan remembered for `key`, else make() (remembered if it returns).
@@ -519,6 +567,7 @@ public:
   }
 
 private:
+  static std::mutex& memo_mutex() { return process().mu_; }
   mutable std::mutex mu_;
   std::deque<std::pair<Key, Result>> recent_;
   long long made_ = 0, reused_ = 0;
@@ -601,61 +650,45 @@ public:
   /// Takes a share of the process's planner thread, so that start() does not make it in a pass.
   /// Layers that can re-plan call it when they are built.
   void attach() {
-    if (!thread_) thread_ = PlannerThread::shared();
+    if (!thread_ || !thread_->here()) thread_ = PlannerThread::shared();
   }
   /// Queues a plan on the planner thread; the caller goes on.
   void start(std::vector<float> loads, std::vector<int> layout, int ranks, int spare, int tolerance_permille, int nodes,
              Planner planner, std::function<void(Step)> const& hook, std::vector<long long> batches = {}) {
     check(!busy(), "live: a re-plan is already running");
-    attach();
-    auto job = std::make_shared<Job>();
-    thread_->post([=, hook = hook, loads = std::move(loads), layout = std::move(layout),
-                   batches = std::move(batches)] {
-      {
-        std::lock_guard lock(job->mu);
-        if (job->state == Job::dropped) return;
-        job->state = Job::running;
-      }
-      Result r;
-      std::exception_ptr error;
-      try {
-        if (hook) hook(Step::plan);
-        r = PlanMemo<Result>::process().get(
-            {loads, batches, layout, ranks, spare, tolerance_permille, nodes, planner},
-            [&] { return plan(loads, layout, ranks, spare, tolerance_permille, nodes, planner, batches); });
-      } catch (...) {
-        error = std::current_exception();
-      }
-      {
-        std::lock_guard lock(job->mu);
-        job->result = std::move(r);
-        job->error = error;
-        job->state = Job::done;
-      }
-      job->cv.notify_all();
-    });
-    job_ = std::move(job);
+    request_ = std::make_shared<Request const>(Request{std::move(loads), std::move(layout), std::move(batches), ranks,
+                                                       spare, tolerance_permille, nodes, planner, hook});
+    post();
   }
   [[nodiscard]] bool busy() const { return job_ != nullptr; }
-  [[nodiscard]] bool ready() const {
+  [[nodiscard]] bool ready() {
     if (!job_) return false;
+    if (orphaned()) {
+      post();  // made before a fork(): plan it again here
+      return false;
+    }
     std::lock_guard lock(job_->mu);
     return job_->state == Job::done;
   }
   /// The result of the plan (waits for it); rethrows the planner's error.
   Result take() {
     check(job_ != nullptr, "live: no re-plan to take");
+    if (orphaned()) post();
     auto job = std::move(job_);
+    request_.reset();
     std::unique_lock lock(job->mu);
     job->cv.wait(lock, [&] { return job->state == Job::done; });
     if (job->error) std::rethrow_exception(job->error);
     return std::move(job->result);
   }
   /// Drops the plan: one still queued never runs; one running is waited for (its hook may refer
-  /// to the caller's objects), and its result and errors are dropped.
+  /// to the caller's objects), and its result and errors are dropped. One made before a fork() is
+  /// the parent's, and never runs here.
   void drop() noexcept {
     if (!job_) return;
     auto job = std::move(job_);
+    request_.reset();
+    if (job->pid != process_id()) return;
     std::unique_lock lock(job->mu);
     if (job->state == Job::queued) {
       job->state = Job::dropped;
@@ -669,14 +702,64 @@ public:
   ~Replanner() { drop(); }
 
 private:
+  /// What start() was given: kept until the result is taken, so that a fork()ed child can plan it again.
+  struct Request {
+    std::vector<float> loads;
+    std::vector<int> layout;
+    std::vector<long long> batches;
+    int ranks, spare, tolerance_permille, nodes;
+    Planner planner;
+    std::function<void(Step)> hook;
+  };
   struct Job {
+    long const pid = process_id();  // the process whose planner thread runs it
     std::mutex mu;
     std::condition_variable cv;
     enum State { queued, running, done, dropped } state = queued;
     Result result;
     std::exception_ptr error;
   };
+
+  /// The job in flight was queued by the parent of this fork()ed process: its thread is not here.
+  [[nodiscard]] bool orphaned() const { return job_ && job_->pid != process_id(); }
+
+  /// Queues request_ as a new job on this process's planner thread.
+  void post() {
+    attach();
+    auto job = std::shared_ptr<Job>(new Job, delete_if_here<Job>);
+    thread_->post([job, req = request_] {
+      {
+        std::lock_guard lock(job->mu);
+        if (job->state == Job::dropped) return;
+        job->state = Job::running;
+      }
+      Result r;
+      std::exception_ptr error;
+      try {
+        if (req->hook) req->hook(Step::plan);
+        r = PlanMemo<Result>::process().get(
+            {req->loads, req->batches, req->layout, req->ranks, req->spare, req->tolerance_permille, req->nodes,
+             req->planner},
+            [&] {
+              return plan(req->loads, req->layout, req->ranks, req->spare, req->tolerance_permille, req->nodes,
+                          req->planner, req->batches);
+            });
+      } catch (...) {
+        error = std::current_exception();
+      }
+      {
+        std::lock_guard lock(job->mu);
+        job->result = std::move(r);
+        job->error = error;
+        job->state = Job::done;
+      }
+      job->cv.notify_all();
+    });
+    job_ = std::move(job);
+  }
+
   std::shared_ptr<PlannerThread> thread_;
+  std::shared_ptr<Request const> request_;
   std::shared_ptr<Job> job_;
 };
 
