@@ -35,7 +35,7 @@ import sys
 
 TOP_FOLDERS = ("include", "tools", "tests", "examples", "benchmarks", "scripts", "docs", "cmake", "python")
 RETIRED = ("CudaLayer", "DisaggregatedLayer", "PipelineSchedule", "FinDepCudaP2PExecutor", "findep_cuda_p2p",
-           "findep_cuda_common", "executor_of")
+           "findep_cuda_common", "executor_of", "PlannerThread")
 CODE_DIRS = ("include", "tools/include", "tests/support")
 
 

@@ -11,12 +11,17 @@
 //   - one split-aware re-plan: replication::split_planner::plan from the initial EPLB plan on the
 //     per-pass loads of passes 900-999, one layer of OLMoE and Mixtral (8 ranks) and of
 //     DeepSeek-V3 (8 groups kept on their nodes, and 1 group), the study's settings (2 spare slots,
-//     10 permille least gain), beside the minimal-move re-plan.
+//     10 permille least gain), beside the minimal-move re-plan;
+//   - the re-plans of 16 layers (minimal moves) or 8 (split-aware) queued together on the live
+//     layers' planner pool (live::Replanner, live::set_planner_threads), as a model whose layers
+//     re-plan at the same pass queues them: the time until every plan is taken, with 1, 2 and 4
+//     planner threads (each layer's loads differ a little, so that no plan is a twin of another).
 // The CPU column is the time (one thread); wall also counts time the process waited for a core.
 #include <benchmark/benchmark.h>
 
 #include <string>
 
+#include "moe/layer/live.hpp"
 #include "moe/replication/batch_split.hpp"
 #include "moe/replication/eplb.hpp"
 #include "moe/replication/migration.hpp"
@@ -171,6 +176,49 @@ void BM_ServingLoopSplitPlanner(benchmark::State& state) {
   state.SetLabel(std::string("split_planner::plan, ") + labels[i] + ", 100 passes");
 }
 BENCHMARK(BM_ServingLoopSplitPlanner)->DenseRange(0, 3)->Unit(benchmark::kMillisecond);
+
+/// Arguments: planner threads; 0 the minimal-move planner (16 layers), 1 the split-aware one (8
+/// layers of the DeepSeek-V3 case with 8 groups, as BM_ServingLoopSplitPlanner/2).
+void BM_ServingLoopReplanPool(benchmark::State& state) {
+  auto const& s = setup();
+  static PlannerCase const split_case = planner_case("dsv3-h800", 8);
+  int const threads = static_cast<int>(state.range(0));
+  bool const split = state.range(1) == 1;
+  int const layers = split ? 8 : 16;
+  live::set_planner_threads(threads);
+  live::Replanner held;
+  held.attach();  // the pool lives across the iterations
+  std::vector<live::Replanner> replanners(static_cast<std::size_t>(layers));
+  static long long round = 0;  // no two plans alike, in this run or an earlier one (the plan memo)
+  for (auto _ : state) {
+    ++round;
+    for (int l = 0; l < layers; ++l) {
+      auto& r = replanners[static_cast<std::size_t>(l)];
+      auto const bump = round * layers + l;
+      if (split) {
+        auto rows = split_case.rows;
+        rows[0] += bump;
+        r.start(std::vector<float>(static_cast<std::size_t>(split_case.experts), 1.0F), split_case.start,
+                split_case.ranks, 2, 10, 1, live::Planner::split_balance, {}, std::move(rows));
+      } else {
+        auto loads = s.drifted.v;
+        loads[0] += static_cast<float>(bump);
+        r.start(std::move(loads), s.initial, s.topo.gpus(), 2, 10, s.topo.servers(), live::Planner::minimal_move, {});
+      }
+    }
+    for (auto& r : replanners) benchmark::DoNotOptimize(r.take().layout.data());
+  }
+  state.counters["plans_per_s"] =
+      benchmark::Counter(static_cast<double>(layers), benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(std::to_string(layers) + " layers' live::Replanner plans (" +
+                 (split ? "split_balance" : "minimal_move") + ") on " + std::to_string(threads) +
+                 " planner threads, DeepSeek-V3 EP32, 288 slots, h800:4");
+  live::set_planner_threads(1);
+}
+BENCHMARK(BM_ServingLoopReplanPool)
+    ->ArgsProduct({{1, 2, 4}, {0, 1}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 }  // namespace
 

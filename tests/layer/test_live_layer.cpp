@@ -363,9 +363,9 @@ TEST_CASE("live re-planner: empty slots never give a rank more new experts than 
 #if defined(__linux__)
 TEST_CASE("live re-planner: a fork()ed child plans on a thread of its own, the parent's plan in flight too",
           "[layer][live]") {
-  // A child inherits the planner thread's objects but not the thread. Before, the child's plans
+  // A child inherits the planner pool's objects but not its threads. Before, the child's plans
   // were queued on a thread it does not have (never ready), and dropping the last share of that
-  // thread joined a thread that is not there. The plan here is held in its hook while the process
+  // pool joined a thread that is not there. The plan here is held in its hook while the process
   // forks, so the child inherits it running.
   auto const want = live::Replanner::plan(recorded_loads, recorded_layout, 2, 3, 10, 1).layout;
   std::atomic<int> phase{0};  // 1: the parent's plan is in its hook; 2: let it go on
@@ -387,8 +387,8 @@ TEST_CASE("live re-planner: a fork()ed child plans on a thread of its own, the p
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
       return p.ready();
     };
-    // r's first call here moves it to the child's thread, and the last share of the parent's
-    // goes: before, that joined a thread the child does not have.
+    // r's first call here moves it to the child's pool, and the last share of the parent's goes:
+    // before, that joined a thread the child does not have.
     int code = 0;
     {
       live::Replanner fresh;  // queued after the fork
@@ -419,3 +419,47 @@ TEST_CASE("live re-planner: a fork()ed child plans on a thread of its own, the p
   CHECK(WEXITSTATUS(status) == 0);
 }
 #endif
+
+TEST_CASE("live re-planner: with two planner threads, two plans run at once; twins are planned once",
+          "[layer][live]") {
+  // Each plan's hook waits (up to 10 s) until both plans are in their hooks and counts itself in
+  // `met` if it saw the other: with one thread the first plan's hook never sees the second.
+  live::set_planner_threads(2);
+  std::atomic<int> in_hook{0}, met{0};
+  auto meet = [&](live::Step) {
+    ++in_hook;
+    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (in_hook.load() % 2 != 0 && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    if (in_hook.load() % 2 == 0) ++met;
+  };
+  auto other = recorded_loads;
+  other[3] += 500;  // a second plan, not a twin
+  {
+    live::Replanner a, b;
+    a.attach();
+    CHECK(live::PlannerPool::existing()->threads() == 2);
+    a.start(recorded_loads, recorded_layout, 2, 3, 7, 1, live::Planner::minimal_move, meet);
+    b.start(other, recorded_layout, 2, 3, 7, 1, live::Planner::minimal_move, meet);
+    CHECK(a.take().layout == live::Replanner::plan(recorded_loads, recorded_layout, 2, 3, 7, 1).layout);
+    CHECK(b.take().layout == live::Replanner::plan(other, recorded_layout, 2, 3, 7, 1).layout);
+    CHECK(met == 2);
+  }
+  {
+    // Twins let go together: one is planned, the other waits for it (or takes it from memory).
+    auto& memo = live::PlanMemo<live::Replanner::Result>::process();
+    long long made = memo.made(), reused = memo.reused();
+    live::Replanner a, b;
+    auto twin = recorded_loads;
+    twin[5] += 300;  // inputs no other case plans from
+    a.start(twin, recorded_layout, 2, 3, 10, 1, live::Planner::minimal_move, meet);
+    b.start(twin, recorded_layout, 2, 3, 10, 1, live::Planner::minimal_move, meet);
+    auto const ra = a.take().layout, rb = b.take().layout;
+    CHECK(ra == rb);
+    CHECK(ra == live::Replanner::plan(twin, recorded_layout, 2, 3, 10, 1).layout);
+    CHECK(memo.made() - made == 1);
+    CHECK(memo.reused() - reused == 1);
+  }
+  live::set_planner_threads(1);  // the next pool has one thread again
+  CHECK_THROWS_WITH(live::set_planner_threads(0), Catch::Contains("at least 1"));
+}

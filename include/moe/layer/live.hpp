@@ -35,11 +35,11 @@
 // or, for layers that split every batch, replication::split_planner, the fewest moves that lower
 // the split's balance over the window's passes)
 // takes milliseconds to seconds for large layers, which the serving thread must not wait for, and
-// the caller's thread has no idle time between passes to lend. That thread (PlannerThread) is one
-// per process, shared by every layer and in-process rank, made when the first layer that can
-// re-plan is built, and runs as a batch thread (Linux SCHED_BATCH: it never preempts a serving
-// thread on waking): starting a re-plan only queues it. The rank's
-// passes go on; the plan is used when every rank reports it ready.
+// the caller's thread has no idle time between passes to lend. The planner threads (PlannerPool:
+// one unless set_planner_threads asks for more) are the process's, shared by every layer and
+// in-process rank, made when the first layer that can re-plan is built, and run as batch threads
+// (Linux SCHED_BATCH: they never preempt a serving thread on waking): starting a re-plan only
+// queues it. The rank's passes go on; the plan is used when every rank reports it ready.
 //
 // On the device paths (moe/layer/paths/device.cuh, device_disaggregated.cuh; collective::Nccl) the
 // counts are made by a kernel and gathered on the device; a copy to pinned memory on the pass's
@@ -51,11 +51,11 @@
 // The disaggregated paths (host and device) keep the window: every AG rank counts the pairs it
 // routed, per expert and per EG rank, and all ranks gather the rows. They do not re-plan.
 //
-// fork(): a child process inherits the layers but not the planner thread. The first re-plan a
-// child starts, or a plan the parent had queued or running at the fork, runs on a planner thread of
-// the child's own (made then); the parent's objects that the child cannot use (the thread, its
+// fork(): a child process inherits the layers but not the planner threads. The first re-plan a
+// child starts, or a plan the parent had queued or running at the fork, runs on a pool of the
+// child's own (made then); the parent's objects that the child cannot use (the threads, their
 // queue, a plan in flight) are left alone in the child's memory, never locked or destroyed there.
-// The locks a planner thread takes between jobs (the plan memo's) are held across fork() by a
+// The locks the planner threads take between jobs (the plan memo's) are held across fork() by a
 // pthread_atfork handler, so a child never inherits one locked.
 //
 // Memory: the caller owns the expert slots (the arena: arena_slots() = the most experts a rank
@@ -73,6 +73,7 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <future>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -436,26 +437,39 @@ void hold_across_fork() {
 #endif
 }
 
-/// The host thread that runs the re-plans of every live layer of the process (every layer of a
-/// model, and every rank of collective::InProcess), one job at a time in the order they came. It
-/// is made when the first layer that can re-plan is built and ends when the last such layer goes,
-/// so no pass pays for starting a thread: a thread started at the end of a pass cost that pass
-/// 0.1-1 ms on a machine with fewer cores than ranks, as the new thread took the core from the
-/// rank that started it (docs/results/serving-loop-layer.md). One thread for the process also
-/// keeps the re-plans of many layers from taking every core at once.
-class PlannerThread {
+/// The planner threads of the process (live::set_planner_threads; one unless set).
+inline std::atomic<int>& planner_thread_count() {
+  static std::atomic<int> n{1};
+  return n;
+}
+
+/// The host threads that run the re-plans of every live layer of the process (every layer of a
+/// model, and every rank of collective::InProcess), taking the jobs in the order they came: one
+/// thread unless live::set_planner_threads() asks for more. The pool is made when the first layer
+/// that can re-plan is built and ends when the last such layer goes, so no pass pays for starting
+/// a thread: a thread started at the end of a pass cost that pass 0.1-1 ms on a machine with fewer
+/// cores than ranks, as the new thread took the core from the rank that started it
+/// (docs/results/serving-loop-layer.md). A pool for the process also keeps the re-plans of many
+/// layers from taking every core at once.
+class PlannerPool {
 public:
-  /// The process's planner thread (made on the first call after the last holder let it go, and
-  /// in a fork()ed child on its first call there).
-  static std::shared_ptr<PlannerThread> shared() {
+  /// The process's pool (made on the first call after the last holder let it go, and in a
+  /// fork()ed child on its first call there).
+  static std::shared_ptr<PlannerPool> shared() {
     hold_across_fork<&made>();
-    static std::weak_ptr<PlannerThread> one;
     std::lock_guard lock(made());
-    auto p = one.lock();
-    if (!p || !p->here()) one = p = std::shared_ptr<PlannerThread>(new PlannerThread, delete_if_here<PlannerThread>);
+    auto p = current().lock();
+    if (!p || !p->here()) current() = p = std::shared_ptr<PlannerPool>(new PlannerPool, delete_if_here<PlannerPool>);
     return p;
   }
-  /// Whether the thread runs in this process (not so in a fork()ed child of the process that made it).
+  /// The pool of this process if one is held now (for live::set_planner_threads).
+  static std::shared_ptr<PlannerPool> existing() {
+    hold_across_fork<&made>();
+    std::lock_guard lock(made());
+    auto p = current().lock();
+    return p && p->here() ? p : nullptr;
+  }
+  /// Whether the threads run in this process (not so in a fork()ed child of the process that made them).
   [[nodiscard]] bool here() const noexcept { return pid == process_id(); }
   void post(std::function<void()> job) {
     {
@@ -464,20 +478,29 @@ public:
     }
     cv_.notify_one();
   }
-  PlannerThread(PlannerThread const&) = delete;
-  PlannerThread& operator=(PlannerThread const&) = delete;
-  /// Runs the jobs still queued, then joins the thread.
-  ~PlannerThread() {
+  /// Starts threads until the pool has `n` (it never shrinks).
+  void grow(int n) {
+    std::lock_guard lock(mu_);
+    while (static_cast<int>(threads_.size()) < n) threads_.emplace_back([this] { loop(); });
+  }
+  [[nodiscard]] int threads() const {
+    std::lock_guard lock(mu_);
+    return static_cast<int>(threads_.size());
+  }
+  PlannerPool(PlannerPool const&) = delete;
+  PlannerPool& operator=(PlannerPool const&) = delete;
+  /// Runs the jobs still queued, then joins the threads.
+  ~PlannerPool() {
     {
       std::lock_guard lock(mu_);
       stop_ = true;
     }
-    cv_.notify_one();
-    thread_.join();
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
   }
 
 private:
-  PlannerThread() : thread_([this] { loop(); }) {}
+  PlannerPool() { grow(std::max(1, planner_thread_count().load())); }
   void loop() {
 #if defined(__linux__)
     // SCHED_BATCH (nice 19 where that is refused), set before the first job: a woken planner then
@@ -502,24 +525,39 @@ private:
     static std::mutex m;
     return m;
   }
+  static std::weak_ptr<PlannerPool>& current() {
+    static std::weak_ptr<PlannerPool> one;
+    return one;
+  }
 
 public:
-  long const pid = process_id();  // the process whose thread this is
+  long const pid = process_id();  // the process whose threads these are
 
 private:
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> jobs_;
   bool stop_ = false;
-  std::thread thread_;  // last: it starts once the members above exist
+  std::vector<std::thread> threads_;
 };
 
+/// How many threads plan for the live layers of this process (at least 1; 1 unless set). Plans
+/// are independent, so n threads make the plans of a model whose layers re-plan together about
+/// n times sooner, with up to n cores busy meanwhile. Call it outside the passes (it starts the
+/// threads at once if the pool exists, else when the first layer that can re-plan is built); the
+/// pool never shrinks while it lives.
+inline void set_planner_threads(int n) {
+  check(n >= 1, "live::set_planner_threads: ", n, " threads (at least 1)");
+  planner_thread_count() = n;
+  if (auto pool = PlannerPool::existing()) pool->grow(n);
+}
+
 /// The plans made lately in this process, by their inputs. The ranks of collective::InProcess
-/// queue the same job on the one planner thread (the window and the layout are the same on every
-/// rank, and the planner is deterministic), so each distinct job is planned once and the other
-/// ranks take a copy: 8 in-process ranks of a 58-layer model would otherwise plan every layer 8
-/// times over, one after another. Holds the last `capacity` plans (a few KB each at DeepSeek-V3's
-/// size).
+/// queue the same job on the planner pool (the window and the layout are the same on every rank,
+/// and the planner is deterministic), so each distinct job is planned once and the other ranks take
+/// a copy: 8 in-process ranks of a 58-layer model would otherwise plan every layer 8 times over.
+/// A job whose twin is being planned on another thread of the pool waits for that plan. Holds the
+/// last `capacity` plans (a few KB each at DeepSeek-V3's size).
 template <class Result>
 class PlanMemo {
 public:
@@ -538,9 +576,12 @@ public:
     hold_across_fork<&memo_mutex>();
     return memo;
   }
-  /// The plan remembered for `key`, else make() (remembered if it returns).
+  /// The plan remembered for `key`, or the one another thread is making for it, else make()
+  /// (remembered if it returns; its error reaches the threads that waited for it too).
   template <class Make>
   Result get(Key key, Make&& make) {
+    std::shared_ptr<Pending> mine;
+    std::shared_future<Result> theirs;
     {
       std::lock_guard lock(mu_);
       for (auto const& [k, r] : recent_)
@@ -548,12 +589,38 @@ public:
           ++reused_;
           return r;
         }
+      // A twin made by a thread of a fork()'s parent never ends here: it is left alone.
+      for (auto const& [k, p] : pending_)
+        if (p->pid == process_id() && k == key) theirs = p->future;
+      if (theirs.valid()) {
+        ++reused_;
+      } else {
+        mine = std::make_shared<Pending>();
+        pending_.emplace_back(key, mine);
+      }
     }
-    Result r = make();
-    std::lock_guard lock(mu_);
-    recent_.emplace_front(std::move(key), r);
-    if (recent_.size() > capacity) recent_.pop_back();
-    ++made_;
+    if (theirs.valid()) return theirs.get();
+    std::exception_ptr error;
+    Result r;
+    try {
+      r = make();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    {
+      std::lock_guard lock(mu_);
+      std::erase_if(pending_, [&](auto const& e) { return e.second == mine; });
+      if (!error) {
+        recent_.emplace_front(std::move(key), r);
+        if (recent_.size() > capacity) recent_.pop_back();
+        ++made_;
+      }
+    }
+    if (error) {
+      mine->promise.set_exception(error);
+      std::rethrow_exception(error);
+    }
+    mine->promise.set_value(r);
     return r;
   }
   /// Plans computed and plans taken from memory since the process started.
@@ -567,14 +634,20 @@ public:
   }
 
 private:
+  struct Pending {
+    long const pid = process_id();
+    std::promise<Result> promise;
+    std::shared_future<Result> future = promise.get_future().share();
+  };
   static std::mutex& memo_mutex() { return process().mu_; }
   mutable std::mutex mu_;
   std::deque<std::pair<Key, Result>> recent_;
+  std::vector<std::pair<Key, std::shared_ptr<Pending>>> pending_;  // being planned now
   long long made_ = 0, reused_ = 0;
 };
 
 /// The re-planner: a new slot layout from the window's loads and the current layout, computed on
-/// the process's PlannerThread. The plan moves the fewest experts at EPLB's balance
+/// the process's PlannerPool. The plan moves the fewest experts at EPLB's balance
 /// (replication::migration::rebalance) and gives no rank more new experts than `spare` (if the
 /// first plan does, the copies it may make are capped and it is planned again).
 class Replanner {
@@ -647,12 +720,12 @@ public:
     return {r.phy2log.v, r.copies(), st.max_load, st.eplb_max_load, st.old_max_load};
   }
 
-  /// Takes a share of the process's planner thread, so that start() does not make it in a pass.
+  /// Takes a share of the process's planner pool, so that start() does not make it in a pass.
   /// Layers that can re-plan call it when they are built.
   void attach() {
-    if (!thread_ || !thread_->here()) thread_ = PlannerThread::shared();
+    if (!pool_ || !pool_->here()) pool_ = PlannerPool::shared();
   }
-  /// Queues a plan on the planner thread; the caller goes on.
+  /// Queues a plan on the planner pool; the caller goes on.
   void start(std::vector<float> loads, std::vector<int> layout, int ranks, int spare, int tolerance_permille, int nodes,
              Planner planner, std::function<void(Step)> const& hook, std::vector<long long> batches = {}) {
     check(!busy(), "live: a re-plan is already running");
@@ -712,7 +785,7 @@ private:
     std::function<void(Step)> hook;
   };
   struct Job {
-    long const pid = process_id();  // the process whose planner thread runs it
+    long const pid = process_id();  // the process whose planner pool runs it
     std::mutex mu;
     std::condition_variable cv;
     enum State { queued, running, done, dropped } state = queued;
@@ -723,11 +796,11 @@ private:
   /// The job in flight was queued by the parent of this fork()ed process: its thread is not here.
   [[nodiscard]] bool orphaned() const { return job_ && job_->pid != process_id(); }
 
-  /// Queues request_ as a new job on this process's planner thread.
+  /// Queues request_ as a new job on this process's planner pool.
   void post() {
     attach();
     auto job = std::shared_ptr<Job>(new Job, delete_if_here<Job>);
-    thread_->post([job, req = request_] {
+    pool_->post([job, req = request_] {
       {
         std::lock_guard lock(job->mu);
         if (job->state == Job::dropped) return;
@@ -758,7 +831,7 @@ private:
     job_ = std::move(job);
   }
 
-  std::shared_ptr<PlannerThread> thread_;
+  std::shared_ptr<PlannerPool> pool_;
   std::shared_ptr<Request const> request_;
   std::shared_ptr<Job> job_;
 };
