@@ -296,6 +296,7 @@ TEST_CASE("live layer: options that cannot work are refused at construction", "[
     CHECK_THROWS_WITH(make({.window = 5, .spare_slots = 2}), Catch::Contains("re-planning needs schedule::Sequential, "
                                                                              "a placement::Table and replication::Table"));
     CHECK_THROWS_WITH(make({.window = -1}), Catch::Contains("must not be negative"));
+    CHECK_THROWS_WITH(make({.window = 5, .tolerance_permille = -2}), Catch::Contains("tolerance_permille -2"));
     CHECK_THROWS_WITH(make({.window = 5, .planner = live::Planner::split_balance}),
                       Catch::Contains("split_balance scores plans by the per-batch split: it needs "
                                       "replication::BatchSplit"));

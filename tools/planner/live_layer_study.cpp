@@ -40,7 +40,7 @@
 //   live_layer_study [--models olmoe,mixtral] [--ranks 8|4] [--passes 2000] [--tokens 64]
 //                    [--window 100] [--replan-every 100] [--spare-slots 2] [--chunk-experts 1]
 //                    [--tolerance-permille 10] [--strategies static,full,minimal,split[,splitplan]]
-//                    [--split-gain-permille 10]
+//                    [--split-gain-permille -1]   (-1: the layer's default, 80 / ranks permille)
 //                    [--check-every 1] [--seed 1] [--pass-log FILE] [--data-dir DIR]
 //   mpirun -np 4 live_layer_study_mpi --mpi [same options but --ranks]
 // Exit status 1 when a check fails (router mismatch, output error, bytes, a pass that threw).
@@ -92,7 +92,7 @@ char const* name_of(Strategy s) {
 
 struct Study {
   int ranks = 8, passes = 2000, tokens = 64, window = 100, replan_every = 100, spare = 2, chunk = 1;
-  int tolerance = 10, check_every = 1, split_gain = 10;
+  int tolerance = 10, check_every = 1, split_gain = -1;
   bool probe = false, help = false;
   std::uint64_t seed = 1;
   std::vector<Strategy> strategies;
@@ -612,7 +612,7 @@ Study parse(int argc, char** argv) {
   st.spare = static_cast<int>(a.integer("spare-slots", 2, 1, 1024));
   st.chunk = static_cast<int>(a.integer("chunk-experts", 1, 1, 1024));
   st.tolerance = static_cast<int>(a.integer("tolerance-permille", 10, 0, 1000));
-  st.split_gain = static_cast<int>(a.integer("split-gain-permille", 10, 0, 1000));
+  st.split_gain = static_cast<int>(a.integer("split-gain-permille", -1, -1, 1000));  // -1: 80 / ranks
   st.check_every = static_cast<int>(a.integer("check-every", 1, 1, 1000000));
   st.seed = static_cast<std::uint64_t>(a.integer("seed", 1, 0, std::numeric_limits<int>::max()));
   st.pass_log = a.text("pass-log");
@@ -648,7 +648,7 @@ int body(int argc, char** argv, int rank, int ranks_given, auto&& run) {
     if (rank == 0)
       std::printf("live_layer_study [--models olmoe,mixtral] [--ranks 8|4] [--passes 2000] [--tokens 64] [--window 100]\n"
                   "  [--replan-every 100] [--spare-slots 2] [--chunk-experts 1] [--tolerance-permille 10]\n"
-                  "  [--split-gain-permille 10] [--strategies static,full,minimal,split[,splitplan]] [--check-every 1] [--seed 1] [--pass-log FILE]\n"
+                  "  [--split-gain-permille -1] [--strategies static,full,minimal,split[,splitplan]] [--check-every 1] [--seed 1] [--pass-log FILE]\n"
                   "  [--data-dir DIR] [--probe] [--mpi (live_layer_study_mpi under mpirun)]\n");
     return tools::exit_ok;
   }

@@ -79,7 +79,7 @@ char const* const kProgram = "serving_loop";
 
 struct Options {
   std::vector<std::string> models;
-  int passes = 2000, tokens = 256, period = 100, window = 100, spare = 2, split_gain = 10;
+  int passes = 2000, tokens = 256, period = 100, window = 100, spare = 2, split_gain = -1;  // -1: 80 / ranks
   double chunk_bytes = 64.0 * 1024 * 1024, tolerance = 0.01;
   std::uint64_t seed = 1;
   int dsv3_groups = 8;
@@ -502,7 +502,8 @@ void usage() {
       "  --chunk-mib B     weight bytes a rank sends and receives per pass, MiB, > 0 (default 64)\n"
       "  --tolerance T     migration::rebalance's balance tolerance, 0..10 (default 0.01)\n"
       "  --spare N         split-planner: most new experts per rank and re-plan, 1..64 (default 2)\n"
-      "  --split-gain G    split-planner: least gain of a moved copy, permille of max/mean, 0..1000 (default 10)\n"
+      "  --split-gain G    split-planner: least gain of a moved copy, permille of max/mean, 0..1000, or -1\n"
+      "                    for the planner's default, 80 / ranks, at least 1 (default -1: 10 at 8 ranks, 2 at 32)\n"
       "  --seed S          seed of the batches (default 1)\n"
       "  --dsv3-groups N   expert groups EPLB and the minimal-move rule see for DeepSeek-V3: 8 (the\n"
       "                    model's, as engines pass it; default) or 1, 2, 4 (1: EPLB's global policy)\n"
@@ -533,7 +534,7 @@ int main(int argc, char** argv) {
     o.chunk_bytes = a.number("chunk-mib", 64, 1.0 / 1024, 1 << 20) * 1024.0 * 1024.0;
     o.tolerance = a.number("tolerance", 0.01, 0, 10);
     o.spare = static_cast<int>(a.integer("spare", 2, 1, 64));
-    o.split_gain = static_cast<int>(a.integer("split-gain", 10, 0, 1000));
+    o.split_gain = static_cast<int>(a.integer("split-gain", -1, -1, 1000));
     o.seed = static_cast<std::uint64_t>(a.integer("seed", 1, 0, std::numeric_limits<long long>::max()));
     o.dsv3_groups = static_cast<int>(a.integer("dsv3-groups", 8, 1, 8));
     check(o.dsv3_groups == 1 || o.dsv3_groups == 2 || o.dsv3_groups == 4 || o.dsv3_groups == 8, "--dsv3-groups: ",

@@ -526,7 +526,7 @@ public:
     ++L.started;
     L.state = LiveState::planning;
     L.replanner.start(L.window.expert_loads(), live::planning_layout(plan(), comm_->size(), L.width), comm_->size(),
-                      options_.live.spare_slots, options_.live.tolerance_permille, options_.live.nodes,
+                      options_.live.spare_slots, live::tolerance_of(options_.live, comm_->size()), options_.live.nodes,
                       options_.live.planner, L.hook,
                       options_.live.planner == live::Planner::split_balance ? L.window.expert_rows()
                                                                             : std::vector<long long>{});
@@ -714,9 +714,10 @@ private:
   }
 
   static void check_live(live::Options const& o, int ranks) {
-    check(o.window >= 0 && o.replan_every >= 0 && o.spare_slots >= 0 && o.tolerance_permille >= 0,
+    check(o.window >= 0 && o.replan_every >= 0 && o.spare_slots >= 0 && o.tolerance_permille >= -1,
           "moe::Layer: LayerOptions::live fields must not be negative (window ", o.window, ", replan_every ",
-          o.replan_every, ", spare_slots ", o.spare_slots, ", tolerance_permille ", o.tolerance_permille, ")");
+          o.replan_every, ", spare_slots ", o.spare_slots, ", tolerance_permille ", o.tolerance_permille,
+          "; -1: its default)");
     check(o.planner == live::Planner::minimal_move || o.planner == live::Planner::eplb ||
               o.planner == live::Planner::split_balance,
           "moe::Layer: LayerOptions::live.planner: unknown planner ", static_cast<int>(o.planner));

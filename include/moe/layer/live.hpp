@@ -108,7 +108,8 @@ namespace moe::live {
 ///                 baseline; needs spare_slots as large as the number of experts a rank holds)
 ///   split_balance replication::split_planner: the fewest copies that lower the mean of the per-batch
 ///                 split's max/mean over the window's passes (for replication::BatchSplit layers;
-///                 tolerance_permille is then the least gain, in thousandths, a moved copy must bring)
+///                 tolerance_permille is then the least gain, in thousandths, a moved copy must bring;
+///                 by default split_planner::automatic_gain_permille: 10 at 8 ranks, 2 at 32)
 enum class Planner : std::int32_t { minimal_move = 0, eplb = 1, split_balance = 2 };
 
 /// LayerOptions::live: the load window and re-planning. All zero: the layer keeps its plan and
@@ -118,11 +119,21 @@ struct Options {
   int replan_every = 0;  ///< start a re-plan every this many passes (0: only on Layer::replan())
   int spare_slots = 0;   ///< expert slots of spare memory per rank (the most experts a rank receives per re-plan)
   std::size_t migration_bytes_per_pass = 0;  ///< most weight bytes a rank sends, and receives, per pass
-  int tolerance_permille = 10;  ///< the re-plan's max rank load is within (1 + this / 1000) of EPLB's
+  /// minimal_move: the re-plan's max rank load is within (1 + this / 1000) of EPLB's; split_balance:
+  /// the least gain of a moved copy. -1: 10 for minimal_move, split_planner::automatic_gain_permille
+  /// (80 / ranks, at least 1) for split_balance (live::tolerance_of).
+  int tolerance_permille = -1;
   int nodes = 1;                ///< nodes the ranks split into (rank r on node r / (ranks / nodes)): sources
                                 ///< of moves prefer the receiver's node
   Planner planner = Planner::minimal_move;  ///< what a re-plan computes
 };
+
+/// The tolerance (or least gain) a re-plan of `ranks` ranks uses: Options::tolerance_permille, or
+/// its default for the planner when that is -1.
+inline int tolerance_of(Options const& o, int ranks) {
+  if (o.tolerance_permille >= 0) return o.tolerance_permille;
+  return o.planner == Planner::split_balance ? replication::split_planner::automatic_gain_permille(ranks) : 10;
+}
 
 /// The step of a migration a fault-injection hook is called at (Layer::set_fault_hook).
 enum class Step { plan, pack, unpack, prepare_switch };
