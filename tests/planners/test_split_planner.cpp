@@ -201,6 +201,82 @@ TEST_CASE("split planner: one round keeps the best single-slot change", "[planne
   CHECK(sp::automatic_gain_permille(256) == 1);
 }
 
+TEST_CASE("split planner: with swaps, one round keeps the best single change or swap",
+          "[planner][split-planner]") {
+  // Every candidate in: every slot of every rank gives or takes, every expert may come. The brute
+  // force scores each single change (as above) and each swap (rank r's expert a for rank q's b,
+  // q on r's node with nodes kept) by the min-cut bound; the best (fewest moved copies on a tie)
+  // is kept if it gains at least the least gain per moved copy (a swap moves two).
+  std::mt19937 rng(1129);
+  int swapped = 0, single = 0, none = 0;
+  for (int t = 0; t < 400; ++t) {
+    auto c = make_case(rng);
+    sp::Options o;
+    o.swaps = true;
+    o.spare = std::uniform_int_distribution<int>(0, 2)(rng);
+    o.min_gain_permille = std::array{0, 20, -1}[std::uniform_int_distribution<std::size_t>(0, 2)(rng)];
+    double const least_gain = o.min_gain_permille >= 0 ? o.min_gain_permille : std::max(1, 80 / c.R);
+    o.drop_candidates = c.W, o.add_candidates = c.E, o.finalists = 100000, o.sample_passes = 1000;
+    o.max_rounds = 1;
+    if (c.R % 2 == 0 && std::uniform_int_distribution<int>(0, 1)(rng)) o.node_size = 2;
+    auto got = sp::plan(c.batches, c.E, c.layout, c.R, o);
+    INFO("case " << t);
+    double base = score(c.batches, c.E, c.layout, c.R);
+    auto copies = copies_of(c.layout, c.R, c.E);
+    auto at = [&](int r, int j) { return c.layout[static_cast<std::size_t>(r * c.W + j)]; };
+    auto first_on = [&](int r, int j) {  // slot j holds an expert not in an earlier slot of r
+      for (int k = 0; k < j; ++k)
+        if (at(r, k) == at(r, j)) return false;
+      return at(r, j) >= 0;
+    };
+    double best = base;
+    int best_moved = 0;
+    auto consider = [&](std::vector<int> const& trial, int moved) {
+      double s = score(c.batches, c.E, trial, c.R);
+      if (s < best - 1e-12 || (std::abs(s - best) <= 1e-12 && moved < best_moved)) best = s, best_moved = moved;
+    };
+    if (o.spare > 0)  // from the held layout every change brings new experts
+      for (int r = 0; r < c.R; ++r)
+        for (int j = 0; j < c.W; ++j) {
+          int gone = at(r, j);
+          bool twice = false;
+          for (int k = 0; k < c.W; ++k) twice |= k != j && at(r, k) == gone;
+          bool last = gone >= 0 && !twice && copies[static_cast<std::size_t>(gone)].size() < 2;
+          for (int b = 0; b < c.E && !last; ++b) {  // a single change never takes an expert's last copy
+            if (held_on(c.layout, c.W, r, b)) continue;
+            bool on_node = false;
+            for (int q : copies[static_cast<std::size_t>(b)]) on_node |= q / 2 == r / 2;
+            if (o.node_size == 2 && !on_node) continue;
+            auto trial = c.layout;
+            trial[static_cast<std::size_t>(r * c.W + j)] = b;
+            consider(trial, 1);
+          }
+          for (int q = 0; q < c.R; ++q) {
+            if (q == r || (o.node_size == 2 && q / 2 != r / 2) || !first_on(r, j)) continue;
+            for (int k = 0; k < c.W; ++k) {
+              if (!first_on(q, k)) continue;
+              int a = at(r, j), b = at(q, k);
+              if (a == b || held_on(c.layout, c.W, q, a) || held_on(c.layout, c.W, r, b)) continue;
+              auto trial = c.layout;
+              trial[static_cast<std::size_t>(r * c.W + j)] = b;
+              trial[static_cast<std::size_t>(q * c.W + k)] = a;
+              consider(trial, 2);
+            }
+          }
+        }
+    bool keep = best < base && (base - best) * 1000.0 >= least_gain * best_moved;
+    CHECK(got.after == Approx(keep ? best : base).epsilon(1e-12));
+    CHECK(score(c.batches, c.E, got.layout, c.R) == Approx(got.after).epsilon(1e-12));
+    CHECK(got.copies == (keep ? best_moved : 0));
+    (keep ? (best_moved == 2 ? swapped : single) : none) += 1;
+  }
+  // each outcome occurs in the sample
+  INFO("swaps " << swapped << ", single changes " << single << ", none " << none);
+  CHECK(swapped > 10);
+  CHECK(single > 10);
+  CHECK(none > 10);
+}
+
 TEST_CASE("split planner: whole runs keep every expert and the spare slots", "[planner][split-planner]") {
   std::mt19937 rng(5);
   for (int t = 0; t < 150; ++t) {

@@ -85,6 +85,7 @@ struct Options {
   int dsv3_groups = 8;
   std::string per_pass;
   bool verify = false;
+  bool split_swaps = false;  // split-planner: also try swaps (split_planner::Options::swaps)
 };
 
 enum class Kind { static_plan, full, minimal, minimal_split, split_planner };
@@ -327,6 +328,7 @@ int run(Options const& o) {
           so.spare = o.spare;
           so.min_gain_permille = o.split_gain;
           so.node_size = group_rule ? per_server : 0;
+          so.swaps = o.split_swaps;
           auto row = replication::split_planner::plan(rows, E, s.row, G, so).layout;
           auto t = sv::transfers_between(s.row, row, G, per_server);
           if (o.verify) {
@@ -508,6 +510,8 @@ void usage() {
       "  --dsv3-groups N   expert groups EPLB and the minimal-move rule see for DeepSeek-V3: 8 (the\n"
       "                    model's, as engines pass it; default) or 1, 2, 4 (1: EPLB's global policy)\n"
       "  --per-pass FILE   write one TSV row per (model, strategy, pass)\n"
+      "  --split-swaps     split-planner: also try swaps of two ranks' experts (within a node under the\n"
+      "                    group rule)\n"
       "  --verify          recount every pass and re-plan against brute-force references\n");
 }
 
@@ -517,7 +521,7 @@ int main(int argc, char** argv) {
   return tools::guarded_main(kProgram, [&]() -> int {
     tools::Args a(argc, argv,
                   {{"models"}, {"passes"}, {"tokens"}, {"period"}, {"window"}, {"chunk-mib"}, {"tolerance"}, {"spare"}, {"split-gain"}, {"seed"},
-                   {"dsv3-groups"}, {"per-pass"}, {"verify", true}});
+                   {"dsv3-groups"}, {"per-pass"}, {"verify", true}, {"split-swaps", true}});
     if (a.help()) {
       usage();
       return tools::exit_ok;
@@ -541,6 +545,7 @@ int main(int argc, char** argv) {
           o.dsv3_groups, " does not divide DeepSeek-V3's 8 groups (1, 2, 4 or 8)");
     o.per_pass = a.text("per-pass");
     o.verify = a.has("verify");
+    o.split_swaps = a.has("split-swaps");
     try {
       return run(o);
     } catch (VerifyError const& e) {

@@ -185,16 +185,10 @@ __global__ void add_split_loads_kernel(long long const* load, int n, replication
 }
 
 /// A device-memory communicator with point-to-point messages on a settable stream
-/// (collective::Nccl; tests use a staged stand-in).
+/// (collective::Nccl; tests use a staged stand-in): the capabilities of moe/collective/concept.hpp.
 template <class C>
-concept PointToPointDevice = C::memory == collective::Memory::device &&
-                             requires(C& c, std::span<std::byte const> in, std::span<std::byte> out, cudaStream_t s) {
-                               { c.rank() } -> std::same_as<int>;
-                               { c.size() } -> std::same_as<int>;
-                               c.set_stream(s);
-                               c.send(in, 0, 0);
-                               c.recv(out, 0, 0);
-                             };
+concept PointToPointDevice = collective::PointToPoint<C> && collective::StreamOrdered<C, cudaStream_t> &&
+                             C::memory == collective::Memory::device;
 }  // namespace detail_cuda
 
 /// Largest FinDepCudaOptions::max_chunks: the event pool holds about 5 events per chunk, created

@@ -17,6 +17,9 @@
 //   - it brings an expert back that r held (no weights move): any gain;
 //   - it gives r a new expert (one copy moves): a gain of at least `min_gain_permille` / 1000 of
 //     max/mean (by default 80 / ranks permille: automatic_gain_permille), r still within `spare` new experts, and the copies in all within `max_copies`.
+// With Options::swaps, a round also tries swaps: rank r gives one of its hottest experts (load per
+// copy) to a rank q and takes one of q's coolest in exchange (q on r's node with node_size); two
+// copies move, so a swap is kept only for twice the least gain.
 // With Options::node_size, new copies stay on the nodes that hold the expert already. It stops
 // when no change is kept. Candidates per round: every rank x the `drop_candidates`
 // slots of it whose expert has the least load per copy (empty and second-copy slots first) x the
@@ -65,6 +68,13 @@ struct Options {
   /// expert only if its node already holds one: every expert keeps to the nodes it is on, as
   /// EPLB's hierarchical plan keeps each expert group on one node. 0: any rank.
   int node_size = 0;
+  /// Also try swaps: rank r gives one of its `drop_candidates` experts with the most load per
+  /// copy to a rank q (on r's node, with node_size) for one of q's `drop_candidates` experts with
+  /// the least load per copy. Two copies move, so a swap must gain twice the least gain. Under the
+  /// node rule, where most experts have one copy, single-slot changes run out early; a swap moves
+  /// an expert's only copy within its node. Costs about (ranks per node) x drop_candidates more
+  /// candidates per round.
+  bool swaps = false;
 };
 
 struct Result {
@@ -219,10 +229,17 @@ inline Result plan(std::span<long long const> batches, int experts, std::span<in
   out.before = out.after = scorer.score(copies, all);
   std::vector<int> new_on(R, 0);
 
+  // One slot edit, or two (a swap: `expert` to `rank`'s `slot`, `expert2` to `rank2`'s `slot2`).
   struct Change {
     std::size_t rank, slot;
     int expert;
-    double screened, full;
+    double screened = 0, full = 0;
+    std::size_t rank2 = 0, slot2 = 0;
+    int expert2 = -1;  // -1: one edit
+  };
+  // copies moved by a change: experts a rank takes that it did not hold in `held`
+  auto moved = [&](Change const& c) {
+    return (had(c.rank, c.expert) ? 0 : 1) + (c.expert2 >= 0 && !had(c.rank2, c.expert2) ? 1 : 0);
   };
   long long rounds_left = o.max_rounds >= 0 ? o.max_rounds : 4 * static_cast<long long>(held.size());
   while (rounds_left-- > 0) {
@@ -241,7 +258,12 @@ inline Result plan(std::span<long long const> batches, int experts, std::span<in
     auto score_with = [&](Change const& c, std::span<int const> which) {
       auto trial = out.layout;
       trial[c.rank * W + c.slot] = c.expert;
+      if (c.expert2 >= 0) trial[c.rank2 * W + c.slot2] = c.expert2;
       return scorer.score(detail::copies_of(trial, ranks, experts), which);
+    };
+    auto holds = [&](std::size_t r, int e) {
+      auto const& ce = copies[static_cast<std::size_t>(e)];
+      return std::find(ce.begin(), ce.end(), static_cast<int>(r)) != ce.end();
     };
     double base = scorer.score(copies, coarse);
     std::vector<Change> screened;
@@ -277,9 +299,49 @@ inline Result plan(std::span<long long const> batches, int experts, std::span<in
         int freed = frees_new(out.layout, r, j) ? 1 : 0;
         for (int b : hot) {
           if (!had(r, b) && (out.copies - freed >= budget || new_on[r] - freed >= o.spare)) continue;
-          Change c{r, j, b, 0, 0};
+          Change c{r, j, b};
           c.screened = score_with(c, coarse);
           if (c.screened < base) screened.push_back(c);
+        }
+      }
+    }
+    if (o.swaps) {
+      // the slots of r holding an expert once (not empty, not a second copy), by load per copy:
+      // most first (what r gives) or least first (what r takes in exchange)
+      auto single_slots = [&](std::size_t r, bool most_first) {
+        std::vector<std::size_t> v;
+        for (std::size_t j = 0; j < W; ++j)
+          if (out.layout[r * W + j] >= 0 && !second_copy(out.layout, r, j)) v.push_back(j);
+        std::stable_sort(v.begin(), v.end(), [&](std::size_t x, std::size_t y) {
+          int a = out.layout[r * W + x], b = out.layout[r * W + y];
+          return most_first ? per_copy_less(b, a) : per_copy_less(a, b);
+        });
+        if (v.size() > static_cast<std::size_t>(o.drop_candidates)) v.resize(static_cast<std::size_t>(o.drop_candidates));
+        return v;
+      };
+      // a rank takes `e` into a slot that held `gone`: the copies it adds (new_on and the budget)
+      auto adds = [&](std::size_t r, std::size_t j, int e) {
+        return (had(r, e) ? 0 : 1) - (frees_new(out.layout, r, j) ? 1 : 0);
+      };
+      for (std::size_t r = 0; r < R; ++r) {
+        auto gives = single_slots(r, true);
+        for (std::size_t q = 0; q < R; ++q) {
+          if (q == r || (o.node_size > 0 && static_cast<int>(q) / o.node_size != static_cast<int>(r) / o.node_size))
+            continue;
+          auto takes = single_slots(q, false);
+          for (std::size_t j : gives)
+            for (std::size_t k : takes) {
+              int a = out.layout[r * W + j], b = out.layout[q * W + k];
+              if (a == b || holds(q, a) || holds(r, b)) continue;
+              Change c{r, j, b};
+              c.rank2 = q, c.slot2 = k, c.expert2 = a;
+              int ar = adds(r, j, b), aq = adds(q, k, a);
+              if ((!had(r, b) && new_on[r] + ar > o.spare) || (!had(q, a) && new_on[q] + aq > o.spare) ||
+                  (moved(c) > 0 && out.copies + ar + aq > budget))
+                continue;
+              c.screened = score_with(c, coarse);
+              if (c.screened < base) screened.push_back(c);
+            }
         }
       }
     }
@@ -299,14 +361,16 @@ inline Result plan(std::span<long long const> batches, int experts, std::span<in
       c.full = score_with(c, all);
       if (!best || c.full < best->full) best = &c;
     }
-    bool costs = !had(best->rank, best->expert);
     double gain = out.after - best->full;
-    if (gain <= 0 || (costs && gain * 1000.0 < min_gain)) break;
-    std::size_t r = best->rank;
-    int added = (costs ? 1 : 0) - (frees_new(out.layout, r, best->slot) ? 1 : 0);
-    out.layout[r * W + best->slot] = best->expert;
-    new_on[r] += added;
-    out.copies += added;
+    if (gain <= 0 || gain * 1000.0 < static_cast<double>(min_gain) * moved(*best)) break;
+    auto apply = [&](std::size_t r, std::size_t j, int e) {
+      int added = (had(r, e) ? 0 : 1) - (frees_new(out.layout, r, j) ? 1 : 0);
+      out.layout[r * W + j] = e;
+      new_on[r] += added;
+      out.copies += added;
+    };
+    apply(best->rank, best->slot, best->expert);
+    if (best->expert2 >= 0) apply(best->rank2, best->slot2, best->expert2);
     out.after = best->full;
     copies = detail::copies_of(out.layout, ranks, experts);
     ++out.rounds;
