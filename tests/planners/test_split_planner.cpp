@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "moe/replication/batch_split.hpp"
@@ -124,6 +125,20 @@ int new_on(std::vector<int> const& held, std::vector<int> const& now, int W, int
   return n;
 }
 
+/// Options for one round with every candidate in (`finalists` at least the candidates): spare 0-2,
+/// least gain 0, 20 or the default (-1: 80 / ranks permille, at least 1, as split_planner.hpp
+/// documents it), nodes of 2 ranks kept half the time; and the least gain that applies.
+std::pair<sp::Options, double> one_round(std::mt19937& rng, Case const& c, int finalists) {
+  sp::Options o;
+  o.spare = std::uniform_int_distribution<int>(0, 2)(rng);
+  o.min_gain_permille = std::array{0, 20, -1}[std::uniform_int_distribution<std::size_t>(0, 2)(rng)];
+  double const least_gain = o.min_gain_permille >= 0 ? o.min_gain_permille : std::max(1, 80 / c.R);
+  o.drop_candidates = c.W, o.add_candidates = c.E, o.finalists = finalists, o.sample_passes = 1000;
+  o.max_rounds = 1;
+  if (c.R % 2 == 0 && std::uniform_int_distribution<int>(0, 1)(rng)) o.node_size = 2;
+  return {o, least_gain};
+}
+
 }  // namespace
 
 TEST_CASE("split planner: least_max_load is the min-cut bound", "[planner][split-planner]") {
@@ -154,14 +169,7 @@ TEST_CASE("split planner: one round keeps the best single-slot change", "[planne
   int improved = 0, none = 0;
   for (int t = 0; t < 200; ++t) {
     auto c = make_case(rng);
-    sp::Options o;
-    o.spare = std::uniform_int_distribution<int>(0, 2)(rng);
-    // 0, 20, or the default (-1): 80 / ranks permille, at least 1, as split_planner.hpp documents it
-    o.min_gain_permille = std::array{0, 20, -1}[std::uniform_int_distribution<std::size_t>(0, 2)(rng)];
-    double const least_gain = o.min_gain_permille >= 0 ? o.min_gain_permille : std::max(1, 80 / c.R);
-    o.drop_candidates = c.W, o.add_candidates = c.E, o.finalists = 1000, o.sample_passes = 1000;
-    o.max_rounds = 1;
-    if (c.R % 2 == 0 && std::uniform_int_distribution<int>(0, 1)(rng)) o.node_size = 2;
+    auto [o, least_gain] = one_round(rng, c, 1000);
     auto got = sp::plan(c.batches, c.E, c.layout, c.R, o);
     INFO("case " << t);
     double base = score(c.batches, c.E, c.layout, c.R);
@@ -211,14 +219,8 @@ TEST_CASE("split planner: with swaps, one round keeps the best single change or 
   int swapped = 0, single = 0, none = 0;
   for (int t = 0; t < 400; ++t) {
     auto c = make_case(rng);
-    sp::Options o;
+    auto [o, least_gain] = one_round(rng, c, 100000);
     o.swaps = true;
-    o.spare = std::uniform_int_distribution<int>(0, 2)(rng);
-    o.min_gain_permille = std::array{0, 20, -1}[std::uniform_int_distribution<std::size_t>(0, 2)(rng)];
-    double const least_gain = o.min_gain_permille >= 0 ? o.min_gain_permille : std::max(1, 80 / c.R);
-    o.drop_candidates = c.W, o.add_candidates = c.E, o.finalists = 100000, o.sample_passes = 1000;
-    o.max_rounds = 1;
-    if (c.R % 2 == 0 && std::uniform_int_distribution<int>(0, 1)(rng)) o.node_size = 2;
     auto got = sp::plan(c.batches, c.E, c.layout, c.R, o);
     INFO("case " << t);
     double base = score(c.batches, c.E, c.layout, c.R);
