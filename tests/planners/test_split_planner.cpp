@@ -314,4 +314,9 @@ TEST_CASE("split planner: bad input is named", "[planner][split-planner]") {
   throws({1, 2, 3}, {0, 1, 5, 0}, 3, 2, "names expert 5");
   throws({1, 2, 3}, {0, 1, 2}, 3, 2, "does not split over 2 ranks");
   throws({1, 2, 3}, {0, 1, 0, 0}, 3, 2, "expert 2 on no rank");
+  o.min_gain_permille = -2;  // -1 is the automatic least gain; below it is an error
+  throws({1, 2, 3}, layout, 3, 2, "min_gain_permille -1: automatic");
+  o.min_gain_permille = -1;
+  o.node_size = 3;
+  throws({1, 2, 3}, layout, 3, 2, "nodes of 3 ranks do not divide 2 ranks");
 }

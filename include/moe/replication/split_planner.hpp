@@ -16,7 +16,8 @@
 // a copy elsewhere, gets an expert r does not hold. The change with the lowest score is kept when
 //   - it brings an expert back that r held (no weights move): any gain;
 //   - it gives r a new expert (one copy moves): a gain of at least `min_gain_permille` / 1000 of
-//     max/mean (by default 80 / ranks permille: automatic_gain_permille), r still within `spare` new experts, and the copies in all within `max_copies`.
+//     max/mean (by default 80 / ranks permille: automatic_gain_permille), r still within `spare`
+//     new experts, and the copies in all within `max_copies`.
 // With Options::swaps, a round also tries swaps: rank r gives one of its hottest experts (load per
 // copy) to a rank q and takes one of q's coolest in exchange (q on r's node with node_size); two
 // copies move, so a swap is kept only for twice the least gain.
@@ -181,6 +182,7 @@ inline Result plan(std::span<long long const> batches, int experts, std::span<in
   int const min_gain = o.min_gain_permille < 0 ? automatic_gain_permille(ranks) : o.min_gain_permille;
   auto W = held.size() / static_cast<std::size_t>(ranks);
   auto R = static_cast<std::size_t>(ranks), E = static_cast<std::size_t>(experts);
+  auto const D = static_cast<std::size_t>(o.drop_candidates);
   for (std::size_t i = 0; i < held.size(); ++i)
     check(held[i] >= -1 && held[i] < experts, "split planner: slot ", i % W, " of rank ", i / W, " names expert ",
           held[i], ", outside [0, ", experts, ")");
@@ -241,6 +243,12 @@ inline Result plan(std::span<long long const> batches, int experts, std::span<in
   auto moved = [&](Change const& c) {
     return (had(c.rank, c.expert) ? 0 : 1) + (c.expert2 >= 0 && !had(c.rank2, c.expert2) ? 1 : 0);
   };
+  // what rank r's count of new experts (new_on, and the copies against the budget) changes by when
+  // slot j of the current layout takes expert e: +1 for an expert r did not hold in `held`, -1 when
+  // the slot gave up such an expert
+  auto adds = [&](std::size_t r, std::size_t j, int e) {
+    return (had(r, e) ? 0 : 1) - (frees_new(out.layout, r, j) ? 1 : 0);
+  };
   long long rounds_left = o.max_rounds >= 0 ? o.max_rounds : 4 * static_cast<long long>(held.size());
   while (rounds_left-- > 0) {
     // per copy: the load one copy of e carries on average (times the copies' product, to compare exactly)
@@ -282,13 +290,13 @@ inline Result plan(std::span<long long const> batches, int experts, std::span<in
         return per_copy_less(out.layout[r * W + x], out.layout[r * W + y]);
       });
       drops.insert(drops.end(), shared.begin(), shared.end());
-      if (drops.size() > static_cast<std::size_t>(o.drop_candidates)) drops.resize(static_cast<std::size_t>(o.drop_candidates));
+      if (drops.size() > D) drops.resize(D);
       // the experts r may take, most load per copy first: not on r, and on r's node if nodes are kept
       std::vector<int> hot;
       for (int b : by_heat) {
         if (hot.size() == static_cast<std::size_t>(o.add_candidates)) break;
         auto const& cb = copies[static_cast<std::size_t>(b)];
-        if (std::find(cb.begin(), cb.end(), static_cast<int>(r)) != cb.end()) continue;  // r holds b
+        if (holds(r, b)) continue;
         if (o.node_size > 0 && std::none_of(cb.begin(), cb.end(), [&](int q) {
               return q / o.node_size == static_cast<int>(r) / o.node_size;
             }))
@@ -296,9 +304,8 @@ inline Result plan(std::span<long long const> batches, int experts, std::span<in
         hot.push_back(b);
       }
       for (std::size_t j : drops) {
-        int freed = frees_new(out.layout, r, j) ? 1 : 0;
         for (int b : hot) {
-          if (!had(r, b) && (out.copies - freed >= budget || new_on[r] - freed >= o.spare)) continue;
+          if (!had(r, b) && (out.copies + adds(r, j, b) > budget || new_on[r] + adds(r, j, b) > o.spare)) continue;
           Change c{r, j, b};
           c.screened = score_with(c, coarse);
           if (c.screened < base) screened.push_back(c);
@@ -306,31 +313,30 @@ inline Result plan(std::span<long long const> batches, int experts, std::span<in
       }
     }
     if (o.swaps) {
-      // the slots of r holding an expert once (not empty, not a second copy), by load per copy:
-      // most first (what r gives) or least first (what r takes in exchange)
-      auto single_slots = [&](std::size_t r, bool most_first) {
+      // each rank's slots holding an expert once (not empty, not a second copy), by load per copy,
+      // the first drop_candidates: hottest (what the rank gives) and coolest (what it gives back)
+      std::vector<std::vector<std::size_t>> hottest(R), coolest(R);
+      for (std::size_t r = 0; r < R; ++r) {
         std::vector<std::size_t> v;
         for (std::size_t j = 0; j < W; ++j)
           if (out.layout[r * W + j] >= 0 && !second_copy(out.layout, r, j)) v.push_back(j);
-        std::stable_sort(v.begin(), v.end(), [&](std::size_t x, std::size_t y) {
-          int a = out.layout[r * W + x], b = out.layout[r * W + y];
-          return most_first ? per_copy_less(b, a) : per_copy_less(a, b);
-        });
-        if (v.size() > static_cast<std::size_t>(o.drop_candidates)) v.resize(static_cast<std::size_t>(o.drop_candidates));
-        return v;
-      };
-      // a rank takes `e` into a slot that held `gone`: the copies it adds (new_on and the budget)
-      auto adds = [&](std::size_t r, std::size_t j, int e) {
-        return (had(r, e) ? 0 : 1) - (frees_new(out.layout, r, j) ? 1 : 0);
-      };
+        auto first = [&](bool most_first) {
+          auto u = v;
+          std::stable_sort(u.begin(), u.end(), [&](std::size_t x, std::size_t y) {
+            int a = out.layout[r * W + x], b = out.layout[r * W + y];
+            return most_first ? per_copy_less(b, a) : per_copy_less(a, b);
+          });
+          if (u.size() > D) u.resize(D);
+          return u;
+        };
+        hottest[r] = first(true), coolest[r] = first(false);
+      }
       for (std::size_t r = 0; r < R; ++r) {
-        auto gives = single_slots(r, true);
         for (std::size_t q = 0; q < R; ++q) {
           if (q == r || (o.node_size > 0 && static_cast<int>(q) / o.node_size != static_cast<int>(r) / o.node_size))
             continue;
-          auto takes = single_slots(q, false);
-          for (std::size_t j : gives)
-            for (std::size_t k : takes) {
+          for (std::size_t j : hottest[r])
+            for (std::size_t k : coolest[q]) {
               int a = out.layout[r * W + j], b = out.layout[q * W + k];
               if (a == b || holds(q, a) || holds(r, b)) continue;
               Change c{r, j, b};
@@ -364,7 +370,7 @@ inline Result plan(std::span<long long const> batches, int experts, std::span<in
     double gain = out.after - best->full;
     if (gain <= 0 || gain * 1000.0 < static_cast<double>(min_gain) * moved(*best)) break;
     auto apply = [&](std::size_t r, std::size_t j, int e) {
-      int added = (had(r, e) ? 0 : 1) - (frees_new(out.layout, r, j) ? 1 : 0);
+      int added = adds(r, j, e);
       out.layout[r * W + j] = e;
       new_on[r] += added;
       out.copies += added;
