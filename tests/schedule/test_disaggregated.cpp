@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <string>
 #include <type_traits>
@@ -75,14 +76,15 @@ RankWeights rank_weights(RandomLayerWeights<float> const& w, replication::Table 
   return r;
 }
 
-/// The records each EG index receives in one forward pass, counted independently of the executor
-/// from the documented rule: token t of AG rank p uses copy (p + t) mod n of the n copies the table
-/// lists for an expert, and goes once to each EG index serving one of its experts.
+/// The records AG rank p sends to EG index g in one forward pass (records[p][g]), counted
+/// independently of the executor from the documented rule: token t of AG rank p uses copy
+/// (p + t) mod n of the n copies the table lists for an expert, and goes once to each EG index
+/// serving one of its experts.
 template <class Router>
-std::vector<std::size_t> expected_records(ShapeSpec const& s, LayerWeights<float> const& w, float const* x, int ag,
-                                          int tokens, replication::Table const& table,
-                                          int eg) {
-  std::vector<std::size_t> records(static_cast<std::size_t>(eg), 0);
+std::vector<std::vector<std::size_t>> expected_records(ShapeSpec const& s, LayerWeights<float> const& w, float const* x,
+                                                       int ag, int tokens, replication::Table const& table, int eg) {
+  std::vector<std::vector<std::size_t>> records(static_cast<std::size_t>(ag),
+                                                std::vector<std::size_t>(static_cast<std::size_t>(eg), 0));
   auto k = static_cast<std::size_t>(s.top_k), h = static_cast<std::size_t>(s.hidden);
   std::vector<float> logits(static_cast<std::size_t>(s.experts));
   std::vector<int> ids(k);
@@ -99,7 +101,8 @@ std::vector<std::size_t> expected_records(ShapeSpec const& s, LayerWeights<float
         auto const& copies = table.replicas()[static_cast<std::size_t>(e)];
         hit[static_cast<std::size_t>(copies[static_cast<std::size_t>((p + t) % static_cast<int>(copies.size()))])] = true;
       }
-      for (int g = 0; g < eg; ++g) records[static_cast<std::size_t>(g)] += hit[static_cast<std::size_t>(g)];
+      for (int g = 0; g < eg; ++g)
+        records[static_cast<std::size_t>(p)][static_cast<std::size_t>(g)] += hit[static_cast<std::size_t>(g)];
     }
   return records;
 }
@@ -116,11 +119,19 @@ void check_replicated(int ag, std::uint64_t seed) {
   auto x = random_tokens(ag * tokens_per_ag, s.hidden, seed + 3);
   placement::Table on_eg = blocks(s.experts, eg);
   replication::Table table = replicated_on_eg(on_eg, eg);
-  auto expected = expected_records<Router>(s, weights.view(), x.data(), ag, tokens_per_ag, table, eg);
+  auto by_pair = expected_records<Router>(s, weights.view(), x.data(), ag, tokens_per_ag, table, eg);
+  std::vector<std::size_t> expected(static_cast<std::size_t>(eg), 0), by_ag(static_cast<std::size_t>(ag), 0);
+  for (int p = 0; p < ag; ++p)
+    for (int g = 0; g < eg; ++g) {
+      expected[static_cast<std::size_t>(g)] += by_pair[static_cast<std::size_t>(p)][static_cast<std::size_t>(g)];
+      by_ag[static_cast<std::size_t>(p)] += by_pair[static_cast<std::size_t>(p)][static_cast<std::size_t>(g)];
+    }
   auto scheds = schedules<Schedule>(s, ag, N);
   auto runs = scheds.size();
   std::vector<std::vector<float>> y(static_cast<std::size_t>(ag) * runs);
   std::vector<std::vector<std::size_t>> sent(static_cast<std::size_t>(eg), std::vector<std::size_t>(runs));
+  // stats() of each rank and run: records_remote, records_local, records_received
+  std::vector<std::vector<std::array<long long, 3>>> records(N, std::vector<std::array<long long, 3>>(runs));
   collective::run_in_process<N>([&](Comm& comm) {
     int rank = comm.rank();
     bool is_ag = rank < ag;
@@ -129,15 +140,18 @@ void check_replicated(int ag, std::uint64_t seed) {
     for (std::size_t r = 0; r < runs; ++r) {
       Lyr layer(comm, on_eg, table, view, {.max_tokens = tokens_per_ag, .schedule = scheds[r]});
       std::vector<std::byte> ws(layer.workspace_size());
-      auto before = comm.counters()[collective::Op::send];
       typename Lyr::Arguments a;
       if (is_ag) {
         auto& out = y[static_cast<std::size_t>(rank) * runs + r];
         out.assign(static_cast<std::size_t>(tokens_per_ag) * h, -1.0f);
         a = {tokens_per_ag, x.data() + static_cast<std::size_t>(rank) * tokens_per_ag * h, out.data()};
       }
+      layer.run(a, ws);  // twice: what is checked is the second pass's alone
+      auto before = comm.counters()[collective::Op::send];
       layer.run(a, ws);
       if (!is_ag) sent[static_cast<std::size_t>(rank - ag)][r] = comm.counters()[collective::Op::send] - before;
+      auto const& st = layer.stats();
+      records[static_cast<std::size_t>(rank)][r] = {st.records_remote, st.records_local, st.records_received};
     }
   });
   for (int p = 0; p < ag; ++p) {
@@ -154,6 +168,15 @@ void check_replicated(int ag, std::uint64_t seed) {
     for (std::size_t r = 0; r < runs; ++r) {
       INFO("EG index " << g << ", " << describe(scheds[r].config(), ag, eg));
       CHECK(sent[static_cast<std::size_t>(g)][r] == expected[static_cast<std::size_t>(g)] * h * sizeof(float));
+      auto want = static_cast<long long>(expected[static_cast<std::size_t>(g)]);
+      CHECK(records[static_cast<std::size_t>(ag + g)][r] == std::array<long long, 3>{0, 0, want});
+    }
+  // stats(): an AG rank's records all go to EG ranks; an EG rank counts those it received.
+  for (int p = 0; p < ag; ++p)
+    for (std::size_t r = 0; r < runs; ++r) {
+      INFO("AG rank " << p << ", " << describe(scheds[r].config(), ag, eg));
+      auto want = static_cast<long long>(by_ag[static_cast<std::size_t>(p)]);
+      CHECK(records[static_cast<std::size_t>(p)][r] == std::array<long long, 3>{want, 0, 0});
     }
 }
 }  // namespace

@@ -182,6 +182,10 @@ public:
   [[nodiscard]] long long split_max_sum() const { return split_max_sum_; }
   /// EG rank: the token-expert pairs it received in its last run().
   [[nodiscard]] long long pairs_received() const { return pairs_received_; }
+  /// AG rank: the dispatch records (one per token and EG rank serving one of its experts) it sent
+  /// in its last run(); EG rank: those it received. 0 on the other kind of rank.
+  [[nodiscard]] long long records_sent() const { return records_sent_; }
+  [[nodiscard]] long long records_received() const { return records_received_; }
   /// The load window's row of this rank for its last run() of `tokens` tokens with `workspace`
   /// (moe/layer/live.hpp): `row` (experts + ranks of the world) gets, on an AG rank, its pairs per
   /// expert and then the pairs it sent to each rank (EG index g is rank attention_ranks() + g); an
@@ -414,6 +418,7 @@ private:
     std::fill_n(b.shared.data(), n * h, 0.0f);
     std::fill_n(b.routed.data(), n * h, 0.0f);
     b.sent_at[0] = 0;
+    records_sent_ = 0;
     split_bytes_ = 0;
     split_max_sum_ = 0;
     split_load_.assign(split_ ? static_cast<std::size_t>(eg_) : 0, 0);
@@ -508,6 +513,7 @@ private:
                   }
               b.sent_at[list + 1] = at;
               std::size_t count = at - b.sent_at[list];
+              records_sent_ += static_cast<long long>(count);  // read by run_ag after this thread ends
               for (std::size_t r = 0; r < count; ++r)
                 pack(b.packed.data() + r * rec, b.sent[b.sent_at[list] + r], a.x, b, g);
               std::uint64_t header[4] = {count, static_cast<std::uint64_t>(c.r1), static_cast<std::uint64_t>(c.r2),
@@ -576,6 +582,7 @@ private:
     int me = eg_index();
     auto record = [&](std::size_t r) { return b.in.data() + r * rec; };
     pairs_received_ = 0;
+    records_received_ = 0;
     for (int i = 0; i < c.r1; ++i)
       for (int j = 0; j < c.r2; ++j) {
         // Receive this chunk from every AG rank, records back to back.
@@ -598,6 +605,7 @@ private:
           b.first[static_cast<std::size_t>(p) + 1] = at + count;
         }
         std::size_t total = b.first[static_cast<std::size_t>(ag_)];
+        records_received_ += static_cast<long long>(total);
         for (std::size_t r = 0; r < total; ++r) {
           std::int32_t hdr[2];
           std::memcpy(hdr, record(r), sizeof(hdr));
@@ -661,7 +669,7 @@ private:
   std::vector<std::int32_t> split_counts_;        // ranks x experts: one micro-batch's pairs
   std::size_t split_bytes_ = 0;
   std::vector<long long> split_load_;  // see split_loads()
-  long long split_max_sum_ = 0, pairs_received_ = 0;
+  long long split_max_sum_ = 0, pairs_received_ = 0, records_sent_ = 0, records_received_ = 0;
 };
 
 }  // namespace moe::schedule

@@ -32,8 +32,9 @@
 // refused on this path); deduplicate = false is refused by the front (a token always goes once to
 // each EG rank that serves one of its experts).
 // stats(): tokens and assignments on AG ranks; the bytes this rank sent (an AG rank's are all
-// dispatch, an EG rank's all combine) and those of the executor's own control messages; no record
-// counts. The agreement of the front is not in stats().
+// dispatch, an EG rank's all combine) and those of the executor's own control messages; the
+// dispatch records an AG rank sent (records_remote: an AG rank serves no expert, so none is local)
+// and those an EG rank received (records_received). The agreement of the front is not in stats().
 
 #include <span>
 #include <type_traits>
@@ -137,6 +138,9 @@ public:
     std::size_t split = executor_.split_bytes_sent();  // sent with send() too, but control, not records
     std::size_t sent = after[collective::Op::send] - before[collective::Op::send] - split;
     (executor_.is_ag() ? stats.dispatch_bytes : stats.combine_bytes) = sent;
+    stats.records_local = 0;
+    stats.records_remote = executor_.records_sent();
+    stats.records_received = executor_.records_received();
     stats.control_bytes = after.bytes_sent() - before.bytes_sent() - sent;
     if (!b.load_counts.empty()) executor_.count_loads(b.workspace, a.tokens, b.load_counts);
   }
