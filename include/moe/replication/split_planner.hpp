@@ -305,7 +305,10 @@ inline Result plan(std::span<long long const> batches, int experts, std::span<in
       }
       for (std::size_t j : drops) {
         for (int b : hot) {
-          if (!had(r, b) && (out.copies + adds(r, j, b) > budget || new_on[r] + adds(r, j, b) > o.spare)) continue;
+          if (!had(r, b)) {
+            int const add = adds(r, j, b);
+            if (out.copies + add > budget || new_on[r] + add > o.spare) continue;
+          }
           Change c{r, j, b};
           c.screened = score_with(c, coarse);
           if (c.screened < base) screened.push_back(c);
