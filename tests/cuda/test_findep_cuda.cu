@@ -14,6 +14,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <optional>
@@ -260,16 +261,20 @@ namespace {
 /// as the configuration says) made from one communicator (the layer duplicates it) or from two.
 enum class Via { executor, layer, layer_two_comms };
 
-/// One forward pass of `c` through a Layer made for it; the rank's device error bits.
+/// One forward pass of `c` through a Layer made for it; the rank's device error bits. With
+/// `records`, the layer keeps its record counts on the device (LayerOptions::device.count_records)
+/// and `records` gets them after the pass: records_local, records_remote, records_received.
 /// Runs on a rank's thread, so it reports through `role_ok` rather than Catch2 (not thread-safe).
 template <class Sched, class Model, class Router, class Comm, class T>
 unsigned through_layer(Comm& a2e, Comm& e2a, Via via, int ag, moe::placement::Table const& on_eg,
                        moe::replication::Table const& replicas, moe::LayerWeights<T> weights, ms::Config const& c,
-                       int tokens, int max_tokens, T const* x, T* y, cudaStream_t st, char& role_ok) {
+                       int tokens, int max_tokens, T const* x, T* y, cudaStream_t st, char& role_ok,
+                       std::array<long long, 3>* records = nullptr) {
   using L = moe::Layer<Model, Router, moe::placement::Table, moe::replication::Table, Sched, Comm>;
   static_assert(std::is_same_v<typename L::element_type, T>);
   static_assert(L::path == moe::ExecutionPath::device_disaggregated);
   typename L::Options options{.max_tokens = max_tokens, .schedule = Sched::from(c, ag)};
+  options.device.count_records = records != nullptr;
   std::optional<L> layer;
   if (via == Via::layer)
     layer.emplace(a2e, on_eg, replicas, weights, options);
@@ -280,6 +285,11 @@ unsigned through_layer(Comm& a2e, Comm& e2a, Via via, int ag, moe::placement::Ta
   ws.poison();
   layer->run({.tokens = tokens, .x = x, .y = y, .stream = st}, ws.bytes());
   kc::check_cuda(cudaStreamSynchronize(st), "rank run (layer)");
+  if (records) {
+    role_ok = role_ok && layer->stats().records_remote == 0 && layer->stats().records_received == 0;  // not read yet
+    auto const& got = layer->read_record_counts();
+    *records = {got.records_local, got.records_remote, got.records_received};
+  }
   return layer->errors();
 }
 
@@ -338,7 +348,9 @@ void p2p_world(int ag, int tokens, std::uint64_t seed, double tolerance, Via via
   moe::RandomLayerWeights<T> weights(s, seed);
   auto x = random_tokens<T>(total, s.hidden, seed + 1);
   std::vector<T> ref(x.size());
-  moe::reference_forward<Router>(s, weights.view(), total, x.data(), ref.data());
+  std::vector<int> ids(static_cast<std::size_t>(total) * static_cast<std::size_t>(s.top_k));
+  std::vector<float> gw(ids.size());
+  moe::reference_forward<Router>(s, weights.view(), total, x.data(), ref.data(), ids, gw);
   auto fragile = fragile_tokens<Router>(s, weights.view(), x, total, 1e-5f);
   DeviceWeights<T> dw(s, weights.view());
   Device<T> dx(x), dy(x.size());
@@ -349,6 +361,11 @@ void p2p_world(int ag, int tokens, std::uint64_t seed, double tolerance, Via via
                                {ms::Pipeline::findep, ms::Order::asas, 3, 1, 2}, {ms::Pipeline::findep, ms::Order::asas, 4, 1, 3},
                                {ms::Pipeline::findep, ms::Order::aass, 2, 1, 4}, {ms::Pipeline::pppipe, ms::Order::aass, 3, 1, 1},
                                {ms::Pipeline::pppipe, ms::Order::asas, 2, 1, 1}};
+  // Through a Layer, every pass keeps its record counts (LayerOptions::device.count_records); they
+  // are checked against counts made here from the reference's routes and the copy rule, unless a
+  // token's route is fragile (its device route may differ; the seeds below have none, checked).
+  bool exact_routes = std::count(fragile.begin(), fragile.end(), 1) == 0;
+  std::vector<std::vector<std::array<long long, 3>>> records(cfgs.size(), std::vector<std::array<long long, 3>>(N));
   std::vector<Errors> result(cfgs.size());
   std::vector<unsigned> device_errors(N, 0);
   std::vector<char> role_ok(N, 1);  // each layer knew whether its rank is an AG rank
@@ -377,10 +394,12 @@ void p2p_world(int ag, int tokens, std::uint64_t seed, double tolerance, Via via
         errors |= ex->errors();
       } else if (cfgs[q].pipeline == ms::Pipeline::findep) {
         errors |= through_layer<ms::FinDep, Model, Router>(a2e, e2a, via, ag, on_eg, replicas, view, cfgs[q], tokens,
-                                                           max_tokens, xr, yr, st, role_ok[static_cast<std::size_t>(rank)]);
+                                                           max_tokens, xr, yr, st, role_ok[static_cast<std::size_t>(rank)],
+                                                           &records[q][static_cast<std::size_t>(rank)]);
       } else {
         errors |= through_layer<ms::PPPipe, Model, Router>(a2e, e2a, via, ag, on_eg, replicas, view, cfgs[q], tokens,
-                                                           max_tokens, xr, yr, st, role_ok[static_cast<std::size_t>(rank)]);
+                                                           max_tokens, xr, yr, st, role_ok[static_cast<std::size_t>(rank)],
+                                                           &records[q][static_cast<std::size_t>(rank)]);
       }
       host.barrier();
       if (rank == 0) {
@@ -397,6 +416,20 @@ void p2p_world(int ag, int tokens, std::uint64_t seed, double tolerance, Via via
            << (via == Via::executor ? ", executor" : via == Via::layer ? ", layer (one communicator)" : ", layer (two)")
            << (replicated ? ", replicated experts" : "") << ", max_tokens " << max_tokens);
     check_errors(result[q], tolerance, total);
+    if (via == Via::executor) continue;
+    REQUIRE(exact_routes);
+    // AG rank p sent its row's sum and received nothing; EG rank ag + g received column g's sum
+    auto want = moe::test::disaggregated_records(ids, static_cast<std::size_t>(s.top_k), ag, tokens, replicas.replicas(),
+                                                 N - ag);
+    for (int r = 0; r < N; ++r) {
+      long long sent = 0, received = 0;
+      for (int p = 0; p < ag; ++p)
+        for (int g = 0; g < N - ag; ++g)
+          if (p == r) sent += want[static_cast<std::size_t>(p)][static_cast<std::size_t>(g)];
+          else if (ag + g == r) received += want[static_cast<std::size_t>(p)][static_cast<std::size_t>(g)];
+      INFO("rank " << r << ": records local, remote, received");
+      CHECK(records[q][static_cast<std::size_t>(r)] == std::array<long long, 3>{0, sent, received});
+    }
   }
   for (unsigned e : device_errors) CHECK(e == 0u);
   for (char ok : role_ok) CHECK(ok);
@@ -683,6 +716,106 @@ void p2p_nccl_world(int ag, int tokens, std::uint64_t seed, double tolerance, Vi
   }
 }
 
+
+/// The device disaggregated Layer through collective::Nccl keeping its record counts on the device
+/// (LayerOptions::device.count_records): `N` ranks, one thread, device and stream each, `ag` AG
+/// ranks of `tokens` tokens, experts replicated (p2p_replicas). Each rank runs one pass directly,
+/// then captures a pass on other tokens into a CUDA graph and replays it. After each, every rank's
+/// counts (Layer::read_record_counts) against counts made here from the reference's routes and the
+/// copy rule; after the replay, every AG output against the reference. The capture takes the
+/// memset and the counting kernel with the pass, so the replay's counts are its own.
+template <int N, class Model, class Router>
+void p2p_nccl_records(int ag, int tokens, std::uint64_t seed) {
+  using L = moe::Layer<Model, Router, moe::placement::Table, moe::replication::Table, ms::FinDep, moe::collective::Nccl>;
+  using T = typename L::element_type;
+  constexpr moe::ShapeSpec s = Model::spec;
+  auto h = static_cast<std::size_t>(s.hidden), k = static_cast<std::size_t>(s.top_k);
+  int total = ag * tokens, eg = N - ag;
+  moe::RandomLayerWeights<T> weights(s, seed);
+  auto on_eg = moe::placement::Table::round_robin(s.experts, eg);
+  auto replicas = p2p_replicas(on_eg, eg, true);
+  // two batches: [0] run directly, [1] captured and replayed
+  std::vector<std::vector<T>> x, ref;
+  std::vector<std::vector<std::vector<long long>>> want;
+  for (int i = 0; i < 2; ++i) {
+    x.push_back(random_tokens<T>(total, s.hidden, seed + 1 + static_cast<std::uint64_t>(i)));
+    ref.emplace_back(x.back().size());
+    std::vector<int> ids(static_cast<std::size_t>(total) * k);
+    std::vector<float> gw(ids.size());
+    moe::reference_forward<Router>(s, weights.view(), total, x.back().data(), ref.back().data(), ids, gw);
+    auto fragile = fragile_tokens<Router>(s, weights.view(), x.back(), total, 1e-5f);
+    REQUIRE(std::count(fragile.begin(), fragile.end(), 1) == 0);  // the device routes as the host does
+    want.push_back(moe::test::disaggregated_records(ids, k, ag, tokens, replicas.replicas(), eg));
+  }
+  std::vector<T> y(x[1].size());
+  std::vector<std::array<std::array<long long, 3>, 2>> got(N);
+  std::vector<std::string> failures(N);
+  auto id = moe::collective::Nccl::unique_id();
+  moe::collective::run_in_process<N>([&](moe::collective::InProcess<N>& host) {
+    int rank = host.rank();
+    try {
+      kc::check_cuda(cudaSetDevice(rank), "cudaSetDevice");
+      moe::test::Stream st;  // outlives the communicator created on it
+      auto comm = moe::collective::Nccl::create(rank, N, id, st);
+      DeviceWeights<T> dw(s, weights.view());
+      auto mine_w = rank_weights(dw.view(), replicas, rank, ag);
+      bool is_ag = rank < ag;
+      auto first = is_ag ? static_cast<std::size_t>(rank) * static_cast<std::size_t>(tokens) * h : 0;
+      auto rows = static_cast<std::size_t>(tokens) * h;
+      std::vector<Device<T>> dx;
+      for (auto const& xi : x)
+        dx.emplace_back(std::vector<T>(xi.begin() + static_cast<std::ptrdiff_t>(first),
+                                       xi.begin() + static_cast<std::ptrdiff_t>(first + rows)));
+      Device<T> dy(rows);
+      L layer(comm, on_eg, replicas, mine_w.view,
+              {.max_tokens = tokens, .schedule = ms::FinDep{ag, ms::Order::aass, 2, 2}, .device = {.count_records = true}});
+      Device<std::byte> ws(layer.workspace_size());
+      auto args = [&](int i) {
+        return typename L::Arguments{.tokens = tokens, .x = is_ag ? dx[static_cast<std::size_t>(i)].get() : nullptr,
+                                     .y = is_ag ? dy.get() : nullptr, .stream = st};
+      };
+      auto keep = [&](int i) {
+        auto const& c = layer.read_record_counts();
+        got[static_cast<std::size_t>(rank)][static_cast<std::size_t>(i)] = {c.records_local, c.records_remote,
+                                                                             c.records_received};
+      };
+      layer.run(args(0), ws.bytes());
+      st.synchronize("direct pass");
+      keep(0);
+      dy.poison();
+      kc::check_cuda(cudaDeviceSynchronize(), "poison");
+      moe::test::CapturedGraph graph(st, [&] { layer.run(args(1), ws.bytes()); });
+      graph.launch(st);
+      st.synchronize("graph replay");
+      keep(1);
+      if (is_ag) {
+        auto out = download_on(st, dy.get(), rows);
+        std::copy(out.begin(), out.end(), y.begin() + static_cast<std::ptrdiff_t>(first));
+      }
+      failures[static_cast<std::size_t>(rank)] = layer.errors() ? "device error" : "";
+    } catch (std::exception const& e) {
+      failures[static_cast<std::size_t>(rank)] = e.what();
+    }
+  });
+  for (int r = 0; r < N; ++r) {
+    INFO("rank " << r << " of " << N << ", " << ag << " AG: " << failures[static_cast<std::size_t>(r)]);
+    REQUIRE(failures[static_cast<std::size_t>(r)].empty());
+    for (int i = 0; i < 2; ++i) {
+      long long sent = 0, received = 0;
+      auto const& w = want[static_cast<std::size_t>(i)];
+      for (int p = 0; p < ag; ++p)
+        for (int g = 0; g < eg; ++g) {
+          long long n = w[static_cast<std::size_t>(p)][static_cast<std::size_t>(g)];
+          if (p == r) sent += n;
+          if (ag + g == r) received += n;
+        }
+      INFO((i == 0 ? "direct pass" : "graph replay") << ": records local, remote, received");
+      CHECK(got[static_cast<std::size_t>(r)][static_cast<std::size_t>(i)] == std::array<long long, 3>{0, sent, received});
+    }
+  }
+  std::vector<char> none(static_cast<std::size_t>(total), 0);
+  check_errors(compare(y, ref[1], none, total, s.hidden), fp32_tol, total);
+}
 }  // namespace
 
 TEST_CASE("FinDEP point-to-point executor through collective::Nccl (one device per rank)", "[cuda][findep][p2p][nccl]") {
@@ -706,6 +839,18 @@ TEST_CASE("device disaggregated Layer through collective::Nccl (one device per r
   }
   p2p_nccl_world<3, DeepSeekSmallF32, moe::router::SigmoidGroupTopK>(1, 24, 94, fp32_tol, Via::layer);
   p2p_nccl_world<4, MixtralSmallF32, moe::router::SoftmaxTopK>(2, 24, 95, fp32_tol, Via::layer_two_comms);
+}
+
+TEST_CASE("device disaggregated Layer through collective::Nccl keeps its record counts, in a CUDA graph too",
+          "[cuda][findep][p2p][nccl][layer][graph]") {
+  int devices = 0;
+  REQUIRE(cudaGetDeviceCount(&devices) == cudaSuccess);
+  if (devices < 4) {
+    WARN("needs 4 devices; skipped");
+    return;
+  }
+  p2p_nccl_records<4, DeepSeekSmallF32, moe::router::SigmoidGroupTopK>(2, 24, 101);
+  p2p_nccl_records<3, MixtralSmallF32, moe::router::SoftmaxTopK>(1, 24, 102);
 }
 #endif
 
@@ -758,6 +903,7 @@ void p2p_split_world(int ag, int tokens, std::uint64_t seed, double tolerance) {
   std::vector<std::vector<std::vector<int>>> dests(cfgs.size(), std::vector<std::vector<int>>(static_cast<std::size_t>(ag)));
   std::vector<unsigned> device_errors(N, 0);
   std::vector<std::size_t> control(N, 0);
+  std::vector<std::array<long long, 3>> records(N);  // through the Layer: local, remote, received
   moe::collective::run_in_process<N>([&](moe::collective::InProcess<N>& host) {
     Comm a2e(host), e2a(host);
     int rank = host.rank();
@@ -791,12 +937,15 @@ void p2p_split_world(int ag, int tokens, std::uint64_t seed, double tolerance) {
     }
     // the same through the Layer (FinDEP AASS r1 2 r2 3)
     using L = moe::Layer<Model, Router, moe::placement::Table, moe::replication::BatchSplit, ms::FinDep, Comm>;
-    L layer(a2e, e2a, on_eg, split, view, {.max_tokens = tokens, .schedule = ms::FinDep::from(cfgs[1], ag)});
+    L layer(a2e, e2a, on_eg, split, view,
+            {.max_tokens = tokens, .schedule = ms::FinDep::from(cfgs[1], ag), .device = {.count_records = true}});
     Device<std::byte> ws(layer.workspace_size());
     layer.run({.tokens = tokens, .x = xr, .y = yr, .stream = st}, ws.bytes());
     st.synchronize("rank run (layer)");
     device_errors[static_cast<std::size_t>(rank)] |= layer.errors();
     control[static_cast<std::size_t>(rank)] = layer.stats().control_bytes;
+    auto const& kept = layer.read_record_counts();
+    records[static_cast<std::size_t>(rank)] = {kept.records_local, kept.records_remote, kept.records_received};
     host.barrier();
     if (rank == 0) result[cfgs.size()] = compare(dy.download(), ref, fragile, total, s.hidden);
   });
@@ -847,6 +996,28 @@ void p2p_split_world(int ag, int tokens, std::uint64_t seed, double tolerance) {
     CHECK(expected[static_cast<std::size_t>(eg)] == least);
   }
   for (unsigned e : device_errors) CHECK(e == 0u);
+  // The Layer's record counts (LayerOptions::device.count_records) against those of the pairs'
+  // destinations above (the executor's, equal to the host deal's under cfgs[1], which the Layer
+  // ran): a record per token and EG index it sends a pair to.
+  std::vector<long long> sent(static_cast<std::size_t>(ag), 0), received(static_cast<std::size_t>(eg), 0);
+  for (int p = 0; p < ag; ++p) {
+    auto const& d = dests[1][static_cast<std::size_t>(p)];
+    for (int t = 0; t < tokens; ++t) {
+      std::vector<bool> hit(static_cast<std::size_t>(eg), false);
+      for (std::size_t j = 0; j < k; ++j) hit[static_cast<std::size_t>(d[static_cast<std::size_t>(t) * k + j])] = true;
+      for (int g = 0; g < eg; ++g)
+        if (hit[static_cast<std::size_t>(g)]) {
+          ++sent[static_cast<std::size_t>(p)];
+          ++received[static_cast<std::size_t>(g)];
+        }
+    }
+  }
+  for (int r = 0; r < N; ++r) {
+    INFO("rank " << r << ": records local, remote, received through the Layer");
+    CHECK(records[static_cast<std::size_t>(r)] ==
+          (r < ag ? std::array<long long, 3>{0, sent[static_cast<std::size_t>(r)], 0}
+                  : std::array<long long, 3>{0, 0, received[static_cast<std::size_t>(r - ag)]}));
+  }
   for (int r = 0; r < N; ++r) {
     INFO("rank " << r << " control bytes through the Layer");
     CHECK(control[static_cast<std::size_t>(r)] ==

@@ -40,4 +40,25 @@ inline std::vector<long long> disaggregated_row(std::vector<int> const& ids, std
   return row;
 }
 
+/// The dispatch records of one pass of a disaggregated layer, counted as disaggregated_row counts
+/// pairs: records[p][g] is the number of tokens of AG rank p that send at least one pair to EG
+/// index g (a record carries every pair of its token bound for one rank).
+inline std::vector<std::vector<long long>> disaggregated_records(std::vector<int> const& ids, std::size_t k, int ag,
+                                                                 int tokens, std::vector<std::vector<int>> const& copies,
+                                                                 int eg) {
+  std::vector<std::vector<long long>> records(static_cast<std::size_t>(ag),
+                                              std::vector<long long>(static_cast<std::size_t>(eg), 0));
+  for (int p = 0; p < ag; ++p)
+    for (int t = 0; t < tokens; ++t) {
+      std::vector<bool> hit(static_cast<std::size_t>(eg), false);
+      for (std::size_t q = 0; q < k; ++q) {
+        int e = ids[(static_cast<std::size_t>(p) * static_cast<std::size_t>(tokens) + static_cast<std::size_t>(t)) * k + q];
+        auto const& c = copies[static_cast<std::size_t>(e)];
+        hit[static_cast<std::size_t>(c[static_cast<std::size_t>((p + t) % static_cast<int>(c.size()))])] = true;
+      }
+      for (int g = 0; g < eg; ++g) records[static_cast<std::size_t>(p)][static_cast<std::size_t>(g)] += hit[static_cast<std::size_t>(g)];
+    }
+  return records;
+}
+
 }  // namespace moe::test

@@ -184,6 +184,24 @@ __global__ void add_split_loads_kernel(long long const* load, int n, replication
   if (threadIdx.x == 0) acc[n] += outcome->max_load;
 }
 
+/// out[0] += the sum of `sent[0, n_sent)`, out[1] += the sum of `received[0, n_received)` (one
+/// block; either array may be empty): a run's record counts (FinDepCudaExecutor::count_records).
+__global__ void sum_record_counts_kernel(std::uint64_t const* __restrict__ sent, long long n_sent,
+                                         std::uint64_t const* __restrict__ received, long long n_received,
+                                         unsigned long long* __restrict__ out) {
+  unsigned long long a = 0, b = 0;
+  for (long long i = threadIdx.x; i < n_sent; i += blockDim.x) a += sent[i];
+  for (long long i = threadIdx.x; i < n_received; i += blockDim.x) b += received[i];
+  for (int o = 16; o > 0; o >>= 1) {
+    a += __shfl_xor_sync(0xffffffffu, a, o);
+    b += __shfl_xor_sync(0xffffffffu, b, o);
+  }
+  if ((threadIdx.x & 31) == 0) {
+    if (a != 0) atomicAdd(&out[0], a);
+    if (b != 0) atomicAdd(&out[1], b);
+  }
+}
+
 /// A device-memory communicator with point-to-point messages on a settable stream
 /// (collective::Nccl; tests use a staged stand-in): the capabilities of moe/collective/concept.hpp.
 template <class C>
@@ -441,6 +459,24 @@ public:
     Buffers b = carved(workspace);
     kernels::cuda::count_loads(stream, b.ids.data(), b.dest.data(), static_cast<long long>(tokens) * shape.top_k,
                                shape.experts, ranks, counts, ag_);
+  }
+  /// The dispatch records of the run() of `tokens` tokens under `c` with `workspace`, enqueued on
+  /// `stream` after that run: out[0] (device) gets the records this rank sent as an AG rank (to
+  /// every EG rank, summed over the run's chunks), out[1] those it received as an EG rank (from
+  /// every AG rank). A role the rank does not have, and a run of no tokens, count 0. One memset
+  /// and one single-block kernel; no host synchronisation, so it can be captured with the run.
+  void count_records(std::span<std::byte const> workspace, int tokens, Config const& c, std::uint64_t* out,
+                     cudaStream_t stream) const {
+    static_assert(sizeof(std::uint64_t) == sizeof(unsigned long long));
+    namespace kc = kernels::cuda;
+    kc::check_cuda(cudaMemsetAsync(out, 0, 2 * sizeof(std::uint64_t), stream), "cudaMemsetAsync (record counts)");
+    if (tokens == 0) return;
+    Buffers b = carved(workspace);
+    long long chunks = static_cast<long long>(c.r1) * c.r2;
+    long long n_sent = is_ag() ? chunks * eg_ : 0, n_received = is_eg() ? chunks * ag_ : 0;
+    kc::launch(detail_cuda::sum_record_counts_kernel, 1, 256, 0, stream, b.send_count.data(), n_sent,
+               b.counts.data(), n_received, reinterpret_cast<unsigned long long*>(out));
+    kc::check_launch("sum_record_counts_kernel");
   }
   /// AG rank, after its last run() of `tokens` tokens (reads that run's workspace; synchronises the
   /// device; for tests): the EG index each (token, slot) pair was sent to.

@@ -97,6 +97,11 @@ struct DisaggregatedOptions {
   kernels::cuda::GemmPath gemm = kernels::cuda::GemmPath::automatic;  ///< as DeviceOptions::gemm
   std::size_t cublas_workspace = std::size_t{8} << 20;               ///< as DeviceOptions
   int max_chunks = 64;  ///< most r1 * r2 of a run (sizes the event pool)
+  /// Keep each pass's record counts on the device, where Layer::read_record_counts() finds them:
+  /// an AG rank's records sent (records_remote), an EG rank's received (records_received). One
+  /// memset and one single-block kernel per pass; no host synchronisation, so a pass stays
+  /// capturable.
+  bool count_records = false;
 };
 }  // namespace cuda
 

@@ -28,7 +28,10 @@
 // - The ranks' agreement on a pass goes over the A2E communicator's device memory, with one host
 //   synchronisation (moe/layer/paths/device.cuh); under stream capture a rank checks alone.
 // - stats(): tokens and assignments on AG ranks, and the bytes this rank's link communicator sent
-//   (an AG rank's are all dispatch, an EG rank's all combine); no record counts.
+//   (an AG rank's are all dispatch, an EG rank's all combine). The record counts stay on the
+//   device: with Options::device.count_records each pass keeps them there (one memset and one
+//   small kernel, captured with the pass) and Layer::read_record_counts() reads them afterwards
+//   (an AG rank's in records_remote, an EG rank's in records_received, as on the host path).
 // - live.window: the load window (moe/layer/live.hpp). Each AG rank counts its pairs per expert and
 //   per EG rank with a kernel after the pass; the rows are gathered on the A2E communicator and
 //   reach the host on the next pass. Re-planning is refused on this path.
@@ -131,6 +134,20 @@ public:
     (ag ? stats.dispatch_bytes : stats.combine_bytes) = link.bytes_sent() - before - split;
     stream_ = a.stream;
     if (!b.load_counts.empty()) executor_.count_loads(b.workspace, a.tokens, b.load_counts.data(), a.stream);
+    if (kept_counts_.get()) executor_.count_records(b.workspace, a.tokens, schedule_.config(), kept_counts_.get(), a.stream);
+  }
+
+  /// Layer::read_record_counts(): the counts the newest pass with Options::device.count_records
+  /// kept on the device, into `st` (nothing without that option). Call it once that pass, or the
+  /// replay of a CUDA graph that captured one, has finished (its stream synchronised).
+  void read_record_counts(LayerStats& st) {
+    if (!kept_counts_.get()) return;
+    std::uint64_t got[2] = {0, 0};
+    kernels::cuda::check_cuda(cudaMemcpy(got, kept_counts_.get(), sizeof got, cudaMemcpyDeviceToHost),
+                              "cudaMemcpy (record counts)");
+    st.records_local = 0;  // an AG rank serves no expert; an EG rank's records all come from AG ranks
+    st.records_remote = static_cast<long long>(got[0]);
+    st.records_received = static_cast<long long>(got[1]);
   }
 
   /// The load window (LayerOptions::live.window): this pass's rows of every rank, gathered on the
@@ -184,6 +201,7 @@ private:
                   batch_split(replicas)),
         votes_(a2e.size()),
         window_(options.live.window > 0) {
+    if (options.device.count_records) kept_counts_ = kernels::cuda::DeviceArray<std::uint64_t>(2);
     if (window_)
       loads_ = detail::DeviceLoadRows(static_cast<std::size_t>(a2e.size()) *
                                       static_cast<std::size_t>(shape.experts + a2e.size()));
@@ -207,6 +225,7 @@ private:
   bool window_;                    // LayerOptions::live.window > 0
   detail::DeviceLoadRows loads_;   // the window's gathered rows, on their way to the host
   cudaStream_t stream_ = nullptr;  // the stream of the last run()
+  kernels::cuda::DeviceArray<std::uint64_t> kept_counts_;  // count_records: sent, received (the newest pass)
 };
 
 }  // namespace layer
