@@ -94,6 +94,7 @@ struct RankRun {
   double worst = 0;                  // worst per-token error over stable tokens, every pass
   bool finite = true;
   long long bytes = 0, expected = 0;  // migration bytes sent; added copies x slot bytes (adopted plans)
+  long long plan_bytes = 0;          // plan layouts sent (live.plan_rank)
   int adopted = 0;
   int changed = 0, changed_stat = 0;  // adoptions that changed layer.plan(); the layer's plans_changed
   bool window_ok = true;             // the window's last counts equal the reference's routes of the pass
@@ -247,6 +248,7 @@ void serve_rank(Comm& comm, moe::test::Stream& st, int rank, int n, int passes, 
       if (r.errors.empty()) r.worst = std::max(r.worst, err.worst_stable);
       else r.after = err.worst_stable;
       r.bytes += static_cast<long long>(layer.stats().migration_bytes);
+      r.plan_bytes += static_cast<long long>(layer.stats().plan_bytes);
       // The window ends with this pass: load_window() waits for its counts (the next pass would
       // read them after its agreement, without a synchronisation of its own).
       {
@@ -403,6 +405,29 @@ TEST_CASE("device live layer: a fault at any migration step leaves every rank on
     INFO("fault at " << moe::live::step_name(step));
     check_fault(serve(2, 100, o, step));
   }
+}
+
+TEST_CASE("device live layer: one rank plans (live.plan_rank) and its layout goes through NCCL",
+          "[cuda][layer][nccl][live]") {
+  if (!has_devices(4)) return;
+  // Rank 1 alone plans; after a pass its layout (4 ranks x width int32) is all-gathered through
+  // the device communicator, staged through the migration buffers, and the others prepare it.
+  auto o = loop;
+  o.plan_rank = 1;
+  auto runs = serve(4, moe::test::full_or(200, 100), o);
+  check_loop(runs, moe::test::full_or(4, 2));
+  for (std::size_t r = 0; r < runs.size(); ++r) {
+    INFO("rank " << r);
+    if (r == 1) {
+      CHECK(runs[r].plan_bytes > 0);
+      CHECK(runs[r].plan_bytes % (3 * 4 * static_cast<long long>(sizeof(std::int32_t))) == 0);
+    } else {
+      CHECK(runs[r].plan_bytes == 0);
+    }
+  }
+  // A fault in the planning rank's planner stops every rank, which keeps its plan.
+  o.replan_every = 0;
+  check_fault(serve(2, 100, o, moe::live::Step::plan));
 }
 
 #if defined(MOE_CUDA_EMULATOR)

@@ -65,6 +65,7 @@ inline long long added_copies(live::Plan const& from, live::Plan const& to) {
 struct LiveRun {
   double worst_error = 0;       // over every pass
   long long bytes_sent = 0;     // migration bytes this rank sent
+  long long plan_bytes = 0;     // bytes of plan layouts this rank sent (live.plan_rank)
   long long expected_bytes = 0;  // expert bytes of the copies the adopted plans added (all ranks)
   int adopted = 0;
   int changed = 0;              // adoptions after which layer.plan() differs from the plan before
@@ -126,6 +127,7 @@ struct LiveHarness {
     double err = max_relative_error(y, mine);
     out.worst_error = std::max(out.worst_error, err);
     out.bytes_sent += static_cast<long long>(layer.stats().migration_bytes);
+    out.plan_bytes += static_cast<long long>(layer.stats().plan_bytes);
     // The window's newest pass: the pairs of each expert, as the reference routed them.
     auto const& w = layer.load_window();
     auto got = w.experts(w.size() - 1);

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <array>
+#include <atomic>
 #include <filesystem>
 #include <numeric>
 #include <thread>
@@ -99,15 +100,87 @@ TEST_CASE("live layer with the split-aware re-planner: every pass equals the ref
   check_loop(serve_loop(+[] { return live_split(); }, loop_passes, o));
 }
 
+namespace {
+
+/// The drifting loop with live.plan_rank = 2: rank 2 alone runs the planner and sends its layout
+/// to the others. Each rank's count of planner runs (its fault hook sees Step::plan in the
+/// planner's job, once per plan made on that rank) comes back in `planned`.
+template <class Replicas>
+std::array<LiveRun, 4> serve_loop_one_planner(Replicas (*make)(), live::Options o, std::array<int, 4>& planned) {
+  std::array<LiveRun, 4> out;
+  std::array<std::atomic<int>, 4> made{};  // outlive the layers, whose planner thread calls the hooks
+  collective::run_in_process<4>([&](auto& comm) {
+    LiveHarness<std::remove_reference_t<decltype(comm)>, Replicas> hx(comm, make(), o);
+    auto& mine = made[static_cast<std::size_t>(comm.rank())];
+    hx.layer.set_fault_hook([&mine](live::Step s) {
+      if (s == live::Step::plan) ++mine;
+    });
+    out[static_cast<std::size_t>(comm.rank())] = hx.serve(0, loop_passes);
+  });
+  for (std::size_t r = 0; r < 4; ++r) planned[r] = made[r].load();
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("live layer: one rank plans (live.plan_rank) and the others take its layout", "[layer][live]") {
+  for (auto planner : {live::Planner::minimal_move, live::Planner::split_balance}) {
+    INFO("planner " << static_cast<int>(planner));
+    auto o = serving;
+    o.plan_rank = 2;
+    o.planner = planner;
+    if (planner == live::Planner::split_balance) o.tolerance_permille = 5;
+    std::array<int, 4> planned{};
+    auto runs = planner == live::Planner::split_balance
+                    ? serve_loop_one_planner(+[] { return live_split(); }, o, planned)
+                    : serve_loop_one_planner(+[] { return live_table(); }, o, planned);
+    check_loop(runs);
+    // Only rank 2 planned, once per plan the ranks adopted or are still moving to (at most one).
+    CHECK(planned[0] == 0);
+    CHECK(planned[1] == 0);
+    CHECK(planned[3] == 0);
+    CHECK(planned[2] >= runs[0].adopted);
+    CHECK(planned[2] <= runs[0].adopted + 1);
+    // Rank 2 sent each plan it shared (4 ranks x 20 slots int32) to the 3 others; they sent none.
+    constexpr long long share = 3 * 4 * 20 * 4;
+    CHECK(runs[0].plan_bytes + runs[1].plan_bytes + runs[3].plan_bytes == 0);
+    CHECK(runs[2].plan_bytes % share == 0);
+    CHECK(runs[2].plan_bytes / share >= runs[0].adopted);
+    CHECK(runs[2].plan_bytes / share <= planned[2]);
+  }
+}
+
+TEST_CASE("live layer: ranks built with different plan_rank stop at their first pass", "[layer][live]") {
+  // Rank 3 built with another live.plan_rank: every rank's first pass throws the same error.
+  std::array<std::string, 4> what;
+  collective::run_in_process<4>([&](auto& comm) {
+    auto o = serving;
+    o.plan_rank = comm.rank() == 3 ? 0 : 1;
+    LiveHarness<std::remove_reference_t<decltype(comm)>, replication::Table> hx(comm, live_table(), o);
+    LiveRun run;
+    hx.pass(0, run);
+    if (!run.errors.empty()) what[static_cast<std::size_t>(comm.rank())] = run.errors[0];
+  });
+  for (auto const& w : what) {
+    CHECK(w == what[0]);
+    CHECK_THAT(w, Catch::Contains("live.plan_rank"));
+  }
+}
+
 TEST_CASE("live layer: a fault at any step of a migration leaves every rank on the old plan", "[layer][live]") {
-  for (auto step : {live::Step::plan, live::Step::pack, live::Step::unpack, live::Step::prepare_switch}) {
-    INFO("fault at " << live::step_name(step));
+  // The last case: rank 1 is the one planning rank (live.plan_rank), and its planner fails.
+  for (auto [at, planner_rank] : {std::pair{live::Step::plan, -1}, {live::Step::pack, -1}, {live::Step::unpack, -1},
+                                   {live::Step::prepare_switch, -1}, {live::Step::plan, 1}}) {
+    live::Step const step = at;  // named variables: lambdas below capture them
+    int const plan_rank = planner_rank;
+    INFO("fault at " << live::step_name(step) << ", plan_rank " << plan_rank);
     std::array<LiveRun, 4> runs;
     std::array<bool, 4> same_plan{}, still{};
     std::array<double, 4> after{};
     collective::run_in_process<4>([&](auto& comm) {
       auto o = serving;
       o.replan_every = 0;
+      o.plan_rank = plan_rank;
       bool fired = false;  // outlives the layer, whose re-planner thread may call the hook
       LiveHarness<std::remove_reference_t<decltype(comm)>, replication::Table> hx(comm, live_table(), o);
       auto& run = runs[static_cast<std::size_t>(comm.rank())];
@@ -306,7 +379,21 @@ TEST_CASE("live layer: options that cannot work are refused at construction", "[
     CHECK_THROWS_WITH(make({.window = 5, .planner = live::Planner::split_balance}),
                       Catch::Contains("split_balance scores plans by the per-batch split: it needs "
                                       "replication::BatchSplit"));
+    CHECK_THROWS_WITH(make({.window = 5, .plan_rank = 1}), Catch::Contains("live.plan_rank (1) must be -1"));
+    CHECK_THROWS_WITH(make({.window = 5, .plan_rank = -2}), Catch::Contains("live.plan_rank (-2) must be -1"));
   });
+  // The planning rank's layout (4 ranks x 20 slots, 320 bytes) must fit the migration buffers.
+  std::array<std::string, 4> what;
+  collective::run_in_process<4>([&](auto& comm) {
+    try {
+      LiveHarness<std::remove_reference_t<decltype(comm)>, replication::Table> hx(
+          comm, live_table(), {.window = 5, .spare_slots = 3, .migration_bytes_per_pass = 319, .plan_rank = 0});
+    } catch (Error const& e) {
+      what[static_cast<std::size_t>(comm.rank())] = e.what();
+    }
+  });
+  for (auto const& w : what)
+    CHECK_THAT(w, Catch::Contains("the planning rank's layout (320 bytes") && Catch::Contains("is 319"));
 }
 
 TEST_CASE("live layer: the engines' full reshuffle (EPLB from scratch) moves far more than minimal moves",

@@ -30,6 +30,15 @@ void serve_and_check(Replicas replicas, live::Options o) {
   for (long long b : all) sent += b;
   CHECK(sent == run.expected_bytes);
   CHECK(sent > 0);
+  // live.plan_rank: that process alone sent layouts (4 ranks x 20 slots int32 to 3 others each)
+  if (o.plan_rank >= 0) {
+    if (comm.rank() == o.plan_rank) {
+      CHECK(run.plan_bytes > 0);
+      CHECK(run.plan_bytes % (3 * 4 * 20 * 4) == 0);
+    } else {
+      CHECK(run.plan_bytes == 0);
+    }
+  }
 }
 
 }  // namespace
@@ -42,4 +51,11 @@ TEST_CASE("live layer: the split-aware re-planner on 4 MPI ranks", "[layer][live
   // Each process plans on its own planner thread from the same window: the plans must agree.
   serve_and_check(live_split(), {.window = 20, .replan_every = 20, .spare_slots = 3, .migration_bytes_per_pass = 4096,
                                  .tolerance_permille = 5, .planner = live::Planner::split_balance});
+}
+
+TEST_CASE("live layer: one process plans for all 4 MPI ranks (live.plan_rank)", "[layer][live][mpi]") {
+  // Process 3 runs the planner and sends its layout to the others after a pass; the others plan
+  // nothing. The drifting loop is served as when every process plans.
+  serve_and_check(live_table(), {.window = 20, .replan_every = 20, .spare_slots = 3, .migration_bytes_per_pass = 4096,
+                                 .plan_rank = 3});
 }

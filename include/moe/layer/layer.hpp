@@ -153,6 +153,8 @@ struct LayerStats {
   double rank_load_mean = 0;       ///< pairs received per rank in that pass, averaged over the ranks
   std::size_t window_bytes = 0;    ///< bytes of the window's all-gather of per-expert and per-rank counts
   std::size_t migration_bytes = 0;  ///< expert weight bytes this rank sent to others for a migration
+  std::size_t plan_bytes = 0;       ///< bytes of a new plan's layout this rank sent (live.plan_rank:
+                                    ///< the planning rank, on the pass it shares its plan)
   double migration_seconds = 0;    ///< host time of this pass's migration chunk (pack, exchange, unpack)
   int plans_adopted = 0;           ///< plans switched to since the layer was built
   int plans_changed = 0;           ///< of those, plans whose layout (primaries or copies) differs from
@@ -530,6 +532,8 @@ public:
     auto& L = *live_;
     ++L.started;
     L.state = LiveState::planning;
+    // With live.plan_rank set, the other ranks wait for that rank's layout (share_plan).
+    if (options_.live.plan_rank >= 0 && options_.live.plan_rank != comm_->rank()) return;
     L.replanner.start(L.window.expert_loads(), live::planning_layout(plan(), comm_->size(), L.width), comm_->size(),
                       options_.live.spare_slots, live::tolerance_of(options_.live, comm_->size()), options_.live.nodes,
                       options_.live.planner, L.hook,
@@ -688,6 +692,8 @@ private:
     std::vector<ExpertWeights<T>> experts;   ///< the weights the executor reads
     // the plan in flight
     live::Plan next;
+    std::vector<int> next_layout;  ///< the layout `next` was made from (what share_plan sends)
+    bool share = false;            ///< live.plan_rank: its layout is gathered after this pass
     bool next_changes = false;  ///< `next` differs from the plan in use (set by prepare_switch)
     std::uint32_t hash = 0;
     live::ChunkSchedule schedule;
@@ -742,6 +748,8 @@ private:
           "moe::Layer: LayerOptions::live.replan_every needs spare_slots > 0 and migration_bytes_per_pass > 0");
     check(o.migration_bytes_per_pass >> 10 <= 0x7fffffffu, "moe::Layer: LayerOptions::live.migration_bytes_per_pass (",
           o.migration_bytes_per_pass, ") is too large");
+    check(o.plan_rank >= -1 && o.plan_rank < ranks && o.plan_rank < (1 << 19), "moe::Layer: LayerOptions::live.plan_rank (",
+          o.plan_rank, ") must be -1 (every rank plans) or a rank of the ", ranks);
   }
 
   void start_live() {
@@ -751,6 +759,13 @@ private:
       live_->window = live::LoadWindow(options_.live.window, shape.experts, comm_->size());
       if constexpr (can_replan) {
         live_->width = live::width_of(plan(), comm_->size());
+        std::size_t layout_bytes = static_cast<std::size_t>(comm_->size()) * static_cast<std::size_t>(live_->width) *
+                                   sizeof(std::int32_t);
+        check(options_.live.plan_rank < 0 || comm_->size() == 1 ||
+                  options_.live.migration_bytes_per_pass >= layout_bytes,
+              "moe::Layer: LayerOptions::live.plan_rank: the planning rank's layout (", layout_bytes,
+              " bytes: ranks x width int32) travels through the migration buffers, but migration_bytes_per_pass is ",
+              options_.live.migration_bytes_per_pass);
         if (options_.live.spare_slots > 0) live_->replanner.attach();
       }
     }
@@ -768,6 +783,8 @@ private:
     L.state = LiveState::idle;
     L.failure.clear();
     L.next = {};
+    L.next_layout.clear();
+    L.share = false;
     L.schedule = {};
     L.incoming_slot.clear();
     L.chunk = 0;
@@ -792,7 +809,7 @@ private:
     mine.live[1] = static_cast<std::int32_t>(L.hash);
     mine.live[2] = L.started;
     mine.live[3] = static_cast<std::int32_t>(options_.live.migration_bytes_per_pass & 1023u) |
-                   static_cast<std::int32_t>(options_.live.planner) << 10;
+                   static_cast<std::int32_t>(options_.live.planner) << 10 | (options_.live.plan_rank + 1) << 12;
     if (L.state == LiveState::failed && mine.ok) {
       std::memset(mine.message, 0, sizeof(mine.message));
       std::memcpy(mine.message, L.failure.data(), std::min(L.failure.size(), sizeof(mine.message) - 1));
@@ -814,8 +831,8 @@ private:
       }
       if (votes[r].live[3] != votes[0].live[3]) {
         abort_live();
-        fail("moe::Layer: every rank must build its layer with the same LayerOptions::live.migration_bytes_per_pass "
-             "and live.planner");
+        fail("moe::Layer: every rank must build its layer with the same LayerOptions::live.migration_bytes_per_pass, "
+             "live.planner and live.plan_rank");
       }
     }
     for (std::size_t r = 0; r < n; ++r)
@@ -828,6 +845,14 @@ private:
       return std::all_of(votes.begin(), votes.end(),
                          [&](detail::Vote const& v) { return v.live[0] == static_cast<std::int32_t>(s); });
     };
+    if (int o = options_.live.plan_rank; o >= 0 && n > 1 &&
+        votes[static_cast<std::size_t>(o)].live[0] == static_cast<std::int32_t>(LiveState::ready)) {
+      bool others_wait = true;
+      for (std::size_t r = 0; r < n; ++r)
+        others_wait = others_wait && (static_cast<int>(r) == o ||
+                                      votes[r].live[0] == static_cast<std::int32_t>(LiveState::planning));
+      if (others_wait) L.share = true;  // after this pass, the planning rank's layout goes to every rank
+    }
     if (all(LiveState::ready)) {
       for (std::size_t r = 1; r < n; ++r)
         if (votes[r].live[1] != votes[0].live[1]) {
@@ -884,6 +909,7 @@ private:
       }
       L.hash = live::hash_layout(live::layout_of(next, R, L.width));
       L.next = std::move(next);
+      L.next_layout = layout;
       L.schedule = std::move(sched);
       L.incoming_slot = std::move(where);
       L.chunk = 0;
@@ -903,6 +929,7 @@ private:
     stats_.window_bytes = sent() - before;
     if (!now.empty()) push_loads(now);
     if constexpr (can_replan) {
+      if (L.share) share_plan(lb);
       if (L.state == LiveState::moving) {
         auto t0 = std::chrono::steady_clock::now();
         if (L.chunk < L.schedule.passes()) exchange_chunk(lb);
@@ -934,6 +961,35 @@ private:
     long long sum = 0;
     for (long long v : loads) stats_.rank_load_max = std::max(stats_.rank_load_max, v), sum += v;
     stats_.rank_load_mean = static_cast<double>(sum) / static_cast<double>(loads.size());
+  }
+
+  /// live.plan_rank: the planning rank's layout (ranks x width int32, the one its plan was
+  /// prepared from) to every rank, one all-gather staged through the migration buffers; the
+  /// others prepare it (and are ready, or failed, in the next pass's votes). Its bytes are in
+  /// stats().plan_bytes.
+  void share_plan(LiveBuffers const& lb)
+    requires can_replan
+  {
+    auto& L = *live_;
+    L.share = false;
+    int R = comm_->size(), me = comm_->rank(), o = options_.live.plan_rank;
+    std::size_t n = static_cast<std::size_t>(R) * static_cast<std::size_t>(L.width);
+    std::vector<std::int32_t> mine, all(n, -1);
+    if (me == o) {
+      // the planners give ranks x width; a shorter layout (width w) is padded per rank with empty slots
+      std::size_t w = L.next_layout.size() / static_cast<std::size_t>(R);
+      mine.assign(n, -1);
+      for (std::size_t r = 0; r < static_cast<std::size_t>(R); ++r)
+        for (std::size_t j = 0; j < w && j < static_cast<std::size_t>(L.width); ++j)
+          mine[r * static_cast<std::size_t>(L.width) + j] = L.next_layout[r * w + j];
+    }
+    std::vector<std::size_t> bytes(static_cast<std::size_t>(R), 0);
+    bytes[static_cast<std::size_t>(o)] = n * sizeof(std::int32_t);
+    std::size_t before = sent();
+    exec_.gather_bytes(std::as_bytes(std::span<std::int32_t const>(mine)), bytes, std::as_writable_bytes(std::span(all)),
+                       lb.send, lb.recv);
+    stats_.plan_bytes = sent() - before;
+    if (me != o) prepare(std::vector<int>(all.begin(), all.end()));
   }
 
   /// One pass of the schedule: pack this rank's pieces by receiver, one all-to-all-v, unpack what

@@ -126,6 +126,11 @@ struct Options {
   int nodes = 1;                ///< nodes the ranks split into (rank r on node r / (ranks / nodes)): sources
                                 ///< of moves prefer the receiver's node
   Planner planner = Planner::minimal_move;  ///< what a re-plan computes
+  /// Who plans: -1, every rank for itself (each from the same window, so the plans agree); r >= 0,
+  /// rank r alone, which then sends its layout to the others (an all-gather of ranks x width int32
+  /// after a pass, staged through the migration buffers, so migration_bytes_per_pass must hold it).
+  /// A model whose layers set plan_rank = layer % ranks spreads its planning over the processes.
+  int plan_rank = -1;
 };
 
 /// The tolerance (or least gain) a re-plan of `ranks` ranks uses: Options::tolerance_permille, or

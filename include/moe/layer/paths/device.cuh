@@ -530,6 +530,29 @@ public:
       comm_->all_to_all_v(send, send_bytes, recv, recv_bytes);
     }
   }
+  /// Host memory in and out: every rank's `bytes[r]` bytes (`mine` from this rank) into `out`, in
+  /// rank order, staged through the device buffers `stage_send` / `stage_recv` (the front's
+  /// migration buffers) on the last pass's stream; synchronises it (the front's plan sharing, once
+  /// per re-plan, in passes that cannot be captured).
+  void gather_bytes(std::span<std::byte const> mine, std::span<std::size_t const> bytes, std::span<std::byte> out,
+                    std::span<std::byte> stage_send, std::span<std::byte> stage_recv) {
+    if constexpr (!local) {
+      namespace kc = kernels::cuda;
+      check(mine.size() <= stage_send.size() && out.size() <= stage_recv.size(),
+            "moe::Layer (device): gather_bytes: ", mine.size(), " and ", out.size(),
+            " bytes do not fit the staging buffers of ", stage_send.size(), " and ", stage_recv.size());
+      if (!mine.empty())
+        kc::check_cuda(cudaMemcpyAsync(stage_send.data(), mine.data(), mine.size(), cudaMemcpyHostToDevice, stream_),
+                       "cudaMemcpyAsync (plan layout up)");
+      comm_->set_stream(stream_);
+      comm_->all_gather_v(stage_send.first(mine.size()), stage_recv.first(out.size()), bytes);
+      kc::check_cuda(cudaMemcpyAsync(out.data(), stage_recv.data(), out.size(), cudaMemcpyDeviceToHost, stream_),
+                     "cudaMemcpyAsync (plan layout down)");
+      kc::check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (plan layout)");
+    } else {
+      std::copy(mine.begin(), mine.end(), out.begin());
+    }
+  }
 
   /// Layer::read_record_counts(): the counts a padded pass with Options::device.count_records kept
   /// on the device, into `st`. The exact exchange and one GPU filled them during the pass.

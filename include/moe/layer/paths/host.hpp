@@ -147,6 +147,12 @@ public:
                       std::span<std::byte> recv, std::span<std::size_t const> recv_bytes) {
     comm_->all_to_all_v(send, send_bytes, recv, recv_bytes);
   }
+  /// Host memory in and out: every rank's `bytes[r]` bytes (`mine` from this rank) into `out`, in
+  /// rank order (the front's plan sharing; the staging buffers are not needed here).
+  void gather_bytes(std::span<std::byte const> mine, std::span<std::size_t const> bytes, std::span<std::byte> out,
+                    std::span<std::byte>, std::span<std::byte>) {
+    comm_->all_gather_v(mine, out, bytes);
+  }
 
   static constexpr auto h = static_cast<std::size_t>(shape.hidden);
   static constexpr int k = shape.top_k;
