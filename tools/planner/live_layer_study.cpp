@@ -41,6 +41,7 @@
 //                    [--window 100] [--replan-every 100] [--spare-slots 2] [--chunk-experts 1]
 //                    [--tolerance-permille 10] [--strategies static,full,minimal,split[,splitplan]]
 //                    [--split-gain-permille -1]   (-1: the layer's default, 80 / ranks permille)
+//                    [--plan-rank -1]   (r: rank r alone plans and shares its plans, live.plan_rank)
 //                    [--check-every 1] [--seed 1] [--pass-log FILE] [--data-dir DIR]
 //   mpirun -np 4 live_layer_study_mpi --mpi [same options but --ranks]
 // Exit status 1 when a check fails (router mismatch, output error, bytes, a pass that threw).
@@ -92,7 +93,7 @@ char const* name_of(Strategy s) {
 
 struct Study {
   int ranks = 8, passes = 2000, tokens = 64, window = 100, replan_every = 100, spare = 2, chunk = 1;
-  int tolerance = 10, check_every = 1, split_gain = -1;
+  int tolerance = 10, check_every = 1, split_gain = -1, plan_rank = -1;
   bool probe = false, help = false;
   std::uint64_t seed = 1;
   std::vector<Strategy> strategies;
@@ -254,6 +255,7 @@ RankResult serve(Comm& comm, Routing const& m, Study const& st, FirstPlan const&
       lo.planner = live::Planner::split_balance;
       lo.tolerance_permille = st.split_gain;
     }
+    lo.plan_rank = st.plan_rank;
   }
   L layer(comm, placement::Table(fp.primary), std::move(replicas), mine,
           {.max_tokens = st.tokens, .live = lo});
@@ -588,7 +590,7 @@ bool report(std::vector<Summary> const& rows, Study const& st) {
 Study parse(int argc, char** argv) {
   tools::Args a(argc, argv,
                 {{"models"}, {"ranks"}, {"passes"}, {"tokens"}, {"window"}, {"replan-every"}, {"spare-slots"},
-                 {"chunk-experts"}, {"tolerance-permille"}, {"split-gain-permille"}, {"strategies"}, {"check-every"}, {"seed"}, {"pass-log"},
+                 {"chunk-experts"}, {"tolerance-permille"}, {"split-gain-permille"}, {"plan-rank"}, {"strategies"}, {"check-every"}, {"seed"}, {"pass-log"},
                  {"data-dir"}, {"mpi", true}, {"probe", true}});
   Study st;
   if (a.help()) {
@@ -613,6 +615,7 @@ Study parse(int argc, char** argv) {
   st.chunk = static_cast<int>(a.integer("chunk-experts", 1, 1, 1024));
   st.tolerance = static_cast<int>(a.integer("tolerance-permille", 10, 0, 1000));
   st.split_gain = static_cast<int>(a.integer("split-gain-permille", -1, -1, 1000));  // -1: 80 / ranks
+  st.plan_rank = static_cast<int>(a.integer("plan-rank", -1, -1, 63));  // -1: every rank plans
   st.check_every = static_cast<int>(a.integer("check-every", 1, 1, 1000000));
   st.seed = static_cast<std::uint64_t>(a.integer("seed", 1, 0, std::numeric_limits<int>::max()));
   st.pass_log = a.text("pass-log");
@@ -648,11 +651,13 @@ int body(int argc, char** argv, int rank, int ranks_given, auto&& run) {
     if (rank == 0)
       std::printf("live_layer_study [--models olmoe,mixtral] [--ranks 8|4] [--passes 2000] [--tokens 64] [--window 100]\n"
                   "  [--replan-every 100] [--spare-slots 2] [--chunk-experts 1] [--tolerance-permille 10]\n"
-                  "  [--split-gain-permille -1] [--strategies static,full,minimal,split[,splitplan]] [--check-every 1] [--seed 1] [--pass-log FILE]\n"
+                  "  [--split-gain-permille -1] [--plan-rank -1] [--strategies static,full,minimal,split[,splitplan]]\n"
+                  "  [--check-every 1] [--seed 1] [--pass-log FILE]\n"
                   "  [--data-dir DIR] [--probe] [--mpi (live_layer_study_mpi under mpirun)]\n");
     return tools::exit_ok;
   }
   if (ranks_given > 0) st.ranks = ranks_given;
+  check(st.plan_rank < st.ranks, "--plan-rank: ", st.plan_rank, " is not one of the ", st.ranks, " ranks");
   std::vector<Routing> models;
   for (auto const& n : st.models) {
     models.push_back(load_routing(n, st.data_dir));
@@ -669,9 +674,10 @@ int body(int argc, char** argv, int rank, int ranks_given, auto&& run) {
   if (log != nullptr) std::fclose(log);
   if (rank != 0) return tools::exit_ok;
   std::printf("# live_layer_study: %d passes, %d tokens per rank, window %d, re-plan every %d, spare slots %d, "
-              "chunk %d expert(s) per pass, tolerance %d permille, seed %llu\n",
+              "chunk %d expert(s) per pass, tolerance %d permille, seed %llu, %s\n",
               st.passes, st.tokens, st.window, st.replan_every, st.spare, st.chunk, st.tolerance,
-              static_cast<unsigned long long>(st.seed));
+              static_cast<unsigned long long>(st.seed),
+              st.plan_rank < 0 ? "every rank plans" : ("rank " + std::to_string(st.plan_rank) + " plans").c_str());
   return report(rows, st) ? tools::exit_ok : tools::exit_check;
 }
 

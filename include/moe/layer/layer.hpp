@@ -761,7 +761,7 @@ private:
         live_->width = live::width_of(plan(), comm_->size());
         std::size_t layout_bytes = static_cast<std::size_t>(comm_->size()) * static_cast<std::size_t>(live_->width) *
                                    sizeof(std::int32_t);
-        check(options_.live.plan_rank < 0 || comm_->size() == 1 ||
+        check(options_.live.plan_rank < 0 || comm_->size() == 1 || options_.live.spare_slots == 0 ||
                   options_.live.migration_bytes_per_pass >= layout_bytes,
               "moe::Layer: LayerOptions::live.plan_rank: the planning rank's layout (", layout_bytes,
               " bytes: ranks x width int32) travels through the migration buffers, but migration_bytes_per_pass is ",
