@@ -40,6 +40,10 @@
 // in-process rank, made when the first layer that can re-plan is built, and run as batch threads
 // (Linux SCHED_BATCH: they never preempt a serving thread on waking): starting a re-plan only
 // queues it. The rank's passes go on; the plan is used when every rank reports it ready.
+// With Options::plan_rank = r only rank r queues the plan; the others stay planning. When the
+// votes show r ready and every other rank planning, r's layout is all-gathered after that pass
+// (before the chunk of step 5, which has none yet) and the others prepare it, so every rank is
+// ready at the next vote and the hashes are compared as before.
 //
 // On the device paths (moe/layer/paths/device.cuh, device_disaggregated.cuh; collective::Nccl) the
 // counts are made by a kernel and gathered on the device; a copy to pinned memory on the pass's
