@@ -748,7 +748,8 @@ private:
           "moe::Layer: LayerOptions::live.replan_every needs spare_slots > 0 and migration_bytes_per_pass > 0");
     check(o.migration_bytes_per_pass >> 10 <= 0x7fffffffu, "moe::Layer: LayerOptions::live.migration_bytes_per_pass (",
           o.migration_bytes_per_pass, ") is too large");
-    check(o.plan_rank >= -1 && o.plan_rank < ranks && o.plan_rank < (1 << 19), "moe::Layer: LayerOptions::live.plan_rank (",
+    // (plan_rank + 1) << 12 travels in an int32 of the vote
+    check(o.plan_rank >= -1 && o.plan_rank < ranks && o.plan_rank < (1 << 18), "moe::Layer: LayerOptions::live.plan_rank (",
           o.plan_rank, ") must be -1 (every rank plans) or a rank of the ", ranks);
   }
 
