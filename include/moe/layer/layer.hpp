@@ -463,7 +463,8 @@ public:
   /// Hands the layer the caller-owned expert slots (arena_elements() elements, alive as long as
   /// the layer). This rank's experts move into it (an expert whose weights already lie in a slot,
   /// as gate | up | down, stays there and is not copied); from now on the layer reads them there
-  /// and migrations write into its free slots. Call it once, before the first migration.
+  /// and migrations write into its free slots. Weights given for experts this rank does not hold
+  /// are dropped (the layer no longer refers to them). Call it once, before the first migration.
   void attach_arena(std::span<T> arena)
     requires can_replan
   {
@@ -475,6 +476,11 @@ public:
     auto& L = *live_;
     auto current = exec_.expert_weights();
     std::vector<ExpertWeights<T>> experts(current.begin(), current.end());
+    // Only the experts this rank holds in the current plan take a slot: a caller may have passed
+    // every expert's weights to every rank.
+    auto const primary = exec_.primary_ranks();
+    for (std::size_t e = 0; e < experts.size(); ++e)
+      if (!exec_.replicas().holds(static_cast<int>(e), primary[e], comm_->rank())) experts[e] = {};
     std::size_t per = slot_elements() / 3;
     auto const* base = arena.data();
     auto slots = static_cast<std::size_t>(arena_slots());
@@ -497,7 +503,8 @@ public:
     for (std::size_t e = 0; e < experts.size(); ++e) {
       auto const& w = experts[e];
       if (!w.present() || slot_of[e] >= 0) continue;
-      while (owner[next] >= 0) ++next;
+      while (next < slots && owner[next] >= 0) ++next;
+      check(next < slots, "moe::Layer: rank ", comm_->rank(), " holds more experts than the arena's ", slots, " slots");
       T* dst = arena.data() + next * slot_elements();
       exec_.copy_in(dst, w.gate, per);
       exec_.copy_in(dst + per, w.up, per);
