@@ -5,6 +5,7 @@
 // device can be used (cudaGetDeviceCount fails or reports none); CTest reports that as skipped
 // (SKIP_RETURN_CODE 77, set by moe_add_test for the `cuda` label).
 
+#include <catch2/catch.hpp>
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -34,6 +35,16 @@ inline int skip_without_gpu() {
 
 // Runs during static initialisation, before Catch2's main.
 inline int const gpu_gate = skip_without_gpu();
+
+/// Whether the machine has `n` devices, for a case with one NCCL rank per device; if not, a warning
+/// says the case is skipped.
+inline bool has_devices(int n) {
+  int devices = 0;
+  REQUIRE(cudaGetDeviceCount(&devices) == cudaSuccess);
+  if (devices >= n) return true;
+  WARN("needs " << n << " devices; skipped");
+  return false;
+}
 
 /// Owning device buffer of n elements of T: the library's DeviceArray plus test conveniences
 /// (construct from host data, download, poison, byte view).

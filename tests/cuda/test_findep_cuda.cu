@@ -418,17 +418,11 @@ void p2p_world(int ag, int tokens, std::uint64_t seed, double tolerance, Via via
     check_errors(result[q], tolerance, total);
     if (via == Via::executor) continue;
     REQUIRE(exact_routes);
-    // AG rank p sent its row's sum and received nothing; EG rank ag + g received column g's sum
-    auto want = moe::test::disaggregated_records(ids, static_cast<std::size_t>(s.top_k), ag, tokens, replicas.replicas(),
+        auto want = moe::test::disaggregated_records(ids, static_cast<std::size_t>(s.top_k), ag, tokens, replicas.replicas(),
                                                  N - ag);
     for (int r = 0; r < N; ++r) {
-      long long sent = 0, received = 0;
-      for (int p = 0; p < ag; ++p)
-        for (int g = 0; g < N - ag; ++g)
-          if (p == r) sent += want[static_cast<std::size_t>(p)][static_cast<std::size_t>(g)];
-          else if (ag + g == r) received += want[static_cast<std::size_t>(p)][static_cast<std::size_t>(g)];
       INFO("rank " << r << ": records local, remote, received");
-      CHECK(records[q][static_cast<std::size_t>(r)] == std::array<long long, 3>{0, sent, received});
+      CHECK(records[q][static_cast<std::size_t>(r)] == moe::test::disaggregated_rank_records(want, ag, r));
     }
   }
   for (unsigned e : device_errors) CHECK(e == 0u);
@@ -801,16 +795,9 @@ void p2p_nccl_records(int ag, int tokens, std::uint64_t seed) {
     INFO("rank " << r << " of " << N << ", " << ag << " AG: " << failures[static_cast<std::size_t>(r)]);
     REQUIRE(failures[static_cast<std::size_t>(r)].empty());
     for (int i = 0; i < 2; ++i) {
-      long long sent = 0, received = 0;
-      auto const& w = want[static_cast<std::size_t>(i)];
-      for (int p = 0; p < ag; ++p)
-        for (int g = 0; g < eg; ++g) {
-          long long n = w[static_cast<std::size_t>(p)][static_cast<std::size_t>(g)];
-          if (p == r) sent += n;
-          if (ag + g == r) received += n;
-        }
       INFO((i == 0 ? "direct pass" : "graph replay") << ": records local, remote, received");
-      CHECK(got[static_cast<std::size_t>(r)][static_cast<std::size_t>(i)] == std::array<long long, 3>{0, sent, received});
+      CHECK(got[static_cast<std::size_t>(r)][static_cast<std::size_t>(i)] ==
+            moe::test::disaggregated_rank_records(want[static_cast<std::size_t>(i)], ag, r));
     }
   }
   std::vector<char> none(static_cast<std::size_t>(total), 0);
@@ -819,36 +806,21 @@ void p2p_nccl_records(int ag, int tokens, std::uint64_t seed) {
 }  // namespace
 
 TEST_CASE("FinDEP point-to-point executor through collective::Nccl (one device per rank)", "[cuda][findep][p2p][nccl]") {
-  int devices = 0;
-  REQUIRE(cudaGetDeviceCount(&devices) == cudaSuccess);
-  if (devices < 4) {
-    WARN("needs 4 devices; skipped");
-    return;
-  }
+  if (!moe::test::has_devices(4)) return;
   p2p_nccl_world<2, DeepSeekSmallF32, moe::router::SigmoidGroupTopK>(1, 24, 91, fp32_tol);
   p2p_nccl_world<4, MixtralSmallF32, moe::router::SoftmaxTopK>(2, 24, 92, fp32_tol);
 }
 
 TEST_CASE("device disaggregated Layer through collective::Nccl (one device per rank)",
           "[cuda][findep][p2p][nccl][layer]") {
-  int devices = 0;
-  REQUIRE(cudaGetDeviceCount(&devices) == cudaSuccess);
-  if (devices < 4) {
-    WARN("needs 4 devices; skipped");
-    return;
-  }
+  if (!moe::test::has_devices(4)) return;
   p2p_nccl_world<3, DeepSeekSmallF32, moe::router::SigmoidGroupTopK>(1, 24, 94, fp32_tol, Via::layer);
   p2p_nccl_world<4, MixtralSmallF32, moe::router::SoftmaxTopK>(2, 24, 95, fp32_tol, Via::layer_two_comms);
 }
 
 TEST_CASE("device disaggregated Layer through collective::Nccl keeps its record counts, in a CUDA graph too",
           "[cuda][findep][p2p][nccl][layer][graph]") {
-  int devices = 0;
-  REQUIRE(cudaGetDeviceCount(&devices) == cudaSuccess);
-  if (devices < 4) {
-    WARN("needs 4 devices; skipped");
-    return;
-  }
+  if (!moe::test::has_devices(4)) return;
   p2p_nccl_records<4, DeepSeekSmallF32, moe::router::SigmoidGroupTopK>(2, 24, 101);
   p2p_nccl_records<3, MixtralSmallF32, moe::router::SoftmaxTopK>(1, 24, 102);
 }

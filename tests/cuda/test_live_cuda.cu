@@ -372,15 +372,6 @@ void check_fault(std::vector<RankRun> const& runs, std::string const& cause = "p
   }
 }
 
-/// Whether the machine has `n` devices for n NCCL ranks (if not, a warning says the case is skipped).
-bool has_devices(int n) {
-  int devices = 0;
-  REQUIRE(cudaGetDeviceCount(&devices) == cudaSuccess);
-  if (devices >= n) return true;
-  WARN("needs " << n << " devices; skipped");
-  return false;
-}
-
 constexpr moe::live::Step all_steps[] = {moe::live::Step::plan, moe::live::Step::pack, moe::live::Step::unpack,
                                          moe::live::Step::prepare_switch};
 
@@ -389,7 +380,7 @@ constexpr moe::live::Step all_steps[] = {moe::live::Step::plan, moe::live::Step:
 TEST_CASE("device live layer: drifting passes through NCCL, a re-plan every 20, every pass equals the reference",
           "[cuda][layer][nccl][live]") {
   for (int n : {2, 4}) {
-    if (!has_devices(n)) continue;
+    if (!moe::test::has_devices(n)) continue;
     INFO(n << " ranks");
     // Under a sanitizer 100 passes (2 re-plans): the same migration steps, half the passes.
     check_loop(serve(n, moe::test::full_or(200, 100), loop), moe::test::full_or(4, 2));
@@ -398,7 +389,7 @@ TEST_CASE("device live layer: drifting passes through NCCL, a re-plan every 20, 
 
 TEST_CASE("device live layer: a fault at any migration step leaves every rank on the old plan (NCCL)",
           "[cuda][layer][nccl][live]") {
-  if (!has_devices(2)) return;
+  if (!moe::test::has_devices(2)) return;
   auto o = loop;
   o.replan_every = 0;
   for (auto step : all_steps) {
@@ -409,7 +400,7 @@ TEST_CASE("device live layer: a fault at any migration step leaves every rank on
 
 TEST_CASE("device live layer: one rank plans (live.plan_rank) and its layout goes through NCCL",
           "[cuda][layer][nccl][live]") {
-  if (!has_devices(4)) return;
+  if (!moe::test::has_devices(4)) return;
   // Rank 1 alone plans; after a pass its layout (4 ranks x width int32) is all-gathered through
   // the device communicator, staged through the migration buffers, and the others prepare it.
   auto o = loop;
@@ -437,7 +428,7 @@ TEST_CASE("device live layer: each allocation of the switch fails in turn on one
   // ... allocation from there on, counting only rank 1's device, until one run has no failure
   // left to make. Each failure must leave both ranks on the old plan with the same error, the
   // pass after it correct, and the process holding what it held before the re-plan.
-  REQUIRE(has_devices(2));  // the emulator has several
+  REQUIRE(moe::test::has_devices(2));  // the emulator has several
   auto o = loop;
   o.replan_every = 0;
   int failures = 0;
@@ -477,7 +468,7 @@ TEST_CASE("device live layer with replication::BatchSplit: re-plans, and each pa
     check_loop(serve_staged<4, moe::replication::BatchSplit>(100, o), 2);
   }
   SECTION("2 NCCL ranks, a fault at the switch") {
-    if (!has_devices(2)) return;
+    if (!moe::test::has_devices(2)) return;
     auto o = loop;
     o.replan_every = 0;
     check_fault(serve<moe::replication::BatchSplit>(2, 100, o, moe::live::Step::prepare_switch));

@@ -3,6 +3,7 @@
 // vectors, and the row one pass must give, counted from the routes and the documented copy rule
 // without the library's code.
 
+#include <array>
 #include <cstddef>
 #include <vector>
 
@@ -59,6 +60,21 @@ inline std::vector<std::vector<long long>> disaggregated_records(std::vector<int
       for (int g = 0; g < eg; ++g) records[static_cast<std::size_t>(p)][static_cast<std::size_t>(g)] += hit[static_cast<std::size_t>(g)];
     }
   return records;
+}
+
+/// What Layer::read_record_counts() gives rank `rank` of a disaggregated layer with `ag` AG ranks,
+/// from the (AG x EG) records of disaggregated_records: (records_local, records_remote,
+/// records_received) = (0, row `rank`'s sum, 0) on an AG rank, (0, 0, column `rank - ag`'s sum) on
+/// an EG rank.
+inline std::array<long long, 3> disaggregated_rank_records(std::vector<std::vector<long long>> const& records, int ag,
+                                                           int rank) {
+  long long sent = 0, received = 0;
+  for (std::size_t p = 0; p < records.size(); ++p)
+    for (std::size_t g = 0; g < records[p].size(); ++g) {
+      if (static_cast<int>(p) == rank) sent += records[p][g];
+      if (ag + static_cast<int>(g) == rank) received += records[p][g];
+    }
+  return {0, sent, received};
 }
 
 }  // namespace moe::test
