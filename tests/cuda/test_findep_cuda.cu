@@ -507,6 +507,13 @@ void p2p_window(int ag, std::uint64_t seed) {
     auto const& view = mine_w.view;
     L layer(a2e, e2a, on_eg, replicas, view,
             {.max_tokens = tokens, .schedule = ms::FinDep{ag, ms::Order::aass, 2, 2}, .live = {.window = 3}});
+    // This path keeps a window but does not re-plan: asking for it is a clear error (before any
+    // collective call, so one rank may ask alone).
+    if (rank == 0)
+      CHECK_THROWS_WITH(L(a2e, e2a, on_eg, replicas, view,
+                          {.max_tokens = tokens, .schedule = ms::FinDep{ag, ms::Order::aass, 2, 2},
+                           .live = {.window = 3, .spare_slots = 2}}),
+                        Catch::Contains("the device disaggregated path keeps a load window but does not re-plan"));
     Device<std::byte> ws(layer.workspace_size());
     moe::test::Stream st;
     std::size_t first = is_ag ? static_cast<std::size_t>(rank) * tokens * h : 0;

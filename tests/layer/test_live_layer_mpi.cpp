@@ -18,27 +18,9 @@ void serve_and_check(Replicas replicas, live::Options o) {
   LiveHarness<collective::Mpi, Replicas> hx(comm, std::move(replicas), o);
   auto run = hx.serve(0, 200);
   INFO("rank " << comm.rank());
-  CHECK(run.errors.empty());
-  CHECK(run.worst_error <= 1e-5);
-  CHECK(run.window_counts_ok);
-  CHECK(run.adopted >= 3);
-  // Every rank's bytes, gathered: their sum is the adopted plans' added copies.
-  std::vector<long long> all(4);
-  std::vector<std::size_t> sizes(4, sizeof(long long));
-  comm.all_gather_v(std::as_bytes(std::span(&run.bytes_sent, 1)), std::as_writable_bytes(std::span(all)), sizes);
-  long long sent = 0;
-  for (long long b : all) sent += b;
-  CHECK(sent == run.expected_bytes);
-  CHECK(sent > 0);
+  check_process_run(comm, run, 3);
   // live.plan_rank: that process alone sent layouts (4 ranks x 20 slots int32 to 3 others each)
-  if (o.plan_rank >= 0) {
-    if (comm.rank() == o.plan_rank) {
-      CHECK(run.plan_bytes > 0);
-      CHECK(run.plan_bytes % (3 * 4 * 20 * 4) == 0);
-    } else {
-      CHECK(run.plan_bytes == 0);
-    }
-  }
+  check_plan_bytes(run, comm.rank(), o.plan_rank, 3 * 4 * 20 * 4);
 }
 
 }  // namespace

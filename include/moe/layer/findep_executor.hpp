@@ -158,21 +158,62 @@ public:
   /// comment). `split` is over EG indices (its copies, and the servers of the EG ranks); its copies
   /// must be those this executor was built with.
   void split_each_micro_batch(replication::BatchSplit const& split) {
-    auto const& eg_copies = split.table().replicas();
-    check(split.layout().ranks == eg_, "FinDepExecutor: the batch split is built for ", split.layout().ranks,
-          " ranks, the expert group has ", eg_);
-    check(static_cast<int>(eg_copies.size()) == s_.experts, "FinDepExecutor: the batch split lists ",
-          eg_copies.size(), " experts, the shape has ", s_.experts);
-    for (std::size_t e = 0; e < eg_copies.size(); ++e) {
-      check(static_cast<int>(eg_copies[e].size()) == copies_.copies(static_cast<int>(e)),
-            "FinDepExecutor: the batch split's copies of expert ", e, " are not the executor's");
-      for (int g : eg_copies[e])
-        check(serves(static_cast<int>(e), g), "FinDepExecutor: the batch split puts expert ", e, " on EG index ", g,
-              ", which does not hold it");
-    }
+    check_split(split, copies_);
     split_.emplace(split.with_sources(ag_));  // EG indices first, then the AG ranks
     split_counts_.assign(static_cast<std::size_t>(ag_ + eg_) * static_cast<std::size_t>(s_.experts), 0);
   }
+
+  // ---- Switching plans (moe::Layer's re-planning while serving, LayerOptions::live) ----
+
+  /// What a switch of plan replaces: the expert -> EG index table, each expert's copies, and the
+  /// per-micro-batch split over them when this executor splits.
+  struct Tables {
+    placement::Table placement;
+    replication::CopyLists copies;
+    std::optional<replication::BatchSplit> split;  // with the AG ranks as sources
+  };
+  /// Another plan's tables, checked as the constructor and split_each_micro_batch check theirs (an
+  /// EG rank must have in `experts` the weights of every expert the plan gives it), so that adopt()
+  /// cannot fail. `split`: the plan's split over EG indices, given exactly when this executor splits.
+  [[nodiscard]] Tables prepare_tables(placement::Table placement, replication::Table const& replicas,
+                                      std::span<ExpertWeights<T> const> experts,
+                                      replication::BatchSplit const* split = nullptr) const {
+    placement.validate(s_.experts, eg_);
+    if (!replicas.replicas().empty()) replicas.validate(s_.experts, eg_, placement.ranks());
+    Tables t{std::move(placement), {}, {}};
+    t.copies = replication::copy_lists(t.placement.ranks(), replicas);
+    check(static_cast<int>(experts.size()) == s_.experts, "FinDepExecutor: the next plan's weights list ",
+          experts.size(), " experts, the shape has ", s_.experts);
+    if (!is_ag())
+      for (int e = 0; e < s_.experts; ++e)
+        check(!t.copies.holds(e, eg_index()) || experts[static_cast<std::size_t>(e)].present(), "FinDepExecutor: EG rank ",
+              comm_->rank(), " would serve expert ", e, " in the next plan but has no weights for it");
+    check(split_.has_value() == (split != nullptr), "FinDepExecutor: the next plan ",
+          split ? "brings a per-micro-batch split to an executor without one" : "has no split, but this executor splits");
+    if (split) {
+      check_split(*split, t.copies);
+      t.split.emplace(split->with_sources(ag_));
+    }
+    return t;
+  }
+  /// Switches to tables made by prepare_tables, reading the experts' weights from `experts` (alive
+  /// as long as they are in use). Between passes.
+  void adopt(Tables&& t, std::span<ExpertWeights<T> const> experts) noexcept {
+    placement_ = std::move(t.placement);
+    copies_ = std::move(t.copies);
+    if (t.split) split_ = std::move(t.split);
+    w_.experts = experts;
+  }
+  /// The routed experts' weights this executor reads.
+  [[nodiscard]] std::span<ExpertWeights<T> const> expert_weights() const { return w_.experts; }
+  /// The same experts' weights, somewhere else (the layer's arena). Between passes.
+  void set_expert_weights(std::span<ExpertWeights<T> const> experts) {
+    check(static_cast<int>(experts.size()) == s_.experts, "FinDepExecutor: weights list ", experts.size(),
+          " experts, the shape has ", s_.experts);
+    w_.experts = experts;
+  }
+  /// Each routed expert's EG index in the placement.
+  [[nodiscard]] placement::Table const& placement() const { return placement_; }
   /// Bytes of split counts this rank sent in its last run() (in the collective's send counters too).
   [[nodiscard]] std::size_t split_bytes_sent() const { return split_bytes_; }
   /// AG rank, last run() with a per-micro-batch split: the pairs each EG index received, by the
@@ -653,6 +694,22 @@ private:
           comm_->send(std::as_bytes(b.partial.subspan(lo * h, (hi - lo) * h)), p, tag(i, j, c.r2, 2));
         }
       }
+  }
+
+  /// `split`'s copies are those of `copies` (EG indices), and it splits over the expert group.
+  void check_split(replication::BatchSplit const& split, replication::CopyLists const& copies) const {
+    auto const& eg_copies = split.table().replicas();
+    check(split.layout().ranks == eg_, "FinDepExecutor: the batch split is built for ", split.layout().ranks,
+          " ranks, the expert group has ", eg_);
+    check(static_cast<int>(eg_copies.size()) == s_.experts, "FinDepExecutor: the batch split lists ",
+          eg_copies.size(), " experts, the shape has ", s_.experts);
+    for (std::size_t e = 0; e < eg_copies.size(); ++e) {
+      check(static_cast<int>(eg_copies[e].size()) == copies.copies(static_cast<int>(e)),
+            "FinDepExecutor: the batch split's copies of expert ", e, " are not the executor's");
+      for (int g : eg_copies[e])
+        check(copies.holds(static_cast<int>(e), g), "FinDepExecutor: the batch split puts expert ", e, " on EG index ",
+              g, ", which does not hold it");
+    }
   }
 
   Comm* comm_;

@@ -116,7 +116,7 @@ struct LayerOptions {
   /// configuration (order, r1, r2); schedule::Sequential carries nothing.
   Schedule schedule{};
   Device device{};  ///< the path's own options
-  live::Options live{};  ///< load window (every path), re-planning (sequential paths): layer/live.hpp
+  live::Options live{};  ///< load window (every path), re-planning (Layer::can_replan): layer/live.hpp
 };
 
 template <class Schedule>
@@ -124,7 +124,7 @@ struct LayerOptions<Schedule, void> {
   int max_tokens = 0;       ///< most tokens one rank passes to run(); sizes the workspace
   bool deduplicate = true;  ///< one record per (token, rank); false sends one per (token, expert)
   Schedule schedule{};      ///< the schedule's value (see above)
-  live::Options live{};     ///< load window (every path), re-planning (sequential paths): layer/live.hpp
+  live::Options live{};     ///< load window (every path), re-planning (Layer::can_replan): layer/live.hpp
 };
 
 /// What one run() did on this rank: assignment and record counts, and the bytes its communication
@@ -151,6 +151,7 @@ struct LayerStats {
   // the device paths the one before, until Layer::load_window() waits for this pass's counts.
   long long rank_load_max = 0;     ///< most token-expert pairs any rank received in that pass
   double rank_load_mean = 0;       ///< pairs received per rank in that pass, averaged over the ranks
+                                   ///< that hold experts (Layer::plan_ranks(): the EG if disaggregated)
   std::size_t window_bytes = 0;    ///< bytes of the window's all-gather of per-expert and per-rank counts
   std::size_t migration_bytes = 0;  ///< expert weight bytes this rank sent to others for a migration
   std::size_t plan_bytes = 0;       ///< bytes of a new plan's layout this rank sent (live.plan_rank:
@@ -280,6 +281,36 @@ std::span<std::int32_t const> gather_load_rows(Comm& comm, std::span<std::int32_
   comm.all_gather_v(std::as_bytes(row), std::as_writable_bytes(gathered), bytes);
   return gathered;
 }
+
+/// What the front's re-planning asks of a path whose weights and collective live in host memory
+/// (the host paths' executors derive from it): byte copies into the arena and the migration
+/// buffers, one all-to-all-v per migration chunk, one all-gather of the planning rank's layout.
+template <class Comm>
+class HostMigration {
+public:
+  void copy_bytes(std::byte* to, std::byte const* from, std::size_t n) { std::memcpy(to, from, n); }
+  template <class T>
+  void copy_in(T* to, T const* from, std::size_t n) {
+    std::copy(from, from + n, to);
+  }
+  /// One chunk: every rank of the collective takes part (one that moves nothing with no bytes).
+  void exchange_bytes(std::span<std::byte const> send, std::span<std::size_t const> send_bytes,
+                      std::span<std::byte> recv, std::span<std::size_t const> recv_bytes) {
+    comm_->all_to_all_v(send, send_bytes, recv, recv_bytes);
+  }
+  /// Every rank's `bytes[r]` bytes (`mine` from this rank) into `out`, in rank order (the staging
+  /// buffers a device path needs are not used).
+  void gather_bytes(std::span<std::byte const> mine, std::span<std::size_t const> bytes, std::span<std::byte> out,
+                    std::span<std::byte>, std::span<std::byte>) {
+    comm_->all_gather_v(mine, out, bytes);
+  }
+
+protected:
+  explicit HostMigration(Comm& comm) : comm_(&comm) {}
+
+private:
+  Comm* comm_;
+};
 
 /// Which executor runs a path: each path's header (moe/layer/paths/) specialises it with a member
 /// template `type` over the six policies. Left unspecialised (the path's header not included),
@@ -413,12 +444,23 @@ public:
 
   // ---- Re-planning while serving (LayerOptions::live; moe/layer/live.hpp) ----
 
-  /// Whether this layer type counts loads (every path does) and can re-plan (the paths with
-  /// schedule::Sequential, whose executors can switch plans, when the placement is a
-  /// placement::Table and the replicas a copy list: replication::Table or replication::BatchSplit).
+  /// Whether this layer type counts loads (every path does) and can re-plan (the paths whose
+  /// executors can switch plans: host and device with schedule::Sequential, and host
+  /// disaggregated; when the placement is a placement::Table and the replicas a copy list:
+  /// replication::Table or replication::BatchSplit).
   static constexpr bool counts_loads = requires(typename Executor::Buffers const& b) { b.load_counts; };
   static constexpr bool can_replan =
       counts_loads && live::Replannable<Placement, Replicas> && requires(Executor const& e) { e.primary_ranks(); };
+
+  /// The ranks a plan places experts on: every rank of the collective, or on the disaggregated
+  /// paths the expert group, which is the last plan_ranks() ranks. plan(), the layouts of
+  /// migrate_to() and the planners' ranks are these, numbered from 0 (EG indices).
+  [[nodiscard]] int plan_ranks() const {
+    if constexpr (requires(Executor const& e) { e.plan_ranks(); })
+      return exec_.plan_ranks();
+    else
+      return comm_->size();
+  }
 
   /// The last LayerOptions::live.window passes' loads (the same on every rank), the last run()'s
   /// pass included. The device paths copy a pass's counts to the host on the pass's stream and
@@ -440,7 +482,7 @@ public:
     p.primary = exec_.primary_ranks();
     p.copies.resize(p.primary.size());
     for (std::size_t e = 0; e < p.primary.size(); ++e)
-      for (int r = 0; r < comm_->size(); ++r)
+      for (int r = 0; r < plan_ranks(); ++r)
         if (exec_.replicas().holds(static_cast<int>(e), p.primary[e], r)) p.copies[e].push_back(r);
     return p;
   }
@@ -448,12 +490,12 @@ public:
   [[nodiscard]] static constexpr std::size_t slot_elements() {
     return 3 * static_cast<std::size_t>(shape.expert_ffn) * static_cast<std::size_t>(shape.hidden);
   }
-  /// Slots of the arena on every rank: the most experts a rank holds in the first plan, plus
-  /// LayerOptions::live.spare_slots.
+  /// Slots of the arena on every rank that holds experts: the most experts a rank holds in the
+  /// first plan, plus LayerOptions::live.spare_slots (none on a disaggregated path's AG ranks).
   [[nodiscard]] int arena_slots() const
     requires can_replan
   {
-    return live_ ? live_->width + options_.live.spare_slots : 0;
+    return live_ && plan_index() >= 0 ? live_->width + options_.live.spare_slots : 0;
   }
   [[nodiscard]] std::size_t arena_elements() const
     requires can_replan
@@ -479,8 +521,9 @@ public:
     // Only the experts this rank holds in the current plan take a slot: a caller may have passed
     // every expert's weights to every rank.
     auto const primary = exec_.primary_ranks();
+    int const me = plan_index();
     for (std::size_t e = 0; e < experts.size(); ++e)
-      if (!exec_.replicas().holds(static_cast<int>(e), primary[e], comm_->rank())) experts[e] = {};
+      if (me < 0 || !exec_.replicas().holds(static_cast<int>(e), primary[e], me)) experts[e] = {};
     std::size_t per = slot_elements() / 3;
     auto const* base = arena.data();
     auto slots = static_cast<std::size_t>(arena_slots());
@@ -541,14 +584,15 @@ public:
     L.state = LiveState::planning;
     // With live.plan_rank set, the other ranks wait for that rank's layout (share_plan).
     if (options_.live.plan_rank >= 0 && options_.live.plan_rank != comm_->rank()) return;
-    L.replanner.start(L.window.expert_loads(), live::planning_layout(plan(), comm_->size(), L.width), comm_->size(),
-                      options_.live.spare_slots, live::tolerance_of(options_.live, comm_->size()), options_.live.nodes,
+    int const P = plan_ranks();
+    L.replanner.start(L.window.expert_loads(), live::planning_layout(plan(), P, L.width), P,
+                      options_.live.spare_slots, live::tolerance_of(options_.live, P), options_.live.nodes,
                       options_.live.planner, L.hook,
                       options_.live.planner == live::Planner::split_balance ? L.window.expert_rows()
                                                                             : std::vector<long long>{});
   }
-  /// Migrates to a plan made elsewhere: a slot layout of ranks x w (w <= the first plan's width),
-  /// -1 empty. Every rank calls it with the same layout between the same two passes. A layout that
+  /// Migrates to a plan made elsewhere: a slot layout of plan_ranks() x w (w <= the first plan's
+  /// width), -1 empty. Every rank calls it with the same layout between the same two passes. A layout that
   /// names an expert outside the model, leaves one on no rank or gives a rank more new experts than
   /// it has free slots is refused before any byte moves: every rank's next run() throws the same
   /// moe::Error naming it, and the layer keeps its plan.
@@ -606,7 +650,10 @@ public:
 
 private:
   static Options checked(Options const& o, int ranks) {
-    check_live(o.live, ranks);
+    int plan_ranks = ranks;  // the ranks that hold experts
+    if constexpr (schedule::DisaggregatedPolicy<Schedule>)
+      if (o.schedule.ag >= 1 && o.schedule.ag < ranks) plan_ranks = ranks - o.schedule.ag;  // else refused below
+    check_live(o.live, ranks, plan_ranks);
     check(o.max_tokens > 0, "moe::Layer: Options::max_tokens must be positive, got ", o.max_tokens);
     check(o.deduplicate || Executor::supports_no_dedup, "moe::Layer: Options::deduplicate = false is not supported on "
           "the disaggregated paths (a token goes once to each expert-group rank that serves one of its experts)");
@@ -699,7 +746,7 @@ private:
     std::vector<ExpertWeights<T>> experts;   ///< the weights the executor reads
     // the plan in flight
     live::Plan next;
-    std::vector<int> next_layout;  ///< the layout `next` was made from (what share_plan sends)
+    std::vector<int> next_layout;  ///< `next` as a ranks x width layout (what share_plan sends)
     bool share = false;            ///< live.plan_rank: its layout is gathered after this pass
     bool next_changes = false;  ///< `next` differs from the plan in use (set by prepare_switch)
     std::uint32_t hash = 0;
@@ -731,7 +778,7 @@ private:
     }
   }
 
-  static void check_live(live::Options const& o, int ranks) {
+  static void check_live(live::Options const& o, int ranks, int plan_ranks) {
     check(o.window >= 0 && o.replan_every >= 0 && o.spare_slots >= 0 && o.tolerance_permille >= -1,
           "moe::Layer: LayerOptions::live fields must not be negative (window ", o.window, ", replan_every ",
           o.replan_every, ", spare_slots ", o.spare_slots, ", tolerance_permille ", o.tolerance_permille,
@@ -742,14 +789,17 @@ private:
     check(o.planner != live::Planner::split_balance || std::is_same_v<Replicas, replication::BatchSplit>,
           "moe::Layer: LayerOptions::live.planner = split_balance scores plans by the per-batch split: it needs "
           "replication::BatchSplit replicas");
-    check(o.nodes >= 1 && ranks % o.nodes == 0, "moe::Layer: LayerOptions::live.nodes (", o.nodes,
-          ") must divide the ", ranks, " ranks");
+    check(o.nodes >= 1 && plan_ranks % o.nodes == 0, "moe::Layer: LayerOptions::live.nodes (", o.nodes,
+          ") must divide the ", plan_ranks, plan_ranks == ranks ? " ranks" : " expert-group ranks");
     bool replanning = o.replan_every > 0 || o.spare_slots > 0 || o.migration_bytes_per_pass > 0;
     check(o.window == 0 || counts_loads, "moe::Layer: LayerOptions::live.window: this path's executor does not count "
           "loads (Buffers::load_counts)");
-    check(!replanning || can_replan, "moe::Layer: LayerOptions::live: re-planning needs schedule::Sequential, a "
-          "placement::Table and replication::Table or replication::BatchSplit (the disaggregated paths keep a load "
-          "window but do not re-plan)");
+    check(!replanning || can_replan, "moe::Layer: LayerOptions::live: re-planning needs the host or device path with "
+          "schedule::Sequential or the host disaggregated path, a placement::Table and replication::Table or "
+          "replication::BatchSplit (the device disaggregated path keeps a load window but does not re-plan)");
+    check(!replanning || plan_ranks == ranks || o.planner != live::Planner::split_balance,
+          "moe::Layer: LayerOptions::live.planner = split_balance scores plans by splits whose sources are the plan's "
+          "own ranks; a disaggregated layer's sources are its attention group: use minimal_move or eplb");
     check(!replanning || o.window > 0, "moe::Layer: LayerOptions::live: re-planning needs a load window (window > 0)");
     check(o.replan_every == 0 || (o.spare_slots > 0 && o.migration_bytes_per_pass > 0),
           "moe::Layer: LayerOptions::live.replan_every needs spare_slots > 0 and migration_bytes_per_pass > 0");
@@ -766,13 +816,13 @@ private:
       live_ = std::make_unique<LiveData>();
       live_->window = live::LoadWindow(options_.live.window, shape.experts, comm_->size());
       if constexpr (can_replan) {
-        live_->width = live::width_of(plan(), comm_->size());
-        std::size_t layout_bytes = static_cast<std::size_t>(comm_->size()) * static_cast<std::size_t>(live_->width) *
+        live_->width = live::width_of(plan(), plan_ranks());
+        std::size_t layout_bytes = static_cast<std::size_t>(plan_ranks()) * static_cast<std::size_t>(live_->width) *
                                    sizeof(std::int32_t);
         check(options_.live.plan_rank < 0 || comm_->size() == 1 || options_.live.spare_slots == 0 ||
                   options_.live.migration_bytes_per_pass >= layout_bytes,
               "moe::Layer: LayerOptions::live.plan_rank: the planning rank's layout (", layout_bytes,
-              " bytes: ranks x width int32) travels through the migration buffers, but migration_bytes_per_pass is ",
+              " bytes: plan ranks x width int32) travels through the migration buffers, but migration_bytes_per_pass is ",
               options_.live.migration_bytes_per_pass);
         if (options_.live.spare_slots > 0) live_->replanner.attach();
       }
@@ -881,7 +931,7 @@ private:
   {
     auto& L = *live_;
     try {
-      int R = comm_->size(), me = comm_->rank();
+      int R = plan_ranks(), me = plan_index();  // over the plan's ranks; me < 0 on an AG rank
       auto cur = plan();
       auto next = live::plan_of(layout, R, shape.experts, cur.primary);
       std::vector<int> held(static_cast<std::size_t>(R)), held_now(static_cast<std::size_t>(R)),
@@ -902,8 +952,8 @@ private:
               incoming[static_cast<std::size_t>(r)], " new experts; it has ", free,
               " free slots (LayerOptions::live.spare_slots)");
       }
-      check(moves.empty() || !L.arena.empty(), "the plan moves experts, but rank ", me,
-            " has no arena for them (Layer::attach_arena)");
+      check(me < 0 || incoming[static_cast<std::size_t>(me)] == 0 || !L.arena.empty(),
+            "the plan moves experts to rank ", comm_->rank(), ", which has no arena for them (Layer::attach_arena)");
       live::ChunkSchedule sched(moves, R, slot_elements() * sizeof(T), options_.live.migration_bytes_per_pass);
       std::vector<int> taken(static_cast<std::size_t>(slots), 0), where(moves.size(), -1);
       for (int s : L.slot_of)
@@ -915,9 +965,9 @@ private:
         taken[at] = 1;
         where[i] = static_cast<int>(at);
       }
-      L.hash = live::hash_layout(live::layout_of(next, R, L.width));
+      L.next_layout = live::layout_of(next, R, L.width);  // plan ranks x width, whatever width `layout` had
+      L.hash = live::hash_layout(L.next_layout);
       L.next = std::move(next);
-      L.next_layout = layout;
       L.schedule = std::move(sched);
       L.incoming_slot = std::move(where);
       L.chunk = 0;
@@ -965,13 +1015,13 @@ private:
     stats_.rank_load_max = 0;
     stats_.rank_load_mean = 0;
     if (w.size() == 0) return;
-    auto loads = w.rank_loads(w.size() - 1);
+    auto loads = w.rank_loads(w.size() - 1).last(static_cast<std::size_t>(plan_ranks()));  // the ranks with experts
     long long sum = 0;
     for (long long v : loads) stats_.rank_load_max = std::max(stats_.rank_load_max, v), sum += v;
     stats_.rank_load_mean = static_cast<double>(sum) / static_cast<double>(loads.size());
   }
 
-  /// live.plan_rank: the planning rank's layout (ranks x width int32, the one its plan was
+  /// live.plan_rank: the planning rank's layout (plan ranks x width int32, the one its plan was
   /// prepared from) to every rank, one all-gather staged through the migration buffers; the
   /// others prepare it (and are ready, or failed, in the next pass's votes). Its bytes are in
   /// stats().plan_bytes.
@@ -981,23 +1031,16 @@ private:
     auto& L = *live_;
     L.share = false;
     int R = comm_->size(), me = comm_->rank(), o = options_.live.plan_rank;
-    std::size_t n = static_cast<std::size_t>(R) * static_cast<std::size_t>(L.width);
-    std::vector<std::int32_t> mine, all(n, -1);
-    if (me == o) {
-      // the planners give ranks x width; a shorter layout (width w) is padded per rank with empty slots
-      std::size_t w = L.next_layout.size() / static_cast<std::size_t>(R);
-      mine.assign(n, -1);
-      for (std::size_t r = 0; r < static_cast<std::size_t>(R); ++r)
-        for (std::size_t j = 0; j < w && j < static_cast<std::size_t>(L.width); ++j)
-          mine[r * static_cast<std::size_t>(L.width) + j] = L.next_layout[r * w + j];
-    }
+    std::size_t n = static_cast<std::size_t>(plan_ranks()) * static_cast<std::size_t>(L.width);
+    std::span<int const> mine;  // prepare() made next_layout plan ranks x width
+    if (me == o) mine = L.next_layout;
+    std::vector<int> all(n, -1);
     std::vector<std::size_t> bytes(static_cast<std::size_t>(R), 0);
-    bytes[static_cast<std::size_t>(o)] = n * sizeof(std::int32_t);
+    bytes[static_cast<std::size_t>(o)] = n * sizeof(int);
     std::size_t before = sent();
-    exec_.gather_bytes(std::as_bytes(std::span<std::int32_t const>(mine)), bytes, std::as_writable_bytes(std::span(all)),
-                       lb.send, lb.recv);
+    exec_.gather_bytes(std::as_bytes(mine), bytes, std::as_writable_bytes(std::span(all)), lb.send, lb.recv);
     stats_.plan_bytes = sent() - before;
-    if (me != o) prepare(std::vector<int>(all.begin(), all.end()));
+    if (me != o) prepare(all);
   }
 
   /// One pass of the schedule: pack this rank's pieces by receiver, one all-to-all-v, unpack what
@@ -1007,15 +1050,16 @@ private:
     requires can_replan
   {
     auto& L = *live_;
-    int R = comm_->size(), me = comm_->rank();
+    // moves are over the plan's ranks, the exchange over the collective's; me < 0: no experts here
+    int R = comm_->size(), me = plan_index();
     auto pieces = L.schedule.pass(L.chunk);
     auto const& moves = L.schedule.moves();
     std::vector<std::size_t> send(static_cast<std::size_t>(R)), recv(static_cast<std::size_t>(R)),
         at(static_cast<std::size_t>(R));
     for (auto const& p : pieces) {
       auto const& m = moves[static_cast<std::size_t>(p.move)];
-      if (m.src == me) send[static_cast<std::size_t>(m.dst)] += p.bytes;
-      if (m.dst == me) recv[static_cast<std::size_t>(m.src)] += p.bytes;
+      if (m.src == me) send[static_cast<std::size_t>(comm_rank_of(m.dst))] += p.bytes;
+      if (m.dst == me) recv[static_cast<std::size_t>(comm_rank_of(m.src))] += p.bytes;
     }
     std::size_t part = slot_elements() / 3 * sizeof(T);
     try {
@@ -1025,13 +1069,13 @@ private:
       for (auto const& p : pieces) {
         auto const& m = moves[static_cast<std::size_t>(p.move)];
         if (m.src != me) continue;
-        auto& o = at[static_cast<std::size_t>(m.dst)];
+        auto& o = at[static_cast<std::size_t>(comm_rank_of(m.dst))];
         live::read_slot(current[static_cast<std::size_t>(m.expert)], part, p.offset, p.bytes, lb.send.data() + o,
                         [&](std::byte* to, std::byte const* from, std::size_t n) { exec_.copy_bytes(to, from, n); });
         o += p.bytes;
       }
     } catch (std::exception const& e) {
-      fail_live(detail::concat("rank ", me, " could not pack its weights (chunk ", L.chunk, "): ", e.what()));
+      fail_live(detail::concat("rank ", comm_->rank(), " could not pack its weights (chunk ", L.chunk, "): ", e.what()));
     }
     std::size_t before = sent();
     exec_.exchange_bytes(lb.send, send, lb.recv, recv);
@@ -1046,13 +1090,13 @@ private:
         auto const& m = moves[static_cast<std::size_t>(p.move)];
         if (m.dst != me) continue;
         auto slot = static_cast<std::size_t>(L.incoming_slot[static_cast<std::size_t>(p.move)]);
-        auto& o = at[static_cast<std::size_t>(m.src)];
+        auto& o = at[static_cast<std::size_t>(comm_rank_of(m.src))];
         exec_.copy_bytes(arena + slot * slot_elements() * sizeof(T) + p.offset, lb.recv.data() + o, p.bytes);
         o += p.bytes;
       }
       ++L.chunk;
     } catch (std::exception const& e) {
-      fail_live(detail::concat("rank ", me, " could not unpack chunk ", L.chunk, ": ", e.what()));
+      fail_live(detail::concat("rank ", comm_->rank(), " could not unpack chunk ", L.chunk, ": ", e.what()));
     }
   }
 
@@ -1063,7 +1107,7 @@ private:
     auto& L = *live_;
     try {
       if (L.hook) L.hook(live::Step::prepare_switch);
-      int R = comm_->size(), me = comm_->rank();
+      int me = plan_index();  // < 0: this rank holds no experts (an AG rank)
       auto E = static_cast<std::size_t>(shape.experts);
       std::size_t per = slot_elements() / 3;
       std::vector<int> slot_of(E, -1);
@@ -1091,13 +1135,17 @@ private:
       L.next_slot_of = std::move(slot_of);
       L.next_changes = plan() != L.next;  // both list each expert's copies in rank order
       L.state = LiveState::moved;
-      (void)R;
     } catch (std::exception const& e) {
       fail_live(detail::concat("rank ", me_rank(), " could not prepare the switch: ", e.what()));
     }
   }
 
   [[nodiscard]] int me_rank() const { return comm_->rank(); }
+  /// This rank's index among the plan's ranks (plan_ranks()); negative on a rank that holds no
+  /// experts (a disaggregated path's AG rank).
+  [[nodiscard]] int plan_index() const { return comm_->rank() - (comm_->size() - plan_ranks()); }
+  /// The collective's rank of the plan's rank g.
+  [[nodiscard]] int comm_rank_of(int g) const { return g + (comm_->size() - plan_ranks()); }
 
   /// Every rank has moved: switch to the new plan (nothing here can fail).
   void commit_live() noexcept

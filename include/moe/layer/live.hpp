@@ -53,7 +53,10 @@
 // memory, the arena is device memory, and the switch swaps device expert tables built before it.
 //
 // The disaggregated paths (host and device) keep the window: every AG rank counts the pairs it
-// routed, per expert and per EG rank, and all ranks gather the rows. They do not re-plan.
+// routed, per expert and per EG rank, and all ranks gather the rows. The host disaggregated path
+// re-plans over the expert group (Layer::plan_ranks(): plans, layouts and moves count EG indices;
+// the AG ranks hold no arena and move no weights but vote and take part in each chunk's
+// exchange); the device disaggregated path does not re-plan.
 //
 // fork(): a child process inherits the layers but not the planner threads. The first re-plan a
 // child starts, or a plan the parent had queued or running at the fork, runs on a pool of the

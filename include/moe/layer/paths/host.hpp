@@ -54,7 +54,7 @@ namespace layer {
 /// The host path's executor: the pass of moe::Layer on host memory (see the file comment).
 template <ModelShape Model, router::Policy Router, placement::Policy Placement, replication::Policy Replicas,
           schedule::Policy Schedule, collective::Communicator Comm>
-class HostExecutor {
+class HostExecutor : public detail::HostMigration<Comm> {
 public:
   static constexpr ShapeSpec shape = Model::spec;
   using T = storage_t<shape>;
@@ -77,7 +77,8 @@ public:
   };
 
   HostExecutor(Comm& comm, Placement placement, Replicas replicas, LayerWeights<T> weights, Options const& options)
-      : comm_(&comm), placement_(std::move(placement)), replicas_(std::move(replicas)), weights_(weights),
+      : detail::HostMigration<Comm>(comm), comm_(&comm), placement_(std::move(placement)),
+        replicas_(std::move(replicas)), weights_(weights),
         options_(options) {
     primary_ = detail::check_layer_setup("moe::Layer", shape, comm.size(), comm.rank(), placement_, replicas_, weights_);
     meta_bytes_ = detail::record_meta_bytes(k);
@@ -141,18 +142,6 @@ public:
   }
   /// Counts gathered on an earlier pass and not read yet: none on the host.
   std::span<std::int32_t const> take_loads() { return {}; }
-  void copy_bytes(std::byte* to, std::byte const* from, std::size_t n) { std::memcpy(to, from, n); }
-  void copy_in(T* to, T const* from, std::size_t n) { std::copy(from, from + n, to); }
-  void exchange_bytes(std::span<std::byte const> send, std::span<std::size_t const> send_bytes,
-                      std::span<std::byte> recv, std::span<std::size_t const> recv_bytes) {
-    comm_->all_to_all_v(send, send_bytes, recv, recv_bytes);
-  }
-  /// Host memory in and out: every rank's `bytes[r]` bytes (`mine` from this rank) into `out`, in
-  /// rank order (the front's plan sharing; the staging buffers are not needed here).
-  void gather_bytes(std::span<std::byte const> mine, std::span<std::size_t const> bytes, std::span<std::byte> out,
-                    std::span<std::byte>, std::span<std::byte>) {
-    comm_->all_gather_v(mine, out, bytes);
-  }
 
   static constexpr auto h = static_cast<std::size_t>(shape.hidden);
   static constexpr int k = shape.top_k;

@@ -27,10 +27,16 @@
 // the busiest EG rank receives the fewest (FinDepExecutor::split_each_micro_batch: the AG ranks
 // exchange experts x int32 counts per micro-batch, in stats().control_bytes).
 //
-// Options: max_tokens, schedule and live.window (the load window: every AG rank counts the pairs it
-// routed per expert and per EG rank, and the ranks gather the rows after the pass; re-planning is
-// refused on this path); deduplicate = false is refused by the front (a token always goes once to
-// each EG rank that serves one of its experts).
+// Options: max_tokens, schedule and live (the load window: every AG rank counts the pairs it routed
+// per expert and per EG rank, and the ranks gather the rows after the pass); deduplicate = false is
+// refused by the front (a token always goes once to each EG rank that serves one of its experts).
+// Re-planning while serving (live.replan_every, replan(), migrate_to()), with a placement::Table and
+// replication::Table or replication::BatchSplit: plans are over the expert group (EG indices; the
+// layout is EG ranks x width), the experts' weights move between EG ranks through the front's
+// arena (attach_arena: the EG ranks' slots; an AG rank's arena is empty), and every rank takes part
+// in the votes and in each migration chunk's all-to-all (an AG rank with no bytes). The
+// split-aware planner (live::Planner::split_balance) is refused here: it scores plans by splits
+// whose sources are the plan's own ranks.
 // stats(): tokens and assignments on AG ranks; the bytes this rank sent (an AG rank's are all
 // dispatch, an EG rank's all combine) and those of the executor's own control messages; the
 // dispatch records an AG rank sent (records_remote: an AG rank serves no expert, so none is local)
@@ -46,6 +52,7 @@
 #include "moe/core/weights.hpp"
 #include "moe/layer/findep_executor.hpp"
 #include "moe/layer/layer.hpp"
+#include "moe/layer/live.hpp"
 #include "moe/kernels/records.hpp"
 #include "moe/plan/placement_table.hpp"
 #include "moe/plan/replica_table.hpp"
@@ -59,7 +66,7 @@ namespace layer {
 /// The host disaggregated path's executor: schedule::FinDepExecutor behind the front.
 template <ModelShape Model, router::Policy Router, placement::Policy Placement, replication::Policy Replicas,
           schedule::Policy Schedule, collective::Communicator Comm>
-class HostDisaggregatedExecutor {
+class HostDisaggregatedExecutor : public detail::HostMigration<Comm> {
 public:
   static constexpr ShapeSpec shape = Model::spec;
   using T = storage_t<shape>;
@@ -90,7 +97,7 @@ public:
   /// over EG indices (its copies are asked once, here).
   HostDisaggregatedExecutor(Comm& comm, Placement const& placement, Replicas const& replicas, LayerWeights<T> weights,
                             Options const& options)
-      : comm_(&comm), schedule_(options.schedule), window_(options.live.window > 0),
+      : detail::HostMigration<Comm>(comm), comm_(&comm), schedule_(options.schedule), window_(options.live.window > 0), replicas_(replicas),
         executor_(comm, shape, schedule_.ag, eg_table(placement, comm.size() - schedule_.ag), weights, options.max_tokens,
                   detail::expert_group_copies(replicas, eg_table(placement, comm.size() - schedule_.ag),
                                               comm.size() - schedule_.ag)) {
@@ -146,11 +153,47 @@ public:
   }
 
   /// The load window (LayerOptions::live.window): this pass's rows of every rank, gathered now.
-  /// The disaggregated paths count and gather loads; they do not re-plan.
   std::span<std::int32_t const> gather_loads(Buffers const& b, std::span<std::int32_t> gathered) {
     return detail::gather_load_rows(*comm_, std::span<std::int32_t const>(b.load_counts), gathered);
   }
   std::span<std::int32_t const> take_loads() { return {}; }
+
+  // ---- What the front's re-planning (moe/layer/live.hpp) asks of a path: with a placement::Table
+  // and replication::Table or replication::BatchSplit, whose plans are over the expert group ----
+
+  static constexpr bool replannable = live::Replannable<Placement, Replicas>;
+  /// The ranks a plan places experts on: the expert group, ranks [ag, size) of the collective.
+  [[nodiscard]] int plan_ranks() const { return executor_.expert_ranks(); }
+  /// Each expert's EG index in the placement.
+  [[nodiscard]] std::vector<int> const& primary_ranks() const
+    requires replannable
+  {
+    return executor_.placement().ranks();
+  }
+  /// The replica policy over EG indices (its copies are the executor's).
+  [[nodiscard]] Replicas const& replicas() const { return replicas_; }
+  [[nodiscard]] std::span<ExpertWeights<T> const> expert_weights() const { return executor_.expert_weights(); }
+  /// A plan's tables, built and checked before the switch, so that adopt() cannot fail.
+  struct NextPlan {
+    typename schedule::FinDepExecutor<Router, T, Comm>::Tables tables;
+    Replicas replicas;
+  };
+  NextPlan prepare_plan(Placement placement, Replicas replicas, std::span<ExpertWeights<T> const> experts) const
+    requires replannable
+  {
+    int eg = executor_.expert_ranks();
+    replication::Table copies = detail::expert_group_copies(replicas, eg_table(placement, eg), eg);
+    replication::BatchSplit const* split = nullptr;
+    if constexpr (std::is_same_v<Replicas, replication::BatchSplit>) split = &replicas;
+    auto tables = executor_.prepare_tables(eg_table(placement, eg), copies, experts, split);
+    return {std::move(tables), std::move(replicas)};
+  }
+  void adopt(NextPlan&& next, std::span<ExpertWeights<T> const> experts) noexcept {
+    executor_.adopt(std::move(next.tables), experts);
+    replicas_ = std::move(next.replicas);
+  }
+  /// The experts now live in the front's arena.
+  void set_expert_weights(std::span<ExpertWeights<T> const> experts) { executor_.set_expert_weights(experts); }
 
   [[nodiscard]] bool is_attention_rank() const { return executor_.is_ag(); }
   /// The pipeline executor (its split's loads and the pairs an EG rank received, for tests).
@@ -162,6 +205,7 @@ private:
   Comm* comm_;
   Schedule schedule_;
   bool window_;  // LayerOptions::live.window > 0
+  Replicas replicas_;  // over EG indices, as given (re-planning rebuilds it)
   schedule::FinDepExecutor<Router, T, Comm> executor_;
 };
 
