@@ -498,6 +498,7 @@ void p2p_window(int ag, std::uint64_t seed) {
   Device<T> dy(static_cast<std::size_t>(ag * tokens) * h);
   std::vector<std::vector<std::vector<long long>>> seen(N);
   std::vector<long long> last_max(N, -1);
+  std::vector<double> last_mean(N, -1);
   std::vector<std::string> refused(N);
   moe::collective::run_in_process<N>([&](moe::collective::InProcess<N>& host) {
     Comm a2e(host), e2a(host);
@@ -534,6 +535,7 @@ void p2p_window(int ag, std::uint64_t seed) {
     auto const& w = layer.load_window();
     seen[static_cast<std::size_t>(rank)] = moe::test::window_rows(w);
     last_max[static_cast<std::size_t>(rank)] = layer.stats().rank_load_max;
+    last_mean[static_cast<std::size_t>(rank)] = layer.stats().rank_load_mean;
     st.synchronize("window");
   });
   for (int r = 0; r < N; ++r) {
@@ -545,6 +547,10 @@ void p2p_window(int ag, std::uint64_t seed) {
       CHECK(seen[static_cast<std::size_t>(r)][static_cast<std::size_t>(i)] == want[static_cast<std::size_t>(i)]);
     CHECK(last_max[static_cast<std::size_t>(r)] ==
           *std::max_element(want.back().begin() + static_cast<std::ptrdiff_t>(E), want.back().end()));
+    // the mean over the EG ranks (Layer::plan_ranks()), the AG ranks' zero columns left out
+    long long eg_pairs = 0;
+    for (int g = ag; g < N; ++g) eg_pairs += want.back()[E + static_cast<std::size_t>(g)];
+    CHECK(last_mean[static_cast<std::size_t>(r)] == static_cast<double>(eg_pairs) / (N - ag));
   }
 }
 

@@ -240,6 +240,7 @@ void check_window(int ag, std::uint64_t seed) {
   }
   std::vector<std::vector<std::vector<long long>>> seen(N);
   std::vector<long long> last_max(N, -1);
+  std::vector<double> last_mean(N, -1);
   collective::run_in_process<N>([&](Comm& comm) {
     int rank = comm.rank();
     bool is_ag = rank < ag;
@@ -257,12 +258,17 @@ void check_window(int ag, std::uint64_t seed) {
     auto const& w = layer.load_window();
     seen[static_cast<std::size_t>(rank)] = moe::test::window_rows(w);
     last_max[static_cast<std::size_t>(rank)] = layer.stats().rank_load_max;
+    last_mean[static_cast<std::size_t>(rank)] = layer.stats().rank_load_mean;
   });
   for (int r = 0; r < N; ++r) {
     INFO("rank " << r << " of " << N << ", " << ag << " AG");
     REQUIRE(seen[static_cast<std::size_t>(r)].size() == passes);
     for (int i = 0; i < passes; ++i) CHECK(seen[static_cast<std::size_t>(r)][static_cast<std::size_t>(i)] == want[static_cast<std::size_t>(i)]);
     CHECK(last_max[static_cast<std::size_t>(r)] == *std::max_element(want.back().begin() + static_cast<std::ptrdiff_t>(E), want.back().end()));
+    // the mean over the EG ranks (Layer::plan_ranks()), the AG ranks' zero columns left out
+    long long eg_pairs = 0;
+    for (int g = ag; g < N; ++g) eg_pairs += want.back()[E + static_cast<std::size_t>(g)];
+    CHECK(last_mean[static_cast<std::size_t>(r)] == static_cast<double>(eg_pairs) / (N - ag));
   }
 }
 }  // namespace

@@ -456,8 +456,8 @@ public:
   /// paths the expert group, which is the last plan_ranks() ranks. plan(), the layouts of
   /// migrate_to() and the planners' ranks are these, numbered from 0 (EG indices).
   [[nodiscard]] int plan_ranks() const {
-    if constexpr (requires(Executor const& e) { e.plan_ranks(); })
-      return exec_.plan_ranks();
+    if constexpr (schedule::DisaggregatedPolicy<Schedule>)
+      return comm_->size() - options_.schedule.ag;
     else
       return comm_->size();
   }
@@ -746,7 +746,7 @@ private:
     std::vector<ExpertWeights<T>> experts;   ///< the weights the executor reads
     // the plan in flight
     live::Plan next;
-    std::vector<int> next_layout;  ///< `next` as a ranks x width layout (what share_plan sends)
+    std::vector<int> next_layout;  ///< `next` as a plan ranks x width layout (what share_plan sends)
     bool share = false;            ///< live.plan_rank: its layout is gathered after this pass
     bool next_changes = false;  ///< `next` differs from the plan in use (set by prepare_switch)
     std::uint32_t hash = 0;
@@ -1021,8 +1021,8 @@ private:
     stats_.rank_load_mean = static_cast<double>(sum) / static_cast<double>(loads.size());
   }
 
-  /// live.plan_rank: the planning rank's layout (plan ranks x width int32, the one its plan was
-  /// prepared from) to every rank, one all-gather staged through the migration buffers; the
+  /// live.plan_rank: the planning rank's layout (plan ranks x width int32, of the plan it
+  /// prepared) to every rank, one all-gather staged through the migration buffers; the
   /// others prepare it (and are ready, or failed, in the next pass's votes). Its bytes are in
   /// stats().plan_bytes.
   void share_plan(LiveBuffers const& lb)

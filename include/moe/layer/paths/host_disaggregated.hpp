@@ -162,8 +162,6 @@ public:
   // and replication::Table or replication::BatchSplit, whose plans are over the expert group ----
 
   static constexpr bool replannable = live::Replannable<Placement, Replicas>;
-  /// The ranks a plan places experts on: the expert group, ranks [ag, size) of the collective.
-  [[nodiscard]] int plan_ranks() const { return executor_.expert_ranks(); }
   /// Each expert's EG index in the placement.
   [[nodiscard]] std::vector<int> const& primary_ranks() const
     requires replannable
