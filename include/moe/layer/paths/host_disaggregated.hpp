@@ -97,7 +97,8 @@ public:
   /// over EG indices (its copies are asked once, here).
   HostDisaggregatedExecutor(Comm& comm, Placement const& placement, Replicas const& replicas, LayerWeights<T> weights,
                             Options const& options)
-      : detail::HostMigration<Comm>(comm), comm_(&comm), schedule_(options.schedule), window_(options.live.window > 0), replicas_(replicas),
+      : detail::HostMigration<Comm>(comm), comm_(&comm), schedule_(options.schedule), window_(options.live.window > 0),
+        replicas_(replicas),
         executor_(comm, shape, schedule_.ag, eg_table(placement, comm.size() - schedule_.ag), weights, options.max_tokens,
                   detail::expert_group_copies(replicas, eg_table(placement, comm.size() - schedule_.ag),
                                               comm.size() - schedule_.ag)) {
@@ -180,10 +181,11 @@ public:
     requires replannable
   {
     int eg = executor_.expert_ranks();
-    replication::Table copies = detail::expert_group_copies(replicas, eg_table(placement, eg), eg);
+    placement::Table on_eg = eg_table(placement, eg);
+    replication::Table copies = detail::expert_group_copies(replicas, on_eg, eg);
     replication::BatchSplit const* split = nullptr;
     if constexpr (std::is_same_v<Replicas, replication::BatchSplit>) split = &replicas;
-    auto tables = executor_.prepare_tables(eg_table(placement, eg), copies, experts, split);
+    auto tables = executor_.prepare_tables(std::move(on_eg), copies, experts, split);
     return {std::move(tables), std::move(replicas)};
   }
   void adopt(NextPlan&& next, std::span<ExpertWeights<T> const> experts) noexcept {
