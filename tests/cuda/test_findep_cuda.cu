@@ -469,7 +469,7 @@ template <int N, class Model, class Router>
 void p2p_window(int ag, std::uint64_t seed) {
   using Comm = moe::test::StagedDevice<N>;
   using L = moe::Layer<Model, Router, moe::placement::Table, moe::replication::Table, ms::FinDep, Comm>;
-  static_assert(L::path == moe::ExecutionPath::device_disaggregated && L::counts_loads && !L::can_replan);
+  static_assert(L::path == moe::ExecutionPath::device_disaggregated && L::counts_loads && L::can_replan);
   using T = typename L::element_type;
   constexpr moe::ShapeSpec s = Model::spec;
   constexpr int tokens = 12, passes = 2;
@@ -508,13 +508,13 @@ void p2p_window(int ag, std::uint64_t seed) {
     auto const& view = mine_w.view;
     L layer(a2e, e2a, on_eg, replicas, view,
             {.max_tokens = tokens, .schedule = ms::FinDep{ag, ms::Order::aass, 2, 2}, .live = {.window = 3}});
-    // This path keeps a window but does not re-plan: asking for it is a clear error (before any
-    // collective call, so one rank may ask alone).
+    // Plans are over the expert group: live.nodes splits its N - ag ranks, not the N (refused
+    // before any collective call, so one rank may ask alone).
     if (rank == 0)
       CHECK_THROWS_WITH(L(a2e, e2a, on_eg, replicas, view,
                           {.max_tokens = tokens, .schedule = ms::FinDep{ag, ms::Order::aass, 2, 2},
-                           .live = {.window = 3, .spare_slots = 2}}),
-                        Catch::Contains("the device disaggregated path keeps a load window but does not re-plan"));
+                           .live = {.window = 3, .spare_slots = 2, .nodes = N}}),
+                        Catch::Contains("must divide the " + std::to_string(N - ag) + " expert-group ranks"));
     Device<std::byte> ws(layer.workspace_size());
     moe::test::Stream st;
     std::size_t first = is_ag ? static_cast<std::size_t>(rank) * tokens * h : 0;
@@ -1067,6 +1067,30 @@ TEST_CASE("FinDEP point-to-point executor and the device disaggregated Layer rej
       expect([&] { layer.run({.tokens = 12, .x = x.get(), .y = y.get()}, ws.bytes()); },
              "r1 = 5 does not divide the 12 tokens");
       expect([&] { layer.run({.tokens = 13, .x = x.get(), .y = y.get()}, ws.bytes()); }, "max_tokens");
+    }
+    {
+      // Another plan's tables (re-planning) are checked against the workspace's bounds: no EG rank
+      // above the first plan's busiest (5 experts here), and without FinDepCudaOptions::replans
+      // none above its own first count (EG index 0, rank 1, held 3).
+      std::vector<int> three_five(static_cast<std::size_t>(s.experts), 1), five_three(three_five.size(), 0);
+      for (std::size_t e = 0; e < three_five.size(); ++e) {
+        three_five[e] = e < 3 ? 0 : 1;
+        five_three[e] = e < 5 ? 0 : 1;
+      }
+      moe::placement::Table first(three_five), swapped(five_three), all_on_0(std::vector<int>(three_five.size(), 0));
+      Ex fixed(a2e, e2a, 1, first, dw.view(), {.max_tokens = 8});
+      Ex grows(a2e, e2a, 1, first, dw.view(), {.max_tokens = 8, .replans = true});
+      expect([&] { (void)grows.prepare_tables(all_on_0, {}, dw.view().experts, nullptr); },
+             "gives EG index 0 8 experts; a plan may give an EG rank at most 5");
+      if (host.rank() == 1)
+        expect([&] { (void)fixed.prepare_tables(swapped, {}, dw.view().experts, nullptr); },
+               "its workspace was sized for 3");
+      try {
+        auto next = grows.prepare_tables(swapped, {}, dw.view().experts, nullptr);
+        grows.adopt(std::move(next), dw.view().experts);
+      } catch (moe::Error const& e) {
+        m += std::string("replans refused a plan within its bound: ") + e.what() + "; ";
+      }
     }
     Ex ex(a2e, e2a, 1, table, dw.view(), {.max_tokens = 12, .max_chunks = 8});
     Device<std::byte> ws(ex.workspace_size());

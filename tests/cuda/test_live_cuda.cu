@@ -4,7 +4,8 @@
 // all-to-all-v of device memory; a fault planted at each migration step on one rank. The same loop
 // and faults with every rank on one device, through a collective staged in host memory
 // (staged_collective.cuh), so that one GPU runs the live path's device code too (NCCL refuses two
-// ranks on one device).
+// ranks on one device). The device disaggregated layer (FinDEP and PPPipe) the same way: attention
+// ranks hold the tokens, plans and moves are over the expert ranks.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -81,6 +82,26 @@ std::vector<T> batch(moe::RandomLayerWeights<T> const& w, int n, int pass) {
   return x;
 }
 
+/// `tokens` rows of a global batch from element `first`: one rank's tokens.
+std::vector<T> rows_of(std::vector<T> const& x, std::size_t first) {
+  return {x.begin() + static_cast<std::ptrdiff_t>(first), x.begin() + static_cast<std::ptrdiff_t>(first + tokens * h)};
+}
+
+/// Pass p's global batch on `ranks` ranks of `tokens` tokens, the reference's output and routes.
+struct ReferencePass {
+  std::vector<T> x, ref;
+  std::vector<int> ids;
+};
+ReferencePass reference_pass(moe::RandomLayerWeights<T> const& w, int ranks, int pass) {
+  ReferencePass b{batch(w, ranks, pass), {}, {}};
+  int count = ranks * tokens;
+  b.ref.resize(b.x.size());
+  b.ids.resize(static_cast<std::size_t>(count) * s.top_k);
+  std::vector<float> gw(b.ids.size());
+  moe::reference_forward<moe::router::SoftmaxTopK>(s, w.view(), count, b.x.data(), b.ref.data(), b.ids, gw);
+  return b;
+}
+
 long long added_copies(moe::live::Plan const& from, moe::live::Plan const& to) {
   long long n = 0;
   for (std::size_t e = 0; e < to.copies.size(); ++e)
@@ -99,6 +120,7 @@ struct RankRun {
   int changed = 0, changed_stat = 0;  // adoptions that changed layer.plan(); the layer's plans_changed
   bool window_ok = true;             // the window's last counts equal the reference's routes of the pass
   bool same_plan = true;             // fault runs: the plan after the fault is the one before
+  bool ag_sent = false;              // disaggregated: an attention rank sent migration bytes
   double after = -1;                 // fault runs: the error of the pass after the fault
 #if defined(MOE_CUDA_EMULATOR)
   emu::Resources held_before, held_after;  // allocation faults, rank 0: what the process held before
@@ -110,12 +132,51 @@ struct RankRun {
 /// reference's same rows; tokens whose route is fragile are exempt from the per-token bound.
 auto rank_errors(std::vector<T> const& y, std::vector<T> const& x, std::vector<T> const& ref,
                  moe::RandomLayerWeights<T> const& weights, std::size_t first) {
-  auto rows = [&](std::vector<T> const& v) {
-    return std::vector<T>(v.begin() + static_cast<std::ptrdiff_t>(first),
-                          v.begin() + static_cast<std::ptrdiff_t>(first + tokens * h));
-  };
-  auto fragile = moe::test::fragile_tokens<moe::router::SoftmaxTopK>(s, weights.view(), rows(x), tokens, 1e-5f);
-  return moe::test::token_errors(y, rows(ref), fragile, tokens, s.hidden);
+  auto fragile = moe::test::fragile_tokens<moe::router::SoftmaxTopK>(s, weights.view(), rows_of(x, first), tokens, 1e-5f);
+  return moe::test::token_errors(y, rows_of(ref, first), fragile, tokens, s.hidden);
+}
+
+/// One pass; what it throws goes to `r.errors`. Whether it ran.
+template <class Layer>
+bool try_pass(Layer& layer, typename Layer::Arguments const& a, moe::test::Device<std::byte>& ws, RankRun& r) {
+  try {
+    layer.run(a, ws.bytes());
+    return true;
+  } catch (moe::Error const& e) {
+    r.errors.emplace_back(e.what());
+    return false;
+  }
+}
+
+/// A checked pass's output errors: the worst before a fault, the pass after it.
+void record_output(RankRun& r, moe::test::TokenErrors const& err) {
+  r.finite = r.finite && err.finite;
+  if (r.errors.empty()) r.worst = std::max(r.worst, err.worst_stable);
+  else r.after = err.worst_stable;
+}
+
+/// What a pass that ran left in the layer: its migration and plan bytes, the window's newest
+/// counts against the reference's routes `ids`, and a newly adopted plan (the bytes of the copies
+/// it added, whether it changed the plan `before`, which it replaces).
+template <class Layer>
+void record_pass(Layer& layer, std::vector<int> const& ids, moe::live::Plan& before, RankRun& r) {
+  r.bytes += static_cast<long long>(layer.stats().migration_bytes);
+  r.plan_bytes += static_cast<long long>(layer.stats().plan_bytes);
+  // The window ends with this pass: load_window() waits for its counts (the next pass would read
+  // them after its agreement, without a synchronisation of its own).
+  auto const& w = layer.load_window();
+  auto got = w.experts(w.size() - 1);
+  std::vector<long long> want_counts(64, 0);
+  for (int e : ids) ++want_counts[static_cast<std::size_t>(e)];
+  r.window_ok = r.window_ok && std::equal(got.begin(), got.end(), want_counts.begin());
+  if (layer.stats().plans_adopted > r.adopted) {
+    auto now = layer.plan();
+    r.expected += added_copies(before, now) * static_cast<long long>(moe::live::slot_bytes<T>(s));
+    r.changed += now != before;  // plan() lists each expert's copies in rank order
+    before = now;
+    r.adopted = layer.stats().plans_adopted;
+  }
+  r.changed_stat = layer.stats().plans_changed;
 }
 
 /// A barrier whose wait gives up (throws) after `limit`: ranks out of step fail the test at once
@@ -163,6 +224,16 @@ struct World {
   }
 };
 
+/// The device weights of the experts plan index g holds a copy of in the first plan (the others
+/// empty; none for g < 0).
+std::vector<moe::ExpertWeights<T>> held_weights(World const& world, moe::test::DeviceWeights<T> const& dw, int g) {
+  std::vector<moe::ExpertWeights<T>> mine(dw.experts.size());
+  for (int e = 0; e < 64; ++e)
+    for (int c : world.copies[static_cast<std::size_t>(e)])
+      if (c == g) mine[static_cast<std::size_t>(e)] = dw.experts[static_cast<std::size_t>(e)];
+  return mine;
+}
+
 /// One rank's `passes` passes through `comm` on stream `st` (made on this rank's thread and
 /// device). With `fault` (and a first plan without copies), rank 1 throws at that step of the first
 /// migration, a re-plan is asked for before pass 55 and the run stops after the pass that threw
@@ -171,17 +242,13 @@ template <class Replicas, class Comm>
 void serve_rank(Comm& comm, moe::test::Stream& st, int rank, int n, int passes, moe::live::Options o,
                 std::optional<moe::live::Step> fault, World const& world, RankRun& r, AllocFault alloc = {}) {
   auto const& weights = world.weights;
-  auto const& copies = world.copies;
   auto const& primary = world.primary;
   moe::test::DeviceWeights<T> dw(s, weights.view());
   bool fired = false;  // outlives the layer, whose re-planner thread may call the hook
   auto view = dw.view();
-  std::vector<moe::ExpertWeights<T>> mine(dw.experts.size());
-  for (int e = 0; e < 64; ++e)
-    for (int c : copies[static_cast<std::size_t>(e)])
-      if (c == rank) mine[static_cast<std::size_t>(e)] = dw.experts[static_cast<std::size_t>(e)];
+  auto mine = held_weights(world, dw, rank);
   view.experts = mine;
-  L<Comm, Replicas> layer(comm, moe::placement::Table(primary), replicas_of<Replicas>(copies, n), view,
+  L<Comm, Replicas> layer(comm, moe::placement::Table(primary), replicas_of<Replicas>(world.copies, n), view,
                 {.max_tokens = tokens, .live = o});
   moe::test::Device<T> arena(layer.arena_elements());
   layer.attach_arena({arena.get(), arena.size()});
@@ -217,15 +284,9 @@ void serve_rank(Comm& comm, moe::test::Stream& st, int rank, int n, int passes, 
   auto before = layer.plan();
   int last = passes;  // this rank's: a fault run stops early
   for (int p = 0; p < last; ++p) {
-    auto x = batch(weights, n, p);
-    int count = n * tokens;
-    std::vector<T> ref(x.size());
-    std::vector<int> ids(static_cast<std::size_t>(count) * s.top_k);
-    std::vector<float> gw(ids.size());
-    moe::reference_forward<moe::router::SoftmaxTopK>(s, weights.view(), count, x.data(), ref.data(), ids, gw);
+    auto [x, ref, ids] = reference_pass(weights, n, p);
     auto first = static_cast<std::size_t>(rank * tokens) * h;
-    dx.upload(std::vector<T>(x.begin() + static_cast<std::ptrdiff_t>(first),
-                             x.begin() + static_cast<std::ptrdiff_t>(first + tokens * h)));
+    dx.upload(rows_of(x, first));
     dy.poison();
     if (fault && p == replan_at) {  // at 55 hot: 16, 18, ..., 26, one copy each, on rank 0; at 5: 0, 2, ..., 10
 #if defined(MOE_CUDA_EMULATOR)
@@ -233,39 +294,12 @@ void serve_rank(Comm& comm, moe::test::Stream& st, int rank, int n, int passes, 
 #endif
       layer.replan();
     }
-    bool threw = false;
-    try {
-      layer.run({.tokens = tokens, .x = dx.get(), .y = dy.get(), .first_token = rank * tokens, .stream = st},
-                ws.bytes());
-    } catch (moe::Error const& e) {
-      r.errors.emplace_back(e.what());
-      threw = true;
-    }
+    bool threw = !try_pass(layer, {.tokens = tokens, .x = dx.get(), .y = dy.get(), .first_token = rank * tokens,
+                                   .stream = st}, ws, r);
     if (!threw) {
       st.synchronize("pass");
-      auto err = rank_errors(dy.download(tokens * h), x, ref, weights, first);
-      r.finite = r.finite && err.finite;
-      if (r.errors.empty()) r.worst = std::max(r.worst, err.worst_stable);
-      else r.after = err.worst_stable;
-      r.bytes += static_cast<long long>(layer.stats().migration_bytes);
-      r.plan_bytes += static_cast<long long>(layer.stats().plan_bytes);
-      // The window ends with this pass: load_window() waits for its counts (the next pass would
-      // read them after its agreement, without a synchronisation of its own).
-      {
-        auto const& w = layer.load_window();
-        auto got = w.experts(w.size() - 1);
-        std::vector<long long> want_counts(64, 0);
-        for (int e : ids) ++want_counts[static_cast<std::size_t>(e)];
-        r.window_ok = r.window_ok && std::equal(got.begin(), got.end(), want_counts.begin());
-      }
-      if (layer.stats().plans_adopted > r.adopted) {
-        auto now = layer.plan();
-        r.expected += added_copies(before, now) * static_cast<long long>(moe::live::slot_bytes<T>(s));
-        r.changed += now != before;  // plan() lists each expert's copies in rank order
-        before = now;
-        r.adopted = layer.stats().plans_adopted;
-      }
-      r.changed_stat = layer.stats().plans_changed;
+      record_output(r, rank_errors(dy.download(tokens * h), x, ref, weights, first));
+      record_pass(layer, ids, before, r);
     }
     if (fault && threw) {
       r.same_plan = layer.plan() == before && !layer.migrating();
@@ -277,16 +311,11 @@ void serve_rank(Comm& comm, moe::test::Stream& st, int rank, int n, int passes, 
 #endif
 }
 
-/// Runs `passes` passes on n NCCL ranks, one device each (see serve_rank). `alloc_nth` > 0 (with
-/// `fault` at Step::prepare_switch, emulator only): rank 1's nth allocation from the switch's
-/// preparation on fails instead of the planted throw.
-template <class Replicas = moe::replication::Table>
-std::vector<RankRun> serve(int n, int passes, moe::live::Options o, std::optional<moe::live::Step> fault = {},
-                           int alloc_nth = 0) {
-  World world(n, !fault);
+/// Runs `body(comm, stream, rank, result)` on n NCCL ranks, one device and thread each; what a
+/// rank throws goes to its result's `failure`.
+template <class Body>
+std::vector<RankRun> on_nccl_ranks(int n, Body&& body) {
   std::vector<RankRun> out(static_cast<std::size_t>(n));
-  TimedBarrier meet(n);
-  AllocFault alloc{alloc_nth, alloc_nth > 0 ? &meet : nullptr};
   auto id = moe::collective::Nccl::unique_id();
   std::vector<std::thread> threads;
   for (int rank = 0; rank < n; ++rank)
@@ -296,12 +325,45 @@ std::vector<RankRun> serve(int n, int passes, moe::live::Options o, std::optiona
         moe::kernels::cuda::check_cuda(cudaSetDevice(rank), "cudaSetDevice");
         moe::test::Stream st;
         auto comm = moe::collective::Nccl::create(rank, n, id, st);
-        serve_rank<Replicas>(comm, st, rank, n, passes, o, fault, world, r, alloc);
+        body(comm, st, rank, r);
       } catch (std::exception const& e) {
         r.failure = e.what();
       }
     });
   for (auto& t : threads) t.join();
+  return out;
+}
+
+/// The same with N in-process ranks on device 0: `body(host, stream, rank, result)`, where the
+/// body builds its collectives over `host` (moe::test::StagedDevice exchanges through host memory).
+template <int N, class Body>
+std::vector<RankRun> on_staged_ranks(Body&& body) {
+  std::vector<RankRun> out(static_cast<std::size_t>(N));
+  moe::collective::run_in_process<N>([&](moe::collective::InProcess<N>& host) {
+    auto& r = out[static_cast<std::size_t>(host.rank())];
+    try {
+      moe::kernels::cuda::check_cuda(cudaSetDevice(0), "cudaSetDevice");
+      moe::test::Stream st;
+      body(host, st, host.rank(), r);
+    } catch (std::exception const& e) {
+      r.failure = e.what();
+    }
+  });
+  return out;
+}
+
+/// Runs `passes` passes on n NCCL ranks, one device each (see serve_rank). `alloc_nth` > 0 (with
+/// `fault` at Step::prepare_switch, emulator only): rank 1's nth allocation from the switch's
+/// preparation on fails instead of the planted throw.
+template <class Replicas = moe::replication::Table>
+std::vector<RankRun> serve(int n, int passes, moe::live::Options o, std::optional<moe::live::Step> fault = {},
+                           int alloc_nth = 0) {
+  World world(n, !fault);
+  TimedBarrier meet(n);
+  AllocFault alloc{alloc_nth, alloc_nth > 0 ? &meet : nullptr};
+  auto out = on_nccl_ranks(n, [&](auto& comm, moe::test::Stream& st, int rank, RankRun& r) {
+    serve_rank<Replicas>(comm, st, rank, n, passes, o, fault, world, r, alloc);
+  });
 #if defined(MOE_CUDA_EMULATOR)
   if (alloc_nth > 0) emu::fail_nth_call_on_device("cudaMalloc", 1, 0);  // armed past the last allocation
 #endif
@@ -312,19 +374,10 @@ std::vector<RankRun> serve(int n, int passes, moe::live::Options o, std::optiona
 template <int N, class Replicas = moe::replication::Table>
 std::vector<RankRun> serve_staged(int passes, moe::live::Options o, std::optional<moe::live::Step> fault = {}) {
   World world(N, !fault);
-  std::vector<RankRun> out(static_cast<std::size_t>(N));
-  moe::collective::run_in_process<N>([&](moe::collective::InProcess<N>& host) {
-    auto& r = out[static_cast<std::size_t>(host.rank())];
-    try {
-      moe::kernels::cuda::check_cuda(cudaSetDevice(0), "cudaSetDevice");
-      moe::test::Stream st;
-      moe::test::StagedDevice<N> comm(host);
-      serve_rank<Replicas>(comm, st, host.rank(), N, passes, o, fault, world, r);
-    } catch (std::exception const& e) {
-      r.failure = e.what();
-    }
+  return on_staged_ranks<N>([&](moe::collective::InProcess<N>& host, moe::test::Stream& st, int rank, RankRun& r) {
+    moe::test::StagedDevice<N> comm(host);
+    serve_rank<Replicas>(comm, st, rank, N, passes, o, fault, world, r);
   });
-  return out;
 }
 
 constexpr moe::live::Options loop{.window = 20, .replan_every = 20, .spare_slots = 3, .migration_bytes_per_pass = 4096};
@@ -353,9 +406,9 @@ void check_loop(std::vector<RankRun> const& runs, int plans) {
   CHECK(sent > 0);
 }
 
-/// A fault run's checks: every rank throws the same error once, naming `cause`, keeps its plan, and
-/// the pass after it is correct again.
-void check_fault(std::vector<RankRun> const& runs, std::string const& cause = "planted fault") {
+/// A fault run's checks: every rank throws the same error once, naming `cause` and the `faulty`
+/// rank, keeps its plan, and the pass after it is correct again.
+void check_fault(std::vector<RankRun> const& runs, std::string const& cause = "planted fault", int faulty = 1) {
   for (std::size_t r = 0; r < runs.size(); ++r) {
     INFO("rank " << r);
     auto const& x = runs[r];
@@ -363,12 +416,123 @@ void check_fault(std::vector<RankRun> const& runs, std::string const& cause = "p
     UNSCOPED_INFO(x.failure);
     REQUIRE(x.errors.size() == 1);
     CHECK(x.errors[0] == runs[0].errors[0]);
-    CHECK_THAT(x.errors[0], Catch::Contains("rank 1's re-plan failed") && Catch::Contains(cause));
+    CHECK_THAT(x.errors[0], Catch::Contains("rank " + std::to_string(faulty) + "'s re-plan failed") &&
+                                Catch::Contains(cause));
     CHECK(x.worst <= 1e-4);
     CHECK(x.same_plan);
     CHECK(x.adopted == 0);
     CHECK(x.after >= 0);
     CHECK(x.after <= 1e-4);
+  }
+}
+
+// ---- The device disaggregated path: `ag` attention ranks hold the tokens, the other ranks the
+// experts; plans, layouts and moves count EG indices (Layer::plan_ranks()) ----
+
+namespace ms = moe::schedule;
+template <class Comm, class Replicas, class Schedule = ms::FinDep>
+using LD = moe::Layer<Model, moe::router::SoftmaxTopK, moe::placement::Table, Replicas, Schedule, Comm>;
+
+/// The disaggregated runs' setup: `ag` AG ranks of `tokens` tokens, the first plan of World over the
+/// N - ag EG ranks (with copies, on servers of two EG ranks for BatchSplit); the schedule.
+template <class Schedule = ms::FinDep>
+struct Disaggregated {
+  int ag = 2;
+  Schedule schedule = Schedule{2, ms::Order::aass, 2, 2};
+  int fault_rank = -1;  // the rank whose migration throws at `fault` (an EG rank: it moves weights)
+};
+
+/// One rank's `passes` passes of the disaggregated layer (serve_rank's checks: every AG rank's
+/// output against the reference, the window, the adopted plans and their bytes; with `fault`, a
+/// re-plan before pass 5 and `d.fault_rank` throwing at that step of the migration).
+template <class Replicas, class Schedule, class Comm>
+void serve_disaggregated_rank(Comm& a2e, Comm* e2a, moe::test::Stream& st, int rank, int n, int passes,
+                              moe::live::Options o, std::optional<moe::live::Step> fault, Disaggregated<Schedule> d,
+                              World const& world, RankRun& r) {
+  using Layer = LD<Comm, Replicas, Schedule>;
+  int const ag = d.ag, eg = n - ag, g = rank - ag;  // g < 0 on an AG rank
+  bool const is_ag = g < 0;
+  auto const& weights = world.weights;
+  bool fired = false;  // outlives the layer, whose re-planner thread may call the hook
+  moe::test::DeviceWeights<T> dw(s, weights.view());
+  auto mine = held_weights(world, dw, g);  // an EG rank's first experts; none on an AG rank
+  auto view = dw.view();
+  view.experts = mine;
+  typename Layer::Options options{.max_tokens = tokens, .schedule = d.schedule, .live = o};
+  std::optional<Layer> held;
+  if (e2a)
+    held.emplace(a2e, *e2a, moe::placement::Table(world.primary), replicas_of<Replicas>(world.copies, eg), view, options);
+  else
+    held.emplace(a2e, moe::placement::Table(world.primary), replicas_of<Replicas>(world.copies, eg), view, options);
+  Layer& layer = *held;
+  moe::test::Device<T> arena(layer.arena_elements());  // none on an AG rank
+  layer.attach_arena({arena.get(), arena.size()});
+  mine.clear();
+  // From here on the layer reads the experts from the arena alone: their first copies are NaN.
+  for (std::size_t i = 1; i <= 3 * dw.experts.size(); ++i) dw.store[i].poison();
+  moe::test::Device<std::byte> ws(layer.workspace_size());
+  if (fault && rank == d.fault_rank)
+    layer.set_fault_hook([&](moe::live::Step step) {
+      if (step == *fault && !fired) {
+        fired = true;
+        throw moe::Error("planted fault");
+      }
+    });
+  moe::test::Device<T> dx(static_cast<std::size_t>(tokens) * h), dy(static_cast<std::size_t>(tokens) * h);
+  auto before = layer.plan();
+  int last = passes;
+  for (int p = 0; p < last; ++p) {
+    auto [x, ref, ids] = reference_pass(weights, ag, p);  // the AG ranks' tokens
+    auto first = is_ag ? static_cast<std::size_t>(rank * tokens) * h : 0;
+    if (is_ag) {
+      dx.upload(rows_of(x, first));
+      dy.poison();
+    }
+    if (fault && p == 5) layer.replan();  // hot: 0, 2, ..., 10, crowding EG index 0
+    bool threw = !try_pass(layer, {.tokens = tokens, .x = is_ag ? dx.get() : nullptr,
+                                   .y = is_ag ? dy.get() : nullptr, .stream = st}, ws, r);
+    if (!threw) {
+      st.synchronize("pass");
+      if (is_ag)
+        record_output(r, rank_errors(dy.download(tokens * h), x, ref, weights, first));
+      else if (!r.errors.empty())
+        r.after = 0;  // an EG rank has no output of its own: its pass after the fault ran
+      record_pass(layer, ids, before, r);
+      if (is_ag && layer.stats().migration_bytes > 0) r.ag_sent = true;
+    }
+    if (fault && threw) {
+      r.same_plan = layer.plan() == before && !layer.migrating();
+      last = std::min(last, p + 2);
+    }
+  }
+}
+
+/// N staged ranks on device 0 (both links and the moves through host memory).
+template <int N, class Replicas = moe::replication::Table, class Schedule = ms::FinDep>
+std::vector<RankRun> serve_disaggregated_staged(int passes, moe::live::Options o, Disaggregated<Schedule> d = {},
+                                                std::optional<moe::live::Step> fault = {}) {
+  World world(N - d.ag, !fault);
+  return on_staged_ranks<N>([&](moe::collective::InProcess<N>& host, moe::test::Stream& st, int rank, RankRun& r) {
+    moe::test::StagedDevice<N> a2e(host), e2a(host);
+    serve_disaggregated_rank<Replicas>(a2e, &e2a, st, rank, N, passes, o, fault, d, world, r);
+  });
+}
+
+/// n NCCL ranks, one device each (the one-communicator layer: the E2A link is a duplicate).
+template <class Replicas = moe::replication::Table>
+std::vector<RankRun> serve_disaggregated_nccl(int n, int passes, moe::live::Options o, Disaggregated<> d = {}) {
+  World world(n - d.ag, true);
+  return on_nccl_ranks(n, [&](moe::collective::Nccl& comm, moe::test::Stream& st, int rank, RankRun& r) {
+    serve_disaggregated_rank<Replicas>(comm, static_cast<moe::collective::Nccl*>(nullptr), st, rank, n, passes, o,
+                                       std::nullopt, d, world, r);
+  });
+}
+
+/// No attention rank sent weights (they hold none).
+void check_ag_sent_nothing(std::vector<RankRun> const& runs, int ag) {
+  for (int r = 0; r < ag; ++r) {
+    INFO("AG rank " << r);
+    CHECK_FALSE(runs[static_cast<std::size_t>(r)].ag_sent);
   }
 }
 
@@ -542,4 +706,46 @@ TEST_CASE("device live layer: a pass captured into a CUDA graph is refused on ev
     CHECK(worst[static_cast<std::size_t>(r)] <= 1e-4);
     CHECK(window[static_cast<std::size_t>(r)] == 1);
   }
+}
+
+TEST_CASE("device disaggregated live layer: 2 AG + 2 EG re-plan over the expert group, every pass equals the reference",
+          "[cuda][layer][findep][live]") {
+  // Staged ranks on one device: the FinDEP pipeline's links and the moves through host memory.
+  // Every AG pass against the reference; the window; the same plans adopted on every rank; the
+  // moves' bytes = the added copies' weights, none from an AG rank.
+  SECTION("FinDEP AASS r1 2 r2 2, replication::Table, a re-plan every 20 passes") {
+    auto runs = serve_disaggregated_staged<4>(moe::test::full_or(200, 100), loop);
+    check_loop(runs, moe::test::full_or(4, 2));
+    check_ag_sent_nothing(runs, 2);
+  }
+  SECTION("replication::BatchSplit: each micro-batch split over the new copies, an AG rank plans") {
+    auto o = loop;
+    o.plan_rank = 0;  // an AG rank plans; its layout (2 EG ranks x width) goes to the others
+    auto runs = serve_disaggregated_staged<4, moe::replication::BatchSplit>(100, o);
+    check_loop(runs, 2);
+    check_ag_sent_nothing(runs, 2);
+    CHECK(runs[0].plan_bytes > 0);
+  }
+  SECTION("PPPipe, 1 AG + 3 EG") {
+    Disaggregated<ms::PPPipe> d{.ag = 1, .schedule = ms::PPPipe{1, ms::Order::aass, 2, 1}};
+    auto runs = serve_disaggregated_staged<4, moe::replication::Table, ms::PPPipe>(100, loop, d);
+    check_loop(runs, 2);
+    check_ag_sent_nothing(runs, 1);
+  }
+  SECTION("a fault at each migration step on EG rank 3 leaves every rank on the old plan") {
+    auto o = loop;
+    o.replan_every = 0;
+    for (auto step : all_steps) {
+      INFO("fault at " << moe::live::step_name(step));
+      check_fault(serve_disaggregated_staged<4>(100, o, {.fault_rank = 3}, step), "planted fault", 3);
+    }
+  }
+}
+
+TEST_CASE("device disaggregated live layer through collective::Nccl: 2 AG + 2 EG, one device each",
+          "[cuda][layer][findep][nccl][live]") {
+  if (!moe::test::has_devices(4)) return;
+  auto runs = serve_disaggregated_nccl(4, moe::test::full_or(200, 100), loop);
+  check_loop(runs, moe::test::full_or(4, 2));
+  check_ag_sent_nothing(runs, 2);
 }

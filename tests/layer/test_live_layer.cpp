@@ -318,7 +318,8 @@ TEST_CASE("live layer: options that cannot work are refused at construction", "[
     };
     CHECK_NOTHROW(make({.window = 5}));
     CHECK_THROWS_WITH(make({.window = 5, .spare_slots = 2}),
-                      Catch::Contains("the host disaggregated path, a placement::Table and replication::Table"));
+                      Catch::Contains("re-planning needs a placement::Table and replication::Table or "
+                                      "replication::BatchSplit"));
     CHECK_THROWS_WITH(make({.window = -1}), Catch::Contains("must not be negative"));
     CHECK_THROWS_WITH(make({.window = 5, .tolerance_permille = -2}), Catch::Contains("tolerance_permille -2"));
     CHECK_THROWS_WITH(make({.window = 5, .planner = live::Planner::split_balance}),

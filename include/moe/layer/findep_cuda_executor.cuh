@@ -219,6 +219,10 @@ struct FinDepCudaOptions {
   std::size_t cublas_workspace = std::size_t{8} << 20;  ///< bytes handed to cuBLAS for the gate GEMM
   /// Kernel of the expert GEMMs (as LayerOptions::gemm).
   kernels::cuda::GemmPath gemm = kernels::cuda::GemmPath::automatic;
+  /// The executor will switch plans (prepare_tables, adopt): its workspace is then sized for any
+  /// plan whose EG ranks hold at most as many experts as the busiest EG rank of the first plan
+  /// (false: for the first plan only, which may be smaller on an EG rank that holds fewer).
+  bool replans = false;
 };
 
 
@@ -509,6 +513,53 @@ public:
   /// The stream of one resource (e.g. to time it or to inspect a capture).
   [[nodiscard]] cudaStream_t stream(Resource r) const { return pool_.streams[static_cast<std::size_t>(r)]; }
 
+  // ---- Switching plans while serving (point to point; moe::Layer with LayerOptions::live) ----
+
+  /// The device tables of one plan: the copy lists (AG), the served experts' weight tables (EG),
+  /// the error word, and on an AG rank that splits, the split of the plan's copies.
+  struct Tables {
+    moe::detail::DeviceExpertTable<T> experts;
+    std::optional<kernels::cuda::DeviceSplit> split;
+  };
+  /// Builds and checks another plan's tables as the constructor checks the first: `on_eg` and
+  /// `replicas` over EG indices, `experts` the weights this rank serves in that plan, `split` the
+  /// plan's BatchSplit on an executor that splits (null: the same copies, the current split kept).
+  /// No EG rank may hold more experts than the busiest of the first plan, and without
+  /// FinDepCudaOptions::replans none more than it held in the first plan (the workspace's bounds).
+  /// Throws moe::Error naming the problem; the executor is not changed.
+  [[nodiscard]] Tables prepare_tables(placement::Table const& on_eg, replication::Table const& replicas,
+                                      std::span<ExpertWeights<T> const> experts,
+                                      replication::BatchSplit const* split) const
+    requires(!colocated)
+  {
+    check(static_cast<int>(experts.size()) == shape.experts, who, ": weights list ", experts.size(),
+          " experts, the shape has ", shape.experts);
+    check(split == nullptr || splits() || !is_ag(), who, ": a batch split for an executor built without one");
+    replication::CopyLists copies = copy_lists_of(on_eg, replicas);
+    for (int g = 0; g < eg_; ++g)
+      check(held_by(copies, g) <= held_bound_, who, ": the plan gives EG index ", g, " ", held_by(copies, g),
+            " experts; a plan may give an EG rank at most ", held_bound_, " (the first plan's most)");
+    if (is_eg())
+      check(held_by(copies, eg_index()) <= served_bound_, who, ": the plan gives EG index ", eg_index(), " ",
+            held_by(copies, eg_index()), " experts; its workspace was sized for ", served_bound_,
+            " (FinDepCudaOptions::replans sizes it for any plan)");
+    Tables t = make_tables(on_eg, copies, experts, split);
+    if (t.split)
+      check(t.split->take_size() <= split_take_bound_ && t.split->workspace_bytes() <= split_work_bound_, who,
+            ": the plan's split needs ", t.split->take_size(), " take entries and ", t.split->workspace_bytes(),
+            " workspace bytes; the workspace holds ", split_take_bound_, " and ", split_work_bound_);
+    return t;
+  }
+  /// Switches to tables from prepare_tables() between runs (after the last run's work: the caller
+  /// has synchronised its stream); the EG serves `experts` from now on. Nothing here can fail.
+  void adopt(Tables&& t, std::span<ExpertWeights<T> const> experts) noexcept {
+    experts_ = std::move(t.experts);
+    if (t.split) split_ = std::move(t.split);
+    weights_.experts = experts;
+  }
+  /// The routed experts' weights the EG serves from.
+  [[nodiscard]] std::span<ExpertWeights<T> const> expert_weights() const { return weights_.experts; }
+
 private:
   static constexpr char const* who = "moe::schedule::FinDepCudaExecutor";
   static constexpr auto h = static_cast<std::size_t>(shape.hidden);
@@ -541,15 +592,10 @@ private:
     check(options_.max_chunks >= 1, who, ": max_chunks must be at least 1, got ", options_.max_chunks);
     check(options_.max_chunks <= max_cuda_chunks, who, ": max_chunks = ", options_.max_chunks,
           " is above the limit of ", max_cuda_chunks, " (about 5 CUDA events per chunk)");
-    on_eg.validate(shape.experts, eg_);
     check(static_cast<int>(weights_.experts.size()) == shape.experts, who, ": weights list ", weights_.experts.size(),
           " experts, the shape has ", shape.experts);
     check(static_cast<int>(weights_.shared.size()) == shape.shared_experts, who, ": weights list ",
           weights_.shared.size(), " shared experts, the shape has ", shape.shared_experts);
-    // Each expert's copies (EG indices): the table's lists, or the placement's index.
-    if (!replicas.replicas().empty()) replicas.validate(shape.experts, eg_, on_eg.ranks());
-    std::vector<int> const& eg_of = on_eg.ranks();
-    replication::CopyLists copies = replication::copy_lists(eg_of, replicas);
     if (is_ag()) {
       check(weights_.router != nullptr, who, ": AG rank ", rank_, " has no router weights");
       for (int e = 0; e < shape.shared_experts; ++e) {
@@ -560,12 +606,54 @@ private:
       scan_bytes_ = kc::exclusive_sum_bytes(static_cast<long long>(eg_) * options_.max_tokens);
       count_ints_ = count_ints();
     }
-    // Senders (AG) read the copy lists; the EG serves the copies of its index.
-    experts_ = moe::detail::DeviceExpertTable<T>(copies, eg_of, is_ag(), is_eg() ? eg_index() : -1, weights_.experts,
-                                                 who, "EG index");
+    replication::CopyLists copies = copy_lists_of(on_eg, replicas);
+    for (int g = 0; g < eg_; ++g) held_bound_ = std::max(held_bound_, held_by(copies, g));
+    if (is_eg()) served_bound_ = options_.replans ? held_bound_ : held_by(copies, eg_index());
+    Tables first = make_tables(on_eg, copies, weights_.experts, split);
+    experts_ = std::move(first.experts);
+    split_ = std::move(first.split);
     if (is_eg())
       eg_sort_bytes_ = kc::sort_items_bytes(static_cast<long long>(ag_) * options_.max_tokens * k, shape.experts);
-    if (split && is_ag()) {  // EG ranks take no part (the class comment); co-located never gets one
+    if (split_) {
+      split_sort_bytes_ = kc::sort_items_bytes(static_cast<long long>(options_.max_tokens) * k, shape.experts);
+      split_take_bound_ = split_->take_size();
+      split_work_bound_ = split_->workspace_bytes();
+      if (options_.replans) {
+        // A plan whose EG ranks hold at most held_bound_ experts has at most eg x held_bound_
+        // copies, and an expert at most eg of them, so at most copies x (eg - 1) arcs.
+        replication::split::Layout most = split_->layout();
+        most.slots = eg_ * held_bound_;
+        most.arcs = most.slots * (eg_ - 1);
+        split_take_bound_ = static_cast<std::size_t>(most.ranks) * static_cast<std::size_t>(most.slots);
+        split_work_bound_ = static_cast<std::size_t>(replication::split::workspace_words(most)) * sizeof(long long);
+      }
+    }
+    pool_.create(static_cast<std::size_t>(max_plan_events(options_.max_chunks, 1, true)) + run_events);
+    if (is_ag()) cublas_ = kc::make_cublas();
+  }
+
+  /// Each expert's copies (EG indices): the table's lists, or the placement's index; both checked.
+  [[nodiscard]] replication::CopyLists copy_lists_of(placement::Table const& on_eg,
+                                                     replication::Table const& replicas) const {
+    on_eg.validate(shape.experts, eg_);
+    if (!replicas.replicas().empty()) replicas.validate(shape.experts, eg_, on_eg.ranks());
+    return replication::copy_lists(on_eg.ranks(), replicas);
+  }
+  /// Experts EG index g holds a copy of.
+  static int held_by(replication::CopyLists const& copies, int g) {
+    int held = 0;
+    for (int e = 0; e < shape.experts; ++e) held += copies.holds(e, g) ? 1 : 0;
+    return held;
+  }
+  /// One plan's tables: senders (AG) read the copy lists, the EG serves the copies of its index,
+  /// and an AG rank given a split solves it over the same copies (EG ranks take no part: the class
+  /// comment; co-located never gets one).
+  Tables make_tables(placement::Table const& on_eg, replication::CopyLists const& copies,
+                     std::span<ExpertWeights<T> const> experts, replication::BatchSplit const* split) const {
+    Tables t;
+    t.experts = moe::detail::DeviceExpertTable<T>(copies, on_eg.ranks(), is_ag(), is_eg() ? eg_index() : -1, experts,
+                                                  who, "EG index");
+    if (split && is_ag()) {
       check(split->layout().ranks == eg_, who, ": the batch split is built for ", split->layout().ranks,
             " ranks, the expert group has ", eg_);
       auto const& listed = split->table().replicas();
@@ -576,11 +664,9 @@ private:
         for (int g : listed[e]) same = same && copies.holds(static_cast<int>(e), g);
         check(same, who, ": the batch split's copies of expert ", e, " are not the executor's");
       }
-      split_.emplace(split->with_sources(ag_).layout());  // EG indices, then the AG ranks
-      split_sort_bytes_ = kc::sort_items_bytes(static_cast<long long>(options_.max_tokens) * k, shape.experts);
+      t.split.emplace(split->with_sources(ag_).layout());  // EG indices, then the AG ranks
     }
-    pool_.create(static_cast<std::size_t>(max_plan_events(options_.max_chunks, 1, true)) + run_events);
-    if (is_ag()) cublas_ = kc::make_cublas();
+    return t;
   }
 
   /// This rank's EG index (EG ranks; co-located: 0).
@@ -688,10 +774,10 @@ private:
       if (split_) {
         std::size_t items = m * uk;
         b.split_counts = c.take<std::int32_t>((ueg() + uag()) * E);
-        b.split_take = c.take<std::int32_t>(split_->take_size());
+        b.split_take = c.take<std::int32_t>(split_take_bound_);
         b.split_load = c.take<long long>(split_->load_size());
         b.split_acc = c.take<long long>(ueg() + 1);
-        b.split_work = c.take<long long>(split_->workspace_bytes() / sizeof(long long));
+        b.split_work = c.take<long long>(split_work_bound_ / sizeof(long long));
         b.split_outcome = c.take<replication::split::Outcome>(1);
         b.split_values = c.take<int>(items);
         b.split_sorted_keys = c.take<int>(items);
@@ -730,9 +816,9 @@ private:
   }
 
   /// EG: most expert rows one record yields here (a record names the experts of its token that
-  /// this rank serves, at most k).
+  /// this rank serves, at most k), for every plan the executor may adopt.
   [[nodiscard]] std::size_t rows_per_record() const {
-    return static_cast<std::size_t>(std::max(1, std::min(k, experts_.served_count())));
+    return static_cast<std::size_t>(std::max(1, std::min(k, served_bound_)));
   }
 
   // A(i): gate logits and routing of micro-batch i (AG stream).
@@ -819,7 +905,7 @@ private:
       a2e_->set_stream(s);
       collective::swap_rows_pairwise(*a2e_, me, ag_, row, a2e_tag);
       split_->run(b.split_counts.data(), b.split_take.data(), b.split_load.data(), b.split_outcome.data(),
-                  b.split_work.empty() ? nullptr : b.split_work.data(), s);
+                  split_->workspace_bytes() == 0 ? nullptr : b.split_work.data(), s);
       kc::order_by_expert(s, b.ids.data() + first, n, shape.experts, b.split_values.data(), b.split_sorted_keys.data(),
                           b.split_sorted_values.data(), b.split_offsets.data(), b.split_sort_temp.data(),
                           b.split_sort_temp.size());
@@ -907,6 +993,10 @@ private:
   detail_cuda::StreamPool pool_;  // plan events, then fork, A2E done, E2A done, joins
   detail_cuda::PlanCache plans_;
   std::optional<kernels::cuda::DeviceSplit> split_;  // AG rank with a per-micro-batch split
+  int held_bound_ = 0;                 // the most experts an EG index holds in the first plan
+  int served_bound_ = 0;               // EG: the most this rank may serve (replans: held_bound_)
+  std::size_t split_take_bound_ = 0;   // split_: take entries and global workspace bytes the workspace
+  std::size_t split_work_bound_ = 0;   // holds (this plan's, or with replans any plan's)
 };
 
 }  // namespace moe::schedule

@@ -444,9 +444,8 @@ public:
 
   // ---- Re-planning while serving (LayerOptions::live; moe/layer/live.hpp) ----
 
-  /// Whether this layer type counts loads (every path does) and can re-plan (the paths whose
-  /// executors can switch plans: host and device with schedule::Sequential, and host
-  /// disaggregated; when the placement is a placement::Table and the replicas a copy list:
+  /// Whether this layer type counts loads (every path does) and can re-plan (every path's executor
+  /// can switch plans, when the placement is a placement::Table and the replicas a copy list:
   /// replication::Table or replication::BatchSplit).
   static constexpr bool counts_loads = requires(typename Executor::Buffers const& b) { b.load_counts; };
   static constexpr bool can_replan =
@@ -794,9 +793,8 @@ private:
     bool replanning = o.replan_every > 0 || o.spare_slots > 0 || o.migration_bytes_per_pass > 0;
     check(o.window == 0 || counts_loads, "moe::Layer: LayerOptions::live.window: this path's executor does not count "
           "loads (Buffers::load_counts)");
-    check(!replanning || can_replan, "moe::Layer: LayerOptions::live: re-planning needs the host or device path with "
-          "schedule::Sequential or the host disaggregated path, a placement::Table and replication::Table or "
-          "replication::BatchSplit (the device disaggregated path keeps a load window but does not re-plan)");
+    check(!replanning || can_replan, "moe::Layer: LayerOptions::live: re-planning needs a placement::Table and "
+          "replication::Table or replication::BatchSplit (the policies whose plans the re-planner rewrites)");
     check(!replanning || plan_ranks == ranks || o.planner != live::Planner::split_balance,
           "moe::Layer: LayerOptions::live.planner = split_balance scores plans by splits whose sources are the plan's "
           "own ranks; a disaggregated layer's sources are its attention group: use minimal_move or eplb");

@@ -52,11 +52,10 @@
 // waits for that copy instead. The chunks move with the collective's all-to-all-v of device
 // memory, the arena is device memory, and the switch swaps device expert tables built before it.
 //
-// The disaggregated paths (host and device) keep the window: every AG rank counts the pairs it
-// routed, per expert and per EG rank, and all ranks gather the rows. The host disaggregated path
-// re-plans over the expert group (Layer::plan_ranks(): plans, layouts and moves count EG indices;
-// the AG ranks hold no arena and move no weights but vote and take part in each chunk's
-// exchange); the device disaggregated path does not re-plan.
+// On the disaggregated paths (host and device) every AG rank counts the pairs it routed, per expert
+// and per EG rank, and all ranks gather the rows. They re-plan over the expert group
+// (Layer::plan_ranks(): plans, layouts and moves count EG indices; the AG ranks hold no arena and
+// move no weights but vote and take part in each chunk's exchange).
 //
 // fork(): a child process inherits the layers but not the planner threads. The first re-plan a
 // child starts, or a plan the parent had queued or running at the fork, runs on a pool of the
@@ -134,7 +133,7 @@ struct Options {
                                 ///< of moves prefer the receiver's node
   Planner planner = Planner::minimal_move;  ///< what a re-plan computes
   /// Who plans: -1, every rank for itself (each from the same window, so the plans agree); r >= 0,
-  /// rank r alone, which then sends its layout to the others (an all-gather of ranks x width int32
+  /// rank r alone, which then sends its layout to the others (an all-gather of plan ranks x width int32
   /// after a pass, staged through the migration buffers, so migration_bytes_per_pass must hold it).
   /// A model whose layers set plan_rank = layer % ranks spreads its planning over the processes.
   int plan_rank = -1;

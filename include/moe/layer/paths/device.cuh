@@ -173,6 +173,63 @@ private:
   kernels::cuda::OwnedEvent ready_;  // the copy to host_ is complete
   std::size_t pending_ = 0;          // counts gathered and not taken yet
 };
+/// What the front's re-planning asks of a device path (both device executors derive from it): the
+/// weights move in device memory on the stream of the last pass, after that pass's work, through
+/// the collective (every rank of it takes part in each chunk, one that moves nothing with no
+/// bytes). The executor sets `stream_` on every pass. Without collective::Exchange (one GPU) the
+/// collective calls are no-ops: nothing crosses ranks.
+template <class Comm>
+class DeviceMigration {
+public:
+  /// Migration copies (device memory on both sides), on the stream of the last pass.
+  void copy_bytes(std::byte* to, std::byte const* from, std::size_t n) {
+    kernels::cuda::check_cuda(cudaMemcpyAsync(to, from, n, cudaMemcpyDeviceToDevice, stream_),
+                              "cudaMemcpyAsync (migration)");
+  }
+  /// attach_arena: a rank's experts into the arena (outside any pass: synchronous).
+  template <class T>
+  void copy_in(T* to, T const* from, std::size_t n) {
+    kernels::cuda::check_cuda(cudaMemcpy(to, from, n * sizeof(T), cudaMemcpyDeviceToDevice), "cudaMemcpy (arena)");
+  }
+  /// One chunk of the moves: one all-to-all-v of device memory.
+  void exchange_bytes(std::span<std::byte const> send, std::span<std::size_t const> send_bytes,
+                      std::span<std::byte> recv, std::span<std::size_t const> recv_bytes) {
+    if constexpr (collective::Exchange<Comm>) {
+      comm_->set_stream(stream_);
+      comm_->all_to_all_v(send, send_bytes, recv, recv_bytes);
+    }
+  }
+  /// Host memory in and out: every rank's `bytes[r]` bytes (`mine` from this rank) into `out`, in
+  /// rank order, staged through the device buffers `stage_send` / `stage_recv` (the front's
+  /// migration buffers) on the last pass's stream; synchronises it (the front's plan sharing, once
+  /// per re-plan, in passes that cannot be captured).
+  void gather_bytes(std::span<std::byte const> mine, std::span<std::size_t const> bytes, std::span<std::byte> out,
+                    std::span<std::byte> stage_send, std::span<std::byte> stage_recv) {
+    if constexpr (collective::Exchange<Comm>) {
+      namespace kc = kernels::cuda;
+      check(mine.size() <= stage_send.size() && out.size() <= stage_recv.size(), "moe::Layer (device): gather_bytes: ",
+            mine.size(), " and ", out.size(), " bytes do not fit the staging buffers of ", stage_send.size(), " and ",
+            stage_recv.size());
+      if (!mine.empty())
+        kc::check_cuda(cudaMemcpyAsync(stage_send.data(), mine.data(), mine.size(), cudaMemcpyHostToDevice, stream_),
+                       "cudaMemcpyAsync (plan layout up)");
+      comm_->set_stream(stream_);
+      comm_->all_gather_v(stage_send.first(mine.size()), stage_recv.first(out.size()), bytes);
+      kc::check_cuda(cudaMemcpyAsync(out.data(), stage_recv.data(), out.size(), cudaMemcpyDeviceToHost, stream_),
+                     "cudaMemcpyAsync (plan layout down)");
+      kc::check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (plan layout)");
+    } else {
+      std::copy(mine.begin(), mine.end(), out.begin());
+    }
+  }
+
+protected:
+  explicit DeviceMigration(Comm& comm) : comm_(&comm) {}
+  cudaStream_t stream_ = nullptr;  // the stream of the last pass (the window's gather runs on it too)
+
+private:
+  Comm* comm_;
+};
 }  // namespace detail
 
 namespace layer {
@@ -180,7 +237,9 @@ namespace layer {
 /// The device path's executor (see the file comment).
 template <ModelShape Model, router::Policy Router, placement::Policy Placement, replication::Policy Replicas,
           schedule::Policy Schedule, collective::Communicator Comm>
-class DeviceExecutor {
+class DeviceExecutor : public detail::DeviceMigration<Comm> {
+  using detail::DeviceMigration<Comm>::stream_;
+
 public:
   static constexpr ShapeSpec shape = Model::spec;
   using T = storage_t<shape>;
@@ -221,7 +280,7 @@ public:
   };
 
   DeviceExecutor(Comm& comm, Placement placement, Replicas replicas, LayerWeights<T> weights, Options const& options)
-      : comm_(&comm), placement_(std::move(placement)), replicas_(std::move(replicas)), weights_(weights),
+      : detail::DeviceMigration<Comm>(comm), comm_(&comm), placement_(std::move(placement)), replicas_(std::move(replicas)), weights_(weights),
         options_(options) {
     detail::keep_shared_list(weights_, shared_);  // run() reads the shared list; the routed go to tables
     int ranks = comm.size(), rank = comm.rank();
@@ -515,45 +574,6 @@ public:
     return {};
   }
   std::span<std::int32_t const> take_loads() { return loads_.take(); }
-  /// Migration copies, on the stream of the pass (device memory on both sides).
-  void copy_bytes(std::byte* to, std::byte const* from, std::size_t n) {
-    kernels::cuda::check_cuda(cudaMemcpyAsync(to, from, n, cudaMemcpyDeviceToDevice, stream_), "cudaMemcpyAsync (migration)");
-  }
-  /// attach_arena: a rank's experts into the arena (outside any pass: synchronous).
-  void copy_in(T* to, T const* from, std::size_t n) {
-    kernels::cuda::check_cuda(cudaMemcpy(to, from, n * sizeof(T), cudaMemcpyDeviceToDevice), "cudaMemcpy (arena)");
-  }
-  void exchange_bytes(std::span<std::byte const> send, std::span<std::size_t const> send_bytes,
-                      std::span<std::byte> recv, std::span<std::size_t const> recv_bytes) {
-    if constexpr (!local) {
-      comm_->set_stream(stream_);
-      comm_->all_to_all_v(send, send_bytes, recv, recv_bytes);
-    }
-  }
-  /// Host memory in and out: every rank's `bytes[r]` bytes (`mine` from this rank) into `out`, in
-  /// rank order, staged through the device buffers `stage_send` / `stage_recv` (the front's
-  /// migration buffers) on the last pass's stream; synchronises it (the front's plan sharing, once
-  /// per re-plan, in passes that cannot be captured).
-  void gather_bytes(std::span<std::byte const> mine, std::span<std::size_t const> bytes, std::span<std::byte> out,
-                    std::span<std::byte> stage_send, std::span<std::byte> stage_recv) {
-    if constexpr (!local) {
-      namespace kc = kernels::cuda;
-      check(mine.size() <= stage_send.size() && out.size() <= stage_recv.size(),
-            "moe::Layer (device): gather_bytes: ", mine.size(), " and ", out.size(),
-            " bytes do not fit the staging buffers of ", stage_send.size(), " and ", stage_recv.size());
-      if (!mine.empty())
-        kc::check_cuda(cudaMemcpyAsync(stage_send.data(), mine.data(), mine.size(), cudaMemcpyHostToDevice, stream_),
-                       "cudaMemcpyAsync (plan layout up)");
-      comm_->set_stream(stream_);
-      comm_->all_gather_v(stage_send.first(mine.size()), stage_recv.first(out.size()), bytes);
-      kc::check_cuda(cudaMemcpyAsync(out.data(), stage_recv.data(), out.size(), cudaMemcpyDeviceToHost, stream_),
-                     "cudaMemcpyAsync (plan layout down)");
-      kc::check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (plan layout)");
-    } else {
-      std::copy(mine.begin(), mine.end(), out.begin());
-    }
-  }
-
   /// Layer::read_record_counts(): the counts a padded pass with Options::device.count_records kept
   /// on the device, into `st`. The exact exchange and one GPU filled them during the pass.
   void read_record_counts(LayerStats& st) {
@@ -777,7 +797,6 @@ public:
   mutable std::size_t scan_bytes_ = 0;  // CUB scratch sizes, queried once
   mutable std::size_t sort_bytes_ = 0;
   detail::DeviceVotes votes_;
-  cudaStream_t stream_ = nullptr;                        // the stream of the last run()
   detail::DeviceLoadRows loads_;                         // the window's gathered counts, on their way to the host
   std::optional<kernels::cuda::DeviceSplit> split_;      // replication::BatchSplit: the split kernel
   std::vector<std::size_t> split_bytes_;                 // ... and the bytes each rank's counts take

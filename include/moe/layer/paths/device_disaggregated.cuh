@@ -34,7 +34,12 @@
 //   (an AG rank's in records_remote, an EG rank's in records_received, as on the host path).
 // - live.window: the load window (moe/layer/live.hpp). Each AG rank counts its pairs per expert and
 //   per EG rank with a kernel after the pass; the rows are gathered on the A2E communicator and
-//   reach the host on the next pass. Re-planning is refused on this path.
+//   reach the host on the next pass. Re-planning (live.replan_every, replan(), migrate_to()) with a
+//   placement::Table and replication::Table or BatchSplit is the host disaggregated path's: plans
+//   over EG indices, the EG ranks' experts in a device arena, each migration chunk an all-to-all-v
+//   on the A2E communicator on the caller's stream (detail::DeviceMigration), the AG ranks with no
+//   arena and no bytes. FinDepCudaExecutor::prepare_tables builds the next plan's device tables
+//   before the switch; with live.spare_slots > 0 the workspace holds any plan the arena allows.
 // Replicas: any replica policy with fixed copies over EG indices, with the host path's rule (token
 // t of AG rank p uses copy (p + t) mod n of an expert's n copies); or replication::BatchSplit over
 // EG indices: each micro-batch split over the copies on the device (FinDepCudaExecutor; the AG
@@ -43,10 +48,12 @@
 #include <memory>
 #include <span>
 #include <type_traits>
+#include <vector>
 
 #include "moe/collective/concept.hpp"
 #include "moe/config.hpp"
 #include "moe/layer/layer.hpp"
+#include "moe/layer/live.hpp"
 #include "moe/layer/paths/device.cuh"
 #include "moe/kernels/records.hpp"
 #include "moe/schedule/disaggregated.hpp"
@@ -59,8 +66,9 @@ namespace layer {
 /// The device disaggregated path's executor: schedule::FinDepCudaExecutor (PointToPoint) behind the front.
 template <ModelShape Model, router::Policy Router, placement::Policy Placement, replication::Policy Replicas,
           schedule::Policy Schedule, collective::Communicator Comm>
-class DeviceDisaggregatedExecutor {
+class DeviceDisaggregatedExecutor : public detail::DeviceMigration<Comm> {
   using Executor = schedule::FinDepCudaExecutor<Model, Router, schedule::PointToPoint<Comm>>;
+  using detail::DeviceMigration<Comm>::stream_;
 
 public:
   static constexpr ShapeSpec shape = Model::spec;
@@ -152,13 +160,49 @@ public:
 
   /// The load window (LayerOptions::live.window): this pass's rows of every rank, gathered on the
   /// A2E communicator; the front takes them on the next pass or when the caller asks for the
-  /// window (detail::DeviceLoadRows). The disaggregated paths count and gather loads; they do not
-  /// re-plan.
+  /// window (detail::DeviceLoadRows).
   std::span<std::int32_t const> gather_loads(Buffers const& b, std::span<std::int32_t> gathered) {
     loads_.gather(*a2e_, stream_, b.load_counts, gathered);
     return {};
   }
   std::span<std::int32_t const> take_loads() { return loads_.take(); }
+
+  // ---- What the front's re-planning (moe/layer/live.hpp) asks of a path: with a placement::Table
+  // and replication::Table or replication::BatchSplit, whose plans are over the expert group. The
+  // moves go over the A2E communicator on the caller's stream (detail::DeviceMigration) ----
+
+  static constexpr bool replannable = live::Replannable<Placement, Replicas>;
+  /// Each expert's EG index in the placement.
+  [[nodiscard]] std::vector<int> const& primary_ranks() const
+    requires replannable
+  {
+    return placement_.ranks();
+  }
+  /// The replica policy over EG indices (its copies are the executor's).
+  [[nodiscard]] Replicas const& replicas() const { return replicas_; }
+  [[nodiscard]] std::span<ExpertWeights<T> const> expert_weights() const { return executor_.expert_weights(); }
+  /// A plan's device tables, built, uploaded and checked before the switch, so that adopt() cannot fail.
+  struct NextPlan {
+    typename Executor::Tables tables;
+    Placement placement;
+    Replicas replicas;
+  };
+  NextPlan prepare_plan(Placement placement, Replicas replicas, std::span<ExpertWeights<T> const> experts) const
+    requires replannable
+  {
+    return prepare(std::move(placement), std::move(replicas), experts, true);
+  }
+  void adopt(NextPlan&& next, std::span<ExpertWeights<T> const> experts) noexcept {
+    executor_.adopt(std::move(next.tables), experts);
+    placement_ = std::move(next.placement);
+    replicas_ = std::move(next.replicas);
+  }
+  /// The experts now live in the front's arena: the weight tables are rebuilt (same copies).
+  void set_expert_weights(std::span<ExpertWeights<T> const> experts)
+    requires replannable
+  {
+    adopt(prepare(placement_, replicas_, experts, false), experts);
+  }
 
   [[nodiscard]] bool is_attention_rank() const { return executor_.is_ag(); }
   /// Error bits of the last run() on an EG rank (kernels::cuda::DeviceError). Synchronises the device.
@@ -177,7 +221,17 @@ private:
 
   static schedule::FinDepCudaOptions executor_options(Options const& o) {
     return {.max_tokens = o.max_tokens, .max_chunks = o.device.max_chunks,
-            .cublas_workspace = o.device.cublas_workspace, .gemm = o.device.gemm};
+            .cublas_workspace = o.device.cublas_workspace, .gemm = o.device.gemm, .replans = o.live.spare_slots > 0};
+  }
+
+  /// `new_copies` false: the same copies with other weights (the split is kept).
+  NextPlan prepare(Placement placement, Replicas replicas, std::span<ExpertWeights<T> const> experts,
+                   bool new_copies) const {
+    int eg = executor_.expert_ranks();
+    placement::Table on_eg = eg_table(placement, eg);
+    replication::Table copies = detail::expert_group_copies(replicas, on_eg, eg);
+    auto tables = executor_.prepare_tables(on_eg, copies, experts, new_copies ? batch_split(replicas) : nullptr);
+    return {std::move(tables), std::move(placement), std::move(replicas)};
   }
 
   static std::unique_ptr<Comm> duplicate(Comm const& comm, Placement const& placement, Options const& o) {
@@ -190,7 +244,8 @@ private:
   /// e2a == nullptr: the link uses `owned`.
   DeviceDisaggregatedExecutor(std::unique_ptr<Comm> owned, Comm& a2e, Comm* e2a, Placement const& placement,
                               Replicas const& replicas, LayerWeights<T> weights, Options const& options)
-      : owned_e2a_(std::move(owned)),
+      : detail::DeviceMigration<Comm>(a2e),
+        owned_e2a_(std::move(owned)),
         a2e_(&a2e),
         e2a_(e2a ? e2a : owned_e2a_.get()),
         schedule_((check_chunks(options), options.schedule)),
@@ -199,6 +254,8 @@ private:
                   detail::expert_group_copies(replicas, eg_table(placement, a2e.size() - schedule_.ag),
                                               a2e.size() - schedule_.ag),
                   batch_split(replicas)),
+        placement_(placement),
+        replicas_(replicas),
         votes_(a2e.size()),
         window_(options.live.window > 0) {
     if (options.device.count_records) kept_counts_ = kernels::cuda::DeviceArray<std::uint64_t>(2);
@@ -221,10 +278,11 @@ private:
   Comm* e2a_;
   Schedule schedule_;
   Executor executor_;
+  Placement placement_;  // over EG indices, as given (re-planning rebuilds both)
+  Replicas replicas_;
   detail::DeviceVotes votes_;
   bool window_;                    // LayerOptions::live.window > 0
   detail::DeviceLoadRows loads_;   // the window's gathered rows, on their way to the host
-  cudaStream_t stream_ = nullptr;  // the stream of the last run()
   kernels::cuda::DeviceArray<std::uint64_t> kept_counts_;  // count_records: sent, received (the newest pass)
 };
 
