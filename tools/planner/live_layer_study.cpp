@@ -37,11 +37,17 @@
 // the rank did not hold) x slot bytes.
 // Real-model bytes scale those copies by the real expert size (models.hpp, bf16).
 //
+// --ag N: the disaggregated layer instead (host FinDEP, schedule::FinDep AASS with r1 = 2
+// micro-batches of r2 = 2 chunks): ranks [0, N) draw the tokens and run attention, the other
+// ranks hold the experts; the first plan, the re-plans, the balance and the moves are over those
+// expert ranks (Layer::plan_ranks()), which must split the experts evenly. splitplan is refused.
+//
 //   live_layer_study [--models olmoe,mixtral] [--ranks 8|4] [--passes 2000] [--tokens 64]
 //                    [--window 100] [--replan-every 100] [--spare-slots 2] [--chunk-experts 1]
 //                    [--tolerance-permille 10] [--strategies static,full,minimal,split[,splitplan]]
 //                    [--split-gain-permille -1]   (-1: the layer's default, 80 / ranks permille)
 //                    [--plan-rank -1]   (r: rank r alone plans and shares its plans, live.plan_rank)
+//                    [--ag 0]           (N: N attention ranks, the rest expert ranks: FinDEP)
 //                    [--check-every 1] [--seed 1] [--pass-log FILE] [--data-dir DIR]
 //   mpirun -np 4 live_layer_study_mpi --mpi [same options but --ranks]
 // Exit status 1 when a check fails (router mismatch, output error, bytes, a pass that threw).
@@ -94,6 +100,11 @@ char const* name_of(Strategy s) {
 struct Study {
   int ranks = 8, passes = 2000, tokens = 64, window = 100, replan_every = 100, spare = 2, chunk = 1;
   int tolerance = 10, check_every = 1, split_gain = -1, plan_rank = -1;
+  int ag = 0;  ///< --ag: attention ranks of a disaggregated layer (FinDEP); 0: the sequential layer
+  /// The ranks whose tokens the layer serves (all, or the attention group) and the ranks a plan
+  /// places experts on (all, or the expert group).
+  [[nodiscard]] int token_ranks() const { return ag > 0 ? ag : ranks; }
+  [[nodiscard]] int plan_ranks() const { return ranks - ag; }
   bool probe = false, help = false;
   std::uint64_t seed = 1;
   std::vector<Strategy> strategies;
@@ -156,7 +167,7 @@ void draw(Routing const& m, Study const& st, int pass, int rank, std::vector<int
   }
 }
 
-/// The first plan: EPLB on the first window's tokens, experts + ranks slots.
+/// The first plan: EPLB on the first window's tokens, experts + plan ranks slots over the plan ranks.
 struct FirstPlan {
   std::vector<int> primary;
   std::vector<std::vector<int>> copies;
@@ -167,13 +178,13 @@ FirstPlan first_plan(Routing const& m, Study const& st) {
   std::vector<double> loads(static_cast<std::size_t>(m.experts), 0.0);
   std::vector<int> ids;
   for (int p = 0; p < std::min(st.window, st.passes); ++p)
-    for (int r = 0; r < st.ranks; ++r) {
+    for (int r = 0; r < st.token_ranks(); ++r) {
       draw(m, st, p, r, ids);
       for (int e : ids) loads[static_cast<std::size_t>(e)] += 1;
     }
   FirstPlan f;
-  f.slots = m.experts + st.ranks;
-  auto er = replication::eplb::rebalance_experts(loads, 1, m.experts, f.slots, 1, 1, st.ranks);
+  f.slots = m.experts + st.plan_ranks();
+  auto er = replication::eplb::rebalance_experts(loads, 1, m.experts, f.slots, 1, 1, st.plan_ranks());
   auto lt = replication::eplb::layer_tables(er, 0);
   f.primary = lt.placement.ranks();
   f.copies = lt.replicas.replicas();
@@ -214,16 +225,22 @@ double max_relative_error(std::vector<float> const& a, std::vector<float> const&
   return scale > 0 ? diff / scale : diff;
 }
 
-/// One strategy on this rank: `passes` passes of the drifting stream.
-template <class Model, class Replicas, class Comm>
+/// One strategy on this rank: `passes` passes of the drifting stream. Schedule: Sequential (every
+/// rank holds tokens and experts) or FinDep (--ag: ranks [0, ag) hold the tokens, the others the
+/// experts; plans are over those, numbered from 0).
+template <class Model, class Schedule, class Replicas, class Comm>
 RankResult serve(Comm& comm, Routing const& m, Study const& st, FirstPlan const& fp, Strategy strategy,
                  Replicas replicas) {
-  using L = Layer<Model, router::SoftmaxTopK, placement::Table, Replicas, schedule::Sequential, Comm>;
+  using L = Layer<Model, router::SoftmaxTopK, placement::Table, Replicas, Schedule, Comm>;
+  constexpr bool disaggregated = schedule::DisaggregatedPolicy<Schedule>;
   constexpr ShapeSpec s = Model::spec;
   constexpr auto h = static_cast<std::size_t>(s.hidden);
   static_assert(s.hidden >= s.experts, "the router picks the drawn experts by coordinate: hidden >= experts");
   check(s.experts == m.experts && s.top_k == m.top_k, "live_layer_study: model shape and routing disagree");
   int R = comm.size(), me = comm.rank();
+  int const G = st.plan_ranks(), g = me - (R - G);  // plan ranks; this rank's index among them (< 0: AG)
+  bool const has_tokens = me < st.token_ranks();
+  int const tokens = has_tokens ? st.tokens : 0;
   RankResult out;
 
   RandomLayerWeights<float> weights(s, 77);
@@ -231,14 +248,14 @@ RankResult serve(Comm& comm, Routing const& m, Study const& st, FirstPlan const&
   for (std::size_t e = 0; e < static_cast<std::size_t>(s.experts); ++e) router[e * h + e] = 1.0f;
   LayerWeights<float> full = weights.view();
   full.router = router.data();
-  auto local = weights.experts_where([&](int e) { return replicas.holds(e, 0, me); });
+  auto local = weights.experts_where([&](int e) { return g >= 0 && replicas.holds(e, 0, g); });
   LayerWeights<float> mine = full;
   mine.experts = local;
 
   std::size_t slot_bytes = live::slot_bytes<float>(s);
   live::Options lo{.window = st.window};
   int width = 0;
-  for (int r = 0; r < R; ++r) {
+  for (int r = 0; r < G; ++r) {
     int n = 0;
     for (auto const& c : fp.copies) n += std::find(c.begin(), c.end(), r) != c.end();
     width = std::max(width, n);
@@ -257,8 +274,9 @@ RankResult serve(Comm& comm, Routing const& m, Study const& st, FirstPlan const&
     }
     lo.plan_rank = st.plan_rank;
   }
-  L layer(comm, placement::Table(fp.primary), std::move(replicas), mine,
-          {.max_tokens = st.tokens, .live = lo});
+  typename L::Options options{.max_tokens = st.tokens, .live = lo};
+  if constexpr (disaggregated) options.schedule = Schedule{st.ag, schedule::Order::aass, 2, 2};
+  L layer(comm, placement::Table(fp.primary), std::move(replicas), mine, options);
   std::vector<float> arena;
   if (strategy != Strategy::static_plan) {
     arena.resize(layer.arena_elements());
@@ -266,18 +284,18 @@ RankResult serve(Comm& comm, Routing const& m, Study const& st, FirstPlan const&
   }
   std::vector<std::byte> ws(layer.workspace_size());
 
-  std::vector<int> ids, ref_ids(static_cast<std::size_t>(st.tokens * s.top_k)), other;
-  std::vector<float> gw(ref_ids.size()), x(static_cast<std::size_t>(st.tokens) * h), y(x.size()), ref(x.size());
+  std::vector<int> ids, ref_ids(static_cast<std::size_t>(tokens * s.top_k)), other;
+  std::vector<float> gw(ref_ids.size()), x(static_cast<std::size_t>(tokens) * h), y(x.size()), ref(x.size());
   live::Plan before = layer.plan();
   int adopted = 0;
   std::vector<std::byte> probe_out, probe_in;
   out.passes.resize(static_cast<std::size_t>(st.passes));
   for (int p = 0; p < st.passes; ++p) {
     auto& rec = out.passes[static_cast<std::size_t>(p)];
-    draw(m, st, p, me, ids);
+    if (has_tokens) draw(m, st, p, me, ids);
     profile::Rng noise(st.seed * 7919u + static_cast<std::uint64_t>(p) * 65537u + static_cast<std::uint64_t>(me));
     for (auto& v : x) v = static_cast<float>(0.01 * (noise.uniform() - 0.5));
-    for (int t = 0; t < st.tokens; ++t)
+    for (int t = 0; t < tokens; ++t)
       for (int j = 0; j < s.top_k; ++j)
         x[static_cast<std::size_t>(t) * h + static_cast<std::size_t>(ids[static_cast<std::size_t>(t * s.top_k + j)])] +=
             4.0f - 2.0f * static_cast<float>(j) / static_cast<float>(s.top_k);
@@ -288,9 +306,12 @@ RankResult serve(Comm& comm, Routing const& m, Study const& st, FirstPlan const&
     comm.barrier();
     auto t0 = std::chrono::steady_clock::now();
     try {
-      layer.run({.tokens = st.tokens, .x = x.data(), .y = y.data(),
-                 .first_token = static_cast<long long>(p) * R * st.tokens + me * st.tokens},
-                ws);
+      if constexpr (disaggregated)
+        layer.run({.tokens = tokens, .x = x.data(), .y = y.data()}, ws);
+      else
+        layer.run({.tokens = st.tokens, .x = x.data(), .y = y.data(),
+                   .first_token = static_cast<long long>(p) * R * st.tokens + me * st.tokens},
+                  ws);
     } catch (Error const& e) {
       rec.threw = 1;
       if (out.first_error.empty()) out.first_error = detail::concat("pass ", p, ": ", e.what());
@@ -303,11 +324,11 @@ RankResult serve(Comm& comm, Routing const& m, Study const& st, FirstPlan const&
     rec.load_max = stats.rank_load_max;
     rec.load_mean = stats.rank_load_mean;
     rec.adopted = stats.plans_adopted;
-    if (!rec.threw && (p % st.check_every == 0 || p == st.passes - 1)) {
+    if (!rec.threw && has_tokens && (p % st.check_every == 0 || p == st.passes - 1)) {
       rec.checked = 1;
-      reference_forward<router::SoftmaxTopK>(s, full, st.tokens, x.data(), ref.data(), ref_ids, gw);
+      reference_forward<router::SoftmaxTopK>(s, full, tokens, x.data(), ref.data(), ref_ids, gw);
       rec.error = max_relative_error(y, ref);
-      for (int t = 0; t < st.tokens; ++t) {
+      for (int t = 0; t < tokens; ++t) {
         auto k = static_cast<std::ptrdiff_t>(s.top_k);
         std::set<int> want(ids.begin() + t * k, ids.begin() + (t + 1) * k),
             got(ref_ids.begin() + t * k, ref_ids.begin() + (t + 1) * k);
@@ -317,7 +338,7 @@ RankResult serve(Comm& comm, Routing const& m, Study const& st, FirstPlan const&
       // the same on every rank).
       if (me == 0) {
         std::vector<long long> pairs(static_cast<std::size_t>(s.experts), 0);
-        for (int r = 0; r < R; ++r) {
+        for (int r = 0; r < st.token_ranks(); ++r) {
           draw(m, st, p, r, other);
           for (int e : other) ++pairs[static_cast<std::size_t>(e)];
         }
@@ -353,13 +374,13 @@ RankResult serve(Comm& comm, Routing const& m, Study const& st, FirstPlan const&
         !rec.threw) {
       auto loads = layer.load_window().expert_loads();
       std::vector<double> w(loads.begin(), loads.end());
-      auto er = replication::eplb::rebalance_experts(w, 1, s.experts, fp.slots, 1, 1, R);
+      auto er = replication::eplb::rebalance_experts(w, 1, s.experts, fp.slots, 1, 1, G);
       auto const& layout = er.phy2log.v;
-      int per = fp.slots / R;
+      int per = fp.slots / G;
       // vLLM's count: a (GPU, expert) the new layout has that the GPU did not hold.
       live::Plan cur = layer.plan();
-      std::vector<int> distinct(static_cast<std::size_t>(R), 0);
-      for (int r = 0; r < R; ++r) {
+      std::vector<int> distinct(static_cast<std::size_t>(G), 0);
+      for (int r = 0; r < G; ++r) {
         std::set<int> held;
         for (int i = 0; i < per; ++i) held.insert(layout[static_cast<std::size_t>(r * per + i)]);
         distinct[static_cast<std::size_t>(r)] = static_cast<int>(held.size());
@@ -401,6 +422,7 @@ long long sum_over_ranks(Comm& comm, long long v) {
 
 struct Summary {
   std::string model, comm, strategy;
+  std::string ranks_text;  ///< "8", or "2+6" for 2 attention and 6 expert ranks (--ag)
   int ranks = 0, passes = 0, plans = 0, failures = 0, refused = 0;
   double mean_imbalance = 0, p99_imbalance = 0, mean_last_third = 0;
   long long copies = 0, full_copies = 0, bytes_sent = 0, bytes_expected = 0, mismatches = 0, window_bad = 0;
@@ -480,15 +502,19 @@ std::vector<Summary> run_model(Comm& comm, Routing const& m, Study const& st, Fi
   for (Strategy strategy : st.strategies) {
     RankResult mine;
     int R = comm.size();
-    if (strategy == Strategy::split || strategy == Strategy::split_planner) {
-      replication::BatchSplit split(fp.copies, std::vector<int>(static_cast<std::size_t>(R), 0));
-      mine = serve<Model>(comm, m, st, fp, strategy, std::move(split));
-    } else {
-      mine = serve<Model>(comm, m, st, fp, strategy, replication::Table(fp.copies));
-    }
+    auto serve_with = [&]<class Replicas>(Replicas replicas) {
+      if (st.ag > 0)
+        return serve<Model, schedule::FinDep>(comm, m, st, fp, strategy, std::move(replicas));
+      return serve<Model, schedule::Sequential>(comm, m, st, fp, strategy, std::move(replicas));
+    };
+    if (strategy == Strategy::split || strategy == Strategy::split_planner)
+      mine = serve_with(replication::BatchSplit(fp.copies, std::vector<int>(static_cast<std::size_t>(st.plan_ranks()), 0)));
+    else
+      mine = serve_with(replication::Table(fp.copies));
     auto all = gather(comm, mine.passes);
     Summary s = summarise(all, R, st.passes);
     s.model = m.name, s.comm = comm_name, s.strategy = name_of(strategy);
+    s.ranks_text = st.ag > 0 ? detail::concat(st.ag, "+", R - st.ag) : std::to_string(R);
     // Every rank tracks the same plans: rank 0's counts stand for all.
     s.copies = mine.copies_added;
     s.full_copies = mine.full_copies;
@@ -541,9 +567,9 @@ bool report(std::vector<Summary> const& rows, Study const& st) {
     char pct_text[32] = "-";
     if (full > 0)
       std::snprintf(pct_text, sizeof pct_text, "%.2f", 100.0 * static_cast<double>(r.copies) / static_cast<double>(full));
-    std::printf("%s\t%s\t%d\t%s\t%d\t%.4f\t%.4f\t%.4f\t%d\t%lld\t%.2f\t%s\t%.1f\t%.2f\t%.2f\t%.3f\t%.3f\t%.3f\t"
+    std::printf("%s\t%s\t%s\t%s\t%d\t%.4f\t%.4f\t%.4f\t%d\t%lld\t%.2f\t%s\t%.1f\t%.2f\t%.2f\t%.3f\t%.3f\t%.3f\t"
                 "%.3f\t%.2e\t%lld\t%lld\t%lld\t%d\t%lld\t%lld\n",
-                r.model.c_str(), r.comm.c_str(), r.ranks, r.strategy.c_str(), r.passes, r.mean_imbalance,
+                r.model.c_str(), r.comm.c_str(), r.ranks_text.c_str(), r.strategy.c_str(), r.passes, r.mean_imbalance,
                 r.p99_imbalance, r.mean_last_third, r.plans, r.copies, r.real_gib, pct_text, 100.0 * r.held_fraction,
                 100.0 * r.median_hold, 100.0 * r.worst_hold, r.mean_pass_ms, r.median_pass_ms, r.median_chunk_ms,
                 r.median_probe_ms, r.worst_error, r.mismatches, r.window_bad, r.checked, r.failures, r.bytes_sent,
@@ -576,9 +602,9 @@ bool report(std::vector<Summary> const& rows, Study const& st) {
     char pct[32] = "n/a";
     if (full > 0)
       std::snprintf(pct, sizeof pct, "%.2f %%", 100.0 * static_cast<double>(r.copies) / static_cast<double>(full));
-    std::printf("# goal %s %s (%s, %d ranks): mean max/mean %.4f (<= 1.05: %s); moved %s of full reshuffle (<= 5 %%: %s); "
+    std::printf("# goal %s %s (%s, %s ranks): mean max/mean %.4f (<= 1.05: %s); moved %s of full reshuffle (<= 5 %%: %s); "
                 "worst hold-up %.2f %% of its pass (<= 10 %%: %s)\n",
-                r.strategy.c_str(), r.model.c_str(), r.comm.c_str(), r.ranks, r.mean_imbalance, r.mean_imbalance <= 1.05 ? "met" : "NOT met",
+                r.strategy.c_str(), r.model.c_str(), r.comm.c_str(), r.ranks_text.c_str(), r.mean_imbalance, r.mean_imbalance <= 1.05 ? "met" : "NOT met",
                 pct,
                 full > 0 && r.copies * 20 <= full ? "met" : (full > 0 ? "NOT met" : "n/a"), 100.0 * worst,
                 worst <= 0.10 ? "met" : "NOT met");
@@ -590,7 +616,8 @@ bool report(std::vector<Summary> const& rows, Study const& st) {
 Study parse(int argc, char** argv) {
   tools::Args a(argc, argv,
                 {{"models"}, {"ranks"}, {"passes"}, {"tokens"}, {"window"}, {"replan-every"}, {"spare-slots"},
-                 {"chunk-experts"}, {"tolerance-permille"}, {"split-gain-permille"}, {"plan-rank"}, {"strategies"}, {"check-every"}, {"seed"}, {"pass-log"},
+                 {"chunk-experts"}, {"tolerance-permille"}, {"split-gain-permille"}, {"plan-rank"}, {"ag"},
+                 {"strategies"}, {"check-every"}, {"seed"}, {"pass-log"},
                  {"data-dir"}, {"mpi", true}, {"probe", true}});
   Study st;
   if (a.help()) {
@@ -616,6 +643,7 @@ Study parse(int argc, char** argv) {
   st.tolerance = static_cast<int>(a.integer("tolerance-permille", 10, 0, 1000));
   st.split_gain = static_cast<int>(a.integer("split-gain-permille", -1, -1, 1000));  // -1: 80 / ranks
   st.plan_rank = static_cast<int>(a.integer("plan-rank", -1, -1, 63));  // -1: every rank plans
+  st.ag = static_cast<int>(a.integer("ag", 0, 0, 63));  // 0: the sequential layer
   st.check_every = static_cast<int>(a.integer("check-every", 1, 1, 1000000));
   st.seed = static_cast<std::uint64_t>(a.integer("seed", 1, 0, std::numeric_limits<int>::max()));
   st.pass_log = a.text("pass-log");
@@ -651,18 +679,27 @@ int body(int argc, char** argv, int rank, int ranks_given, auto&& run) {
     if (rank == 0)
       std::printf("live_layer_study [--models olmoe,mixtral] [--ranks 8|4] [--passes 2000] [--tokens 64] [--window 100]\n"
                   "  [--replan-every 100] [--spare-slots 2] [--chunk-experts 1] [--tolerance-permille 10]\n"
-                  "  [--split-gain-permille -1] [--plan-rank -1] [--strategies static,full,minimal,split[,splitplan]]\n"
+                  "  [--split-gain-permille -1] [--plan-rank -1] [--ag 0] [--strategies static,full,minimal,split[,splitplan]]\n"
                   "  [--check-every 1] [--seed 1] [--pass-log FILE]\n"
                   "  [--data-dir DIR] [--probe] [--mpi (live_layer_study_mpi under mpirun)]\n");
     return tools::exit_ok;
   }
   if (ranks_given > 0) st.ranks = ranks_given;
   check(st.plan_rank < st.ranks, "--plan-rank: ", st.plan_rank, " is not one of the ", st.ranks, " ranks");
+  if (st.ag > 0) {
+    check(st.ag < st.ranks, "--ag: ", st.ag, " attention ranks leave none of the ", st.ranks, " for the experts");
+    check(st.tokens % 4 == 0, "--ag: the FinDEP schedule (r1 = 2 micro-batches of r2 = 2 chunks) needs --tokens "
+          "divisible by 4, got ", st.tokens);
+    check(std::find(st.strategies.begin(), st.strategies.end(), Strategy::split_planner) == st.strategies.end(),
+          "--strategies: splitplan scores plans by splits whose sources are the plan's own ranks; a disaggregated "
+          "layer's (--ag) are its attention ranks");
+  }
   std::vector<Routing> models;
   for (auto const& n : st.models) {
     models.push_back(load_routing(n, st.data_dir));
-    check(models.back().experts % st.ranks == 0, "--ranks: ", st.ranks, " ranks do not split the ",
-          models.back().experts, " experts of ", n, " evenly");
+    check(models.back().experts % st.plan_ranks() == 0, st.ag > 0 ? "--ag: " : "--ranks: ", st.plan_ranks(),
+          st.ag > 0 ? " expert ranks" : " ranks", " do not split the ", models.back().experts, " experts of ", n,
+          " evenly");
   }
   std::FILE* log = nullptr;
   if (!st.pass_log.empty() && rank == 0) {
@@ -674,10 +711,14 @@ int body(int argc, char** argv, int rank, int ranks_given, auto&& run) {
   if (log != nullptr) std::fclose(log);
   if (rank != 0) return tools::exit_ok;
   std::printf("# live_layer_study: %d passes, %d tokens per rank, window %d, re-plan every %d, spare slots %d, "
-              "chunk %d expert(s) per pass, tolerance %d permille, seed %llu, %s\n",
+              "chunk %d expert(s) per pass, tolerance %d permille, seed %llu, %s%s\n",
               st.passes, st.tokens, st.window, st.replan_every, st.spare, st.chunk, st.tolerance,
               static_cast<unsigned long long>(st.seed),
-              st.plan_rank < 0 ? "every rank plans" : ("rank " + std::to_string(st.plan_rank) + " plans").c_str());
+              st.plan_rank < 0 ? "every rank plans" : ("rank " + std::to_string(st.plan_rank) + " plans").c_str(),
+              st.ag > 0 ? detail::concat(", disaggregated: ", st.ag, " attention ranks (FinDEP AASS r1 2 r2 2), ",
+                                         st.ranks - st.ag, " expert ranks")
+                              .c_str()
+                        : "");
   return report(rows, st) ? tools::exit_ok : tools::exit_check;
 }
 
