@@ -718,9 +718,11 @@ TEST_CASE("device disaggregated live layer: 2 AG + 2 EG re-plan over the expert 
     check_loop(runs, moe::test::full_or(4, 2));
     check_ag_sent_nothing(runs, 2);
   }
-  SECTION("replication::BatchSplit: each micro-batch split over the new copies, an AG rank plans") {
+  SECTION("replication::BatchSplit: each micro-batch split over the new copies, an AG rank plans (split-aware)") {
     auto o = loop;
     o.plan_rank = 0;  // an AG rank plans; its layout (2 EG ranks x width) goes to the others
+    o.planner = moe::live::Planner::split_balance;  // from the window's expert totals
+    o.tolerance_permille = 5;
     auto runs = serve_disaggregated_staged<4, moe::replication::BatchSplit>(100, o);
     check_loop(runs, 2);
     check_ag_sent_nothing(runs, 2);

@@ -40,7 +40,7 @@
 // --ag N: the disaggregated layer instead (host FinDEP, schedule::FinDep AASS with r1 = 2
 // micro-batches of r2 = 2 chunks): ranks [0, N) draw the tokens and run attention, the other
 // ranks hold the experts; the first plan, the re-plans, the balance and the moves are over those
-// expert ranks (Layer::plan_ranks()), which must split the experts evenly. splitplan is refused.
+// expert ranks (Layer::plan_ranks()), which must split the experts evenly.
 //
 //   live_layer_study [--models olmoe,mixtral] [--ranks 8|4] [--passes 2000] [--tokens 64]
 //                    [--window 100] [--replan-every 100] [--spare-slots 2] [--chunk-experts 1]
@@ -690,9 +690,6 @@ int body(int argc, char** argv, int rank, int ranks_given, auto&& run) {
     check(st.ag < st.ranks, "--ag: ", st.ag, " attention ranks leave none of the ", st.ranks, " for the experts");
     check(st.tokens % 4 == 0, "--ag: the FinDEP schedule (r1 = 2 micro-batches of r2 = 2 chunks) needs --tokens "
           "divisible by 4, got ", st.tokens);
-    check(std::find(st.strategies.begin(), st.strategies.end(), Strategy::split_planner) == st.strategies.end(),
-          "--strategies: splitplan scores plans by splits whose sources are the plan's own ranks; a disaggregated "
-          "layer's (--ag) are its attention ranks");
   }
   std::vector<Routing> models;
   for (auto const& n : st.models) {

@@ -795,9 +795,6 @@ private:
           "loads (Buffers::load_counts)");
     check(!replanning || can_replan, "moe::Layer: LayerOptions::live: re-planning needs a placement::Table and "
           "replication::Table or replication::BatchSplit (the policies whose plans the re-planner rewrites)");
-    check(!replanning || plan_ranks == ranks || o.planner != live::Planner::split_balance,
-          "moe::Layer: LayerOptions::live.planner = split_balance scores plans by splits whose sources are the plan's "
-          "own ranks; a disaggregated layer's sources are its attention group: use minimal_move or eplb");
     check(!replanning || o.window > 0, "moe::Layer: LayerOptions::live: re-planning needs a load window (window > 0)");
     check(o.replan_every == 0 || (o.spare_slots > 0 && o.migration_bytes_per_pass > 0),
           "moe::Layer: LayerOptions::live.replan_every needs spare_slots > 0 and migration_bytes_per_pass > 0");

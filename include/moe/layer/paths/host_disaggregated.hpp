@@ -35,8 +35,8 @@
 // layout is EG ranks x width), the experts' weights move between EG ranks through the front's
 // arena (attach_arena: the EG ranks' slots; an AG rank's arena is empty), and every rank takes part
 // in the votes and in each migration chunk's all-to-all (an AG rank with no bytes). The
-// split-aware planner (live::Planner::split_balance) is refused here: it scores plans by splits
-// whose sources are the plan's own ranks.
+// split-aware planner (live::Planner::split_balance) scores a layout by each pass's least max load
+// over the EG ranks, which depends on the experts' totals only, not on which ranks sent the pairs.
 // stats(): tokens and assignments on AG ranks; the bytes this rank sent (an AG rank's are all
 // dispatch, an EG rank's all combine) and those of the executor's own control messages; the
 // dispatch records an AG rank sent (records_remote: an AG rank serves no expert, so none is local)
