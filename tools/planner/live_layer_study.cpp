@@ -422,8 +422,8 @@ long long sum_over_ranks(Comm& comm, long long v) {
 
 struct Summary {
   std::string model, comm, strategy;
-  std::string ranks_text;  ///< "8", or "2+6" for 2 attention and 6 expert ranks (--ag)
-  int ranks = 0, passes = 0, plans = 0, failures = 0, refused = 0;
+  std::string ranks;  ///< "8", or "2+6" for 2 attention and 6 expert ranks (--ag)
+  int passes = 0, plans = 0, failures = 0, refused = 0;
   double mean_imbalance = 0, p99_imbalance = 0, mean_last_third = 0;
   long long copies = 0, full_copies = 0, bytes_sent = 0, bytes_expected = 0, mismatches = 0, window_bad = 0;
   double real_gib = 0, held_fraction = 0, worst_hold = 0, median_hold = 0, mean_pass_ms = 0, worst_error = 0;
@@ -434,7 +434,7 @@ struct Summary {
 
 Summary summarise(std::vector<PassRecord> const& all, int R, int P) {
   Summary s;
-  s.ranks = R, s.passes = P;
+  s.passes = P;
   std::vector<double> imb, holds, chunks, probes, walls;
   double wall_sum = 0;
   long long held = 0;
@@ -514,7 +514,7 @@ std::vector<Summary> run_model(Comm& comm, Routing const& m, Study const& st, Fi
     auto all = gather(comm, mine.passes);
     Summary s = summarise(all, R, st.passes);
     s.model = m.name, s.comm = comm_name, s.strategy = name_of(strategy);
-    s.ranks_text = st.ag > 0 ? detail::concat(st.ag, "+", R - st.ag) : std::to_string(R);
+    s.ranks = st.ag > 0 ? detail::concat(st.ag, "+", R - st.ag) : std::to_string(R);
     // Every rank tracks the same plans: rank 0's counts stand for all.
     s.copies = mine.copies_added;
     s.full_copies = mine.full_copies;
@@ -569,7 +569,7 @@ bool report(std::vector<Summary> const& rows, Study const& st) {
       std::snprintf(pct_text, sizeof pct_text, "%.2f", 100.0 * static_cast<double>(r.copies) / static_cast<double>(full));
     std::printf("%s\t%s\t%s\t%s\t%d\t%.4f\t%.4f\t%.4f\t%d\t%lld\t%.2f\t%s\t%.1f\t%.2f\t%.2f\t%.3f\t%.3f\t%.3f\t"
                 "%.3f\t%.2e\t%lld\t%lld\t%lld\t%d\t%lld\t%lld\n",
-                r.model.c_str(), r.comm.c_str(), r.ranks_text.c_str(), r.strategy.c_str(), r.passes, r.mean_imbalance,
+                r.model.c_str(), r.comm.c_str(), r.ranks.c_str(), r.strategy.c_str(), r.passes, r.mean_imbalance,
                 r.p99_imbalance, r.mean_last_third, r.plans, r.copies, r.real_gib, pct_text, 100.0 * r.held_fraction,
                 100.0 * r.median_hold, 100.0 * r.worst_hold, r.mean_pass_ms, r.median_pass_ms, r.median_chunk_ms,
                 r.median_probe_ms, r.worst_error, r.mismatches, r.window_bad, r.checked, r.failures, r.bytes_sent,
@@ -604,7 +604,7 @@ bool report(std::vector<Summary> const& rows, Study const& st) {
       std::snprintf(pct, sizeof pct, "%.2f %%", 100.0 * static_cast<double>(r.copies) / static_cast<double>(full));
     std::printf("# goal %s %s (%s, %s ranks): mean max/mean %.4f (<= 1.05: %s); moved %s of full reshuffle (<= 5 %%: %s); "
                 "worst hold-up %.2f %% of its pass (<= 10 %%: %s)\n",
-                r.strategy.c_str(), r.model.c_str(), r.comm.c_str(), r.ranks_text.c_str(), r.mean_imbalance, r.mean_imbalance <= 1.05 ? "met" : "NOT met",
+                r.strategy.c_str(), r.model.c_str(), r.comm.c_str(), r.ranks.c_str(), r.mean_imbalance, r.mean_imbalance <= 1.05 ? "met" : "NOT met",
                 pct,
                 full > 0 && r.copies * 20 <= full ? "met" : (full > 0 ? "NOT met" : "n/a"), 100.0 * worst,
                 worst <= 0.10 ? "met" : "NOT met");
