@@ -1085,6 +1085,13 @@ TEST_CASE("FinDEP point-to-point executor and the device disaggregated Layer rej
       if (host.rank() == 1)
         expect([&] { (void)fixed.prepare_tables(swapped, {}, dw.view().experts, nullptr); },
                "its workspace was sized for 3");
+      if (host.rank() == 0) {  // the AG rank: a split needs buffers an executor built without one lacks
+        std::vector<std::vector<int>> one_copy;
+        for (int g : three_five) one_copy.push_back({g});
+        moe::replication::BatchSplit split(one_copy, std::vector<int>{0, 0});
+        expect([&] { (void)fixed.prepare_tables(first, {}, dw.view().experts, &split); },
+               "a batch split for an executor built without one");
+      }
       try {
         auto next = grows.prepare_tables(swapped, {}, dw.view().experts, nullptr);
         grows.adopt(std::move(next), dw.view().experts);

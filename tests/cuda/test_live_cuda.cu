@@ -747,7 +747,10 @@ TEST_CASE("device disaggregated live layer: 2 AG + 2 EG re-plan over the expert 
 TEST_CASE("device disaggregated live layer through collective::Nccl: 2 AG + 2 EG, one device each",
           "[cuda][layer][findep][nccl][live]") {
   if (!moe::test::has_devices(4)) return;
-  auto runs = serve_disaggregated_nccl(4, moe::test::full_or(200, 100), loop);
-  check_loop(runs, moe::test::full_or(4, 2));
+  // Under ThreadSanitizer (CI runs this case there for the migration's stream order) 70 passes,
+  // enough for one re-plan.
+  constexpr bool tsan = moe::test::thread_sanitized;
+  auto runs = serve_disaggregated_nccl(4, tsan ? 70 : moe::test::full_or(200, 100), loop);
+  check_loop(runs, tsan ? 1 : moe::test::full_or(4, 2));
   check_ag_sent_nothing(runs, 2);
 }

@@ -13,9 +13,12 @@ moe_emu_cuda_test(NAME test_device_policies_emu SOURCE test_device_policies.cu)
 moe_emu_cuda_test(NAME test_batch_split_cuda_emu SOURCE test_batch_split_cuda.cu LABELS emu_tsan)
 moe_emu_cuda_test(NAME test_nccl_ranks_emu SOURCE test_nccl_ranks.cu LABELS emu_tsan)
 # Under ThreadSanitizer, the live layer's cases with the most threads at once per pass: the
-# re-planner's thread, NCCL ranks whose allocations fail in turn, and capture refused on staged ranks.
+# re-planner's thread, NCCL ranks whose allocations fail in turn, capture refused on staged ranks,
+# and the device disaggregated loop on 4 NCCL ranks (the migration's copies and all-to-all-v on the
+# pass's stream, between the FinDEP pipeline's two communicators).
 if(MOE_SANITIZE STREQUAL "thread")
-  moe_emu_cuda_test(NAME test_live_cuda_emu SOURCE test_live_cuda.cu LABELS emu_tsan ARGS "[leaks],[graph]")
+  moe_emu_cuda_test(NAME test_live_cuda_emu SOURCE test_live_cuda.cu LABELS emu_tsan
+                    ARGS "[leaks],[graph],device disaggregated live layer through collective::Nccl*")
 else()
   moe_emu_cuda_test(NAME test_live_cuda_emu SOURCE test_live_cuda.cu)
 endif()

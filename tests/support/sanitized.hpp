@@ -13,6 +13,12 @@ inline constexpr bool sanitized = true;
 inline constexpr bool sanitized = false;
 #endif
 
+#if defined(__SANITIZE_THREAD__)
+inline constexpr bool thread_sanitized = true;
+#else
+inline constexpr bool thread_sanitized = false;
+#endif
+
 /// `full` in the plain build, `reduced` under a sanitizer.
 template <class T>
 constexpr T full_or(T full, T reduced) {

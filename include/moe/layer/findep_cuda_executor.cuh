@@ -536,13 +536,15 @@ public:
           " experts, the shape has ", shape.experts);
     check(split == nullptr || splits() || !is_ag(), who, ": a batch split for an executor built without one");
     replication::CopyLists copies = copy_lists_of(on_eg, replicas);
-    for (int g = 0; g < eg_; ++g)
-      check(held_by(copies, g) <= held_bound_, who, ": the plan gives EG index ", g, " ", held_by(copies, g),
+    for (int g = 0; g < eg_; ++g) {
+      int held = held_by(copies, g);
+      check(held <= held_bound_, who, ": the plan gives EG index ", g, " ", held,
             " experts; a plan may give an EG rank at most ", held_bound_, " (the first plan's most)");
-    if (is_eg())
-      check(held_by(copies, eg_index()) <= served_bound_, who, ": the plan gives EG index ", eg_index(), " ",
-            held_by(copies, eg_index()), " experts; its workspace was sized for ", served_bound_,
-            " (FinDepCudaOptions::replans sizes it for any plan)");
+      if (is_eg() && g == eg_index())
+        check(held <= served_bound_, who, ": the plan gives EG index ", g, " ", held,
+              " experts; its workspace was sized for ", served_bound_,
+              " (FinDepCudaOptions::replans sizes it for any plan)");
+    }
     Tables t = make_tables(on_eg, copies, experts, split);
     if (t.split)
       check(t.split->take_size() <= split_take_bound_ && t.split->workspace_bytes() <= split_work_bound_, who,

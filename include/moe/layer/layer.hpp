@@ -235,6 +235,22 @@ replication::Table expert_group_copies(Replicas const& replicas, placement::Tabl
   }
 }
 
+/// One plan as both disaggregated executors take it: the placement over the `eg` expert-group
+/// indices, the copy lists over them, and the policy itself where it is a replication::BatchSplit
+/// (null otherwise; it points into `replicas`).
+struct ExpertGroupPlan {
+  placement::Table on_eg;
+  replication::Table copies;
+  replication::BatchSplit const* split = nullptr;
+};
+template <placement::Policy Placement, replication::Policy Replicas>
+ExpertGroupPlan expert_group_plan(Placement const& placement, Replicas const& replicas, int experts, int eg) {
+  ExpertGroupPlan p{expert_group_table(placement, experts, eg), {}, nullptr};
+  p.copies = expert_group_copies(replicas, p.on_eg, eg);
+  if constexpr (std::is_same_v<Replicas, replication::BatchSplit>) p.split = &replicas;
+  return p;
+}
+
 /// One rank's verdict on a pass, exchanged before any data moves (256 bytes): whether its
 /// arguments passed, why not, and the settings every rank must share.
 struct Vote {

@@ -207,7 +207,7 @@ public:
                     std::span<std::byte> stage_send, std::span<std::byte> stage_recv) {
     if constexpr (collective::Exchange<Comm>) {
       namespace kc = kernels::cuda;
-      check(mine.size() <= stage_send.size() && out.size() <= stage_recv.size(), "moe::Layer (device): gather_bytes: ",
+      check(mine.size() <= stage_send.size() && out.size() <= stage_recv.size(), who_, ": gather_bytes: ",
             mine.size(), " and ", out.size(), " bytes do not fit the staging buffers of ", stage_send.size(), " and ",
             stage_recv.size());
       if (!mine.empty())
@@ -224,11 +224,13 @@ public:
   }
 
 protected:
-  explicit DeviceMigration(Comm& comm) : comm_(&comm) {}
+  /// `who`: the path, as its messages name it.
+  DeviceMigration(Comm& comm, char const* who) : comm_(&comm), who_(who) {}
   cudaStream_t stream_ = nullptr;  // the stream of the last pass (the window's gather runs on it too)
 
 private:
   Comm* comm_;
+  char const* who_;
 };
 }  // namespace detail
 
@@ -280,7 +282,11 @@ public:
   };
 
   DeviceExecutor(Comm& comm, Placement placement, Replicas replicas, LayerWeights<T> weights, Options const& options)
-      : detail::DeviceMigration<Comm>(comm), comm_(&comm), placement_(std::move(placement)), replicas_(std::move(replicas)), weights_(weights),
+      : detail::DeviceMigration<Comm>(comm, "moe::Layer (device)"),
+        comm_(&comm),
+        placement_(std::move(placement)),
+        replicas_(std::move(replicas)),
+        weights_(weights),
         options_(options) {
     detail::keep_shared_list(weights_, shared_);  // run() reads the shared list; the routed go to tables
     int ranks = comm.size(), rank = comm.rank();

@@ -227,10 +227,8 @@ private:
   /// `new_copies` false: the same copies with other weights (the split is kept).
   NextPlan prepare(Placement placement, Replicas replicas, std::span<ExpertWeights<T> const> experts,
                    bool new_copies) const {
-    int eg = executor_.expert_ranks();
-    placement::Table on_eg = eg_table(placement, eg);
-    replication::Table copies = detail::expert_group_copies(replicas, on_eg, eg);
-    auto tables = executor_.prepare_tables(on_eg, copies, experts, new_copies ? batch_split(replicas) : nullptr);
+    detail::ExpertGroupPlan p = detail::expert_group_plan(placement, replicas, shape.experts, executor_.expert_ranks());
+    auto tables = executor_.prepare_tables(p.on_eg, p.copies, experts, new_copies ? p.split : nullptr);
     return {std::move(tables), std::move(placement), std::move(replicas)};
   }
 
@@ -244,7 +242,7 @@ private:
   /// e2a == nullptr: the link uses `owned`.
   DeviceDisaggregatedExecutor(std::unique_ptr<Comm> owned, Comm& a2e, Comm* e2a, Placement const& placement,
                               Replicas const& replicas, LayerWeights<T> weights, Options const& options)
-      : detail::DeviceMigration<Comm>(a2e),
+      : detail::DeviceMigration<Comm>(a2e, "moe::Layer (device disaggregated)"),
         owned_e2a_(std::move(owned)),
         a2e_(&a2e),
         e2a_(e2a ? e2a : owned_e2a_.get()),

@@ -180,12 +180,8 @@ public:
   NextPlan prepare_plan(Placement placement, Replicas replicas, std::span<ExpertWeights<T> const> experts) const
     requires replannable
   {
-    int eg = executor_.expert_ranks();
-    placement::Table on_eg = eg_table(placement, eg);
-    replication::Table copies = detail::expert_group_copies(replicas, on_eg, eg);
-    replication::BatchSplit const* split = nullptr;
-    if constexpr (std::is_same_v<Replicas, replication::BatchSplit>) split = &replicas;
-    auto tables = executor_.prepare_tables(std::move(on_eg), copies, experts, split);
+    detail::ExpertGroupPlan p = detail::expert_group_plan(placement, replicas, shape.experts, executor_.expert_ranks());
+    auto tables = executor_.prepare_tables(std::move(p.on_eg), p.copies, experts, p.split);
     return {std::move(tables), std::move(replicas)};
   }
   void adopt(NextPlan&& next, std::span<ExpertWeights<T> const> experts) noexcept {
