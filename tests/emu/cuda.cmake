@@ -86,7 +86,7 @@ endif()
 foreach(_cost "test_findep_cuda_emu_bf16|140" "test_findep_cuda_emu_bf16_portable|140" "test_findep_cuda_emu|60"
               "test_findep_cuda_emu_p2p_ranks|100" "test_findep_cuda_emu_p2p_layer|50" "test_findep_cuda_emu_p2p|20"
               "test_findep_cuda_emu_nccl|40" "test_cuda_layer_emu|90" "bench_cuda_moe_emu_smoke|40"
-              "test_cuda_kernels_emu|30" "test_workspace_exact_cuda_emu|30")
+              "test_cuda_kernels_emu|30" "test_workspace_exact_cuda_emu|30" "test_live_cuda_emu|80")
   string(REPLACE "|" ";" _cost "${_cost}")
   list(GET _cost 0 _test)
   list(GET _cost 1 _seconds)
