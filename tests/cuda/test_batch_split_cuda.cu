@@ -199,6 +199,32 @@ TEST_CASE("device batch split on the edge cases", "[batch-split]") {
     CHECK(compare(c));  // the workspace fits in shared memory (past 48 KiB: the kernel opts in)
     CHECK_FALSE(compare(c, moe::kernels::cuda::DeviceSplit::max_shared));  // without the opt-in: global memory
   }
+  SECTION("a smaller split built later leaves the larger one its shared memory (the kernel's opt-in)") {
+    // A re-plan builds its split beside the one in use, which serves on if the switch is dropped;
+    // several layers in one process each have one. The opt-in is the kernel's, not a split's.
+    using moe::kernels::cuda::DeviceSplit;
+    std::mt19937 rng(11);
+    auto c = random_case(rng, 32, 4, 256, 32, 120);
+    Case fewer = c;  // four copies fewer: less shared memory, still past 48 KiB
+    int dropped = 0;
+    for (auto& l : fewer.copies)
+      if (l.size() > 1 && dropped < 4) l.pop_back(), ++dropped;
+    BatchSplit host(c.copies, c.server), host_fewer(fewer.copies, fewer.server);
+    auto hout = host.plan_batch(c.counts);
+    DeviceSplit in_use(host.layout());
+    DeviceSplit next(host_fewer.layout());
+    REQUIRE(next.shared_bytes() > DeviceSplit::max_shared);
+    REQUIRE(next.shared_bytes() < in_use.shared_bytes());
+    Device<std::int32_t> counts(c.counts);
+    Device<std::int32_t> take(in_use.take_size());
+    Device<long long> load(in_use.load_size());
+    Device<Outcome> outcome(1);
+    in_use.run(counts.get(), take.get(), load.get(), outcome.get(), nullptr, nullptr);
+    auto dout = outcome.download()[0];
+    REQUIRE(dout.bad == 0);
+    CHECK(dout.max_load == hout.max_load);
+    CHECK(load.download() == host.load());
+  }
   SECTION("an expert of 32 copies (a lane each) and one of 40 (past a warp: the host's code on a lane)") {
     std::mt19937 rng(17);
     auto c = random_case(rng, 48, 3, 12, 20, 30);

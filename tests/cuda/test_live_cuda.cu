@@ -214,13 +214,33 @@ struct AllocFault {
   TimedBarrier* meet = nullptr;
 };
 
-/// What every rank's loop shares: the weights, the first plan and the primaries.
+/// What every rank's loop shares: the weights, the first plan and the primaries, and a layout
+/// the ranks migrate to before pass 2 (Layer::migrate_to; none when empty).
 struct World {
   moe::RandomLayerWeights<T> weights{s, 77};
   std::vector<std::vector<int>> copies;
   std::vector<int> primary = std::vector<int>(64);
+  std::vector<int> layout;
   World(int n, bool with_copies) : copies(first_copies(n, with_copies)) {
     for (int e = 0; e < 64; ++e) primary[static_cast<std::size_t>(e)] = e % n;
+  }
+  /// A first plan whose last plan rank holds experts 0 and 1 only, fewer than top_k = 8 (the
+  /// others one each of the rest), and a layout that also gives that rank experts 2-7: a rank
+  /// that grows past what it first served, within the first plan's most (no spare slots needed).
+  static World growing(int n) {
+    World w(n, false);
+    int width = (62 + n - 2) / (n - 1);
+    w.layout.assign(static_cast<std::size_t>(n * width), -1);
+    std::vector<int> used(static_cast<std::size_t>(n), 0);
+    auto put = [&](int r, int e) { w.layout[static_cast<std::size_t>(r * width + used[static_cast<std::size_t>(r)]++)] = e; };
+    for (int e = 0; e < 64; ++e) {
+      int r = e < 2 ? n - 1 : (e - 2) % (n - 1);
+      w.primary[static_cast<std::size_t>(e)] = r;
+      w.copies[static_cast<std::size_t>(e)] = {r};
+      put(r, e);
+    }
+    for (int e = 2; e < 8; ++e) put(n - 1, e);
+    return w;
   }
 };
 
@@ -288,6 +308,7 @@ void serve_rank(Comm& comm, moe::test::Stream& st, int rank, int n, int passes, 
     auto first = static_cast<std::size_t>(rank * tokens) * h;
     dx.upload(rows_of(x, first));
     dy.poison();
+    if (!world.layout.empty() && p == 2) layer.migrate_to(world.layout);
     if (fault && p == replan_at) {  // at 55 hot: 16, 18, ..., 26, one copy each, on rank 0; at 5: 0, 2, ..., 10
 #if defined(MOE_CUDA_EMULATOR)
       measure(r.held_before);
@@ -439,7 +460,7 @@ template <class Schedule = ms::FinDep>
 struct Disaggregated {
   int ag = 2;
   Schedule schedule = Schedule{2, ms::Order::aass, 2, 2};
-  int fault_rank = -1;  // the rank whose migration throws at `fault` (an EG rank: it moves weights)
+  int fault_rank = -1;  // the rank whose migration throws at `fault` (AG or EG)
 };
 
 /// One rank's `passes` passes of the disaggregated layer (serve_rank's checks: every AG rank's
@@ -488,6 +509,7 @@ void serve_disaggregated_rank(Comm& a2e, Comm* e2a, moe::test::Stream& st, int r
       dx.upload(rows_of(x, first));
       dy.poison();
     }
+    if (!world.layout.empty() && p == 2) layer.migrate_to(world.layout);
     if (fault && p == 5) layer.replan();  // hot: 0, 2, ..., 10, crowding EG index 0
     bool threw = !try_pass(layer, {.tokens = tokens, .x = is_ag ? dx.get() : nullptr,
                                    .y = is_ag ? dy.get() : nullptr, .stream = st}, ws, r);
@@ -740,6 +762,57 @@ TEST_CASE("device disaggregated live layer: 2 AG + 2 EG re-plan over the expert 
     for (auto step : all_steps) {
       INFO("fault at " << moe::live::step_name(step));
       check_fault(serve_disaggregated_staged<4>(100, o, {.fault_rank = 3}, step), "planted fault", 3);
+    }
+  }
+  SECTION("a fault at each step on AG rank 0, with replication::BatchSplit: the old split serves on") {
+    // An AG rank moves no weights but plans, takes part in each chunk and builds the next plan's
+    // split beside the one in use, which must still serve once the switch is dropped.
+    auto o = loop;
+    o.replan_every = 0;
+    for (auto step : all_steps) {
+      INFO("fault at " << moe::live::step_name(step));
+      check_fault(serve_disaggregated_staged<4, moe::replication::BatchSplit>(100, o, {.fault_rank = 0}, step),
+                  "planted fault", 0);
+    }
+  }
+}
+
+TEST_CASE("device live layers: migrate_to without spare slots grows a rank past what it first served",
+          "[cuda][layer][findep][live][migrate]") {
+  // The workspace of a layer with a load window holds any plan within the first plan's most
+  // experts per rank, not only the first: here a rank that first served 2 experts (fewer than
+  // top_k) serves 8 after Layer::migrate_to, with no spare slots. Every pass against the reference.
+  constexpr moe::live::Options grow{.window = 4, .migration_bytes_per_pass = 4096};
+  constexpr int passes = 20;  // 6 slots of 6 KiB at 4 KiB per pass, then the switch
+  SECTION("sequential, 4 staged ranks, replication::Table") {
+    World world = World::growing(4);
+    auto runs = on_staged_ranks<4>([&](moe::collective::InProcess<4>& host, moe::test::Stream& st, int rank, RankRun& r) {
+      moe::test::StagedDevice<4> comm(host);
+      serve_rank<moe::replication::Table>(comm, st, rank, 4, passes, grow, std::nullopt, world, r);
+    });
+    check_loop(runs, 1);
+  }
+  SECTION("sequential, 4 staged ranks, replication::BatchSplit (the split of 70 copies, the first had 64)") {
+    World world = World::growing(4);
+    auto runs = on_staged_ranks<4>([&](moe::collective::InProcess<4>& host, moe::test::Stream& st, int rank, RankRun& r) {
+      moe::test::StagedDevice<4> comm(host);
+      serve_rank<moe::replication::BatchSplit>(comm, st, rank, 4, passes, grow, std::nullopt, world, r);
+    });
+    check_loop(runs, 1);
+  }
+  SECTION("disaggregated FinDEP, 2 AG + 2 EG staged, replication::Table and BatchSplit") {
+    World world = World::growing(2);
+    auto body = [&]<class Replicas>(Replicas*) {
+      return on_staged_ranks<4>([&](moe::collective::InProcess<4>& host, moe::test::Stream& st, int rank, RankRun& r) {
+        moe::test::StagedDevice<4> a2e(host), e2a(host);
+        serve_disaggregated_rank<Replicas>(a2e, &e2a, st, rank, 4, passes, grow, std::nullopt, Disaggregated<>{},
+                                           world, r);
+      });
+    };
+    for (auto const& runs : {body(static_cast<moe::replication::Table*>(nullptr)),
+                             body(static_cast<moe::replication::BatchSplit*>(nullptr))}) {
+      check_loop(runs, 1);
+      check_ag_sent_nothing(runs, 2);
     }
   }
 }

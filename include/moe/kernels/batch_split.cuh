@@ -766,18 +766,16 @@ public:
                          static_cast<std::size_t>(waves_) + 1 + static_cast<std::size_t>(wave_experts_) +
                          static_cast<std::size_t>(host.ranks)) * sizeof(int);
     std::size_t need = work_bytes() + (lists + sizeof(long long) - 1) / sizeof(long long) * sizeof(long long);
-    if (shared_limit == 0) {
-      int dev = 0, optin = 0;
-      check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
-      check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
-                 "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
-      // leave room for the kernel's static shared variables
-      shared_limit = static_cast<std::size_t>(optin) > 1024 ? static_cast<std::size_t>(optin) - 1024 : 0;
-    }
-    if (need <= shared_limit) {
+    std::size_t device_limit = opt_in_limit(kernel());
+    if (shared_limit == 0) shared_limit = device_limit;
+    if (need <= std::min(shared_limit, device_limit)) {
       shared_ = need;
+      // The limit belongs to the kernel (on this device), not to this split: every split opts it in
+      // to the same most, so that no split lowers the limit another one runs under (a re-plan's
+      // split built beside the one in use, or another layer's, in this process).
       if (need > max_shared)
-        check_cuda(cudaFuncSetAttribute(kernel(), cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(need)),
+        check_cuda(cudaFuncSetAttribute(kernel(), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(device_limit)),
                    "cudaFuncSetAttribute(batch_split_kernel, MaxDynamicSharedMemorySize)");
     }
   }
@@ -856,6 +854,18 @@ public:
   }
 
 private:
+  /// The most dynamic shared memory the current device lets kernel `k` take with an opt-in: the
+  /// device's per-block most less the kernel's static shared variables.
+  static std::size_t opt_in_limit(decltype(&detail::batch_split_kernel<threads, true>) k) {
+    int dev = 0, optin = 0;
+    check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+    check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+               "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
+    cudaFuncAttributes a{};
+    check_cuda(cudaFuncGetAttributes(&a, k), "cudaFuncGetAttributes(batch_split_kernel)");
+    auto most = static_cast<std::size_t>(optin);
+    return most > a.sharedSizeBytes ? most - a.sharedSizeBytes : 0;
+  }
   /// The kernel of this split's rounds (see Rounds).
   [[nodiscard]] decltype(&detail::batch_split_kernel<threads, true>) kernel() const {
     return warp_rounds_ ? detail::batch_split_kernel<threads, true> : detail::batch_split_kernel<threads, false>;

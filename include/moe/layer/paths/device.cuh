@@ -176,8 +176,9 @@ private:
 /// What the front's re-planning asks of a device path (both device executors derive from it): the
 /// weights move in device memory on the stream of the last pass, after that pass's work, through
 /// the collective (every rank of it takes part in each chunk, one that moves nothing with no
-/// bytes). The executor sets `stream_` on every pass. Without collective::Exchange (one GPU) the
-/// collective calls are no-ops: nothing crosses ranks.
+/// bytes). The executor sets `stream_` on every pass. A pass on another stream sees these copies
+/// done only if the caller orders its passes (as the workspace needs them ordered anyway). Without
+/// collective::Exchange (one GPU) the collective calls are no-ops: nothing crosses ranks.
 template <class Comm>
 class DeviceMigration {
 public:
@@ -657,11 +658,14 @@ public:
   [[nodiscard]] int rows_per_record() const {
     return options_.deduplicate ? std::max(1, std::min(k, served_bound())) : 1;
   }
-  /// Experts this rank serves, as the workspace is sized for: with re-planning (live.spare_slots
-  /// > 0) the most any rank held in the first plan, which bounds every later plan.
-  [[nodiscard]] int served_bound() const {
-    return options_.live.spare_slots > 0 ? max_held_ : experts_.served_count();
-  }
+  /// Whether this layer may switch plans: a load window on a layer that can re-plan (re-planning,
+  /// or Layer::migrate_to, which needs no spare slots). The workspace then holds any plan whose
+  /// ranks hold at most max_held_ experts (the first plan's most; Layer::migrate_to and the
+  /// re-planner keep every plan within it), not only the first plan.
+  [[nodiscard]] bool any_plan() const { return live::Replannable<Placement, Replicas> && options_.live.window > 0; }
+  /// Experts this rank serves, as the workspace is sized for: its own count in the first plan, or
+  /// when the layer may switch plans (any_plan) the most any rank held then, which bounds every later plan.
+  [[nodiscard]] int served_bound() const { return any_plan() ? max_held_ : experts_.served_count(); }
   [[nodiscard]] std::size_t recv_capacity() const {
     if (local) return send_capacity();
     if (padded()) return static_cast<std::size_t>(comm_->size()) * static_cast<std::size_t>(per_peer());
@@ -719,20 +723,20 @@ public:
   }
 
   /// replication::BatchSplit, the split's outputs and global workspace as the workspace holds
-  /// them: this plan's; with re-planning (live.spare_slots > 0), any plan's whose ranks hold at most
+  /// them: this plan's; when the layer may switch plans (any_plan), any plan's whose ranks hold at most
   /// max_held_ experts each. Such a plan has at most ranks x max_held_ copies, and an expert has at
   /// most `ranks` of them, so the copy pairs (arcs) number at most copies x (ranks - 1).
   [[nodiscard]] std::size_t split_take_bound() const
     requires batch
   {
-    if (options_.live.spare_slots == 0) return split_->take_size();
+    if (!any_plan()) return split_->take_size();
     auto ranks = static_cast<std::size_t>(comm_->size());
     return ranks * ranks * static_cast<std::size_t>(max_held_);
   }
   [[nodiscard]] std::size_t split_work_bound() const
     requires batch
   {
-    if (options_.live.spare_slots == 0) return split_->workspace_bytes();
+    if (!any_plan()) return split_->workspace_bytes();
     replication::split::Layout most = split_->layout();
     most.slots = most.ranks * max_held_;
     most.arcs = most.slots * (most.ranks - 1);

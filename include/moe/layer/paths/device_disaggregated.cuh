@@ -39,7 +39,8 @@
 //   over EG indices, the EG ranks' experts in a device arena, each migration chunk an all-to-all-v
 //   on the A2E communicator on the caller's stream (detail::DeviceMigration), the AG ranks with no
 //   arena and no bytes. FinDepCudaExecutor::prepare_tables builds the next plan's device tables
-//   before the switch; with live.spare_slots > 0 the workspace holds any plan the arena allows.
+//   before the switch; with a load window (the layer may switch plans: re-planning, or
+//   Layer::migrate_to without spare slots) the workspace holds any plan the arena allows.
 // Replicas: any replica policy with fixed copies over EG indices, with the host path's rule (token
 // t of AG rank p uses copy (p + t) mod n of an expert's n copies); or replication::BatchSplit over
 // EG indices: each micro-batch split over the copies on the device (FinDepCudaExecutor; the AG
@@ -221,7 +222,8 @@ private:
 
   static schedule::FinDepCudaOptions executor_options(Options const& o) {
     return {.max_tokens = o.max_tokens, .max_chunks = o.device.max_chunks,
-            .cublas_workspace = o.device.cublas_workspace, .gemm = o.device.gemm, .replans = o.live.spare_slots > 0};
+            .cublas_workspace = o.device.cublas_workspace, .gemm = o.device.gemm,
+            .replans = replannable && o.live.window > 0};  // the layer may switch plans
   }
 
   /// `new_copies` false: the same copies with other weights (the split is kept).
