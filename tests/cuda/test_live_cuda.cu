@@ -784,21 +784,17 @@ TEST_CASE("device live layers: migrate_to without spare slots grows a rank past 
   // top_k) serves 8 after Layer::migrate_to, with no spare slots. Every pass against the reference.
   constexpr moe::live::Options grow{.window = 4, .migration_bytes_per_pass = 4096};
   constexpr int passes = 20;  // 6 slots of 6 KiB at 4 KiB per pass, then the switch
-  SECTION("sequential, 4 staged ranks, replication::Table") {
+  SECTION("sequential, 4 staged ranks, replication::Table and BatchSplit (the split of 70 copies, the first had 64)") {
     World world = World::growing(4);
-    auto runs = on_staged_ranks<4>([&](moe::collective::InProcess<4>& host, moe::test::Stream& st, int rank, RankRun& r) {
-      moe::test::StagedDevice<4> comm(host);
-      serve_rank<moe::replication::Table>(comm, st, rank, 4, passes, grow, std::nullopt, world, r);
-    });
-    check_loop(runs, 1);
-  }
-  SECTION("sequential, 4 staged ranks, replication::BatchSplit (the split of 70 copies, the first had 64)") {
-    World world = World::growing(4);
-    auto runs = on_staged_ranks<4>([&](moe::collective::InProcess<4>& host, moe::test::Stream& st, int rank, RankRun& r) {
-      moe::test::StagedDevice<4> comm(host);
-      serve_rank<moe::replication::BatchSplit>(comm, st, rank, 4, passes, grow, std::nullopt, world, r);
-    });
-    check_loop(runs, 1);
+    auto body = [&]<class Replicas>(Replicas*) {
+      return on_staged_ranks<4>([&](moe::collective::InProcess<4>& host, moe::test::Stream& st, int rank, RankRun& r) {
+        moe::test::StagedDevice<4> comm(host);
+        serve_rank<Replicas>(comm, st, rank, 4, passes, grow, std::nullopt, world, r);
+      });
+    };
+    for (auto const& runs : {body(static_cast<moe::replication::Table*>(nullptr)),
+                             body(static_cast<moe::replication::BatchSplit*>(nullptr))})
+      check_loop(runs, 1);
   }
   SECTION("disaggregated FinDEP, 2 AG + 2 EG staged, replication::Table and BatchSplit") {
     World world = World::growing(2);
