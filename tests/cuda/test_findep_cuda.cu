@@ -1085,12 +1085,22 @@ TEST_CASE("FinDEP point-to-point executor and the device disaggregated Layer rej
       if (host.rank() == 1)
         expect([&] { (void)fixed.prepare_tables(swapped, {}, dw.view().experts, nullptr); },
                "its workspace was sized for 3");
-      if (host.rank() == 0) {  // the AG rank: a split needs buffers an executor built without one lacks
-        std::vector<std::vector<int>> one_copy;
-        for (int g : three_five) one_copy.push_back({g});
-        moe::replication::BatchSplit split(one_copy, std::vector<int>{0, 0});
+      // On the AG rank (rank 0): a split needs buffers an executor built without one lacks, and a
+      // splitting executor takes new copies only with their split (null keeps the one in use).
+      std::vector<std::vector<int>> one_copy;
+      for (int g : three_five) one_copy.push_back({g});
+      moe::replication::BatchSplit split(one_copy, std::vector<int>{0, 0});
+      Ex splitting(a2e, e2a, 1, first, dw.view(), {.max_tokens = 8}, {}, &split);
+      if (host.rank() == 0) {
         expect([&] { (void)fixed.prepare_tables(first, {}, dw.view().experts, &split); },
                "a batch split for an executor built without one");
+        expect([&] { (void)splitting.prepare_tables(swapped, {}, dw.view().experts, nullptr); },
+               "new copies without their batch split");
+        try {
+          (void)splitting.prepare_tables(first, {}, dw.view().experts, nullptr);  // the same copies
+        } catch (moe::Error const& e) {
+          m += std::string("the same copies without a split were refused: ") + e.what() + "; ";
+        }
       }
       try {
         auto next = grows.prepare_tables(swapped, {}, dw.view().experts, nullptr);

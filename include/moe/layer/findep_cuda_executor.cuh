@@ -520,10 +520,12 @@ public:
   struct Tables {
     moe::detail::DeviceExpertTable<T> experts;
     std::optional<kernels::cuda::DeviceSplit> split;
+    replication::CopyLists copies;  // what they were built from (EG indices)
   };
   /// Builds and checks another plan's tables as the constructor checks the first: `on_eg` and
   /// `replicas` over EG indices, `experts` the weights this rank serves in that plan, `split` the
-  /// plan's BatchSplit on an executor that splits (null: the same copies, the current split kept).
+  /// plan's BatchSplit on an executor that splits (null: the same copies, the current split kept;
+  /// other copies without their split are refused on a splitting AG rank).
   /// No EG rank may hold more experts than the busiest of the first plan, and without
   /// FinDepCudaOptions::replans none more than it held in the first plan (the workspace's bounds).
   /// Throws moe::Error naming the problem; the executor is not changed.
@@ -536,6 +538,8 @@ public:
           " experts, the shape has ", shape.experts);
     check(split == nullptr || splits() || !is_ag(), who, ": a batch split for an executor built without one");
     replication::CopyLists copies = copy_lists_of(on_eg, replicas);
+    check(split != nullptr || !splits() || !is_ag() || (copies.first == copies_.first && copies.ranks == copies_.ranks),
+          who, ": new copies without their batch split (the split in use deals pairs over the copies it was built for)");
     for (int g = 0; g < eg_; ++g) {
       int held = held_by(copies, g);
       check(held <= held_bound_, who, ": the plan gives EG index ", g, " ", held,
@@ -557,6 +561,7 @@ public:
   void adopt(Tables&& t, std::span<ExpertWeights<T> const> experts) noexcept {
     experts_ = std::move(t.experts);
     if (t.split) split_ = std::move(t.split);
+    copies_ = std::move(t.copies);
     weights_.experts = experts;
   }
   /// The routed experts' weights the EG serves from.
@@ -614,6 +619,7 @@ private:
     Tables first = make_tables(on_eg, copies, weights_.experts, split);
     experts_ = std::move(first.experts);
     split_ = std::move(first.split);
+    copies_ = std::move(first.copies);
     if (is_eg())
       eg_sort_bytes_ = kc::sort_items_bytes(static_cast<long long>(ag_) * options_.max_tokens * k, shape.experts);
     if (split_) {
@@ -668,6 +674,7 @@ private:
       }
       t.split.emplace(split->with_sources(ag_).layout());  // EG indices, then the AG ranks
     }
+    t.copies = copies;
     return t;
   }
 
@@ -995,6 +1002,7 @@ private:
   detail_cuda::StreamPool pool_;  // plan events, then fork, A2E done, E2A done, joins
   detail_cuda::PlanCache plans_;
   std::optional<kernels::cuda::DeviceSplit> split_;  // AG rank with a per-micro-batch split
+  replication::CopyLists copies_;                    // the copy lists of the tables in use (EG indices)
   int held_bound_ = 0;                 // the most experts an EG index holds in the first plan
   int served_bound_ = 0;               // EG: the most this rank may serve (replans: held_bound_)
   std::size_t split_take_bound_ = 0;   // split_: take entries and global workspace bytes the workspace
