@@ -796,6 +796,14 @@ TEST_CASE("device live layers: migrate_to without spare slots grows a rank past 
                              body(static_cast<moe::replication::BatchSplit*>(nullptr))})
       check_loop(runs, 1);
   }
+  SECTION("sequential through collective::Nccl, 4 ranks with a device each (the chunks asynchronous)") {
+    if (!moe::test::has_devices(4)) return;
+    World world = World::growing(4);
+    auto runs = on_nccl_ranks(4, [&](moe::collective::Nccl& comm, moe::test::Stream& st, int rank, RankRun& r) {
+      serve_rank<moe::replication::Table>(comm, st, rank, 4, passes, grow, std::nullopt, world, r);
+    });
+    check_loop(runs, 1);
+  }
   SECTION("disaggregated FinDEP, 2 AG + 2 EG staged, replication::Table and BatchSplit") {
     World world = World::growing(2);
     auto body = [&]<class Replicas>(Replicas*) {
