@@ -160,3 +160,64 @@ TEST_CASE("FinDEP executor: bad input on one rank stops every rank with its reas
   }
 }
 
+TEST_CASE("FinDEP executor: another plan's tables are checked before a switch", "[schedule][executor][bad-input]") {
+  // prepare_tables (moe::Layer's re-planning) must refuse, on the rank that would meet it, a plan
+  // adopt() could not serve. It makes no collective call, so each rank's verdicts are collected
+  // and checked after the ranks join.
+  using Ex = FinDepExecutor<router::ForModel<MixtralSmall>, float, collective::InProcess<world>>;
+  constexpr ShapeSpec s = MixtralSmall::spec;
+  RandomLayerWeights<float> weights(s, 5);
+  placement::Table two = placement::Table::round_robin(s.experts, 2);  // expert e on EG index e % 2
+  std::vector<int> flipped_ranks(static_cast<std::size_t>(s.experts));
+  std::vector<std::vector<int>> one_copy;
+  for (int e = 0; e < s.experts; ++e) {
+    flipped_ranks[static_cast<std::size_t>(e)] = 1 - e % 2;
+    one_copy.push_back({e % 2});
+  }
+  placement::Table flipped(flipped_ranks);
+  replication::BatchSplit split(one_copy, std::vector<int>{0, 0});           // two's copies, one server
+  replication::BatchSplit three(one_copy, std::vector<int>{0, 0, 1});        // built for three EG ranks
+  std::vector<ExpertWeights<float>> missing(weights.view().experts.begin(), weights.view().experts.end());
+  missing[3] = {};  // expert 3: EG index 1 (rank 3) in `two`
+
+  std::vector<std::vector<std::string>> said(world);
+  collective::run_in_process<world>([&](collective::InProcess<world>& comm) {
+    auto& mine = said[static_cast<std::size_t>(comm.rank())];
+    auto verdict = [&](auto&& f) {
+      try {
+        (void)f();
+        mine.push_back("accepted");
+      } catch (Error const& e) {
+        mine.push_back(e.what());
+      }
+    };
+    auto experts = weights.view().experts;
+    Ex fixed(comm, s, 2, two, weights.view(), tokens_per_ag);
+    Ex splitting(comm, s, 2, two, weights.view(), tokens_per_ag);
+    splitting.split_each_micro_batch(split);
+    verdict([&] { return fixed.prepare_tables(two, {}, experts, &split); });      // 0
+    verdict([&] { return splitting.prepare_tables(two, {}, experts, nullptr); }); // 1
+    verdict([&] { return splitting.prepare_tables(flipped, {}, experts, &split); });  // 2
+    verdict([&] { return splitting.prepare_tables(two, {}, experts, &three); });  // 3
+    verdict([&] { return fixed.prepare_tables(two, {}, missing, nullptr); });     // 4
+    verdict([&] { return fixed.prepare_tables(placement::Table::round_robin(s.experts, 3), {}, experts, nullptr); });  // 5
+    verdict([&] { return splitting.prepare_tables(two, {}, experts, &split); });  // 6
+    verdict([&] { return fixed.prepare_tables(flipped, {}, experts, nullptr); }); // 7
+  });
+  for (int r = 0; r < world; ++r) {
+    auto const& v = said[static_cast<std::size_t>(r)];
+    INFO("rank " << r);
+    REQUIRE(v.size() == 8);
+    CHECK_THAT(v[0], Catch::Contains("brings a per-micro-batch split to an executor without one"));
+    CHECK_THAT(v[1], Catch::Contains("has no split, but this executor splits"));
+    CHECK_THAT(v[2], Catch::Contains("the batch split puts expert 0 on EG index 0, which does not hold it"));
+    CHECK_THAT(v[3], Catch::Contains("the batch split is built for 3 ranks, the expert group has 2"));
+    if (r == 3)  // the EG rank that would serve expert 3 without its weights
+      CHECK_THAT(v[4], Catch::Contains("EG rank 3 would serve expert 3 in the next plan but has no weights for it"));
+    else
+      CHECK(v[4] == "accepted");
+    CHECK_THAT(v[5], Catch::Contains("outside [0, 2)"));
+    CHECK(v[6] == "accepted");
+    CHECK(v[7] == "accepted");
+  }
+}

@@ -211,8 +211,6 @@ public:
   [[nodiscard]] Executor const& executor() const { return executor_; }
 
 private:
-  static placement::Table eg_table(Placement const& p, int eg) { return detail::expert_group_table(p, shape.experts, eg); }
-
   static void check_chunks(Options const& o) {
     check(static_cast<long long>(o.schedule.r1) * o.schedule.r2 <= o.device.max_chunks,
           "moe::Layer (device disaggregated): the schedule's r1 * r2 = ",
@@ -237,7 +235,7 @@ private:
   static std::unique_ptr<Comm> duplicate(Comm const& comm, Placement const& placement, Options const& o) {
     // A bad schedule or placement fails before the collective call.
     check_chunks(o);
-    (void)eg_table(placement, comm.size() - o.schedule.ag);
+    (void)detail::expert_group_table(placement, shape.experts, comm.size() - o.schedule.ag);
     return std::make_unique<Comm>(comm.duplicate());
   }
 
@@ -249,11 +247,7 @@ private:
         a2e_(&a2e),
         e2a_(e2a ? e2a : owned_e2a_.get()),
         schedule_((check_chunks(options), options.schedule)),
-        executor_(a2e, *e2a_, schedule_.ag, eg_table(placement, a2e.size() - schedule_.ag), weights,
-                  executor_options(options),
-                  detail::expert_group_copies(replicas, eg_table(placement, a2e.size() - schedule_.ag),
-                                              a2e.size() - schedule_.ag),
-                  batch_split(replicas)),
+        executor_(make_executor(a2e, *e2a_, schedule_.ag, placement, replicas, weights, options)),
         placement_(placement),
         replicas_(replicas),
         votes_(a2e.size()),
@@ -265,12 +259,12 @@ private:
   }
 
   static typename Executor::Arguments executor_args(Arguments const& a) { return {a.tokens, a.x, a.y, a.stream}; }
-  static replication::BatchSplit const* batch_split(Replicas const& r) {
-    if constexpr (std::is_same_v<Replicas, replication::BatchSplit>) {
-      return &r;
-    } else {
-      return nullptr;
-    }
+  /// The pipeline executor over the plan's expert-group tables and its split, as prepare() builds
+  /// the next plan's (a prvalue: the executor is neither copied nor moved).
+  static Executor make_executor(Comm& a2e, Comm& e2a, int ag, Placement const& placement, Replicas const& replicas,
+                                LayerWeights<T> weights, Options const& options) {
+    detail::ExpertGroupPlan p = detail::expert_group_plan(placement, replicas, shape.experts, a2e.size() - ag);
+    return Executor(a2e, e2a, ag, std::move(p.on_eg), weights, executor_options(options), p.copies, p.split);
   }
 
   std::unique_ptr<Comm> owned_e2a_;  // the duplicate made by the one-communicator constructor

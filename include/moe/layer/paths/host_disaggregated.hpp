@@ -70,6 +70,7 @@ class HostDisaggregatedExecutor : public detail::HostMigration<Comm> {
 public:
   static constexpr ShapeSpec shape = Model::spec;
   using T = storage_t<shape>;
+  using Executor = schedule::FinDepExecutor<Router, T, Comm>;
   using DeviceOptions = void;
   using Options = LayerOptions<Schedule>;
   static constexpr bool supports_no_dedup = false;
@@ -98,11 +99,7 @@ public:
   HostDisaggregatedExecutor(Comm& comm, Placement const& placement, Replicas const& replicas, LayerWeights<T> weights,
                             Options const& options)
       : detail::HostMigration<Comm>(comm), comm_(&comm), schedule_(options.schedule), window_(options.live.window > 0),
-        replicas_(replicas),
-        executor_(comm, shape, schedule_.ag, eg_table(placement, comm.size() - schedule_.ag), weights, options.max_tokens,
-                  detail::expert_group_copies(replicas, eg_table(placement, comm.size() - schedule_.ag),
-                                              comm.size() - schedule_.ag)) {
-    if constexpr (std::is_same_v<Replicas, replication::BatchSplit>) executor_.split_each_micro_batch(replicas);
+        replicas_(replicas), executor_(make_executor(comm, schedule_.ag, placement, replicas, weights, options.max_tokens)) {
     check(static_cast<long long>(schedule_.r1) * schedule_.r2 <= options.max_tokens, "moe::Layer (disaggregated): r1 * r2 = ",
           schedule_.r1, " * ", schedule_.r2, " chunks exceed max_tokens = ", options.max_tokens,
           " (a chunk holds at least one token of a full batch)");
@@ -174,7 +171,7 @@ public:
   [[nodiscard]] std::span<ExpertWeights<T> const> expert_weights() const { return executor_.expert_weights(); }
   /// A plan's tables, built and checked before the switch, so that adopt() cannot fail.
   struct NextPlan {
-    typename schedule::FinDepExecutor<Router, T, Comm>::Tables tables;
+    typename Executor::Tables tables;
     Replicas replicas;
   };
   NextPlan prepare_plan(Placement placement, Replicas replicas, std::span<ExpertWeights<T> const> experts) const
@@ -193,16 +190,24 @@ public:
 
   [[nodiscard]] bool is_attention_rank() const { return executor_.is_ag(); }
   /// The pipeline executor (its split's loads and the pairs an EG rank received, for tests).
-  [[nodiscard]] schedule::FinDepExecutor<Router, T, Comm> const& findep() const { return executor_; }
+  [[nodiscard]] Executor const& findep() const { return executor_; }
 
 private:
-  static placement::Table eg_table(Placement const& p, int eg) { return detail::expert_group_table(p, shape.experts, eg); }
+  /// The pipeline executor over the plan's expert-group tables, splitting each micro-batch where
+  /// `replicas` is a replication::BatchSplit (as prepare_plan builds the next plan's).
+  static Executor make_executor(Comm& comm, int ag, Placement const& placement, Replicas const& replicas,
+                                LayerWeights<T> weights, int max_tokens) {
+    detail::ExpertGroupPlan p = detail::expert_group_plan(placement, replicas, shape.experts, comm.size() - ag);
+    Executor executor(comm, shape, ag, std::move(p.on_eg), weights, max_tokens, p.copies);
+    if (p.split) executor.split_each_micro_batch(*p.split);
+    return executor;
+  }
 
   Comm* comm_;
   Schedule schedule_;
   bool window_;  // LayerOptions::live.window > 0
   Replicas replicas_;  // over EG indices, as given (re-planning rebuilds it)
-  schedule::FinDepExecutor<Router, T, Comm> executor_;
+  Executor executor_;
 };
 
 }  // namespace layer
