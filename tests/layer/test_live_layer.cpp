@@ -221,6 +221,37 @@ TEST_CASE("live layer: in-process ranks with the same window plan once", "[layer
   CHECK(memo.reused() - reused == 3);
 }
 
+TEST_CASE("live layer: a re-plan started on one rank only is refused once, then the layer serves on",
+          "[layer][live]") {
+  // Rank 0 alone calls replan(): the next pass throws the same error on every rank, which keeps its
+  // plan. The layer must then serve again, and re-plan when every rank asks. Before, the ranks'
+  // counts of re-plans started stayed apart, so every later pass threw the same error.
+  std::array<LiveRun, 4> runs;
+  std::array<int, 4> adopted{};
+  collective::run_in_process<4>([&](auto& comm) {
+    auto o = serving;
+    o.replan_every = 0;
+    LiveHarness<std::remove_reference_t<decltype(comm)>, replication::Table> hx(comm, live_table(), o);
+    auto& run = runs[static_cast<std::size_t>(comm.rank())];
+    for (int p = 0; p < 20; ++p) hx.pass(p, run);
+    if (comm.rank() == 0) hx.layer.replan();
+    for (int p = 20; p < 25; ++p) hx.pass(p, run);  // the first of these throws
+    hx.layer.replan();  // every rank now
+    for (int p = 25; p < 65; ++p) hx.pass(p, run);
+    adopted[static_cast<std::size_t>(comm.rank())] = hx.layer.stats().plans_adopted;
+  });
+  for (int r = 0; r < 4; ++r) {
+    INFO("rank " << r);
+    auto const& x = runs[static_cast<std::size_t>(r)];
+    REQUIRE(x.errors.size() == 1);
+    CHECK(x.errors[0] == runs[0].errors[0]);
+    CHECK_THAT(x.errors[0], Catch::Contains("rank 0 has started 1 re-plans, rank 1 0"));
+    CHECK(x.worst_error <= 1e-5);
+    CHECK(x.window_counts_ok);
+    CHECK(adopted[static_cast<std::size_t>(r)] == 1);
+  }
+}
+
 TEST_CASE("live layer: a bad plan is refused on every rank before any byte moves", "[layer][live]") {
   struct Case {
     char const* what;

@@ -894,6 +894,11 @@ private:
     for (std::size_t r = 1; r < n; ++r) {
       if (votes[r].live[2] != votes[0].live[2]) {
         abort_live();
+        // Every rank is idle now; from the same votes every rank takes the same count, so the next
+        // pass agrees again (left apart, the counts differed on every pass after this one).
+        std::int32_t most = 0;
+        for (auto const& v : votes) most = std::max(most, v.live[2]);
+        L.started = most;
         fail("moe::Layer: rank 0 has started ", votes[0].live[2], " re-plans, rank ", r, " ", votes[r].live[2],
              " (replan() and migrate_to() must be called on every rank between the same two passes); every rank "
              "keeps its plan");
