@@ -373,6 +373,72 @@ TEST_CASE("live layer: options that cannot work are refused at construction", "[
     CHECK_THAT(w, Catch::Contains("the planning rank's layout (320 bytes") && Catch::Contains("is 319"));
 }
 
+namespace {
+
+/// attach_arena on one rank holding every expert, with expert `x`'s weights given at `gate`, `up`
+/// and `down` (offsets in elements from the arena's start, in one buffer whose arena part starts at
+/// element `arena_at`); returns what attach_arena threw ("" if nothing), and whether the layer then
+/// reads expert x's own weights.
+template <class Model>
+std::pair<std::string, bool> attach_overlapping(std::size_t x, std::size_t arena_at, std::ptrdiff_t gate,
+                                                std::ptrdiff_t up, std::ptrdiff_t down) {
+  std::pair<std::string, bool> out;
+  collective::run_in_process<1>([&](auto& comm) {
+    using C = std::remove_reference_t<decltype(comm)>;
+    using L = Layer<Model, router::SoftmaxTopK, placement::Table, replication::Table, schedule::Sequential, C>;
+    RandomLayerWeights<float> w(Model::spec, 3);
+    std::vector<std::vector<int>> copies(64, std::vector<int>{0});
+    constexpr std::size_t per = L::slot_elements() / 3;
+    // 64 slots (every expert) + 1 spare
+    std::vector<float> buffer(arena_at + 65 * L::slot_elements() + 3 * per);
+    std::vector<ExpertWeights<float>> experts(w.view().experts.begin(), w.view().experts.end());
+    auto const original = experts[x];
+    float* at[3] = {buffer.data() + static_cast<std::ptrdiff_t>(arena_at) + gate,
+                    buffer.data() + static_cast<std::ptrdiff_t>(arena_at) + up,
+                    buffer.data() + static_cast<std::ptrdiff_t>(arena_at) + down};
+    float const* from[3] = {original.gate, original.up, original.down};
+    for (int i = 0; i < 3; ++i) std::copy(from[i], from[i] + per, at[i]);
+    experts[x] = {at[0], at[1], at[2]};
+    auto view = w.view();
+    view.experts = experts;
+    L layer(comm, placement::Table(std::vector<int>(64, 0)), replication::Table(copies), view,
+            {.max_tokens = 4, .live = {.window = 1, .spare_slots = 1}});
+    REQUIRE(layer.arena_elements() == 65 * L::slot_elements());
+    std::span<float> arena(buffer.data() + arena_at, layer.arena_elements());
+    try {
+      layer.attach_arena(arena);
+    } catch (Error const& e) {
+      out.first = e.what();
+    }
+    auto const& now = layer.executor().expert_weights()[x];
+    bool same = true;
+    float const* got[3] = {now.gate, now.up, now.down};
+    for (int i = 0; i < 3; ++i) same = same && std::equal(from[i], from[i] + per, got[i]);
+    out.second = same;
+  });
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("live layer: weights that overlap the arena but not as one slot are refused", "[layer][live]") {
+  auto refused = [](int e) { return "expert " + std::to_string(e) + "'s weights lie in the arena but not as one slot"; };
+  // Expert 0's gate just before the arena, its up and down the arena's first two parts. With parts
+  // of 256 elements (a slot of 768), gate's offset from the arena, read as an unsigned number, is
+  // a multiple of the slot: this read far outside the slot table (a crash) instead of refusing.
+  using Quarter = models::Reduced<models::OLMoE_1B_7B, 32, 8, DType::f32>;
+  auto a = attach_overlapping<Quarter>(0, 256, -256, 0, 256);
+  CHECK_THAT(a.first, Catch::Contains(refused(0)));
+  // Expert 1's gate starts 100 elements before the arena (its part reaches into the arena's first
+  // slot), its up and down lie past the arena: none starts in the arena, so expert 0 was copied
+  // into slot 0 over the tail of expert 1's gate, then expert 1 from there into slot 1, and the
+  // layer served expert 1 with a corrupted gate.
+  constexpr std::ptrdiff_t past = 65 * 3 * 512;
+  auto b = attach_overlapping<LiveModel>(1, 512, -100, past, past + 512);
+  CHECK_THAT(b.first, Catch::Contains(refused(1)));
+  CHECK(b.second);  // refused: the layer still reads expert 1's own weights
+}
+
 TEST_CASE("live layer: the engines' full reshuffle (EPLB from scratch) moves far more than minimal moves",
           "[layer][live]") {
   // EPLB from scratch can give a rank any of its 20 slots' experts anew: 20 spare slots.

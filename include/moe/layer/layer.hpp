@@ -544,14 +544,18 @@ public:
     auto slots = static_cast<std::size_t>(arena_slots());
     std::vector<int> slot_of(experts.size(), -1), owner(slots, -1);
     auto in_arena = [&](T const* p) { return p >= base && p < base + slots * slot_elements(); };
+    // One part of `per` elements from p shares memory with the arena (not only its first element).
+    auto overlaps = [&](T const* p) { return p < base + slots * slot_elements() && p + per > base; };
     // Experts already in a slot stay; others must not overlap the arena.
     for (std::size_t e = 0; e < experts.size(); ++e) {
       auto const& w = experts[e];
       if (!w.present()) continue;
-      bool any = in_arena(w.gate) || in_arena(w.up) || in_arena(w.down);
+      bool any = overlaps(w.gate) || overlaps(w.up) || overlaps(w.down);
       if (!any) continue;
-      auto off = static_cast<std::size_t>(w.gate - base);
-      bool slotted = off % slot_elements() == 0 && w.up == w.gate + per && w.down == w.gate + 2 * per;
+      // The slot is gate's: gate must lie in the arena for its offset to name one.
+      bool slotted = in_arena(w.gate);
+      auto off = slotted ? static_cast<std::size_t>(w.gate - base) : std::size_t{0};
+      slotted = slotted && off % slot_elements() == 0 && w.up == w.gate + per && w.down == w.gate + 2 * per;
       check(slotted && owner[off / slot_elements()] < 0, "moe::Layer: expert ", e, "'s weights lie in the arena but "
             "not as one slot (gate | up | down at a multiple of slot_elements())");
       slot_of[e] = static_cast<int>(off / slot_elements());
