@@ -14,6 +14,7 @@
 #include <barrier>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -217,6 +218,12 @@ TEST_CASE("single-GPU layer rejects bad arguments", "[cuda][layer][bad-input]") 
   CHECK_THROWS_WITH(layer.run({.tokens = 2, .x = x.get(), .y = y.get()}, ws.bytes().first(ws.size() / 2)),
                     Catch::Contains("workspace"));
   CHECK_THROWS_WITH(layer.run({.tokens = 2, .x = x.get() + 1, .y = y.get()}, ws.bytes()), Catch::Contains("aligned"));
+  CHECK_THROWS_WITH(layer.run({.tokens = 2, .x = x.get(), .y = y.get(), .first_token = -1}, ws.bytes()),
+                    Catch::Contains("must not be negative"));
+  CHECK_THROWS_WITH(layer.run({.tokens = 2, .x = x.get(), .y = y.get(),
+                               .first_token = std::numeric_limits<long long>::max() - 4},
+                              ws.bytes()),
+                    Catch::Contains("first_token (the global index of this rank's first token) is too large"));
 
   // A GEMM kernel that cannot run is refused at construction, not at the first forward pass.
   CHECK_THROWS_WITH(L(gpu, table, {}, dw.view(), {.max_tokens = 4, .device = {.gemm = kc::GemmPath::hopper}}),

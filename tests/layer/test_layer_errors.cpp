@@ -1,6 +1,10 @@
 // Bad input to the Layer gets a clear moe::Error, never a crash or a hang.
 #include <catch2/catch.hpp>
 
+#include <array>
+#include <limits>
+#include <string>
+
 #include "layer_check.hpp"
 
 using namespace moe;
@@ -137,4 +141,31 @@ TEST_CASE("ranks with different placement tables are caught", "[layer][errors]")
                       l.run({.tokens = 8, .x = x.data(), .y = y.data()}, ws);
                     }),
                     Catch::Contains("which it does not serve"));
+}
+
+TEST_CASE("a first token so large that the replica choice overflows is refused", "[layer][errors]") {
+  // Rank 2 holds no copy of any expert, so replication::Table picks copy (2 + token) % 2 for its
+  // pairs: with first_token near the largest long long that sum overflowed, and the index it gave
+  // (negative, as an unsigned one far past the copy list) read outside the list.
+  using L3R = Layer<Small, router::SoftmaxTopK, placement::Table, replication::Table, schedule::Sequential,
+                    collective::InProcess<3>>;
+  auto x = test::random_tokens<float>(8, 16, 3);
+  std::array<std::string, 3> what;
+  collective::run_in_process<3>([&](collective::InProcess<3>& comm) {
+    std::vector<std::vector<int>> copies(8, std::vector<int>{0, 1});
+    L3R l(comm, placement::Table(std::vector<int>(8, 0)), replication::Table(copies), weights().view(),
+          {.max_tokens = 4});
+    std::vector<std::byte> ws(l.workspace_size());
+    std::vector<float> y(4 * 16);
+    long long first = comm.rank() == 2 ? std::numeric_limits<long long>::max() - 2 : 4 * comm.rank();
+    try {
+      l.run({.tokens = 4, .x = x.data(), .y = y.data(), .first_token = first}, ws);
+    } catch (Error const& e) {
+      what[static_cast<std::size_t>(comm.rank())] = e.what();
+    }
+  });
+  for (auto const& w : what) {
+    CHECK(w == what[0]);
+    CHECK_THAT(w, Catch::Contains("rank 2 rejected its arguments") && Catch::Contains("first_token"));
+  }
 }

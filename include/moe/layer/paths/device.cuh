@@ -63,6 +63,7 @@
 
 #include <algorithm>
 #include <concepts>
+#include <limits>
 #include <optional>
 #include <span>
 #include <type_traits>
@@ -340,6 +341,12 @@ public:
     if (a.first_token < 0)
       return {false, detail::concat("moe::Layer (device): first_token (the global index of this rank's first token) "
                                     "must not be negative, got ", a.first_token)};
+    // The replica choice adds the source rank to a token's index (kernels::cuda::plan_records):
+    // every index of the pass plus the ranks must fit in a long long.
+    if (a.first_token > std::numeric_limits<long long>::max() - options_.max_tokens - comm_->size())
+      return {false, detail::concat("moe::Layer (device): first_token (the global index of this rank's first token) "
+                                    "is too large: ", a.first_token,
+                                    " + max_tokens + ranks exceeds the largest long long")};
     if (reinterpret_cast<std::uintptr_t>(a.x) % 16 != 0 || reinterpret_cast<std::uintptr_t>(a.y) % 16 != 0)
       return {false, "moe::Layer (device): x and y must be 16-byte aligned"};
     if (options_.live.window > 0)
