@@ -190,13 +190,6 @@ public:
   [[nodiscard]] std::span<long long const> rank_loads(int i) const {
     return {row(i) + E_, static_cast<std::size_t>(R_)};
   }
-  /// Largest over mean rank load of pass i (1 for a pass without pairs).
-  [[nodiscard]] double imbalance(int i) const {
-    auto r = rank_loads(i);
-    long long mx = 0, sum = 0;
-    for (long long v : r) mx = std::max(mx, v), sum += v;
-    return sum > 0 ? static_cast<double>(mx) * static_cast<double>(R_) / static_cast<double>(sum) : 1.0;
-  }
   /// Pairs per expert of every pass held, oldest first: size() x experts.
   [[nodiscard]] std::vector<long long> expert_rows() const {
     std::vector<long long> out;
