@@ -331,6 +331,10 @@ TEST_CASE("batch split rejects bad counts with a clear error", "[batch-split][ba
   CHECK_THROWS_WITH(BatchSplit({{0, 0}}, std::vector<int>{0}), Catch::Contains("lists rank 0 twice"));
   CHECK_THROWS_WITH(BatchSplit({{2}}, std::vector<int>{0, 0}), Catch::Contains("copy on rank 2"));
   CHECK_THROWS_WITH(BatchSplit({{}}, std::vector<int>{0}), Catch::Contains("has no copy"));
+  // a default-constructed split has no workspace: it solved in a null one (a segmentation fault)
+  BatchSplit none;
+  CHECK_THROWS_WITH(none.plan_batch({}), Catch::Contains("default-constructed"));
+  CHECK_THROWS_WITH(none.least_max_load({}), Catch::Contains("default-constructed"));
 }
 
 TEST_CASE("batch split sums counts whose totals pass 2^31", "[batch-split]") {
@@ -343,4 +347,84 @@ TEST_CASE("batch split sums counts whose totals pass 2^31", "[batch-split]") {
   CHECK(out.max_load == 1500000004);  // 3e9 + 7 pairs over 2 ranks, rounded up
   CHECK(policy.load()[0] + policy.load()[1] == 3000000007LL);
   CHECK(out.local == 3000000000LL - 3);  // rank 1 hands 3 of its own pairs to rank 0 to balance
+}
+
+TEST_CASE("batch split's work does not grow with the counts", "[batch-split][glpk]") {
+  // 9 ranks on 3 servers, 6 experts of 2 to 5 copies (a random case): the tie-breaks' shortest
+  // paths move an expert twice, and such a path moved one pair at a time, so the work grew with
+  // the counts (55 s at counts of 9e7 in this test's build, about 20 minutes near 2^31, past
+  // ctest's time limit of 900 s: the check of speed is that limit, not a timer here). Scaled up,
+  // the split stays a split at the least max load (ceil of scale x the LP optimum of the unscaled
+  // case, whose denominators are small); at the smallest scale its tie-breaks are checked by GLPK.
+  Case c;
+  c.G = 9, c.E = 6;
+  c.server = {0, 0, 0, 1, 1, 1, 2, 2, 2};
+  c.copies = {{4, 7, 0, 3, 6}, {1, 5, 2, 4}, {1, 3, 4, 6, 0}, {2, 7}, {4, 1}, {0, 2, 6, 5, 8}};
+  std::vector<std::int32_t> base = {1, 5, 9, 8, 0, 6, 9, 1, 6, 8, 5, 5, 0, 0, 5, 0, 4, 3, 0, 0, 5, 0, 0, 0, 9, 0, 0,
+                                    0, 5, 3, 2, 2, 8, 0, 3, 3, 8, 0, 0, 9, 7, 0, 9, 3, 0, 4, 5, 1, 9, 0, 4, 3, 8, 0};
+  double T1 = lp(c, base, 0, 0, 0);
+  for (long long scale : {100000LL, 10000000LL, 238000000LL}) {
+    INFO("counts x " << scale);
+    std::vector<std::int32_t> n(base.size());
+    for (std::size_t i = 0; i < n.size(); ++i) n[i] = static_cast<std::int32_t>(base[i] * scale);
+    BatchSplit policy(c.copies, c.server);
+    auto out = policy.plan_batch(n);  // well under a millisecond; one pair per path: ctest's 900 s
+    REQUIRE(out.bad == 0);
+    auto const& L = policy.layout();
+    auto const& take = policy.take();
+    std::vector<long long> load(static_cast<std::size_t>(c.G), 0);
+    long long local = 0, same = 0, total = 0;
+    for (int r = 0; r < c.G; ++r)
+      for (int e = 0; e < c.E; ++e) {
+        long long sum = 0;
+        bool single = L.first[e + 1] - L.first[e] == 1;
+        for (int s = L.first[e]; s < L.first[e + 1]; ++s) {
+          long long x = single ? n[static_cast<std::size_t>(r * c.E + e)] : take[static_cast<std::size_t>(r * L.slots + s)];
+          REQUIRE(x >= 0);
+          sum += x;
+          int g = L.rank[s];
+          load[static_cast<std::size_t>(g)] += x;
+          if (g == r) local += x;
+          if (c.server[static_cast<std::size_t>(g)] == c.server[static_cast<std::size_t>(r)]) same += x;
+        }
+        REQUIRE(sum == n[static_cast<std::size_t>(r * c.E + e)]);
+        total += sum;
+      }
+    REQUIRE(load == policy.load());
+    CHECK(*std::max_element(load.begin(), load.end()) == out.max_load);
+    CHECK(out.max_load == static_cast<long long>(std::ceil(static_cast<double>(scale) * T1 - 1e-3)));
+    CHECK(local == out.local);
+    CHECK(same == out.same_server);
+    if (scale == 100000) {
+      double A = static_cast<double>(total + 1);
+      double best = lp(c, n, 1, static_cast<double>(out.max_load), A);
+      CHECK(static_cast<double>(local) * A + static_cast<double>(same) == Approx(best).margin(0.5).epsilon(0));
+    }
+  }
+}
+
+TEST_CASE("batch split's balance slack holds with counts near 2^31", "[batch-split]") {
+  // 32 ranks on 4 servers, 256 experts, one copy each on rank e % 32 but expert 0 on ranks 0 and 1;
+  // every count is 2^31 - 1 (1.8e13 pairs). A slack of 1000 (twice the mean) or more lets every
+  // rank take its start, which keeps every pair whose rank holds a copy of its expert there. The
+  // cap was total x (1000 + slack) / (1000 x ranks): at the largest slack the product overflowed
+  // and the cap fell to the least max load, keeping fewer pairs local than a smaller slack.
+  int G = 32, E = 256;
+  std::vector<std::vector<int>> copies(static_cast<std::size_t>(E));
+  for (int e = 0; e < E; ++e) copies[static_cast<std::size_t>(e)] = {e % G};
+  copies[0] = {0, 1};
+  std::vector<int> server(static_cast<std::size_t>(G));
+  for (int g = 0; g < G; ++g) server[static_cast<std::size_t>(g)] = g / 8;
+  std::vector<std::int32_t> n(static_cast<std::size_t>(G * E), 2147483647);
+  long long possible = 0;  // pairs whose source rank holds a copy of their expert
+  for (int r = 0; r < G; ++r)
+    for (int e = 0; e < E; ++e)
+      for (int g : copies[static_cast<std::size_t>(e)]) possible += g == r ? 2147483647LL : 0;
+  for (int slack : {1000, 999999, 1000000}) {
+    INFO("slack " << slack);
+    BatchSplit policy(copies, server, slack);
+    auto out = policy.plan_batch(n);
+    REQUIRE(out.bad == 0);
+    CHECK(out.local == possible);
+  }
 }

@@ -376,8 +376,10 @@ MOE_HOST_DEVICE inline long long lower_bound(Layout const& L, detail::Work const
 /// (Layout::slack_permille) the mean raised by the slack, rounded up, when that is higher.
 MOE_HOST_DEVICE inline long long tie_break_cap(Layout const& L, long long T, long long total) {
   if (L.slack_permille <= 0 || L.ranks <= 0) return T;
-  long long den = 1000LL * L.ranks;
-  return detail::lmax(T, (total * (1000LL + L.slack_permille) + den - 1) / den);
+  // ceil(total x f / den), without the product (total reaches 2^31 x ranks x experts, f 10^6):
+  // total = q den + r, so it is q f + ceil(r f / den)
+  long long den = 1000LL * L.ranks, f = 1000LL + L.slack_permille, q = total / den, r = total % den;
+  return detail::lmax(T, q * f + (r * f + den - 1) / den);
 }
 
 /// Whether arc a may carry the breadth-first search of round `round` (its tail was reached in that
@@ -441,10 +443,53 @@ MOE_HOST_DEVICE inline bool tree_arc(Layout const& L, detail::Work const& W, int
   return W.hop[g] == round && r != detail::inf && r == W.dist[L.rank[W.arc_d[a]]];
 }
 
+/// A path that moves an expert twice moves one pair at a time (augment: the costs of its two moves
+/// interact); the next path is then the same one for as long as no rank crosses T and no arc's
+/// cost changes. How many pairs more than one keep that so (arc_cost reads, of each copy, whether
+/// it has pairs and how they compare with its local pairs, and how its server's share of its
+/// expert compares with that server's pairs): augment moves them at once, as that many one-pair
+/// paths would, so that the number of paths does not grow with the counts.
+MOE_HOST_DEVICE inline long long repeat_more(Layout const& L, detail::Work const& W, long long T, int end, int origin,
+                                             int len) {
+  using namespace detail;
+  long long more = lmin(T - W.load[end], W.load[origin] - T) - 1;  // end stays below T, origin above
+  for (int i = 0; i < len && more > 0; ++i)
+    for (int side = 0; side < 2 && more > 0; ++side) {
+      int x = static_cast<int>(side == 0 ? W.arc_c[W.path[i]] : W.arc_d[W.path[i]]);
+      long long e = W.sexp[x];
+      int s = L.server[L.rank[x]];
+      long long dy = 0, dY = 0;  // per pair: the change of y[x], and of its expert's take on x's server
+      for (int j = 0; j < len; ++j) {
+        int c = static_cast<int>(W.arc_c[W.path[j]]), d = static_cast<int>(W.arc_d[W.path[j]]);
+        dy += (d == x) - (c == x);
+        if (W.sexp[c] == e) dY += (L.server[L.rank[d]] == s) - (L.server[L.rank[c]] == s);
+      }
+      long long y = W.y[x], loc = W.loc[x];
+      if (dy < 0) {
+        more = lmin(more, y - 1);                          // keeps a pair
+        if (y == loc) more = 0;                            // would drop below its local pairs
+        else if (y > loc) more = lmin(more, y - loc - 1);  // stays above them
+      } else if (dy > 0) {
+        if (y == 0 || y == loc) more = 0;                  // would get its first pair / pass its local ones
+        else if (y < loc) more = lmin(more, loc - y - 1);  // stays below them
+      }
+      long long Y = server_take(L, W, static_cast<int>(e), x), N = W.srvN[x];
+      if (dY < 0) {
+        if (Y == N) more = 0;
+        else if (Y > N) more = lmin(more, (Y - N - 1) / -dY);
+      } else if (dY > 0) {
+        if (Y == N) more = 0;
+        else if (Y < N) more = lmin(more, (N - Y - 1) / dY);
+      }
+    }
+  return lmax(more, 0);
+}
+
 /// Moves the excess of the path that ends at rank `end` (pred, tree arcs back to an excess rank)
 /// along it: at most what `end` lacks and its origin has over T, what each move can take before its
-/// cost changes, one pair when the path moves an expert twice (the costs of the two moves would
-/// interact). Returns false on an internal fault (a path longer than the ranks).
+/// cost changes; when the path moves an expert twice (the costs of the two moves would interact),
+/// the pairs that one-pair paths would move along it before anything changes (repeat_more).
+/// Returns false on an internal fault (a path longer than the ranks).
 MOE_HOST_DEVICE inline bool augment(Layout const& L, detail::Work& W, long long T, long long A, int end) {
   using namespace detail;
   int G = L.ranks, len = 0, g = end;
@@ -463,7 +508,7 @@ MOE_HOST_DEVICE inline bool augment(Layout const& L, detail::Work& W, long long 
     amount = lmin(amount, room);
     for (int j = 0; j < i; ++j) repeat |= W.sexp[W.arc_c[W.path[j]]] == W.sexp[c];
   }
-  if (repeat) amount = 1;
+  if (repeat) amount = 1 + repeat_more(L, W, T, end, origin, len);
   for (int i = 0; i < len; ++i) W.y[W.arc_c[W.path[i]]] -= amount, W.y[W.arc_d[W.path[i]]] += amount;
   W.load[end] += amount, W.load[origin] -= amount;
   return true;
@@ -785,8 +830,10 @@ public:
   }
 
   /// Splits the batch whose pairs per (rank, expert) are `counts` (ranks x experts, rank-major).
-  /// Throws moe::Error on a count array of the wrong size or a negative count.
+  /// Throws moe::Error on a count array of the wrong size or a negative count, or on a split built
+  /// from nothing (default-constructed).
   split::Outcome plan_batch(std::span<std::int32_t const> counts) {
+    check_built();
     auto G = static_cast<std::size_t>(layout_.ranks), E = static_cast<std::size_t>(layout_.experts);
     check(counts.size() == G * E, "batch split: ", counts.size(), " counts, expected ", G, " ranks x ", E, " experts");
     auto out = split::solve(layout_, counts.data(), take_.data(), load_.data(), work_.data());
@@ -804,6 +851,7 @@ public:
   /// only on each expert's total): a cheap measure of what a copy layout allows. Leaves the last
   /// split as it was. Throws moe::Error as plan_batch() does.
   long long least_max_load(std::span<std::int32_t const> counts) {
+    check_built();
     auto G = static_cast<std::size_t>(layout_.ranks), E = static_cast<std::size_t>(layout_.experts);
     check(counts.size() == G * E, "batch split: ", counts.size(), " counts, expected ", G, " ranks x ", E, " experts");
     if (split::count_servers(layout_, counts.data(), work_.data()) < 0) {
@@ -858,6 +906,11 @@ private:
         layout_(o.layout_), work_(std::forward<O>(o).work_), take_(std::forward<O>(o).take_),
         load_(std::forward<O>(o).load_), last_(o.last_) {
     relink();
+  }
+  /// A default-constructed (or moved-from) split has no ranks and no workspace to solve in.
+  void check_built() const {
+    check(layout_.ranks > 0 && !work_.empty(), "batch split: this BatchSplit has no copies and ranks (default-constructed "
+          "or moved from); build it from a copy table");
   }
   void relink() {
     layout_.first = lists_.first.data();
