@@ -3,6 +3,7 @@
 // The caller initialises MPI (or uses MpiSession below); Mpi does not own the communicator.
 
 #include <climits>
+#include <numeric>
 
 // The C API is all we use; skip the deprecated C++ bindings.
 #ifndef OMPI_SKIP_MPICXX
@@ -76,17 +77,17 @@ public:
   }
 
   void reduce_scatter_v(std::span<float const> in, std::span<float> out, std::span<std::size_t const> counts) {
+    std::vector<int> c = to_int(counts, "reduce_scatter_v");  // before the ledger counts the call
     ledger_.reduce_scatter(in.size(), out.size(), counts, sizeof(float));
-    std::vector<int> c = to_int(counts, "reduce_scatter_v");
     call(MPI_Reduce_scatter(in.data(), out.data(), c.data(), MPI_FLOAT, MPI_SUM, comm_), "MPI_Reduce_scatter");
   }
 
   void all_gather_v(std::span<std::byte const> in, std::span<std::byte> out, std::span<std::size_t const> counts) {
+    std::size_t mine = in.size();
+    Units send(std::span<std::size_t const>(&mine, 1), "all_gather_v"), recv(counts, "all_gather_v");
     ledger_.all_gather(in.size(), out.size(), counts);
-    std::vector<int> c = to_int(counts, "all_gather_v");
-    std::vector<int> displs = displacements(c);
-    call(MPI_Allgatherv(in.data(), static_cast<int>(in.size()), MPI_BYTE, out.data(), c.data(), displs.data(),
-                        MPI_BYTE, comm_),
+    call(MPI_Allgatherv(in.data(), send.counts[0], send.type, out.data(), recv.counts.data(), recv.displs.data(),
+                        recv.type, comm_),
          "MPI_Allgatherv");
   }
 
@@ -117,15 +118,64 @@ public:
 private:
   void exchange(std::span<std::byte const> in, std::span<std::size_t const> send_counts, std::span<std::byte> out,
                 std::span<std::size_t const> recv_counts, Op op) {
+    Units send(send_counts, "all_to_all"), recv(recv_counts, "all_to_all");
     ledger_.exchange(op, in.size(), send_counts, out.size(), recv_counts);
-    std::vector<int> sc = to_int(send_counts, "all_to_all");
-    std::vector<int> rc = to_int(recv_counts, "all_to_all");
-    std::vector<int> sd = displacements(sc);
-    std::vector<int> rd = displacements(rc);
-    call(MPI_Alltoallv(in.data(), sc.data(), sd.data(), MPI_BYTE, out.data(), rc.data(), rd.data(), MPI_BYTE,
-                       comm_),
+    call(MPI_Alltoallv(in.data(), send.counts.data(), send.displs.data(), send.type, out.data(), recv.counts.data(),
+                       recv.displs.data(), recv.type, comm_),
          "MPI_Alltoallv");
   }
+
+  /// One side of a byte exchange (this rank's sends, or its receives) in MPI's int counts and
+  /// displacements: in bytes while they add up to at most INT_MAX; past that in units of the
+  /// greatest common divisor of the counts, a datatype of that many bytes. Every side decides alone
+  /// (a rank may receive more than 2^31 bytes from peers that each send less): the type signatures
+  /// still match, a sequence of bytes on both sides, whatever unit each uses. Refuses (on this rank
+  /// alone) only what does not fit an int even so.
+  struct Units {
+    std::vector<int> counts, displs;
+    MPI_Datatype type = MPI_BYTE;
+
+    Units(std::span<std::size_t const> bytes, char const* what) : counts(bytes.size()), displs(bytes.size()) {
+      std::size_t total = 0, unit = 0;
+      for (auto b : bytes) total += b, unit = std::gcd(unit, b);
+      if (total <= static_cast<std::size_t>(INT_MAX)) unit = 1;
+      check(total / unit <= static_cast<std::size_t>(INT_MAX), what, ": ", total, " bytes in blocks of ", unit,
+            " bytes exceed MPI's int counts");
+      std::size_t at = 0;
+      for (std::size_t i = 0; i < bytes.size(); ++i) {
+        counts[i] = static_cast<int>(bytes[i] / unit);
+        displs[i] = static_cast<int>(at);
+        at += bytes[i] / unit;
+      }
+      if (unit > 1) type = bytes_type(unit);
+    }
+    ~Units() {
+      if (type != MPI_BYTE) MPI_Type_free(&type);
+    }
+    Units(Units const&) = delete;
+    Units& operator=(Units const&) = delete;
+
+    /// A datatype of `n` bytes (n > 1; past INT_MAX, blocks of 2^30 bytes and the rest).
+    static MPI_Datatype bytes_type(std::size_t n) {
+      MPI_Datatype t = MPI_BYTE;
+      if (n <= static_cast<std::size_t>(INT_MAX)) {
+        call(MPI_Type_contiguous(static_cast<int>(n), MPI_BYTE, &t), "MPI_Type_contiguous");
+      } else {
+        constexpr std::size_t block = std::size_t{1} << 30;
+        MPI_Datatype blocks = MPI_BYTE, whole = MPI_BYTE;
+        call(MPI_Type_contiguous(static_cast<int>(block), MPI_BYTE, &blocks), "MPI_Type_contiguous");
+        int lengths[2] = {static_cast<int>(n / block), static_cast<int>(n % block)};
+        MPI_Aint at[2] = {0, static_cast<MPI_Aint>(n / block * block)};
+        MPI_Datatype types[2] = {blocks, MPI_BYTE};
+        call(MPI_Type_create_struct(2, lengths, at, types, &whole), "MPI_Type_create_struct");
+        call(MPI_Type_create_resized(whole, 0, static_cast<MPI_Aint>(n), &t), "MPI_Type_create_resized");
+        MPI_Type_free(&whole);
+        MPI_Type_free(&blocks);
+      }
+      call(MPI_Type_commit(&t), "MPI_Type_commit");
+      return t;
+    }
+  };
 
   /// MPI counts and displacements are ints: the whole message must stay under 2^31 elements.
   static std::vector<int> to_int(std::span<std::size_t const> counts, char const* what) {
@@ -137,12 +187,6 @@ private:
       out[i] = static_cast<int>(counts[i]);
     }
     return out;
-  }
-
-  static std::vector<int> displacements(std::vector<int> const& counts) {
-    std::vector<int> d(counts.size(), 0);
-    for (std::size_t i = 1; i < counts.size(); ++i) d[i] = d[i - 1] + counts[i - 1];
-    return d;
   }
 
   static void call(int code, char const* what) {
