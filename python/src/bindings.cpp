@@ -123,7 +123,7 @@ moe::replication::eplb::Matrix<int> slot_ranks(moe::replication::eplb::Matrix<in
 }
 
 nb::tuple eplb(F32_2D weight, long long num_replicas, long long num_groups, long long num_nodes, long long num_gpus,
-               std::optional<bool> hierarchical) {
+               std::optional<bool> hierarchical, bool pack_sums_double) {
   auto w = matrix_f32(weight, "weight");
   check_positive(num_replicas, "num_replicas");
   check_positive(num_groups, "num_groups");
@@ -136,10 +136,13 @@ nb::tuple eplb(F32_2D weight, long long num_replicas, long long num_groups, long
     nb::gil_scoped_release nogil;
     for (float x : w.v) moe::check(std::isfinite(x) && x >= 0, "eplb: load ", x, " is negative or not finite");
     bool hier = hierarchical ? *hierarchical : num_groups % num_nodes == 0;
-    r = hier ? moe::replication::eplb::rebalance_experts_hierarchical(w, static_cast<int>(num_replicas), static_cast<int>(num_groups),
-                                                                      static_cast<int>(num_nodes), static_cast<int>(num_gpus))
-             : moe::replication::eplb::rebalance_experts_hierarchical(w, static_cast<int>(num_replicas), 1, 1,
-                                                                      static_cast<int>(num_gpus));
+    int groups = hier ? static_cast<int>(num_groups) : 1, nodes = hier ? static_cast<int>(num_nodes) : 1;
+    // pack_sums_double: SGLang's deepseek.py, which sums the pack weights in Python floats.
+    r = pack_sums_double
+            ? moe::replication::eplb::rebalance_experts_hierarchical<double>(w, static_cast<int>(num_replicas), groups, nodes,
+                                                                             static_cast<int>(num_gpus))
+            : moe::replication::eplb::rebalance_experts_hierarchical(w, static_cast<int>(num_replicas), groups, nodes,
+                                                                     static_cast<int>(num_gpus));
   }
   return eplb_outputs(r.phy2log, r.phyrank, r.logcnt);
 }
@@ -479,9 +482,10 @@ NB_MODULE(_core, m) {
   nb::exception<moe::Error>(m, "MoeError", PyExc_ValueError);
 
   m.def("eplb", &eplb, "weight"_a, "num_replicas"_a, "num_groups"_a, "num_nodes"_a, "num_gpus"_a,
-        "hierarchical"_a = nb::none(),
+        "hierarchical"_a = nb::none(), "pack_sums_double"_a = false,
         "EPLB (eplb.py's rebalance_experts): float32 [layers, experts] loads -> (phy2log, log2phy, logcnt), int64. "
-        "hierarchical=None picks as eplb.py does (groups % nodes == 0).");
+        "hierarchical=None picks as eplb.py does (groups % nodes == 0). pack_sums_double: sum the pack weights in "
+        "double, as SGLang's copy of eplb.py (deepseek.py) does, instead of float32 as eplb.py.");
   m.def("rebalance", &rebalance, "weight"_a, "old_phy2log"_a, "num_gpus"_a, "tolerance"_a = 0.01,
         "max_copies_per_layer"_a = -1, "num_groups"_a = 1, "num_nodes"_a = 1, "candidate_gpus"_a = 3, "hot_experts"_a = 2,
         "num_replicas"_a = 0,

@@ -73,3 +73,17 @@ TEST_CASE("EPLB's sort replays libstdc++'s std::sort exactly, ties included") {
   CHECK(differ == 0);
 }
 #endif
+
+TEST_CASE("balanced_packing sums pack weights in float32 (eplb.py) or double (SGLang's deepseek.py)") {
+  // Six items into 2 packs of 3, heaviest first into the lighter pack (the first on a tie).
+  // After 2^24, 2^24 and 1 the packs weigh 2^24 + 1 and 2^24: float32 rounds the first to 2^24
+  // (a tie, so the next 1 goes to pack 0), double keeps it (so the next 1 goes to pack 1).
+  eplb::Matrix<float> w(1, 6);
+  w.v = {16777216.0f, 16777216.0f, 1.0f, 1.0f, 0.75f, 0.5f};
+  auto f = eplb::balanced_packing(w, 2);  // eplb.py: torch float32 pack weights
+  CHECK(f.pack_index.v == std::vector<int>{0, 1, 0, 0, 1, 1});
+  CHECK(f.rank_in_pack.v == std::vector<int>{0, 0, 1, 2, 1, 2});
+  auto d = eplb::balanced_packing<double>(w, 2);  // SGLang 0.5.23: Python float pack weights
+  CHECK(d.pack_index.v == std::vector<int>{0, 1, 0, 1, 0, 1});
+  CHECK(d.rank_in_pack.v == std::vector<int>{0, 0, 1, 1, 2, 2});
+}

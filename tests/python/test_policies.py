@@ -100,13 +100,107 @@ def test_sglang_sums_in_the_callers_dtype():
     t = rng.gamma(0.6, 3000.0, size=(3, 2, 16)).astype(np.float16)
     t[0, 0, :2], t[1, 0, :2], t[2, 0, :2] = 2048, 1, 0  # expert 0 and 1 of layer 0: 2048 in float16
     got = sglang_rebalance(t, 24, 6, 4, 2, "deepseek")
-    ref = mc.eplb(t.sum(axis=0, dtype=np.float16).astype(np.float32), 24, 4, 2, 4, hierarchical=False)
+    # torch's sum of a float16 tensor accumulates in float32 and rounds to float16 once.
+    summed = t.astype(np.float32).sum(axis=0).astype(np.float16)
+    ref = mc.eplb(summed.astype(np.float32), 24, 4, 2, 4, hierarchical=False)
     for a, b in zip(got, ref):
         np.testing.assert_array_equal(a, b)
-    assert t.sum(axis=0, dtype=np.float16)[0, 0] == 2048 and t.astype(np.float32).sum(axis=0)[0, 0] == 2049
+    assert summed[0, 0] == 2048 and t.astype(np.float32).sum(axis=0)[0, 0] == 2049
     torch = torch_or_skip()
     tb = torch.tensor(t.astype(np.float32)).to(torch.bfloat16)
     got = sglang_rebalance(tb, 24, 6, 4, 2, "deepseek")
     ref = mc.eplb(tb.sum(dim=0).float().numpy(), 24, 4, 2, 4, hierarchical=False)
     for a, b in zip(got, ref):
         np.testing.assert_array_equal(a.numpy(), b)
+
+
+def _eplb_of(summed, phy, local, groups, nodes, algorithm):
+    return mc.eplb(np.asarray(summed, dtype=np.float32), phy, groups, nodes, phy // local,
+                   hierarchical=algorithm == "deepseek_hierarchical")
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int16, np.uint16, np.int32])
+def test_sglang_numpy_integer_counts_do_not_wrap(dtype):
+    """SGLang sums tokens_per_expert with torch, which sums every integer dtype in int64: numpy
+    counts of a narrow dtype must not wrap around (2 x 40000 in uint16 is 14464)."""
+    info = np.iinfo(dtype)
+    t = np.full((3, 2, 8), info.max // 16, dtype=dtype)
+    t[:, :, 0] = info.max // 2 + 1  # the hottest expert: 3 x this overflows the dtype (wraps low or negative)
+    t[:, :, 1] = info.max // 4      # 3 x this fits
+    t[:, 1, 5] = 0
+    exact = t.astype(np.int64).sum(axis=0)
+    for algorithm in ("deepseek", "deepseek_hierarchical"):
+        got = sglang_rebalance(t, 12, 3, 2, 2, algorithm)
+        ref = _eplb_of(exact, 12, 3, 2, 2, algorithm)
+        for a, b in zip(got, ref):
+            np.testing.assert_array_equal(a, b)
+        assert (got[2][:, 0] == got[2].max(axis=1)).all(), "the hottest expert gets the most copies"
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int16", "int32"])
+def test_torch_sums_integer_counts_in_int64(dtype):
+    """The reference of the test above: torch.sum of an integer tensor is int64 and does not wrap."""
+    torch = torch_or_skip()
+    t = torch.full((3, 4), int(np.iinfo(dtype).max) // 2 + 1, dtype=getattr(torch, dtype))
+    s = t.sum(dim=0)
+    assert s.dtype == torch.int64 and (s == 3 * (int(np.iinfo(dtype).max) // 2 + 1)).all()
+
+
+def test_sglang_numpy_float16_sums_like_torch():
+    """torch sums float16 in float32 and rounds once: 2048 + 1 + 1 is 2050, where a float16
+    running sum stays at 2048."""
+    t = np.zeros((3, 1, 8), dtype=np.float16)
+    t[:, 0, :] = [[2048, 2049, 1, 7, 3, 5, 9, 11], [1, 0, 1, 2, 3, 4, 5, 6], [1, 0, 2045, 0, 0, 0, 0, 0]]
+    t[0, 0, 1] = 2050  # 2050 + 0 + 0 in both
+    summed = t.astype(np.float32).sum(axis=0).astype(np.float16)
+    assert summed[0, 0] == 2050 and t.sum(axis=0, dtype=np.float16)[0, 0] == 2048
+    got = sglang_rebalance(t, 10, 5, 1, 1, "deepseek")
+    ref = _eplb_of(summed, 10, 5, 1, 1, "deepseek")
+    for a, b in zip(got, ref):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_torch_sums_float16_in_float32():
+    """The reference of the test above: torch's float16 sum rounds once, 2048 + 1 + 1 = 2050."""
+    torch = torch_or_skip()
+    t = torch.tensor([[2048.0], [1.0], [1.0]], dtype=torch.float16)
+    assert t.sum(dim=0).item() == 2050
+
+
+# Two GPUs of three slots, six experts, no redundancy (SGLang's global policy): the plan is
+# balanced_packing of the loads. After 2^24, 2^24 and 1 the GPUs weigh 2^24 + 1 and 2^24; eplb.py
+# sums pack weights in float32 (2^24 + 1 rounds to 2^24: a tie, the next 1 joins GPU 0), SGLang
+# 0.5.23's deepseek.py sums weight.tolist() in Python floats (the next 1 goes to GPU 1).
+TIE = np.array([[[16777216.0, 16777216.0, 1.0, 1.0, 0.75, 0.5]]], dtype=np.float32)
+
+
+def test_sglang_packs_like_sglangs_deepseek_py():
+    phy2log, log2phy, logcnt = sglang_rebalance(TIE, 6, 3, 1, 1, "deepseek")
+    np.testing.assert_array_equal(phy2log, [[0, 2, 4, 1, 3, 5]])  # SGLang's plan (double pack weights)
+    np.testing.assert_array_equal(mc.eplb(TIE[0], 6, 1, 1, 2)[0], [[0, 2, 3, 1, 4, 5]])  # eplb.py's (float32)
+    np.testing.assert_array_equal(logcnt, np.ones((1, 6)))
+    np.testing.assert_array_equal(log2phy[0, :, 0], [0, 3, 1, 4, 2, 5])
+
+
+def test_sglang_matches_sglangs_own_code_on_ties():
+    """SGLang's own eplb_algorithms.rebalance_experts (when SGLang is importable) on the case above and
+    on tie-heavy counts: bfloat16 sums and large integer counts whose pack sums pass 2^24."""
+    torch = torch_or_skip()
+    algorithms = pytest.importorskip("sglang.srt.eplb.eplb_algorithms", reason="SGLang is not importable")
+    original = algorithms.rebalance_experts
+    if getattr(original, "__module__", "") == "moe_compose.sglang":
+        import moe_compose.sglang as ours_mod
+        original = ours_mod._original
+    rng = np.random.default_rng(5)
+    cases = [(torch.tensor(TIE), 6, 3, 1, 1)]
+    for _ in range(12):
+        x = rng.gamma(0.6, 3000.0, size=(2, 3, 120))
+        cases.append((torch.tensor(x).to(torch.bfloat16), 176, 11, 8, 4))
+        cases.append((torch.tensor(np.rint(x * 3000)).to(torch.int64), 176, 11, 8, 4))
+    for t, phy, local, groups, nodes in cases:
+        for name in ("deepseek", "deepseek_hierarchical"):
+            algo = algorithms.EplbAlgorithm[name]
+            ref = original(t, phy, local, groups, nodes, algo)
+            got = sglang_rebalance(t, phy, local, groups, nodes, algo)
+            for a, b in zip(got, ref):
+                assert torch.equal(a, b), (name, tuple(t.shape), str(t.dtype))

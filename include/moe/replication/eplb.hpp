@@ -193,7 +193,11 @@ struct Packing {
 };
 
 /// Packs the n weighted items of each row into num_packs packs of exactly n / num_packs items,
-/// heaviest item first into the lightest pack that still has room.
+/// heaviest item first into the lightest pack that still has room. PackSum: the type the pack
+/// weights are summed in: float as eplb.py (torch float32 scalars); double as SGLang's copy of it
+/// (sglang/srt/eplb/eplb_algorithms/deepseek.py, 0.5.23, sums `weight.tolist()` in Python floats),
+/// whose choices differ where float32 rounding ties two packs that double tells apart.
+template <class PackSum = float>
 inline Packing balanced_packing(Matrix<float> const& weight, int num_packs) {
   int X = weight.rows, n = weight.cols;
   check(num_packs > 0 && n % num_packs == 0, "eplb balanced_packing: ", n, " items do not split into ",
@@ -209,11 +213,11 @@ inline Packing balanced_packing(Matrix<float> const& weight, int num_packs) {
     return out;
   }
   std::vector<int> order(static_cast<std::size_t>(n));
-  std::vector<float> pack_w(static_cast<std::size_t>(num_packs));
+  std::vector<PackSum> pack_w(static_cast<std::size_t>(num_packs));
   std::vector<int> pack_n(static_cast<std::size_t>(num_packs));
   for (int i = 0; i < X; ++i) {
     detail::torch_sort_descending(weight, i, order);
-    std::fill(pack_w.begin(), pack_w.end(), 0.0f);
+    std::fill(pack_w.begin(), pack_w.end(), PackSum{0});
     std::fill(pack_n.begin(), pack_n.end(), 0);
     for (int g : order) {
       int best = -1;
@@ -223,7 +227,7 @@ inline Packing balanced_packing(Matrix<float> const& weight, int num_packs) {
           best = p;
       out.pack_index(i, g) = best;
       out.rank_in_pack(i, g) = pack_n[static_cast<std::size_t>(best)];
-      pack_w[static_cast<std::size_t>(best)] += weight(i, g);
+      pack_w[static_cast<std::size_t>(best)] += static_cast<PackSum>(weight(i, g));
       ++pack_n[static_cast<std::size_t>(best)];
     }
   }
@@ -279,7 +283,9 @@ inline Matrix<int> inverse(Matrix<int> const& perm) {
 }
 }  // namespace detail
 
-/// The hierarchical policy (the global one is this with one group and one node).
+/// The hierarchical policy (the global one is this with one group and one node). PackSum: as for
+/// balanced_packing (double: SGLang's deepseek.py).
+template <class PackSum = float>
 inline Result rebalance_experts_hierarchical(Matrix<float> const& weight, int num_physical, int num_groups,
                                              int num_nodes, int num_gpus) {
   int L = weight.rows, E = weight.cols;
@@ -306,7 +312,7 @@ inline Result rebalance_experts_hierarchical(Matrix<float> const& weight, int nu
       for (int j = 0; j < group_size; ++j) s += weight(l, g * group_size + j);
       tokens_per_group(l, g) = s;
     }
-  Packing gp = balanced_packing(tokens_per_group, num_nodes);
+  Packing gp = balanced_packing<PackSum>(tokens_per_group, num_nodes);
   Matrix<int> log2mlog(L, E);
   for (int l = 0; l < L; ++l)
     for (int g = 0; g < num_groups; ++g)
@@ -330,7 +336,7 @@ inline Result rebalance_experts_hierarchical(Matrix<float> const& weight, int nu
       int m = rep.phy2log(i, p);
       tokens_per_phy(i, p) = tokens_per_mlog(i, m) / static_cast<float>(rep.logcnt(i, m));
     }
-  Packing pp = balanced_packing(tokens_per_phy, num_gpus / num_nodes);
+  Packing pp = balanced_packing<PackSum>(tokens_per_phy, num_gpus / num_nodes);
   Matrix<int> phy2pphy(L * num_nodes, phy_per_node);
   for (int i = 0; i < L * num_nodes; ++i)
     for (int p = 0; p < phy_per_node; ++p) phy2pphy(i, p) = pp.pack_index(i, p) * phy_per_gpu + pp.rank_in_pack(i, p);
