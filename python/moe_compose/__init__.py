@@ -194,7 +194,7 @@ def joint(topology: Topology, loads, slots_per_gpu: int = 0, eps: float = 0.05) 
 def slot_map(copies, gpus: int, loads, slots_per_gpu: int = 0) -> np.ndarray:
     """Engine slots (phy2log) from per-layer, per-expert GPU lists (as craft/joint return them)."""
     return _core.slot_map(copies, _arrays.count(gpus, "gpus"), int(slots_per_gpu),
-                          _arrays.loads(loads, "loads", dtype=np.float64))
+                          _finite(_arrays.loads(loads, "loads", dtype=np.float64), "loads"))
 
 
 def import_sglang_stat(path, experts: int = 0) -> dict:

@@ -34,3 +34,14 @@ def test_nan_positions_as_layer_expert():
 def test_ilp_load_negative_capacity_rejected():
     with pytest.raises(ValueError, match="c_layer=-1"):
         mc.ilp_load(mc.fat_tree(1, 2, 2, 1), W, c_layer=-1)
+
+
+def test_slot_map_refuses_nan_and_negative_loads():
+    """slot_map's loads rank the experts for the spare slots: NaN or negative ones are refused, as
+    every other planner's loads are, not silently used."""
+    copies = [[[0], [1], [0]]]  # 3 experts on 2 GPUs: GPU 0 has a spare slot
+    np.testing.assert_array_equal(mc.slot_map(copies, 2, [[1.0, 2.0, 3.0]]), [[0, 2, 1, 1]])
+    with pytest.raises(ValueError, match=r"loads: layer 0, expert 2 is nan"):
+        mc.slot_map(copies, 2, [[1.0, 2.0, np.nan]])
+    with pytest.raises(ValueError, match=r"loads: layer 0, expert 0 is -1.0"):
+        mc.slot_map(copies, 2, [[-1.0, 2.0, 3.0]])
