@@ -78,3 +78,13 @@ def test_engine_plan_round_trip(tmp_path, fmt):
     mc.write_engine_plan(fmt, path, phy2log, 8, 16, hidden_layers=7, first_moe=2)
     back = mc.read_engine_plan(fmt, path, 8, 16, hidden_layers=7, first_moe=2)
     np.testing.assert_array_equal(back, phy2log)
+
+
+@pytest.mark.parametrize("fmt", ["sglang", "trtllm", "vllm", "vllm-ascend"])
+def test_engine_plan_round_trip_with_more_slots_per_gpu_than_experts(fmt, tmp_path):
+    """A GPU may hold more slots than there are experts (two copies of one expert on it, as EPLB
+    places them): every format reads back what its writer wrote."""
+    phy2log = np.array([[0, 1, 2, 0, 1, 2, 0, 1], [2, 2, 1, 0, 0, 1, 2, 0]])  # 3 experts, 2 GPUs of 4 slots
+    path = tmp_path / "plan"
+    mc.write_engine_plan(fmt, path, phy2log, num_gpus=2, experts=3, hidden_layers=3, first_moe=1)
+    np.testing.assert_array_equal(mc.read_engine_plan(fmt, path, 2, 3, 3, 1), phy2log)
