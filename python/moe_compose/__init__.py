@@ -96,7 +96,9 @@ def rebalance(weight, old_phy2log, num_gpus: int, *, num_groups: int = 1, num_no
     layout old_phy2log [layers, old slots] (slot p on GPU p // S, S = num_replicas / num_gpus). The
     largest GPU load stays within (1 + tolerance) x EPLB's from scratch (num_groups, num_nodes as for
     EPLB, whose group-to-node rule is kept when it applies); a larger tolerance, or
-    max_copies_per_layer, trades balance for fewer copies.
+    max_copies_per_layer, trades balance for fewer copies. The cap bounds the search's copies; those the
+    layout needs first (the group-to-node rule, elastic re-homing and filling) can exceed it on their
+    own, and Rebalance.copies counts them all.
 
     Elastic expert parallelism (as vLLM passes it): num_replicas (default: the old width) below the
     old width means GPUs num_gpus.. of the old layout leave (their experts are re-homed); -1 entries

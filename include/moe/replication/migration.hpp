@@ -45,9 +45,12 @@
 //
 // The knob: `tolerance` trades balance for moves (0: EPLB's max load; larger: fewer copies);
 // `max_copies_per_layer` >= 0 caps the copies per layer instead (best balance within the cap; no
-// fallback). Transfers: every slot that needs a copy receives it from a GPU that held the expert
-// before: one in the same node if any, else the one with the fewest sends so far in this layer,
-// then the lowest index. transfer_time() models their duration on a topology with the link-level
+// fallback). The cap bounds what the search adds: the copies that make the layout valid at all come
+// first and may exceed it on their own (the group-to-node rule's completion, the elastic re-homing
+// and filling of empty slots); LayerStats::copies counts every copy.
+// Transfers: every slot that needs a copy receives it from a GPU that held the expert before: one
+// in the same node if any, else the one with the fewest sends so far in this layer, then the
+// lowest index. transfer_time() models their duration on a topology with the link-level
 // traffic model (moe/topology/traffic.hpp): per layer, the busiest directed link's bytes over its
 // bandwidth plus the largest path latency used; layers move one after another.
 
@@ -68,7 +71,8 @@ namespace moe::replication::migration {
 
 struct Options {
   double tolerance = 0.01;            ///< target max GPU load <= (1 + tolerance) x EPLB's, per layer
-  long long max_copies_per_layer = -1;  ///< >= 0: at most this many slots needing a copy per layer
+  long long max_copies_per_layer = -1;  ///< >= 0: the search adds no copy past this many per layer
+                                        ///< (the completion's own copies may exceed it; header)
   int num_groups = 1;                 ///< EPLB reference: expert groups
   int num_nodes = 1;                  ///< EPLB reference and sources: nodes (GPU g on node g / (G / nodes))
   int candidate_gpus = 3;             ///< lightest GPUs (and experts) a move may use
