@@ -120,6 +120,39 @@ long long fixed_max(Case const& c) {
   return *std::max_element(load.begin(), load.end());
 }
 
+/// The split's take read back: each rank's load, the pairs served on their rank and on their
+/// server, and all pairs; requires a split (every (rank, expert) dealt in full to its copies, the
+/// loads the policy reports).
+struct Tally {
+  std::vector<long long> load;
+  long long local = 0, same = 0, total = 0;
+};
+
+Tally tally(Case const& c, BatchSplit const& policy, std::vector<std::int32_t> const& n) {
+  auto const& L = policy.layout();
+  auto const& take = policy.take();
+  Tally t;
+  t.load.assign(static_cast<std::size_t>(c.G), 0);
+  for (int r = 0; r < c.G; ++r)
+    for (int e = 0; e < c.E; ++e) {
+      long long sum = 0;
+      for (int s = L.first[e]; s < L.first[e + 1]; ++s) {
+        bool single = L.first[e + 1] - L.first[e] == 1;  // single-copy slots are not written
+        long long x = single ? n[static_cast<std::size_t>(r * c.E + e)] : take[static_cast<std::size_t>(r * L.slots + s)];
+        REQUIRE(x >= 0);
+        sum += x;
+        int g = L.rank[s];
+        t.load[static_cast<std::size_t>(g)] += x;
+        if (g == r) t.local += x;
+        if (c.server[static_cast<std::size_t>(g)] == c.server[static_cast<std::size_t>(r)]) t.same += x;
+      }
+      REQUIRE(sum == n[static_cast<std::size_t>(r * c.E + e)]);
+      t.total += sum;
+    }
+  REQUIRE(t.load == policy.load());
+  return t;
+}
+
 struct Checked {
   long long max_load = 0, lp_ceil = 0, fixed = 0;
 };
@@ -131,26 +164,7 @@ Checked check_case(Case const& c) {
   REQUIRE(out.bad == 0);
   auto const& L = policy.layout();
   auto const& take = policy.take();
-  // a split: every (r, e) dealt in full to its copies; loads as received
-  std::vector<long long> load(static_cast<std::size_t>(c.G), 0);
-  long long local = 0, same = 0, total = 0;
-  for (int r = 0; r < c.G; ++r)
-    for (int e = 0; e < c.E; ++e) {
-      long long sum = 0;
-      for (int s = L.first[e]; s < L.first[e + 1]; ++s) {
-        bool single = L.first[e + 1] - L.first[e] == 1;  // single-copy slots are not written
-        long long x = single ? n[static_cast<std::size_t>(r * c.E + e)] : take[static_cast<std::size_t>(r * L.slots + s)];
-        REQUIRE(x >= 0);
-        sum += x;
-        int g = L.rank[s];
-        load[static_cast<std::size_t>(g)] += x;
-        if (g == r) local += x;
-        if (c.server[static_cast<std::size_t>(g)] == c.server[static_cast<std::size_t>(r)]) same += x;
-      }
-      REQUIRE(sum == n[static_cast<std::size_t>(r * c.E + e)]);
-      total += sum;
-    }
-  REQUIRE(load == policy.load());
+  auto [load, local, same, total] = tally(c, policy, n);
   long long mx = c.G ? *std::max_element(load.begin(), load.end()) : 0;
   REQUIRE(mx == out.max_load);
   REQUIRE(local == out.local);
@@ -370,27 +384,7 @@ TEST_CASE("batch split's work does not grow with the counts", "[batch-split][glp
     BatchSplit policy(c.copies, c.server);
     auto out = policy.plan_batch(n);  // well under a millisecond; one pair per path: ctest's 900 s
     REQUIRE(out.bad == 0);
-    auto const& L = policy.layout();
-    auto const& take = policy.take();
-    std::vector<long long> load(static_cast<std::size_t>(c.G), 0);
-    long long local = 0, same = 0, total = 0;
-    for (int r = 0; r < c.G; ++r)
-      for (int e = 0; e < c.E; ++e) {
-        long long sum = 0;
-        bool single = L.first[e + 1] - L.first[e] == 1;
-        for (int s = L.first[e]; s < L.first[e + 1]; ++s) {
-          long long x = single ? n[static_cast<std::size_t>(r * c.E + e)] : take[static_cast<std::size_t>(r * L.slots + s)];
-          REQUIRE(x >= 0);
-          sum += x;
-          int g = L.rank[s];
-          load[static_cast<std::size_t>(g)] += x;
-          if (g == r) local += x;
-          if (c.server[static_cast<std::size_t>(g)] == c.server[static_cast<std::size_t>(r)]) same += x;
-        }
-        REQUIRE(sum == n[static_cast<std::size_t>(r * c.E + e)]);
-        total += sum;
-      }
-    REQUIRE(load == policy.load());
+    auto [load, local, same, total] = tally(c, policy, n);
     CHECK(*std::max_element(load.begin(), load.end()) == out.max_load);
     CHECK(out.max_load == static_cast<long long>(std::ceil(static_cast<double>(scale) * T1 - 1e-3)));
     CHECK(local == out.local);
