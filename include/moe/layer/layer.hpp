@@ -37,6 +37,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <limits>
 #include <optional>
 #include <span>
 #include <string>
@@ -204,6 +205,19 @@ inline Status check_run_arguments(char const* who, char const* options_name, int
                           options_name, "::max_tokens)")};
   if (needs_rows && tokens > 0 && (x == nullptr || y == nullptr))
     return {false, concat(who, ": input or output pointer is null")};
+  return {};
+}
+
+/// The checks of a pass's first_token on the sequential paths: not negative, and every token index
+/// of the pass plus the ranks fits in a long long (the replica choice adds the source rank to a
+/// token's index: replication::Table's (rank + token) % copies, the device's plan_records).
+inline Status check_first_token(char const* who, long long first_token, int max_tokens, int ranks) {
+  if (first_token < 0)
+    return {false, concat(who, ": first_token (the global index of this rank's first token) must not be negative, "
+                               "got ", first_token)};
+  if (first_token > std::numeric_limits<long long>::max() - max_tokens - ranks)
+    return {false, concat(who, ": first_token (the global index of this rank's first token) is too large: ",
+                          first_token, " + max_tokens + ranks exceeds the largest long long")};
   return {};
 }
 

@@ -833,14 +833,9 @@ public:
   /// Throws moe::Error on a count array of the wrong size or a negative count, or on a split built
   /// from nothing (default-constructed).
   split::Outcome plan_batch(std::span<std::int32_t const> counts) {
-    check_built();
-    auto G = static_cast<std::size_t>(layout_.ranks), E = static_cast<std::size_t>(layout_.experts);
-    check(counts.size() == G * E, "batch split: ", counts.size(), " counts, expected ", G, " ranks x ", E, " experts");
+    check_counts(counts);
     auto out = split::solve(layout_, counts.data(), take_.data(), load_.data(), work_.data());
-    if (out.bad == 1) {
-      for (std::size_t i = 0; i < counts.size(); ++i)
-        check(counts[i] >= 0, "batch split: rank ", i / E, " reports ", counts[i], " pairs of expert ", i % E);
-    }
+    if (out.bad == 1) refuse_negative(counts);
     check(out.bad == 0, "batch split: internal fault (no way to move a rank's excess); please report it");
     last_ = out;
     return out;
@@ -851,13 +846,8 @@ public:
   /// only on each expert's total): a cheap measure of what a copy layout allows. Leaves the last
   /// split as it was. Throws moe::Error as plan_batch() does.
   long long least_max_load(std::span<std::int32_t const> counts) {
-    check_built();
-    auto G = static_cast<std::size_t>(layout_.ranks), E = static_cast<std::size_t>(layout_.experts);
-    check(counts.size() == G * E, "batch split: ", counts.size(), " counts, expected ", G, " ranks x ", E, " experts");
-    if (split::count_servers(layout_, counts.data(), work_.data()) < 0) {
-      for (std::size_t i = 0; i < counts.size(); ++i)
-        check(counts[i] >= 0, "batch split: rank ", i / E, " reports ", counts[i], " pairs of expert ", i % E);
-    }
+    check_counts(counts);
+    if (split::count_servers(layout_, counts.data(), work_.data()) < 0) refuse_negative(counts);
     split::detail::Work W(layout_, work_.data());
     return split::least_max(layout_, counts.data(), W);
   }
@@ -911,6 +901,19 @@ private:
   void check_built() const {
     check(layout_.ranks > 0 && !work_.empty(), "batch split: this BatchSplit has no copies and ranks (default-constructed "
           "or moved from); build it from a copy table");
+  }
+  /// What plan_batch() and least_max_load() refuse before they solve: a split built from nothing,
+  /// and counts that are not ranks x experts.
+  void check_counts(std::span<std::int32_t const> counts) const {
+    check_built();
+    auto G = static_cast<std::size_t>(layout_.ranks), E = static_cast<std::size_t>(layout_.experts);
+    check(counts.size() == G * E, "batch split: ", counts.size(), " counts, expected ", G, " ranks x ", E, " experts");
+  }
+  /// Names the first negative count (the solvers only report that there is one).
+  void refuse_negative(std::span<std::int32_t const> counts) const {
+    auto E = static_cast<std::size_t>(layout_.experts);
+    for (std::size_t i = 0; i < counts.size(); ++i)
+      check(counts[i] >= 0, "batch split: rank ", i / E, " reports ", counts[i], " pairs of expert ", i % E);
   }
   void relink() {
     layout_.first = lists_.first.data();

@@ -63,7 +63,6 @@
 
 #include <algorithm>
 #include <concepts>
-#include <limits>
 #include <optional>
 #include <span>
 #include <type_traits>
@@ -338,15 +337,9 @@ public:
 
   /// The device path's own checks (the front checks tokens, max_tokens and pointers).
   [[nodiscard]] Status check_pass(Arguments const& a) const {
-    if (a.first_token < 0)
-      return {false, detail::concat("moe::Layer (device): first_token (the global index of this rank's first token) "
-                                    "must not be negative, got ", a.first_token)};
-    // The replica choice adds the source rank to a token's index (kernels::cuda::plan_records):
-    // every index of the pass plus the ranks must fit in a long long.
-    if (a.first_token > std::numeric_limits<long long>::max() - options_.max_tokens - comm_->size())
-      return {false, detail::concat("moe::Layer (device): first_token (the global index of this rank's first token) "
-                                    "is too large: ", a.first_token,
-                                    " + max_tokens + ranks exceeds the largest long long")};
+    if (Status st = detail::check_first_token("moe::Layer (device)", a.first_token, options_.max_tokens, comm_->size());
+        !st.ok)
+      return st;
     if (reinterpret_cast<std::uintptr_t>(a.x) % 16 != 0 || reinterpret_cast<std::uintptr_t>(a.y) % 16 != 0)
       return {false, "moe::Layer (device): x and y must be 16-byte aligned"};
     if (options_.live.window > 0)

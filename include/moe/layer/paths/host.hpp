@@ -27,7 +27,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <limits>
 #include <numeric>
 #include <span>
 #include <string>
@@ -88,15 +87,7 @@ public:
 
   /// The host path's own checks of a pass (the front checks tokens, max_tokens and pointers).
   [[nodiscard]] Status check_pass(Arguments const& a) const {
-    if (a.first_token < 0)
-      return {false, detail::concat("moe::Layer: first_token (the global index of this rank's first token) must not "
-                                    "be negative, got ", a.first_token)};
-    // Replica policies add the source rank to a token's index (replication::Table: (rank + token)
-    // % copies): every index of the pass plus the ranks must fit in a long long.
-    if (a.first_token > std::numeric_limits<long long>::max() - options_.max_tokens - comm_->size())
-      return {false, detail::concat("moe::Layer: first_token (the global index of this rank's first token) is too "
-                                    "large: ", a.first_token, " + max_tokens + ranks exceeds the largest long long")};
-    return {};
+    return detail::check_first_token("moe::Layer", a.first_token, options_.max_tokens, comm_->size());
   }
 
   /// Every rank's vote, gathered over the collective.
