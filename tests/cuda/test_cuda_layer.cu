@@ -709,8 +709,9 @@ TEST_CASE("a per-batch split adds no host round trip to a pass (NCCL ranks)", "[
 }
 
 namespace {
-/// One pass on N NCCL ranks in which `bad` passes one token more than max_tokens: what each rank threw.
-std::vector<std::string> nccl_bad_rank(int N, int bad, moe::cuda::Exchange exchange) {
+/// One pass on N NCCL ranks in which `bad` passes one token more than max_tokens (with
+/// `other_tables`, a good pass on a layer whose placement swaps experts 0 and 1): what each rank threw.
+std::vector<std::string> nccl_bad_rank(int N, int bad, moe::cuda::Exchange exchange, bool other_tables = false) {
   using Model = MixtralSmallF32;
   using T = float;
   using L = moe::Layer<Model, moe::router::SoftmaxTopK, moe::placement::Table, moe::replication::None,
@@ -730,10 +731,13 @@ std::vector<std::string> nccl_bad_rank(int N, int bad, moe::cuda::Exchange excha
         moe::test::Stream st;
         auto comm = moe::collective::Nccl::create(rank, N, id, st);
         DeviceWeights<T> dw(s, weights.view());
-        L layer(comm, placement, moe::replication::None{}, dw.view(), {.max_tokens = m, .device = {.exchange = exchange}});
+        auto mine = placement.ranks();
+        if (other_tables && rank == bad) std::swap(mine[0], mine[1]);
+        L layer(comm, moe::placement::Table(mine), moe::replication::None{}, dw.view(),
+                {.max_tokens = m, .device = {.exchange = exchange}});
         Device<T> dx(x), dy(x.size());
         Device<std::byte> ws(layer.workspace_size());
-        int n = rank == bad ? m + 1 : m;
+        int n = rank == bad && !other_tables ? m + 1 : m;
         layer.run({.tokens = n, .x = dx.get(), .y = dy.get(), .stream = st}, ws.bytes());
         st.synchronize("rank run");
       } catch (std::exception const& e) {
@@ -761,6 +765,12 @@ TEST_CASE("device path: one rank's bad arguments make every rank throw the same 
         for (auto const& m : what) CHECK(m == what[0]);
         CHECK_THAT(what[0], Catch::Contains(moe::detail::concat("rank ", bad, " rejected its arguments")) &&
                                 Catch::Contains("5 tokens exceed the 4"));
+        // The same rank built with another placement: stopped by the agreement before any pair moves.
+        what = nccl_bad_rank(N, bad, ex, true);
+        for (auto const& m : what) CHECK(m == what[0]);
+        CHECK_THAT(what[0], Catch::Contains(moe::detail::concat(
+                                "every rank must build its layer with the same placement and replica tables: rank ",
+                                bad == 0 ? 1 : bad, "'s differ from rank 0's")));
       }
   }
 }

@@ -568,7 +568,7 @@ namespace {
 /// (max_tokens) except rank `bad`, which passes 13. Returns each rank's error message ("" if it
 /// returned); the test needs every rank to throw and none to wait for the bad one.
 template <int N>
-std::vector<std::string> disaggregated_bad_rank(int ag, int bad) {
+std::vector<std::string> disaggregated_bad_rank(int ag, int bad, bool other_tables = false) {
   using Model = MixtralSmallF32;
   using L = moe::Layer<Model, moe::router::SoftmaxTopK, moe::placement::Table, moe::replication::None, ms::FinDep,
                        moe::test::StagedDevice<N>>;
@@ -579,14 +579,16 @@ std::vector<std::string> disaggregated_bad_rank(int ag, int bad) {
   moe::collective::run_in_process<N>([&](moe::collective::InProcess<N>& host) {
     moe::test::StagedDevice<N> comm(host);
     int rank = host.rank();
-    L layer(comm, moe::placement::Table::round_robin(s.experts, N - ag), {}, dw.view(),
+    auto placement = moe::placement::Table::round_robin(s.experts, N - ag).ranks();
+    if (other_tables && rank == bad) std::swap(placement[0], placement[1]);
+    L layer(comm, moe::placement::Table(placement), {}, dw.view(),
             {.max_tokens = 12, .schedule = {.ag = ag, .r1 = 2, .r2 = 2}});
     Device<std::byte> ws(layer.workspace_size());
     Device<float> x(13 * 64), y(13 * 64);
     moe::test::Stream st;
     bool sends_rows = rank < ag;
     try {
-      layer.run({.tokens = rank == bad ? 13 : 12, .x = sends_rows ? x.get() : nullptr,
+      layer.run({.tokens = rank == bad && !other_tables ? 13 : 12, .x = sends_rows ? x.get() : nullptr,
                  .y = sends_rows ? y.get() : nullptr, .stream = st},
                 ws.bytes());
       st.synchronize("run");
@@ -608,12 +610,22 @@ TEST_CASE("device disaggregated Layer: one rank's bad arguments make every rank 
     for (auto const& m : what) CHECK(m == what[0]);
     CHECK_THAT(what[0], Catch::Contains(moe::detail::concat("rank ", bad, " rejected its arguments")) &&
                             Catch::Contains("13 tokens"));
+    if (3 - ag < 2) continue;  // one expert rank: no other placement
+    // The same rank built with another placement over the expert group, every pass good.
+    what = disaggregated_bad_rank<3>(ag, bad, true);
+    for (auto const& m : what) CHECK(m == what[0]);
+    CHECK_THAT(what[0], Catch::Contains(moe::detail::concat(
+                            "every rank must build its layer with the same placement and replica tables: rank ",
+                            bad == 0 ? 1 : bad, "'s differ from rank 0's")));
   }
   {
     INFO("4 ranks, 2 AG, bad rank 3");
     auto what = disaggregated_bad_rank<4>(2, 3);
     for (auto const& m : what) CHECK(m == what[0]);
     CHECK_THAT(what[0], Catch::Contains("rank 3 rejected its arguments") && Catch::Contains("13 tokens"));
+    what = disaggregated_bad_rank<4>(2, 3, true);
+    for (auto const& m : what) CHECK(m == what[0]);
+    CHECK_THAT(what[0], Catch::Contains("same placement and replica tables: rank 3's differ from rank 0's"));
   }
 }
 

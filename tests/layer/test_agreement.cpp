@@ -40,3 +40,23 @@ TEST_CASE("host disaggregated path: every rank throws the bad rank's error", "[l
   what = on_ranks<3>([&](auto& comm) { return test::disaggregated_path_bad_rank(comm, -1); });
   for (auto const& m : what) CHECK(m.empty());
 }
+
+TEST_CASE("ranks built with other tables: every rank throws the same error", "[layer][errors][agreement]") {
+  for (int odd = 0; odd < 4; ++odd) {
+    INFO("odd rank " << odd);
+    auto what = on_ranks<4>([&](auto& comm) { return test::host_path_other_tables(comm, odd); });
+    for (auto const& m : what) CHECK(m == what[0]);
+    CHECK_THAT(what[0], Catch::Contains(test::other_tables_message(odd)));
+  }
+  for (int odd : {0, 2}) {  // the attention rank, an expert rank
+    INFO("disaggregated, odd rank " << odd);
+    auto what = on_ranks<3>([&](auto& comm) { return test::disaggregated_path_other_tables(comm, odd); });
+    for (auto const& m : what) CHECK(m == what[0]);
+    CHECK_THAT(what[0], Catch::Contains(test::other_tables_message(odd)));
+  }
+  // The same tables everywhere: the passes run.
+  auto what = on_ranks<4>([&](auto& comm) { return test::host_path_other_tables(comm, -1); });
+  for (auto const& m : what) CHECK(m.empty());
+  auto dis = on_ranks<3>([&](auto& comm) { return test::disaggregated_path_other_tables(comm, -1); });
+  for (auto const& m : dis) CHECK(m.empty());
+}

@@ -1,6 +1,7 @@
 // Bad input to the Layer gets a clear moe::Error, never a crash or a hang.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <array>
 #include <limits>
 #include <string>
@@ -130,17 +131,109 @@ TEST_CASE("more tokens than the workspace was sized for, or too small a workspac
                     Catch::Contains("every rank must build its layer with the same options: rank 0 has max_tokens 8"));
 }
 
-TEST_CASE("ranks with different placement tables are caught", "[layer][errors]") {
-  auto x = test::random_tokens<float>(8, 16, 3);
-  std::vector<float> y(x.size());
-  CHECK_THROWS_WITH(on_two_ranks([&](auto& comm) {
-                      // Rank 0 thinks everything lives on rank 1, rank 1 thinks everything lives on rank 0.
-                      std::vector<int> t(8, 1 - comm.rank());
-                      L2 l(comm, placement::Table(t), {}, weights().view(), {.max_tokens = 8});
-                      std::vector<std::byte> ws(l.workspace_size());
-                      l.run({.tokens = 8, .x = x.data(), .y = y.data()}, ws);
-                    }),
-                    Catch::Contains("which it does not serve"));
+namespace {
+/// Runs one pass of 4 tokens per rank on N in-process ranks, each building its layer with
+/// make(rank); returns what each rank threw ("" if it ran).
+template <class L, int N, class Make>
+std::array<std::string, N> one_pass_on(Make make) {
+  auto x = test::random_tokens<float>(4 * N, 16, 3);
+  std::array<std::string, N> what;
+  collective::run_in_process<N>([&](collective::InProcess<N>& comm) {
+    int r = comm.rank();
+    std::vector<float> y(4 * 16);
+    try {
+      L l = make(comm);
+      std::vector<std::byte> ws(l.workspace_size());
+      l.run({.tokens = 4, .x = x.data() + 4 * 16 * r, .y = y.data(), .first_token = 4 * r}, ws);
+    } catch (Error const& e) {
+      what[static_cast<std::size_t>(r)] = e.what();
+    }
+  });
+  return what;
+}
+}  // namespace
+
+TEST_CASE("ranks built with different placement or replica tables are stopped before any pair moves",
+          "[layer][errors]") {
+  using L3 = Layer<Small, router::SoftmaxTopK, placement::Table, replication::Table, schedule::Sequential,
+                   collective::InProcess<3>>;
+  using L3S = Layer<Small, router::SoftmaxTopK, placement::Table, replication::BatchSplit, schedule::Sequential,
+                    collective::InProcess<3>>;
+  auto placement = placement::Table::round_robin(8, 3);
+  auto copies = [&](int extra_on) {  // each expert on its rank; experts 0 and 1 also on `extra_on`
+    std::vector<std::vector<int>> c(8);
+    for (int e = 0; e < 8; ++e) {
+      c[static_cast<std::size_t>(e)] = {placement.rank_of(e)};
+      if (e < 2 && extra_on != placement.rank_of(e)) c[static_cast<std::size_t>(e)].push_back(extra_on);
+    }
+    return c;
+  };
+  auto stopped = [](auto const& what, int rank) {
+    for (auto const& w : what) {
+      CHECK(w == what[0]);
+      CHECK_THAT(w, Catch::Contains("every rank must build its layer with the same placement and replica tables: "
+                                    "rank " + std::to_string(rank) + "'s differ from rank 0's"));
+    }
+  };
+  SECTION("two ranks, each placing every expert on the other") {
+    auto what = one_pass_on<L2, 2>([&](auto& comm) {
+      return L2(comm, placement::Table(std::vector<int>(8, 1 - comm.rank())), {}, weights().view(),
+                {.max_tokens = 4});
+    });
+    stopped(what, 1);
+  }
+  SECTION("one rank of three with another replica list (the placement the same): no rank waits") {
+    // Rank 2 also holds experts 0 and 1 in its own table; ranks 0 and 1 think rank 2 holds them
+    // not, so rank 2 would send their pairs to itself and the others would wait for them.
+    auto what = one_pass_on<L3, 3>([&](auto& comm) {
+      return L3(comm, placement, replication::Table(copies(comm.rank() == 2 ? 2 : 0)), weights().view(),
+                {.max_tokens = 4});
+    });
+    stopped(what, 2);
+  }
+  SECTION("one rank of three with another placement (the same copies)") {
+    auto what = one_pass_on<L3, 3>([&](auto& comm) {
+      std::vector<int> t(8);
+      for (int e = 0; e < 8; ++e) t[static_cast<std::size_t>(e)] = placement.rank_of(e);
+      if (comm.rank() == 1) std::swap(t[0], t[1]);  // experts 0 and 1 change ranks
+      std::vector<std::vector<int>> c(8);
+      for (int e = 0; e < 8; ++e) c[static_cast<std::size_t>(e)] = {t[static_cast<std::size_t>(e)]};
+      return L3(comm, placement::Table(t), replication::Table(c), weights().view(), {.max_tokens = 4});
+    });
+    stopped(what, 1);
+  }
+  SECTION("the same copies listed in another order agree, and the pass runs") {
+    // The fixed rule serves a pair from any holder; only who holds what must agree.
+    auto what = one_pass_on<L3, 3>([&](auto& comm) {
+      auto c = copies(1);
+      if (comm.rank() == 2)
+        for (auto& l : c) std::reverse(l.begin(), l.end());
+      return L3(comm, placement, replication::Table(c), weights().view(), {.max_tokens = 4});
+    });
+    for (auto const& w : what) CHECK(w.empty());
+  }
+  SECTION("replication::BatchSplit: the order of a copy list and the servers must agree too") {
+    // Its split breaks ties by the order of each list and prefers copies on the sender's server:
+    // ranks holding other orders or servers would deal their pairs by different splits.
+    auto reordered = one_pass_on<L3S, 3>([&](auto& comm) {
+      auto c = copies(1);
+      if (comm.rank() == 0)
+        for (auto& l : c) std::reverse(l.begin(), l.end());
+      return L3S(comm, placement, replication::BatchSplit(c, std::vector<int>{0, 0, 1}), weights().view(),
+                 {.max_tokens = 4});
+    });
+    stopped(reordered, 1);
+    auto servers = one_pass_on<L3S, 3>([&](auto& comm) {
+      std::vector<int> server = comm.rank() == 1 ? std::vector<int>{0, 1, 1} : std::vector<int>{0, 0, 1};
+      return L3S(comm, placement, replication::BatchSplit(copies(1), server), weights().view(), {.max_tokens = 4});
+    });
+    stopped(servers, 1);
+    auto same = one_pass_on<L3S, 3>([&](auto& comm) {
+      return L3S(comm, placement, replication::BatchSplit(copies(1), std::vector<int>{0, 0, 1}), weights().view(),
+                 {.max_tokens = 4});
+    });
+    for (auto const& w : same) CHECK(w.empty());
+  }
 }
 
 TEST_CASE("a first token so large that the replica choice overflows is refused", "[layer][errors]") {

@@ -1,8 +1,9 @@
 #pragma once
-// The ranks' agreement on a pass (moe::Layer::run): one rank passes bad arguments, the others good
-// ones; every rank must throw, with the same message, and none may be left waiting. Shared by the
-// InProcess, MPI and emulated-NCCL tests.
+// The ranks' agreement on a pass (moe::Layer::run): one rank passes bad arguments, or was built with
+// other tables, the others good ones; every rank must throw, with the same message, and none may be
+// left waiting. Shared by the InProcess and MPI tests.
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -68,6 +69,50 @@ std::string disaggregated_path_bad_rank(Comm& comm, int bad) {
   bool ag = layer.is_attention_rank();
   int tokens = ag ? (comm.rank() == bad ? 6 : m) : (comm.rank() == bad ? 3 : 0);
   return run_message(layer, {.tokens = tokens, .x = ag ? x.data() : nullptr, .y = ag ? y.data() : nullptr}, ws);
+}
+
+/// The host path with replication::Table, every pass good: rank `odd` builds its layer with another
+/// copy list than the others (expert 0 also on the last rank). Returns this rank's message.
+template <class Comm>
+std::string host_path_other_tables(Comm& comm, int odd) {
+  using S = AgreementShape;
+  using L = Layer<S, router::SoftmaxTopK, placement::Table, replication::Table, schedule::Sequential, Comm>;
+  static RandomLayerWeights<float> const w(S::spec, 5);
+  int const m = 4;
+  std::vector<float> x(static_cast<std::size_t>(m) * S::spec.hidden, 0.5f), y(x.size());
+  auto placement = placement::Table::contiguous(S::spec.experts, comm.size());
+  std::vector<std::vector<int>> copies(S::spec.experts);
+  for (int e = 0; e < S::spec.experts; ++e) copies[static_cast<std::size_t>(e)] = {placement.rank_of(e)};
+  if (comm.rank() == odd) copies[0].push_back(comm.size() - 1);
+  L layer(comm, placement, replication::Table(copies), w.view(), {.max_tokens = m});
+  std::vector<std::byte> ws(layer.workspace_size());
+  return run_message(layer, {.tokens = m, .x = x.data(), .y = y.data(), .first_token = m * comm.rank()}, ws);
+}
+
+/// The host disaggregated path (FinDEP, one attention rank), every pass good: rank `odd` places
+/// experts 0 and 1 on each other's expert-group rank. Returns this rank's message.
+template <class Comm>
+std::string disaggregated_path_other_tables(Comm& comm, int odd) {
+  using S = AgreementShape;
+  using L = Layer<S, router::SoftmaxTopK, placement::Table, replication::None, schedule::FinDep, Comm>;
+  static RandomLayerWeights<float> const w(S::spec, 5);
+  int const m = 8, eg = comm.size() - 1;
+  std::vector<float> x(static_cast<std::size_t>(m) * S::spec.hidden, 0.5f), y(x.size());
+  std::vector<int> t(S::spec.experts);
+  for (int e = 0; e < S::spec.experts; ++e) t[static_cast<std::size_t>(e)] = e % eg;
+  if (comm.rank() == odd) std::swap(t[0], t[1]);
+  L layer(comm, placement::Table(t), {}, w.view(),
+          {.max_tokens = m, .schedule = {.ag = 1, .order = schedule::Order::aass, .r1 = 2, .r2 = 2}});
+  std::vector<std::byte> ws(layer.workspace_size());
+  bool ag = layer.is_attention_rank();
+  return run_message(layer, {.tokens = ag ? m : 0, .x = ag ? x.data() : nullptr, .y = ag ? y.data() : nullptr}, ws);
+}
+
+/// What every rank must throw when rank `odd` was built with other tables than the others: the
+/// first rank whose tables differ from rank 0's is named (rank 1 when rank 0 is the odd one).
+inline std::string other_tables_message(int odd) {
+  return detail::concat("every rank must build its layer with the same placement and replica tables: rank ",
+                        odd == 0 ? 1 : odd, "'s differ from rank 0's");
 }
 
 }  // namespace moe::test

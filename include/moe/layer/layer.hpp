@@ -266,15 +266,45 @@ ExpertGroupPlan expert_group_plan(Placement const& placement, Replicas const& re
 }
 
 /// One rank's verdict on a pass, exchanged before any data moves (256 bytes): whether its
-/// arguments passed, why not, and the settings every rank must share.
+/// arguments passed, why not, and the settings and tables every rank must share.
 struct Vote {
   std::int32_t ok = 0;
   std::int32_t settings[12] = {};  ///< max_tokens, deduplicate, pipeline, order, r1, r2, then live::Options:
                                    ///< window, replan_every, spare_slots, bytes/pass (KiB), tolerance, nodes
   std::int32_t live[4] = {};       ///< re-plan state, plan hash, re-plans started, 0 (see Layer)
-  char message[188] = {};
+  std::uint32_t tables = 0;        ///< hash of the placement and replica tables in use (hash_tables)
+  char message[184] = {};
 };
 static_assert(sizeof(Vote) == 256);
+
+/// 32-bit FNV-1a over 32-bit words: what the agreement compares of the tables a layer routes with.
+struct TablesHash {
+  std::uint32_t h = 2166136261u;
+  void mix(std::uint32_t u) {
+    for (int b = 0; b < 4; ++b) h = (h ^ ((u >> (8 * b)) & 0xffu)) * 16777619u;
+  }
+  void mix(std::span<int const> v) {
+    mix(static_cast<std::uint32_t>(v.size()));
+    for (int x : v) mix(static_cast<std::uint32_t>(x));
+  }
+};
+
+/// The tables of a layer as the agreement hashes them: for each of `experts` experts its primary
+/// rank `primary(e)`, then the ranks r of [0, ranks) with `holds(e, r)`, ascending (so two copy
+/// lists with the same ranks in another order hash the same: the fixed rule serves either). Ranks
+/// built from different plans (another placement file, another replica list) differ here, and the
+/// agreement stops them before a pair goes to a rank that would not serve it.
+template <class Primary, class Holds>
+std::uint32_t hash_tables(int experts, int ranks, Primary const& primary, Holds const& holds) {
+  TablesHash h;
+  for (int e = 0; e < experts; ++e) {
+    h.mix(static_cast<std::uint32_t>(primary(e)));
+    for (int r = 0; r < ranks; ++r)
+      if (holds(e, r)) h.mix(static_cast<std::uint32_t>(r));
+    h.mix(0xffffffffu);  // the end of expert e's list (no rank has this number)
+  }
+  return h.h;
+}
 
 /// Throws the same moe::Error on every rank that holds the same `votes`: the reason of the first
 /// rank that rejected its arguments, else the first rank whose settings differ from rank 0's.
@@ -293,6 +323,11 @@ inline void decide(std::span<Vote const> votes, char const* who) {
     check(std::equal(std::begin(votes[r].settings), std::end(votes[r].settings), std::begin(votes[0].settings)), who,
           ": every rank must build its layer with the same options: rank 0 has ", describe(votes[0]), ", rank ", r,
           " has ", describe(votes[r]));
+  for (std::size_t r = 1; r < votes.size(); ++r)
+    check(votes[r].tables == votes[0].tables, who,
+          ": every rank must build its layer with the same placement and replica tables: rank ", r,
+          "'s differ from rank 0's (hash ", votes[r].tables, " against ", votes[0].tables,
+          "; did every rank load the same plan?)");
 }
 
 /// All ranks' votes through a host-memory collective (one all-gather of 256 bytes per rank).
@@ -405,6 +440,7 @@ public:
   Layer(Comm& comm, Placement placement, Replicas replicas, LayerWeights<T> weights, Options options)
       : comm_(&comm), options_(checked(options, comm.size())),
         exec_(comm, std::move(placement), std::move(replicas), weights, options_) {
+    tables_ = tables_in_use();
     start_live();
   }
 
@@ -414,6 +450,7 @@ public:
     requires(path == ExecutionPath::device_disaggregated)
       : comm_(&a2e), options_(checked(options, a2e.size())),
         exec_(a2e, e2a, std::move(placement), std::move(replicas), weights, options_) {
+    tables_ = tables_in_use();
     start_live();
   }
 
@@ -437,8 +474,9 @@ public:
 
   /// One forward pass of this rank's tokens. Every rank of the collective calls it. The ranks
   /// first agree (one all-gather of 256 bytes per rank): if one rank's arguments or workspace are
-  /// rejected, or the ranks were built with different options, every rank throws the same
-  /// moe::Error naming that rank and the reason, before any data moves. On one rank, and on a
+  /// rejected, or the ranks were built with different options or different placement and replica
+  /// tables, every rank throws the same moe::Error naming that rank and the reason, before any
+  /// data moves. On one rank, and on a
   /// device stream being captured into a CUDA graph (where the host cannot wait for the votes),
   /// the rank checks alone.
   void run(Arguments const& a, std::span<std::byte> workspace) {
@@ -730,6 +768,8 @@ private:
     mine.settings[9] = static_cast<std::int32_t>(lo.migration_bytes_per_pass >> 10);
     mine.settings[10] = lo.tolerance_permille;
     mine.settings[11] = lo.nodes;
+    if (!tables_) tables_ = tables_in_use();  // after a re-plan's switch
+    mine.tables = *tables_;
     if constexpr (counts_loads) {
       if (live_) live_vote(mine);
     }
@@ -1189,6 +1229,7 @@ private:
     L.experts.swap(L.next_experts);
     if (!L.next_slot_of.empty() && !L.arena.empty()) L.slot_of = std::move(L.next_slot_of);
     exec_.adopt(std::move(*L.next_exec), L.experts);
+    tables_.reset();  // hashed again on the next pass (commit_live cannot throw)
     ++L.adopted;
     L.changed += L.next_changes ? 1 : 0;
     L.next_changes = false;
@@ -1202,9 +1243,29 @@ private:
     L.chunk = 0;
   }
 
+  /// The hash of the placement and replica tables in use, as the agreement compares them. A
+  /// replication::BatchSplit adds what its split depends on beyond who holds what: the order of
+  /// each copy list (its tie-breaks follow it), the servers and the slack; every rank must solve
+  /// the same split.
+  [[nodiscard]] std::uint32_t tables_in_use() const {
+    auto const primary = exec_.primary_ranks();
+    auto const& replicas = exec_.replicas();
+    detail::TablesHash h{detail::hash_tables(
+        shape.experts, plan_ranks(), [&](int e) { return primary[static_cast<std::size_t>(e)]; },
+        [&](int e, int r) { return replicas.holds(e, primary[static_cast<std::size_t>(e)], r); })};
+    if constexpr (std::is_same_v<Replicas, replication::BatchSplit>) {
+      h.mix(replicas.copy_lists().first);
+      h.mix(replicas.copy_lists().ranks);
+      h.mix(replicas.servers());
+      h.mix(static_cast<std::uint32_t>(replicas.layout().slack_permille));
+    }
+    return h.h;
+  }
+
   Comm* comm_;
   Options options_;
   Executor exec_;
+  std::optional<std::uint32_t> tables_;  ///< tables_in_use(); empty after a switch until the next pass
   LayerStats stats_;
   std::vector<detail::Vote> votes_;
   std::unique_ptr<LiveData> live_;

@@ -173,11 +173,11 @@ public:
   // moves go over the A2E communicator on the caller's stream (detail::DeviceMigration) ----
 
   static constexpr bool replannable = live::Replannable<Placement, Replicas>;
-  /// Each expert's EG index in the placement.
-  [[nodiscard]] std::vector<int> const& primary_ranks() const
-    requires replannable
-  {
-    return placement_.ranks();
+  /// Each expert's EG index in the placement (also what the agreement hashes, on any placement).
+  [[nodiscard]] std::vector<int> primary_ranks() const {
+    std::vector<int> p(static_cast<std::size_t>(shape.experts));
+    for (std::size_t e = 0; e < p.size(); ++e) p[e] = placement_.rank_of(static_cast<int>(e));
+    return p;
   }
   /// The replica policy over EG indices (its copies are the executor's).
   [[nodiscard]] Replicas const& replicas() const { return replicas_; }

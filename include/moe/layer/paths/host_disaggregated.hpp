@@ -160,10 +160,8 @@ public:
   // and replication::Table or replication::BatchSplit, whose plans are over the expert group ----
 
   static constexpr bool replannable = live::Replannable<Placement, Replicas>;
-  /// Each expert's EG index in the placement.
-  [[nodiscard]] std::vector<int> const& primary_ranks() const
-    requires replannable
-  {
+  /// Each expert's EG index in the placement (also what the agreement hashes, on any placement).
+  [[nodiscard]] std::vector<int> const& primary_ranks() const {
     return executor_.placement().ranks();
   }
   /// The replica policy over EG indices (its copies are the executor's).
