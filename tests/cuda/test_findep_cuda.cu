@@ -86,6 +86,15 @@ std::vector<T> download_on(cudaStream_t st, T const* y, std::size_t n) {
 std::vector<ms::Config> configs() {
   std::vector<ms::Config> out;
   for (ms::Order order : {ms::Order::aass, ms::Order::asas}) {
+    if (moe::test::sanitized) {
+      // Under a sanitizer 14 of the 26, per order: one chunk, one micro-batch in chunks, several in
+      // chunks, the most chunks (48, one token each) either way, and PPPipe with one micro-batch
+      // and with several. The same kernels, and every kind of stream plan.
+      for (auto [r1, r2] : {std::pair{1, 1}, {1, 4}, {2, 3}, {8, 6}, {48, 1}})
+        out.push_back({ms::Pipeline::findep, order, r1, 1, r2});
+      for (int r1 : {1, 3}) out.push_back({ms::Pipeline::pppipe, order, r1, 1, 1});
+      continue;
+    }
     for (auto [r1, r2] : {std::pair{1, 1}, {1, 4}, {2, 3}, {3, 2}, {4, 3}, {2, 8}, {6, 4}, {8, 6}, {48, 1}})
       out.push_back({ms::Pipeline::findep, order, r1, 1, r2});
     for (int r1 : {1, 2, 3, 8}) out.push_back({ms::Pipeline::pppipe, order, r1, 1, 1});
@@ -185,18 +194,20 @@ TEST_CASE("FinDEP CUDA executor run can be captured in a CUDA graph and replayed
   constexpr moe::ShapeSpec s = Model::spec;
   moe::RandomLayerWeights<float> weights(s, 41);
   DeviceWeights<float> dw(s, weights.view());
-  ms::FinDepCudaExecutor<Model, Router> ex(dw.view(), {.max_tokens = 32});
+  // Under a sanitizer 16 tokens: the same 8 chunks of the same streams and events, in half the rows.
+  int const tokens = moe::test::full_or(32, 16);
+  ms::FinDepCudaExecutor<Model, Router> ex(dw.view(), {.max_tokens = tokens});
   Device<std::byte> ws(ex.workspace_size());
-  auto x = random_tokens<float>(32, s.hidden, 42);
+  auto x = random_tokens<float>(tokens, s.hidden, 42);
   Device<float> dx(x), direct(x.size()), replay(x.size());
   ms::Config c{ms::Pipeline::findep, ms::Order::asas, 2, 1, 4};
   moe::test::Stream st;
-  ex.run({.tokens = 32, .x = dx.get(), .y = direct.get(), .stream = st}, c, ws.bytes());
+  ex.run({.tokens = tokens, .x = dx.get(), .y = direct.get(), .stream = st}, c, ws.bytes());
   st.synchronize("direct run");
   replay.poison();
   ws.poison();
   moe::test::CapturedGraph graph(
-      st, [&] { ex.run({.tokens = 32, .x = dx.get(), .y = replay.get(), .stream = st}, c, ws.bytes()); });
+      st, [&] { ex.run({.tokens = tokens, .x = dx.get(), .y = replay.get(), .stream = st}, c, ws.bytes()); });
   for (int i = 0; i < 2; ++i) graph.launch(st);
   st.synchronize("graph replay");
   auto a = direct.download(), b = replay.download();
@@ -453,7 +464,10 @@ TEST_CASE("the disaggregated Layer over a device communicator (staged point-to-p
   using moe::router::SoftmaxTopK;
   p2p_world<3, DeepSeekSmallF32, SigmoidGroupTopK>(2, 24, 81, fp32_tol, Via::layer);
   p2p_world<4, MixtralSmallF32, SoftmaxTopK>(1, 24, 82, fp32_tol, Via::layer_two_comms);
-  p2p_world<3, DeepSeekV2SmallBf16, moe::router::GroupLimitedTopK>(1, 48, 83, bf16_tol, Via::layer);
+  // bf16 under a sanitizer on 24 tokens, the fewest that every configuration divides: the same
+  // kernels on half the rows.
+  p2p_world<3, DeepSeekV2SmallBf16, moe::router::GroupLimitedTopK>(1, moe::test::full_or(48, 24), 83, bf16_tol,
+                                                                   Via::layer);
 }
 
 namespace {
@@ -631,6 +645,11 @@ TEST_CASE("device disaggregated Layer: one rank's bad arguments make every rank 
 
 #if defined(MOE_TEST_NCCL)
 namespace {
+
+/// Tokens per AG rank of the NCCL worlds below: under a sanitizer 12, the fewest that each of their
+/// configurations divides (FinDEP r1 2 r2 3, r1 3 r2 2, r1 2 r2 2, PPPipe r1 2): the same streams,
+/// events and NCCL calls on half the rows.
+constexpr int nccl_tokens = moe::test::full_or(24, 12);
 
 /// The point-to-point executor through collective::Nccl: `N` ranks, one thread, one device and one
 /// stream each, two communicators (A2E, E2A); `ag` AG ranks with `tokens` tokens each hold their
@@ -832,22 +851,22 @@ void p2p_nccl_records(int ag, int tokens, std::uint64_t seed) {
 
 TEST_CASE("FinDEP point-to-point executor through collective::Nccl (one device per rank)", "[cuda][findep][p2p][nccl]") {
   if (!moe::test::has_devices(4)) return;
-  p2p_nccl_world<2, DeepSeekSmallF32, moe::router::SigmoidGroupTopK>(1, 24, 91, fp32_tol);
-  p2p_nccl_world<4, MixtralSmallF32, moe::router::SoftmaxTopK>(2, 24, 92, fp32_tol);
+  p2p_nccl_world<2, DeepSeekSmallF32, moe::router::SigmoidGroupTopK>(1, nccl_tokens, 91, fp32_tol);
+  p2p_nccl_world<4, MixtralSmallF32, moe::router::SoftmaxTopK>(2, nccl_tokens, 92, fp32_tol);
 }
 
 TEST_CASE("device disaggregated Layer through collective::Nccl (one device per rank)",
           "[cuda][findep][p2p][nccl][layer]") {
   if (!moe::test::has_devices(4)) return;
-  p2p_nccl_world<3, DeepSeekSmallF32, moe::router::SigmoidGroupTopK>(1, 24, 94, fp32_tol, Via::layer);
-  p2p_nccl_world<4, MixtralSmallF32, moe::router::SoftmaxTopK>(2, 24, 95, fp32_tol, Via::layer_two_comms);
+  p2p_nccl_world<3, DeepSeekSmallF32, moe::router::SigmoidGroupTopK>(1, nccl_tokens, 94, fp32_tol, Via::layer);
+  p2p_nccl_world<4, MixtralSmallF32, moe::router::SoftmaxTopK>(2, nccl_tokens, 95, fp32_tol, Via::layer_two_comms);
 }
 
 TEST_CASE("device disaggregated Layer through collective::Nccl keeps its record counts, in a CUDA graph too",
           "[cuda][findep][p2p][nccl][layer][graph]") {
   if (!moe::test::has_devices(4)) return;
-  p2p_nccl_records<4, DeepSeekSmallF32, moe::router::SigmoidGroupTopK>(2, 24, 101);
-  p2p_nccl_records<3, MixtralSmallF32, moe::router::SoftmaxTopK>(1, 24, 102);
+  p2p_nccl_records<4, DeepSeekSmallF32, moe::router::SigmoidGroupTopK>(2, nccl_tokens, 101);
+  p2p_nccl_records<3, MixtralSmallF32, moe::router::SoftmaxTopK>(1, nccl_tokens, 102);
 }
 #endif
 

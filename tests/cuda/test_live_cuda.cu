@@ -68,13 +68,18 @@ std::vector<std::vector<int>> first_copies(int n, bool copies) {
 /// Pass p's global batch: N(0, 1) plus 2 x hidden x the router rows of 4 of the pass's 6 hot
 /// experts (all even, so on 2 ranks they crowd rank 0; the set moves by 8 every 25 passes), so
 /// that half of all pairs go to hot experts and a plan must move some (seeded).
+/// Under a sanitizer the set starts where the plain build's is at pass 50 (16, 18, ..., 26, which
+/// have no second copy in the first plan): the shorter loops' first re-plans move weights already.
+/// (From hot 0-10, which the first plan's copies serve, the re-plans before passes 20 and 40 move
+/// none.)
+constexpr int drift_start = moe::test::full_or(0, 2);  // in steps of 25 passes
 std::vector<T> batch(moe::RandomLayerWeights<T> const& w, int n, int pass) {
   int count = n * tokens;
   auto x = moe::test::random_tokens<T>(count, s.hidden, 9000 + static_cast<std::uint64_t>(pass));
   auto router = w.view().router;
   for (int t = 0; t < count; ++t)
     for (int j = 0; j < 4; ++j) {
-      int hot = ((pass / 25) * 8 + 2 * ((t + j) % 6)) % 64;
+      int hot = ((pass / 25 + drift_start) * 8 + 2 * ((t + j) % 6)) % 64;
       for (std::size_t i = 0; i < h; ++i)
         x[static_cast<std::size_t>(t) * h + i] +=
             2.0f * static_cast<float>(h) * router[static_cast<std::size_t>(hot) * h + i];
@@ -256,8 +261,8 @@ std::vector<moe::ExpertWeights<T>> held_weights(World const& world, moe::test::D
 
 /// One rank's `passes` passes through `comm` on stream `st` (made on this rank's thread and
 /// device). With `fault` (and a first plan without copies), rank 1 throws at that step of the first
-/// migration, a re-plan is asked for before pass 55 and the run stops after the pass that threw
-/// (plus one more, checked).
+/// migration, a re-plan is asked for before pass 55 (5 under a sanitizer) and the run stops after
+/// the pass that threw (plus one more, checked).
 template <class Replicas, class Comm>
 void serve_rank(Comm& comm, moe::test::Stream& st, int rank, int n, int passes, moe::live::Options o,
                 std::optional<moe::live::Step> fault, World const& world, RankRun& r, AllocFault alloc = {}) {
@@ -299,7 +304,9 @@ void serve_rank(Comm& comm, moe::test::Stream& st, int rank, int n, int passes, 
     alloc.meet->arrive_and_wait();
   };
 #endif
-  int replan_at = alloc.nth > 0 ? 5 : 55;
+  // Under a sanitizer the planted faults re-plan before pass 5: there the drift (drift_start) has
+  // the hot experts of the plain build's pass 55, 50 passes sooner.
+  int replan_at = alloc.nth > 0 || moe::test::sanitized ? 5 : 55;
   moe::test::Device<T> dx(static_cast<std::size_t>(tokens) * h), dy(static_cast<std::size_t>(tokens) * h);
   auto before = layer.plan();
   int last = passes;  // this rank's: a fault run stops early
@@ -309,7 +316,9 @@ void serve_rank(Comm& comm, moe::test::Stream& st, int rank, int n, int passes, 
     dx.upload(rows_of(x, first));
     dy.poison();
     if (!world.layout.empty() && p == 2) layer.migrate_to(world.layout);
-    if (fault && p == replan_at) {  // at 55 hot: 16, 18, ..., 26, one copy each, on rank 0; at 5: 0, 2, ..., 10
+    // At 55 hot: 16, 18, ..., 26, one copy each, on rank 0; at 5: 0, 2, ..., 10 (16, ..., 26 under a
+    // sanitizer).
+    if (fault && p == replan_at) {
 #if defined(MOE_CUDA_EMULATOR)
       measure(r.held_before);
 #endif
@@ -402,6 +411,14 @@ std::vector<RankRun> serve_staged(int passes, moe::live::Options o, std::optiona
 }
 
 constexpr moe::live::Options loop{.window = 20, .replan_every = 20, .spare_slots = 3, .migration_bytes_per_pass = 4096};
+
+// Passes of the drifting loops under a sanitizer, and the plans they adopt: the re-plans started
+// before passes 20 and 40 are adopted by pass 45 (their moves take a few passes at
+// migration_bytes_per_pass), so 60 passes adopt 2 plans, the second one moving from a plan that is
+// not the first, with 15 passes to spare. The plain build runs its full loops (200 or 100 passes).
+constexpr int sanitized_passes = 60, sanitized_plans = 2;
+constexpr int loop_passes(int full) { return moe::test::full_or(full, sanitized_passes); }
+constexpr int loop_plans(int full) { return moe::test::full_or(full, sanitized_plans); }
 
 /// The drifting loop's checks: every pass of every rank equals the reference, the window is exact,
 /// every rank adopts the same plans, at least `plans` of them, and the migration sends exactly the
@@ -510,7 +527,8 @@ void serve_disaggregated_rank(Comm& a2e, Comm* e2a, moe::test::Stream& st, int r
       dy.poison();
     }
     if (!world.layout.empty() && p == 2) layer.migrate_to(world.layout);
-    if (fault && p == 5) layer.replan();  // hot: 0, 2, ..., 10, crowding EG index 0
+    // Hot: 0, 2, ..., 10 (16, ..., 26 under a sanitizer), crowding EG index 0.
+    if (fault && p == 5) layer.replan();
     bool threw = !try_pass(layer, {.tokens = tokens, .x = is_ag ? dx.get() : nullptr,
                                    .y = is_ag ? dy.get() : nullptr, .stream = st}, ws, r);
     if (!threw) {
@@ -568,8 +586,7 @@ TEST_CASE("device live layer: drifting passes through NCCL, a re-plan every 20, 
   for (int n : {2, 4}) {
     if (!moe::test::has_devices(n)) continue;
     INFO(n << " ranks");
-    // Under a sanitizer 100 passes (2 re-plans): the same migration steps, half the passes.
-    check_loop(serve(n, moe::test::full_or(200, 100), loop), moe::test::full_or(4, 2));
+    check_loop(serve(n, loop_passes(200), loop), loop_plans(4));
   }
 }
 
@@ -591,8 +608,8 @@ TEST_CASE("device live layer: one rank plans (live.plan_rank) and its layout goe
   // the device communicator, staged through the migration buffers, and the others prepare it.
   auto o = loop;
   o.plan_rank = 1;
-  auto runs = serve(4, moe::test::full_or(200, 100), o);
-  check_loop(runs, moe::test::full_or(4, 2));
+  auto runs = serve(4, loop_passes(200), o);
+  check_loop(runs, loop_plans(4));
   for (std::size_t r = 0; r < runs.size(); ++r) {
     INFO("rank " << r);
     if (r == 1) {
@@ -618,9 +635,13 @@ TEST_CASE("device live layer: each allocation of the switch fails in turn on one
   auto o = loop;
   o.replan_every = 0;
   int failures = 0;
+  // The plan of the re-plan before pass 5 switches by pass 9; a run with an allocation left to fail
+  // stops 2 passes after it. Under a sanitizer the run past the last allocation serves 20 passes
+  // (11 on the new plan) instead of 40.
+  int const passes = moe::test::full_or(40, 20);
   for (int nth = 1; nth <= 32; ++nth) {
     INFO("allocation " << nth << " of rank 1's switch fails");
-    auto runs = serve(2, 40, o, moe::live::Step::prepare_switch, nth);
+    auto runs = serve(2, passes, o, moe::live::Step::prepare_switch, nth);
     if (runs[0].errors.empty() && runs[1].errors.empty()) {  // past the last allocation: the plan switches
       for (auto const& x : runs) {
         CHECK(x.failure.empty());
@@ -642,8 +663,7 @@ TEST_CASE("device live layer with replication::BatchSplit: re-plans, and each pa
   // The split's device tables are rebuilt for every adopted plan; every pass must still equal the
   // reference, and the moves must send exactly the added copies.
   SECTION("2 staged ranks on one device, 200 passes") {
-    check_loop(serve_staged<2, moe::replication::BatchSplit>(moe::test::full_or(200, 100), loop),
-               moe::test::full_or(4, 2));
+    check_loop(serve_staged<2, moe::replication::BatchSplit>(loop_passes(200), loop), loop_plans(4));
   }
   SECTION("4 staged ranks, 100 passes, the split-aware re-planner") {
     // live::Planner::split_balance (replication::split_planner) plans on the host thread from the
@@ -651,7 +671,7 @@ TEST_CASE("device live layer with replication::BatchSplit: re-plans, and each pa
     auto o = loop;
     o.planner = moe::live::Planner::split_balance;
     o.tolerance_permille = 5;
-    check_loop(serve_staged<4, moe::replication::BatchSplit>(100, o), 2);
+    check_loop(serve_staged<4, moe::replication::BatchSplit>(loop_passes(100), o), 2);
   }
   SECTION("2 NCCL ranks, a fault at the switch") {
     if (!moe::test::has_devices(2)) return;
@@ -664,9 +684,9 @@ TEST_CASE("device live layer with replication::BatchSplit: re-plans, and each pa
 TEST_CASE("device live layer on one device: ranks through a staged collective, drifting passes and faults",
           "[cuda][layer][live]") {
   SECTION("2 ranks, 200 passes") {
-    check_loop(serve_staged<2>(moe::test::full_or(200, 100), loop), moe::test::full_or(4, 2));
+    check_loop(serve_staged<2>(loop_passes(200), loop), loop_plans(4));
   }
-  SECTION("4 ranks, 100 passes") { check_loop(serve_staged<4>(100, loop), 2); }
+  SECTION("4 ranks, 100 passes") { check_loop(serve_staged<4>(loop_passes(100), loop), 2); }
   SECTION("a fault at each migration step, 2 ranks") {
     auto o = loop;
     o.replan_every = 0;
@@ -736,8 +756,8 @@ TEST_CASE("device disaggregated live layer: 2 AG + 2 EG re-plan over the expert 
   // Every AG pass against the reference; the window; the same plans adopted on every rank; the
   // moves' bytes = the added copies' weights, none from an AG rank.
   SECTION("FinDEP AASS r1 2 r2 2, replication::Table, a re-plan every 20 passes") {
-    auto runs = serve_disaggregated_staged<4>(moe::test::full_or(200, 100), loop);
-    check_loop(runs, moe::test::full_or(4, 2));
+    auto runs = serve_disaggregated_staged<4>(loop_passes(200), loop);
+    check_loop(runs, loop_plans(4));
     check_ag_sent_nothing(runs, 2);
   }
   SECTION("replication::BatchSplit: each micro-batch split over the new copies, an AG rank plans (split-aware)") {
@@ -745,14 +765,14 @@ TEST_CASE("device disaggregated live layer: 2 AG + 2 EG re-plan over the expert 
     o.plan_rank = 0;  // an AG rank plans; its layout (2 EG ranks x width) goes to the others
     o.planner = moe::live::Planner::split_balance;  // from the window's expert totals
     o.tolerance_permille = 5;
-    auto runs = serve_disaggregated_staged<4, moe::replication::BatchSplit>(100, o);
+    auto runs = serve_disaggregated_staged<4, moe::replication::BatchSplit>(loop_passes(100), o);
     check_loop(runs, 2);
     check_ag_sent_nothing(runs, 2);
     CHECK(runs[0].plan_bytes > 0);
   }
   SECTION("PPPipe, 1 AG + 3 EG") {
     Disaggregated<ms::PPPipe> d{.ag = 1, .schedule = ms::PPPipe{1, ms::Order::aass, 2, 1}};
-    auto runs = serve_disaggregated_staged<4, moe::replication::Table, ms::PPPipe>(100, loop, d);
+    auto runs = serve_disaggregated_staged<4, moe::replication::Table, ms::PPPipe>(loop_passes(100), loop, d);
     check_loop(runs, 2);
     check_ag_sent_nothing(runs, 1);
   }
@@ -783,7 +803,9 @@ TEST_CASE("device live layers: migrate_to without spare slots grows a rank past 
   // experts per rank, not only the first: here a rank that first served 2 experts (fewer than
   // top_k) serves 8 after Layer::migrate_to, with no spare slots. Every pass against the reference.
   constexpr moe::live::Options grow{.window = 4, .migration_bytes_per_pass = 4096};
-  constexpr int passes = 20;  // 6 slots of 6 KiB at 4 KiB per pass, then the switch
+  // 6 slots of 6 KiB at 4 KiB per pass, then the switch before pass 11; under a sanitizer 3 passes
+  // on the new plan instead of 9.
+  constexpr int passes = moe::test::full_or(20, 14);
   SECTION("sequential, 4 staged ranks, replication::Table and BatchSplit (the split of 70 copies, the first had 64)") {
     World world = World::growing(4);
     auto body = [&]<class Replicas>(Replicas*) {
@@ -824,10 +846,10 @@ TEST_CASE("device live layers: migrate_to without spare slots grows a rank past 
 TEST_CASE("device disaggregated live layer through collective::Nccl: 2 AG + 2 EG, one device each",
           "[cuda][layer][findep][nccl][live]") {
   if (!moe::test::has_devices(4)) return;
-  // Under ThreadSanitizer (CI runs this case there for the migration's stream order) 70 passes,
-  // enough for one re-plan.
+  // Under ThreadSanitizer (CI runs this case there for the migration's stream order) 35 passes: the
+  // re-plan started before pass 20 is adopted by pass 25, one plan and 10 passes on it.
   constexpr bool tsan = moe::test::thread_sanitized;
-  auto runs = serve_disaggregated_nccl(4, tsan ? 70 : moe::test::full_or(200, 100), loop);
-  check_loop(runs, tsan ? 1 : moe::test::full_or(4, 2));
+  auto runs = serve_disaggregated_nccl(4, tsan ? 35 : loop_passes(200), loop);
+  check_loop(runs, tsan ? 1 : loop_plans(4));
   check_ag_sent_nothing(runs, 2);
 }

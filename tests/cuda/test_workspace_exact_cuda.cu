@@ -43,6 +43,13 @@ namespace {
 
 constexpr std::array<unsigned char, 2> kPoison = {0xA5, 0x5A};
 
+// The cuBLAS workspace (DeviceOptions / FinDepCudaOptions::cublas_workspace, 8 MiB by default) is
+// library scratch, exempt below, yet every byte of it is poisoned, downloaded and scanned twice per
+// case: under a sanitizer that was most of this test's time. There it is 64 KiB, still a piece of
+// the workspace that cuBLAS is handed; the layer's own pieces are the same either way.
+constexpr std::size_t cublas_bytes =
+    moe::test::full_or(moe::cuda::DeviceOptions{}.cublas_workspace, std::size_t{64} << 10);
+
 // Shapes: every width a multiple of 16 bytes of the storage type and hidden >= experts (the
 // router weights copy the first `experts` coordinates of a token into its logits).
 // Softmax top-2 of 8 experts with a shared expert wider than a routed one.
@@ -258,7 +265,8 @@ Finding single_gpu_case(bool dedup, int m, std::size_t misalign) {
   Weights<T> w(s, 7);
   DeviceWeights<T> dw(s, w.view);
   moe::collective::SingleGpu gpu;
-  L layer(gpu, moe::placement::Table::contiguous(s.experts, 1), {}, dw.view(), {.max_tokens = m, .deduplicate = dedup});
+  L layer(gpu, moe::placement::Table::contiguous(s.experts, 1), {}, dw.view(),
+          {.max_tokens = m, .deduplicate = dedup, .device = {.cublas_workspace = cublas_bytes}});
   auto [size, pieces] = measure([&] { return layer.workspace_size(); });
   Finding f;
   std::vector<int> first(static_cast<std::size_t>(s.top_k));
@@ -338,7 +346,8 @@ std::vector<Finding> ranks_case(moe::placement::Table const& table, std::vector<
     moe::test::StagedDevice<R> comm(host);
     int rank = host.rank();
     auto mine = static_cast<std::size_t>(rank * m) * h, n = static_cast<std::size_t>(m) * h;
-    L layer(comm, table, {}, dw.view(), {.max_tokens = m, .deduplicate = dedup, .device = {.exchange = exchange}});
+    L layer(comm, table, {}, dw.view(),
+            {.max_tokens = m, .deduplicate = dedup, .device = {.cublas_workspace = cublas_bytes, .exchange = exchange}});
     auto [size, pieces] = measure([&] { return layer.workspace_size(); });
     Finding& f = found[static_cast<std::size_t>(rank)];
     DeviceBuffer ws(size, 16);
@@ -492,7 +501,7 @@ Finding findep_case(int m, std::size_t misalign) {
   constexpr moe::ShapeSpec s = Model::spec;
   Weights<T> w(s, 13);
   DeviceWeights<T> dw(s, w.view);
-  Ex ex(dw.view(), {.max_tokens = m});
+  Ex ex(dw.view(), {.max_tokens = m, .cublas_workspace = cublas_bytes});
   auto [size, pieces] = measure([&] { return ex.workspace_size(); });
   Finding f;
   std::vector<int> first(static_cast<std::size_t>(s.top_k));
@@ -571,7 +580,8 @@ std::vector<Finding> p2p_case(int ag, moe::placement::Table const& on_eg, int m)
   }
   Weights<T> w(s, 19);
   DeviceWeights<T> dw(s, w.view);
-  ms::FinDepCudaOptions options{.max_tokens = m};  // max_chunks keeps its default (64), above m
+  // max_chunks keeps its default (64), above m
+  ms::FinDepCudaOptions options{.max_tokens = m, .cublas_workspace = cublas_bytes};
   int chunks = std::min(options.max_chunks, m);
   // Every AG rank's m tokens of each input, in rank order, and the host reference on them.
   std::vector<std::vector<T>> xs, refs;
