@@ -36,8 +36,8 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
-#include <memory>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -277,12 +277,9 @@ struct Vote {
 };
 static_assert(sizeof(Vote) == 256);
 
-/// 32-bit FNV-1a over 32-bit words: what the agreement compares of the tables a layer routes with.
-struct TablesHash {
-  std::uint32_t h = 2166136261u;
-  void mix(std::uint32_t u) {
-    for (int b = 0; b < 4; ++b) h = (h ^ ((u >> (8 * b)) & 0xffu)) * 16777619u;
-  }
+/// live::Fnv1a with a length-prefixed list: what the agreement compares of the tables a layer routes with.
+struct TablesHash : live::Fnv1a {
+  using live::Fnv1a::mix;
   void mix(std::span<int const> v) {
     mix(static_cast<std::uint32_t>(v.size()));
     for (int x : v) mix(static_cast<std::uint32_t>(x));
@@ -476,9 +473,8 @@ public:
   /// first agree (one all-gather of 256 bytes per rank): if one rank's arguments or workspace are
   /// rejected, or the ranks were built with different options or different placement and replica
   /// tables, every rank throws the same moe::Error naming that rank and the reason, before any
-  /// data moves. On one rank, and on a
-  /// device stream being captured into a CUDA graph (where the host cannot wait for the votes),
-  /// the rank checks alone.
+  /// data moves. On one rank, and on a device stream being captured into a CUDA graph (where the
+  /// host cannot wait for the votes), the rank checks alone.
   void run(Arguments const& a, std::span<std::byte> workspace) {
     Status st = can_implement(a);
     if (st.ok && workspace.size() < workspace_size())
@@ -1250,9 +1246,10 @@ private:
   [[nodiscard]] std::uint32_t tables_in_use() const {
     auto const primary = exec_.primary_ranks();
     auto const& replicas = exec_.replicas();
-    detail::TablesHash h{detail::hash_tables(
+    detail::TablesHash h;
+    h.h = detail::hash_tables(
         shape.experts, plan_ranks(), [&](int e) { return primary[static_cast<std::size_t>(e)]; },
-        [&](int e, int r) { return replicas.holds(e, primary[static_cast<std::size_t>(e)], r); })};
+        [&](int e, int r) { return replicas.holds(e, primary[static_cast<std::size_t>(e)], r); });
     if constexpr (std::is_same_v<Replicas, replication::BatchSplit>) {
       h.mix(replicas.copy_lists().first);
       h.mix(replicas.copy_lists().ranks);

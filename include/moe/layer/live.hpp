@@ -415,13 +415,19 @@ concept Replannable = std::is_same_v<Placement, placement::Table> && requires(Re
 };
 
 /// FNV-1a of a layout: the ranks compare their plans by it.
-inline std::uint32_t hash_layout(std::span<int const> layout) {
+/// 32-bit FNV-1a over 32-bit words, low byte first: hash_layout's, and the agreement's hash of the
+/// tables a layer routes with (moe::detail::hash_tables).
+struct Fnv1a {
   std::uint32_t h = 2166136261u;
-  for (int v : layout) {
-    auto u = static_cast<std::uint32_t>(v);
+  void mix(std::uint32_t u) {
     for (int b = 0; b < 4; ++b) h = (h ^ ((u >> (8 * b)) & 0xffu)) * 16777619u;
   }
-  return h;
+};
+
+inline std::uint32_t hash_layout(std::span<int const> layout) {
+  Fnv1a f;
+  for (int v : layout) f.mix(static_cast<std::uint32_t>(v));
+  return f.h;
 }
 
 /// This process's id (0 where there is no fork()): what tells an object made before a fork() from
