@@ -68,11 +68,12 @@ std::vector<std::vector<int>> first_copies(int n, bool copies) {
 /// Pass p's global batch: N(0, 1) plus 2 x hidden x the router rows of 4 of the pass's 6 hot
 /// experts (all even, so on 2 ranks they crowd rank 0; the set moves by 8 every 25 passes), so
 /// that half of all pairs go to hot experts and a plan must move some (seeded).
-/// Under a sanitizer the set starts where the plain build's is at pass 50 (16, 18, ..., 26, which
-/// have no second copy in the first plan): the shorter loops' first re-plans move weights already.
-/// (From hot 0-10, which the first plan's copies serve, the re-plans before passes 20 and 40 move
-/// none.)
-constexpr int drift_start = moe::test::full_or(0, 2);  // in steps of 25 passes
+/// From hot 0-10, which the first plan's copies serve, the re-plans before passes 20 and 40 move no
+/// weights; the first to move any starts before pass 60. So the shorter loops under a sanitizer
+/// start the drift later: under AddressSanitizer where the plain build's is at pass 25 (hot 8-18),
+/// so that the re-plan before pass 20 moves none and the one before pass 40 (hot 16-26, which have
+/// no second copy) moves some; under ThreadSanitizer at pass 50, so that the first re-plan moves.
+constexpr int drift_start = moe::test::thread_sanitized ? 2 : moe::test::full_or(0, 1);  // in steps of 25 passes
 std::vector<T> batch(moe::RandomLayerWeights<T> const& w, int n, int pass) {
   int count = n * tokens;
   auto x = moe::test::random_tokens<T>(count, s.hidden, 9000 + static_cast<std::uint64_t>(pass));
@@ -304,8 +305,8 @@ void serve_rank(Comm& comm, moe::test::Stream& st, int rank, int n, int passes, 
     alloc.meet->arrive_and_wait();
   };
 #endif
-  // Under a sanitizer the planted faults re-plan before pass 5: there the drift (drift_start) has
-  // the hot experts of the plain build's pass 55, 50 passes sooner.
+  // Under a sanitizer the planted faults re-plan before pass 5, 50 passes sooner: there too the
+  // hot experts, all even and without a second copy, crowd rank 0.
   int replan_at = alloc.nth > 0 || moe::test::sanitized ? 5 : 55;
   moe::test::Device<T> dx(static_cast<std::size_t>(tokens) * h), dy(static_cast<std::size_t>(tokens) * h);
   auto before = layer.plan();
@@ -316,8 +317,8 @@ void serve_rank(Comm& comm, moe::test::Stream& st, int rank, int n, int passes, 
     dx.upload(rows_of(x, first));
     dy.poison();
     if (!world.layout.empty() && p == 2) layer.migrate_to(world.layout);
-    // At 55 hot: 16, 18, ..., 26, one copy each, on rank 0; at 5: 0, 2, ..., 10 (16, ..., 26 under a
-    // sanitizer).
+    // At 55 hot: 16, 18, ..., 26, one copy each, on rank 0; at 5: 0, 2, ..., 10 (under a sanitizer
+    // 8, ..., 18 or 16, ..., 26: drift_start).
     if (fault && p == replan_at) {
 #if defined(MOE_CUDA_EMULATOR)
       measure(r.held_before);
@@ -527,7 +528,7 @@ void serve_disaggregated_rank(Comm& a2e, Comm* e2a, moe::test::Stream& st, int r
       dy.poison();
     }
     if (!world.layout.empty() && p == 2) layer.migrate_to(world.layout);
-    // Hot: 0, 2, ..., 10 (16, ..., 26 under a sanitizer), crowding EG index 0.
+    // Hot: 0, 2, ..., 10 (under a sanitizer 8, ..., 18 or 16, ..., 26), crowding EG index 0.
     if (fault && p == 5) layer.replan();
     bool threw = !try_pass(layer, {.tokens = tokens, .x = is_ag ? dx.get() : nullptr,
                                    .y = is_ag ? dy.get() : nullptr, .stream = st}, ws, r);
@@ -635,9 +636,9 @@ TEST_CASE("device live layer: each allocation of the switch fails in turn on one
   auto o = loop;
   o.replan_every = 0;
   int failures = 0;
-  // The plan of the re-plan before pass 5 switches by pass 9; a run with an allocation left to fail
-  // stops 2 passes after it. Under a sanitizer the run past the last allocation serves 20 passes
-  // (11 on the new plan) instead of 40.
+  // The plan of the re-plan before pass 5 switches by pass 11; a run with an allocation left to
+  // fail stops 2 passes after it. Under a sanitizer the run past the last allocation serves 20
+  // passes (9 or more on the new plan) instead of 40.
   int const passes = moe::test::full_or(40, 20);
   for (int nth = 1; nth <= 32; ++nth) {
     INFO("allocation " << nth << " of rank 1's switch fails");
