@@ -170,7 +170,8 @@ int run(int argc, char** argv) {
       auto [r, s] = timed([&] { return moe::speculative::solve_metis(problem, mo); });
       if (want("metis")) report("METIS", r, s);
       if (want("metis+refine")) {
-        auto [r2, s2] = timed([&] { return moe::speculative::refine(problem, r, final_polish, fit_gamma); });
+        auto [r2, s2] =
+            timed([&, &metis = r] { return moe::speculative::refine(problem, metis, final_polish, fit_gamma); });
         report("METIS + our refinement", r2, s + s2);
       }
     }

@@ -106,7 +106,8 @@ inline void consider(Solution& best, Problem const& p, Config const& c, double s
   std::vector<Order> orders{Order::asas};
   if (p.shape.shared_experts > 0) orders.push_back(Order::aass);
   std::vector<double> memo;
-  for (auto [r1, m_a] : frontier(p)) {
+  for (auto const& point : frontier(p)) {
+    int const r1 = point.first, m_a = point.second;  // not a structured binding: clang < 16 cannot capture one
     std::vector<int> r2s = r2_candidates(p, m_a);
     for (Order o : orders) {
       memo.assign(r2s.size(), -1.0);
