@@ -121,7 +121,7 @@ struct Fiber {
   State state = State::ready;
   // What it waits at (block barrier: rv == nullptr and at_block).
   bool at_block = false;
-  std::source_location where;
+  ::emu::Where where;
   Rendezvous* rv = nullptr;
 };
 
@@ -134,7 +134,7 @@ struct Rendezvous {
   unsigned arrived_mask = 0;   // warps
   int arrived = 0;
   char const* what = "";
-  std::source_location where;
+  ::emu::Where where;
   void* ptrs[max_threads > 128 ? 128 : max_threads] = {};
   unsigned phase = 0;
   char hb[2] = {};             // TSan sync objects, alternating per phase
@@ -159,7 +159,7 @@ struct Worker {
   int first_done = -1;     // first thread that exited
   // block barrier
   int bar_arrived = 0;
-  std::source_location bar_where;
+  ::emu::Where bar_where;
   int bar_first = -1;
   unsigned bar_phase = 0;
   char bar_hb[2] = {};
@@ -218,7 +218,7 @@ std::string dim_str(uint3 v) {
   s += ')';
   return s;
 }
-std::string where_str(std::source_location const& w) {
+std::string where_str(::emu::Where const& w) {
   std::string f = w.file_name();
   auto slash = f.rfind('/');
   if (slash != std::string::npos) f = f.substr(slash + 1);
@@ -555,7 +555,7 @@ void kernel_fail(std::string const& what) {
   fail_here(what);
 }
 
-void block_barrier(std::source_location where) {
+void block_barrier(::emu::Where where) {
   if (!tl_fiber) kernel_fail("__syncthreads outside a kernel");
   Worker& w = worker();
   Fiber& f = *tl_fiber;
@@ -641,7 +641,7 @@ void rendezvous(Worker& w, Fiber& f, Rendezvous& rv, int participants, void* min
 }  // namespace
 
 void warp_collective(unsigned mask, char const* what, void* mine, CollectiveFn fn,
-                     std::source_location where) {
+                     ::emu::Where where) {
   if (!tl_fiber) kernel_fail(std::string(what) + " outside a kernel");
   Worker& w = worker();
   Fiber& f = *tl_fiber;
@@ -701,7 +701,7 @@ void warp_collective(unsigned mask, char const* what, void* mine, CollectiveFn f
 }
 
 void group_collective(int count, char const* what, void* mine, CollectiveFn fn,
-                      std::source_location where) {
+                      ::emu::Where where) {
   if (!tl_fiber) kernel_fail(std::string(what) + " outside a kernel");
   Worker& w = worker();
   Fiber& f = *tl_fiber;
@@ -767,7 +767,7 @@ void* shared_pointer(std::uint32_t addr, std::size_t bytes) {
 
 namespace detail {
 
-std::uint64_t shuffle(unsigned mask, char const* kind, std::uint64_t value, int src_lane, std::source_location where) {
+std::uint64_t shuffle(unsigned mask, char const* kind, std::uint64_t value, int src_lane, ::emu::Where where) {
   struct Arg {
     std::uint64_t value;
     int src;
@@ -788,7 +788,7 @@ std::uint64_t shuffle(unsigned mask, char const* kind, std::uint64_t value, int 
   return a.out;
 }
 
-unsigned vote(unsigned mask, char const* kind, bool pred, std::source_location where) {
+unsigned vote(unsigned mask, char const* kind, bool pred, ::emu::Where where) {
   struct Arg {
     bool pred;
     unsigned out;

@@ -65,7 +65,7 @@ struct Mma {
   std::uint64_t a, b;
   bool scale_d;
   Acc* acc;
-  std::source_location where;
+  ::emu::Where where;
 };
 
 struct Warpgroup {
@@ -119,7 +119,7 @@ void retire_copies(Block& b, std::vector<Copy> const& group, int thread) {
   }
 }
 
-std::string at(char const* what, std::source_location const& where) {
+std::string at(char const* what, ::emu::Where const& where) {
   std::string f = where.file_name();
   auto slash = f.rfind('/');
   if (slash != std::string::npos) f = f.substr(slash + 1);
@@ -128,7 +128,7 @@ std::string at(char const* what, std::source_location const& where) {
 
 /// The 16-byte chunk at a shared address (16-byte aligned), read by the async proxy (wgmma) as eight
 /// bf16 values: the bytes must have no pending cp.async and no retired-but-unfenced one.
-void async_read_chunk(Block const& b, std::uint32_t addr, float* out, char const* operand, std::source_location const& where) {
+void async_read_chunk(Block const& b, std::uint32_t addr, float* out, char const* operand, ::emu::Where const& where) {
   if (std::size_t{addr} + 16 > b.smem_bytes)
     ::emu::kernel_fail(at("wgmma.mma_async", where) + ": operand " + operand + " reads shared address " + hex32(addr) + ", outside the " +
                        std::to_string(b.smem_bytes) + " bytes of dynamic shared memory");
@@ -153,7 +153,7 @@ void async_read_chunk(Block const& b, std::uint32_t addr, float* out, char const
 /// one 16-byte chunk and k = 8 .. 15 in the next one: the row's logical start is 16-byte aligned and the
 /// 128-byte swizzle moves whole 16-byte chunks. So the row is two chunk reads.
 void read_operand_row(Block const& b, std::uint64_t desc, int row, float* out, char const* operand,
-                      std::source_location const& where) {
+                      ::emu::Where const& where) {
   async_read_chunk(b, kmajor_address(desc, row, 0), out, operand, where);
   async_read_chunk(b, kmajor_address(desc, row, 8), out + 8, operand, where);
 }
@@ -220,7 +220,7 @@ std::uint32_t kmajor_address(std::uint64_t desc, int row, int k) {
 // ---------------------------------------------------------------------------------------------
 // cp.async
 // ---------------------------------------------------------------------------------------------
-void cp_async16(std::uint32_t dst, void const* src, int src_bytes, std::source_location where) {
+void cp_async16(std::uint32_t dst, void const* src, int src_bytes, ::emu::Where where) {
   Block& b = block();
   int const t = me();
   if (dst % 16 != 0)
@@ -268,13 +268,13 @@ void fence_proxy_async() {
 // ---------------------------------------------------------------------------------------------
 // wgmma
 // ---------------------------------------------------------------------------------------------
-void wgmma_fence(std::source_location where) {
+void wgmma_fence(::emu::Where where) {
   Block& b = block();
   Warpgroup& wg = b.groups[me() / 128];
   ::emu::group_collective(128, "wgmma.fence", nullptr, [&wg](void* const*) { wg.fenced = true; }, where);
 }
 
-void wgmma_commit(std::source_location where) {
+void wgmma_commit(::emu::Where where) {
   Block& b = block();
   Warpgroup& wg = b.groups[me() / 128];
   ::emu::group_collective(128, "wgmma.commit_group", nullptr,
@@ -285,7 +285,7 @@ void wgmma_commit(std::source_location where) {
                           where);
 }
 
-void wgmma_wait(int n, std::source_location where) {
+void wgmma_wait(int n, ::emu::Where where) {
   Block& b = block();
   Warpgroup& wg = b.groups[me() / 128];
   ::emu::group_collective(128, "wgmma.wait_group", &n,
@@ -310,7 +310,7 @@ void wgmma_wait(int n, std::source_location where) {
                           where);
 }
 
-void wgmma_mma_bf16(int n, float* d, std::uint64_t a_desc, std::uint64_t b_desc, bool scale_d, std::source_location where) {
+void wgmma_mma_bf16(int n, float* d, std::uint64_t a_desc, std::uint64_t b_desc, bool scale_d, ::emu::Where where) {
   if (n != 128 && n != 256) ::emu::kernel_fail(at("wgmma.mma_async", where) + ": only m64n128k16 and m64n256k16 are modelled");
   Block& b = block();
   Warpgroup& wg = b.groups[me() / 128];

@@ -195,7 +195,7 @@ void worker_loop(Stream* s) {
       {
         san::IgnoreSync quiet;
         Lock lock(d->m);
-        d->cv.wait(lock, [&] { return d->completed >= seq; });
+        d->cv.wait(lock, [&done = d->completed, after = seq] { return done >= after; });
       }
       san::acquire(&d->done_hb[seq % 1024]);
     }

@@ -6,8 +6,16 @@
 
 #include <cstddef>
 
+// g++ says AddressSanitizer is on with __SANITIZE_ADDRESS__, clang 14 only through __has_feature.
 #if defined(__SANITIZE_ADDRESS__)
 #define MOE_EMU_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define MOE_EMU_ASAN 1
+#endif
+#endif
+
+#if defined(MOE_EMU_ASAN)
 extern "C" {
 void __sanitizer_start_switch_fiber(void** fake_stack_save, void const* bottom, std::size_t size);
 void __sanitizer_finish_switch_fiber(void* fake_stack_save, void const** bottom_old, std::size_t* size_old);

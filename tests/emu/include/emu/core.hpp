@@ -4,8 +4,8 @@
 // A kernel launch runs its blocks one after another on the stream's worker thread; the threads of
 // a block are fibers scheduled cooperatively on that worker (a fiber runs until it waits at a
 // barrier, a warp collective or exits). `__shared__` variables are `static thread_local`, which is
-// correct because one OS thread runs one block at a time. Everything here is plain C++20 compiled
-// by g++; the CUDA headers the library includes (<cuda_runtime.h>, <cublas_v2.h>, <nccl.h>, <mma.h>,
+// correct because one OS thread runs one block at a time. Everything here is plain C++20 (g++ 12 or
+// clang 14 on); the CUDA headers the library includes (<cuda_runtime.h>, <cublas_v2.h>, <nccl.h>, <mma.h>,
 // <cub/...>) are replaced by the headers in tests/emu/include, which forward to this one.
 //
 // The shims for CUDA libraries (CUB, cuBLAS, WMMA, NCCL, the sm_90 PTX models) are written on the
@@ -18,9 +18,10 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
-#include <source_location>
 #include <string>
 #include <type_traits>
+
+#include "emu/where.hpp"
 
 // ---------------------------------------------------------------------------------------------
 // Keywords. nvcc's execution-space and memory-space specifiers become plain C++.
@@ -74,7 +75,7 @@ bool in_kernel();
 [[noreturn]] void kernel_fail(std::string const& what);
 
 /// __syncthreads() with the call site used to detect threads waiting at different barriers.
-void block_barrier(std::source_location where);
+void block_barrier(::emu::Where where);
 
 /// A non-owning reference to a callable taking the participants' pointers. The collectives run it
 /// before they return, so the referenced lambda outlives every use. Unlike std::function it never
@@ -102,13 +103,13 @@ class CollectiveFn {
 /// the operation in error messages (lanes meeting at different operations, or the same operation
 /// with different masks, are a divergence error).
 void warp_collective(unsigned mask, char const* what, void* mine,
-                     CollectiveFn fn, std::source_location where);
+                     CollectiveFn fn, ::emu::Where where);
 
 /// The same for a group of `count` consecutive threads starting at a multiple of `count` (count =
 /// 128: a Hopper warpgroup). Every thread of the group must call it. `threads[i]` is the pointer of
 /// the group's i-th thread.
 void group_collective(int count, char const* what, void* mine, CollectiveFn fn,
-                      std::source_location where);
+                      ::emu::Where where);
 
 /// A number that identifies the block in progress on this worker, unique in the process (shims keep
 /// per-block state, e.g. the sm_90 models' pending cp.async and wgmma groups, and reset it when the

@@ -12,7 +12,6 @@
 #include <limits>
 #include <memory>
 #include <numeric>
-#include <source_location>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -43,7 +42,7 @@ public:
   void ExclusiveSum(T input, T& output, T& block_aggregate) {
     int const t = ::emu::self().linear;
     s_.values[t] = input;
-    ::emu::block_barrier(std::source_location::current());
+    ::emu::block_barrier(::emu::Where::current());
     T acc{};
     for (int i = 0; i < t; ++i) acc = acc + s_.values[i];
     output = acc;

@@ -9,7 +9,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <source_location>
 #include <type_traits>
 
 #include "emu/core.hpp"
@@ -24,9 +23,9 @@ inline ThreadInfo const& here() {
 
 /// Warp shuffle: every lane in `mask` deposits `value` and the lane it reads; returns the value of
 /// that lane. `kind` names the intrinsic. Reading a lane outside `mask` is an error.
-std::uint64_t shuffle(unsigned mask, char const* kind, std::uint64_t value, int src_lane, std::source_location where);
+std::uint64_t shuffle(unsigned mask, char const* kind, std::uint64_t value, int src_lane, ::emu::Where where);
 /// Warp votes (__all_sync, __any_sync, __ballot_sync) and __syncwarp.
-unsigned vote(unsigned mask, char const* kind, bool pred, std::source_location where);
+unsigned vote(unsigned mask, char const* kind, bool pred, ::emu::Where where);
 
 template <class T>
 std::uint64_t to_bits(T v) {
@@ -52,10 +51,10 @@ inline constexpr int warpSize = 32;
 // ---------------------------------------------------------------------------------------------
 // Synchronisation.
 // ---------------------------------------------------------------------------------------------
-inline void __syncthreads(std::source_location where = std::source_location::current()) {
+inline void __syncthreads(::emu::Where where = ::emu::Where::current()) {
   ::emu::block_barrier(where);
 }
-inline void __syncwarp(unsigned mask = 0xffffffffu, std::source_location where = std::source_location::current()) {
+inline void __syncwarp(unsigned mask = 0xffffffffu, ::emu::Where where = ::emu::Where::current()) {
   (void)::emu::detail::vote(mask, "__syncwarp", true, where);
 }
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
@@ -69,7 +68,7 @@ inline long long clock64() {
 }
 
 template <class T>
-T __shfl_sync(unsigned mask, T v, int src, int width = 32, std::source_location where = std::source_location::current()) {
+T __shfl_sync(unsigned mask, T v, int src, int width = 32, ::emu::Where where = ::emu::Where::current()) {
   int lane = ::emu::detail::here().lane;
   int base = lane & ~(width - 1);
   int from = base + (src & (width - 1));
@@ -77,7 +76,7 @@ T __shfl_sync(unsigned mask, T v, int src, int width = 32, std::source_location 
 }
 template <class T>
 T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32,
-                  std::source_location where = std::source_location::current()) {
+                  ::emu::Where where = ::emu::Where::current()) {
   int lane = ::emu::detail::here().lane;
   int from = lane ^ lane_mask;
   if ((from & ~(width - 1)) != (lane & ~(width - 1))) from = lane;  // outside the segment: own value
@@ -85,7 +84,7 @@ T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32,
 }
 template <class T>
 T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32,
-                   std::source_location where = std::source_location::current()) {
+                   ::emu::Where where = ::emu::Where::current()) {
   int lane = ::emu::detail::here().lane;
   int from = lane + static_cast<int>(delta);
   if ((from & ~(width - 1)) != (lane & ~(width - 1))) from = lane;
@@ -93,19 +92,19 @@ T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32,
 }
 template <class T>
 T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32,
-                 std::source_location where = std::source_location::current()) {
+                 ::emu::Where where = ::emu::Where::current()) {
   int lane = ::emu::detail::here().lane;
   int from = lane - static_cast<int>(delta);
   if (from < (lane & ~(width - 1))) from = lane;
   return ::emu::detail::from_bits<T>(::emu::detail::shuffle(mask, "__shfl_up_sync", ::emu::detail::to_bits(v), from, where));
 }
-inline unsigned __ballot_sync(unsigned mask, int pred, std::source_location where = std::source_location::current()) {
+inline unsigned __ballot_sync(unsigned mask, int pred, ::emu::Where where = ::emu::Where::current()) {
   return ::emu::detail::vote(mask, "__ballot_sync", pred != 0, where);
 }
-inline int __all_sync(unsigned mask, int pred, std::source_location where = std::source_location::current()) {
+inline int __all_sync(unsigned mask, int pred, ::emu::Where where = ::emu::Where::current()) {
   return (::emu::detail::vote(mask, "__all_sync", pred != 0, where) & mask) == mask;
 }
-inline int __any_sync(unsigned mask, int pred, std::source_location where = std::source_location::current()) {
+inline int __any_sync(unsigned mask, int pred, ::emu::Where where = ::emu::Where::current()) {
   return (::emu::detail::vote(mask, "__any_sync", pred != 0, where) & mask) != 0;
 }
 inline unsigned __activemask() { return 0xffffffffu; }

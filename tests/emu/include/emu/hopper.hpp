@@ -50,7 +50,8 @@
 //    registers d[4 j + 2 h + e] = D(16 w + l / 4 + 8 h, 8 j + 2 (l mod 4) + e), h, e in {0, 1}.
 
 #include <cstdint>
-#include <source_location>
+
+#include "emu/where.hpp"
 
 namespace emu::sm90 {
 
@@ -87,7 +88,7 @@ std::uint32_t kmajor_address(std::uint64_t desc, int row, int k);
 // ----- cp.async (per thread) -----
 /// cp.async.cg.shared.global [dst], [src], 16, src_bytes (src_bytes 16: copy, 0: zero-fill).
 void cp_async16(std::uint32_t dst, void const* src, int src_bytes,
-                std::source_location where = std::source_location::current());
+                ::emu::Where where = ::emu::Where::current());
 /// cp.async.commit_group
 void cp_async_commit();
 /// cp.async.wait_group n
@@ -96,14 +97,14 @@ void cp_async_wait(int n);
 void fence_proxy_async();
 
 // ----- wgmma (warpgroup collectives) -----
-void wgmma_fence(std::source_location where = std::source_location::current());
-void wgmma_commit(std::source_location where = std::source_location::current());
-void wgmma_wait(int n, std::source_location where = std::source_location::current());
+void wgmma_fence(::emu::Where where = ::emu::Where::current());
+void wgmma_commit(::emu::Where where = ::emu::Where::current());
+void wgmma_wait(int n, ::emu::Where where = ::emu::Where::current());
 /// wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 with both operands in shared memory,
 /// K-major (no transposition), scale-a = scale-b = 1: D (64 x n) = A (64 x 16) * B (n x 16)^T, plus
 /// D when scale_d. `d` is this thread's n / 2 accumulator registers.
 void wgmma_mma_bf16(int n, float* d, std::uint64_t a_desc, std::uint64_t b_desc, bool scale_d,
-                    std::source_location where = std::source_location::current());
+                    ::emu::Where where = ::emu::Where::current());
 
 /// Row and column of register i of lane `lane` of warp `warp` (0-3 in the warpgroup) in the 64 x N
 /// accumulator of m64nNk16 (fp32).

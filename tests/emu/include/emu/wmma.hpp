@@ -9,7 +9,6 @@
 
 #include <array>
 #include <cstdint>
-#include <source_location>
 #include <string>
 
 #include "cuda_bf16.h"
@@ -105,7 +104,7 @@ T at(T const* p, unsigned ldm, bool col, int r, int c) {
 }
 
 template <class Use, class T>
-void load(T* x, T const* p, unsigned ldm, int layout, std::source_location where) {
+void load(T* x, T const* p, unsigned ldm, int layout, ::emu::Where where) {
   Load mine{p, ldm, layout, x};
   ::emu::warp_collective(0xffffffffu, "wmma::load_matrix_sync", &mine,
                          [](void* const* lanes) {
@@ -128,31 +127,31 @@ void load(T* x, T const* p, unsigned ldm, int layout, std::source_location where
 
 template <class T>
 void load_matrix_sync(fragment<matrix_a, 16, 16, 16, T, row_major>& f, T const* p, unsigned ldm,
-                      std::source_location where = std::source_location::current()) {
+                      ::emu::Where where = ::emu::Where::current()) {
   detail::load<matrix_a>(f.x, p, ldm, 0, where);
 }
 template <class T>
 void load_matrix_sync(fragment<matrix_a, 16, 16, 16, T, col_major>& f, T const* p, unsigned ldm,
-                      std::source_location where = std::source_location::current()) {
+                      ::emu::Where where = ::emu::Where::current()) {
   detail::load<matrix_a>(f.x, p, ldm, 1, where);
 }
 template <class T>
 void load_matrix_sync(fragment<matrix_b, 16, 16, 16, T, row_major>& f, T const* p, unsigned ldm,
-                      std::source_location where = std::source_location::current()) {
+                      ::emu::Where where = ::emu::Where::current()) {
   detail::load<matrix_b>(f.x, p, ldm, 0, where);
 }
 template <class T>
 void load_matrix_sync(fragment<matrix_b, 16, 16, 16, T, col_major>& f, T const* p, unsigned ldm,
-                      std::source_location where = std::source_location::current()) {
+                      ::emu::Where where = ::emu::Where::current()) {
   detail::load<matrix_b>(f.x, p, ldm, 1, where);
 }
 inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float>& f, float const* p, unsigned ldm, layout_t l,
-                             std::source_location where = std::source_location::current()) {
+                             ::emu::Where where = ::emu::Where::current()) {
   detail::load<accumulator>(f.x, p, ldm, l == mem_col_major ? 1 : 0, where);
 }
 
 inline void store_matrix_sync(float* p, fragment<accumulator, 16, 16, 16, float> const& f, unsigned ldm, layout_t l,
-                              std::source_location where = std::source_location::current()) {
+                              ::emu::Where where = ::emu::Where::current()) {
   detail::Load mine{p, ldm, l == mem_col_major ? 1 : 0, const_cast<float*>(f.x)};
   ::emu::warp_collective(0xffffffffu, "wmma::store_matrix_sync", &mine,
                          [](void* const* lanes) {
@@ -214,7 +213,7 @@ __attribute__((no_sanitize("address", "undefined"))) void mma_lanes(void* const*
 template <class T, class LA, class LB>
 void mma_sync(fragment<accumulator, 16, 16, 16, float>& d, fragment<matrix_a, 16, 16, 16, T, LA> const& a,
               fragment<matrix_b, 16, 16, 16, T, LB> const& b, fragment<accumulator, 16, 16, 16, float> const& c,
-              std::source_location where = std::source_location::current()) {
+              ::emu::Where where = ::emu::Where::current()) {
   struct Args {
     float* d;
     T const* a;
