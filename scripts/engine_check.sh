@@ -9,6 +9,11 @@
 #                                     steady state, elastic scale-down and scale-up, ours vs default
 # Nothing of the engines is copied into this repository.
 #
+#   scripts/engine_check.sh            install what is missing, then run both programs
+#   scripts/engine_check.sh --prepare  install what is missing and stop (.ci/run starts this in the
+#                                      background at its beginning, so that the download and unpacking
+#                                      wait on the network and the disk while the other stages compile)
+#
 # torch: PyPI has only the CUDA build of torch 2.15.0 for x86-64 Linux (the CPU-only index is not
 # reachable from CI). Its smallest working install found here is the torch wheel plus four of its
 # CUDA libraries that the machine's CUDA 13.0 toolkit (/usr/local/cuda) lacks or has too old:
@@ -18,6 +23,12 @@
 # `pip install torch==2.15.0` with its dependencies works instead (about 3 GB more).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+prepare_only=0
+case "${1:-}" in
+  "") ;;
+  --prepare) prepare_only=1 ;;
+  *) echo "engine_check.sh: unknown argument '$1' (the only one is --prepare)" >&2; exit 2 ;;
+esac
 venv=${MOE_ENGINE_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/moe-compose/engine-check-venv}
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 py=$venv/bin/python
@@ -41,6 +52,10 @@ python_pkgs=(aiohappyeyeballs==2.7.1 aiohttp==3.14.5 aiosignal==1.4.0 annotated-
   uvloop==0.23.0 xgrammar==0.2.8 yarl==1.25.1)
 s=$(date +%s)
 pipi --no-deps "${torch_pkgs[@]}" "${engine_pkgs[@]}" "${python_pkgs[@]}" scikit-build-core nanobind pathspec
+if [ "$prepare_only" = 1 ]; then
+  echo "engine_check: the engines' packages ready in $(( $(date +%s) - s )) s ($venv)"
+  exit 0
+fi
 # moe_compose from this checkout (its own build folder, python/build/, is shared with scripts/test.sh).
 CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2} pipi --no-deps --no-build-isolation --force-reinstall ./python
 echo "engine_check: environment ready in $(( $(date +%s) - s )) s"
