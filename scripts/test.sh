@@ -7,7 +7,9 @@
 #   scripts/test.sh             Release build in build/, ctest -L 'host|mpi|emu', then the Python
 #                               package (pip install ./python) and pytest tests/python
 #   scripts/test.sh --sanitize  host and emu tests under AddressSanitizer + UndefinedBehaviorSanitizer
-#                               in build-sanitize/, compiled by clang (the other builds use g++)
+#                               in build-sanitize/, compiled by clang (the other builds use g++); then
+#                               scripts/clang_check.sh: the C++ that build leaves out, through clang's
+#                               front end (-fsyntax-only -Werror)
 #   scripts/test.sh --tsan      the emulated kernel and stream tests under ThreadSanitizer in build-tsan/
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,10 +48,13 @@ if [ "${1:-}" = "--sanitize" ]; then
   cmake -S . -B "$build" -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOE_SANITIZE=ON -DMOE_ENABLE_CUDA=OFF -DMOE_REQUIRE_TEST_DEPS=ON \
         -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" -DMOE_HOST_TEST_OPT=-O0 \
         -DMOE_BUILD_EXAMPLES=OFF -DMOE_BUILD_TOOLS=OFF -DMOE_BUILD_BENCHMARKS=OFF -DMOE_AREAS="core;layer;schedule;emu" \
-        -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON "${cache[@]}"
+        -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON -DCMAKE_EXPORT_COMPILE_COMMANDS=ON "${cache[@]}"
   cmake --build "$build" -j"$jobs"
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
   ctest --test-dir "$build" -L 'host|emu' -E 'headers_compile_alone|consumer_project' --output-on-failure -j"$jobs"
+  # The rest of the C++ (planners, s-MoE, tools, examples, benchmarks, MPI programs, the headers
+  # together) through clang's front end, -Werror, without making code (about a minute).
+  bash scripts/clang_check.sh "$build"
   exit 0
 fi
 
