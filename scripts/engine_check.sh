@@ -2,7 +2,7 @@
 # The engines' own EPLB code with moe_compose's drop-in policies (issue 34; docs/engines.md, "The
 # engines' own code in CI"). Installs, into a virtual environment of its own (by default
 # ~/.cache/moe-compose/engine-check-venv, outside the checkout so that fresh clones reuse it;
-# MOE_ENGINE_VENV chooses another), torch and the vLLM 0.33.0 and SGLang 0.5.23 wheels from PyPI without their
+# MOE_ENGINE_VENV chooses another), torch and the vLLM 0.34.0 and SGLang 0.5.23 wheels from PyPI without their
 # dependencies, plus the pure-Python modules their EPLB code imports, then runs
 #   tests/engines/sglang_eplb.py      SGLang's rebalance_experts vs ours, int/float32/float16/bfloat16
 #   tests/engines/vllm_rearrange.py   vLLM's rearrange_expert_weights_inplace on 4 gloo processes:
@@ -36,7 +36,7 @@ pipi() { "$py" -m pip install -q --disable-pip-version-check "$@"; }
 
 torch_pkgs=(torch==2.15.0 nvidia-cufile==1.20.0.107 nvidia-cusparselt-cu13==0.8.1 nvidia-nvshmem-cu13==3.7.2
             nvidia-nccl-cu13==2.30.7 triton==3.9.0)
-engine_pkgs=(vllm==0.33.0 sglang==0.5.23)
+engine_pkgs=(vllm==0.34.0 sglang==0.5.23)
 # What `import vllm.distributed.eplb.eplb_state, ...rebalance_execute` and
 # `import sglang.srt.eplb.expert_location` need (found by importing until nothing was missing).
 python_pkgs=(aiohappyeyeballs==2.7.1 aiohttp==3.14.5 aiosignal==1.4.0 annotated-doc==0.0.7 annotated-types==0.8.0

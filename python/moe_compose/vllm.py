@@ -1,4 +1,4 @@
-"""A drop-in EPLB policy for vLLM (0.33's AbstractEplbPolicy interface).
+"""A drop-in EPLB policy for vLLM (the AbstractEplbPolicy interface of vLLM 0.33 and 0.34).
 
     from moe_compose.vllm import MoeComposeEplbPolicy, register
     register()   # EPLB_POLICIES["default"] = MoeComposeEplbPolicy, in every process that calls it
