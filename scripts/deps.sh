@@ -57,6 +57,22 @@ moe_install_missing_python_packages() {
   moe_pip_install "${missing[@]}"
 }
 
+# ccache (Debian) as the compiler launcher, where it is installed and MOE_NO_CCACHE is unset: the
+# scripts' builds keep their objects between runs, and paths under this checkout (the current
+# directory) are hashed relative to it, so that a fresh clone elsewhere hits the same entries. Sets
+# MOE_CCACHE (a command prefix: (ccache) or ()) and MOE_CMAKE_LAUNCHER (CMake's two launcher
+# arguments, or their removal from a build folder that had them).
+moe_use_ccache() {
+  if command -v ccache >/dev/null 2>&1 && [ -z "${MOE_NO_CCACHE:-}" ]; then
+    export CCACHE_BASEDIR=$PWD CCACHE_NOHASHDIR=1 CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-8G}
+    MOE_CCACHE=(ccache)
+    MOE_CMAKE_LAUNCHER=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+  else
+    MOE_CCACHE=()
+    MOE_CMAKE_LAUNCHER=(-UCMAKE_CXX_COMPILER_LAUNCHER -UCMAKE_CUDA_COMPILER_LAUNCHER)
+  fi
+}
+
 moe_jobs() {
   nproc 2>/dev/null || echo 2
 }

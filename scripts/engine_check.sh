@@ -56,17 +56,21 @@ if [ "$prepare_only" = 1 ]; then
   echo "engine_check: the engines' packages ready in $(( $(date +%s) - s )) s ($venv)"
   exit 0
 fi
-# moe_compose from this checkout. Its build folder, python/build/, is shared with scripts/test.sh, and
-# this environment's nanobind sources lie at another path than the system Python's, so they compile
-# again after test.sh's build. With test.sh's compiler launcher those compilations are ccache hits
-# once a run has made them (28 s -> 3 s); from a cold cache they take 28-44 s.
-cache_args=${CMAKE_ARGS:-}
-if command -v ccache >/dev/null 2>&1 && [ -z "${MOE_NO_CCACHE:-}" ]; then
-  export CCACHE_BASEDIR=$PWD CCACHE_NOHASHDIR=1
-  cache_args+=" -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache"
+# moe_compose from this checkout: the wheel scripts/test.sh left in python/build/dist/ while no file
+# of python/ or include/ is newer than it (a run of .ci/run: the test stage made it from the same
+# tree), else built here. A build here compiles the extension again even after test.sh's, since
+# this environment's nanobind sources lie at another path than the system Python's: 28-44 s from a
+# cold compiler cache, a few seconds from test.sh's launcher's cache entries of an earlier run.
+wheel=$(ls python/build/dist/moe_compose-*.whl 2>/dev/null | head -n 1 || true)
+if [ -n "$wheel" ] && [ -z "$(find python include -path python/build -prune -o -type f -newer "$wheel" -print | head -n 1)" ] &&
+   pipi --no-deps --force-reinstall "$wheel"; then
+  echo "engine_check: moe_compose from test.sh's wheel ($wheel)"
+else
+  source scripts/deps.sh
+  moe_use_ccache
+  CMAKE_ARGS="${CMAKE_ARGS:-} ${MOE_CMAKE_LAUNCHER[*]}" CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2} \
+    pipi --no-deps --no-build-isolation --force-reinstall ./python
 fi
-CMAKE_ARGS=$cache_args CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2} \
-  pipi --no-deps --no-build-isolation --force-reinstall ./python
 echo "engine_check: environment ready in $(( $(date +%s) - s )) s"
 export PYTHONWARNINGS=ignore
 s=$(date +%s)

@@ -28,10 +28,8 @@ done
 out=${MOE_FUZZ_DIR:-build-fuzz}
 mkdir -p "$out/bin" "$out/corpus"
 cxx=(${MOE_FUZZ_CXX:-clang++})
-if command -v ccache >/dev/null 2>&1 && [ -z "${MOE_NO_CCACHE:-}" ]; then
-  export CCACHE_BASEDIR=$PWD CCACHE_NOHASHDIR=1
-  cxx=(ccache "${cxx[@]}")   # a fresh clone recompiles nothing that did not change
-fi
+moe_use_ccache
+cxx=("${MOE_CCACHE[@]}" "${cxx[@]}")   # a fresh clone recompiles nothing that did not change
 # -gline-tables-only: a report's stack names files and lines; full debug information made the build
 # a third slower.
 flags=(-std=c++20 -O1 -gline-tables-only -Iinclude -Itools/include -fsanitize=fuzzer,address,undefined

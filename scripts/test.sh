@@ -22,14 +22,9 @@ moe_install_missing_python_packages
 jobs=$(moe_jobs)
 
 # ccache (Debian) keeps the objects of the three builds below between runs: a second run of the same
-# tree recompiles nothing that did not change. Paths under this checkout are hashed relative to it.
-cache=()
-if command -v ccache >/dev/null 2>&1 && [ -z "${MOE_NO_CCACHE:-}" ]; then
-  export CCACHE_BASEDIR=$PWD CCACHE_NOHASHDIR=1 CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-8G}
-  cache=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
-else
-  cache=(-UCMAKE_CXX_COMPILER_LAUNCHER -UCMAKE_CUDA_COMPILER_LAUNCHER)
-fi
+# tree recompiles nothing that did not change (scripts/deps.sh, moe_use_ccache).
+moe_use_ccache
+cache=("${MOE_CMAKE_LAUNCHER[@]}")
 
 if [ "${1:-}" = "--sanitize" ]; then
   build=${MOE_BUILD_DIR:-build-sanitize}
@@ -79,6 +74,11 @@ ctest --test-dir "$build" -L 'host|mpi|emu' --output-on-failure -j"$jobs"
 
 # The Python package (python/, docs/engines.md) built from these headers, and its tests
 # (tests/python: EPLB against eplb.py's cases, property and bad-input tests, the engine policies).
-# Its build folder python/build/ is kept, so a second run rebuilds only what changed.
-CMAKE_ARGS="${cache[*]}" CMAKE_BUILD_PARALLEL_LEVEL=$jobs moe_pip_install --no-build-isolation ./python
+# Its build folder python/build/ is kept, so a second run rebuilds only what changed. The wheel stays
+# in python/build/dist/: scripts/engine_check.sh installs it into the engines' environment (the same
+# Python) instead of compiling the package again while it is newer than python/ and include/.
+rm -rf python/build/dist
+CMAKE_ARGS="${cache[*]}" CMAKE_BUILD_PARALLEL_LEVEL=$jobs \
+  python3 -m pip wheel -q --no-deps --no-build-isolation -w python/build/dist ./python
+moe_pip_install --no-deps --force-reinstall python/build/dist/moe_compose-*.whl
 python3 -m pytest -q -rs tests/python  # -rs: every skipped test with its reason
