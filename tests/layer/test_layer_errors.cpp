@@ -3,8 +3,10 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdint>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "layer_check.hpp"
 
@@ -234,6 +236,60 @@ TEST_CASE("ranks built with different placement or replica tables are stopped be
     });
     for (auto const& w : same) CHECK(w.empty());
   }
+  SECTION("tables whose 32-bit FNV-1a hashes collide are told apart") {
+    // Two tables of 8 experts on 3 ranks (found by a seeded birthday search over random tables, 2026-12-03)
+    // whose words, as the agreement hashes them, have the same 32-bit FNV-1a: a 32-bit hash let these
+    // ranks route by different tables. Words: per expert its primary rank, the ranks holding a copy
+    // in ascending order, then 0xffffffff.
+    std::vector<int> const primary_a{0, 2, 2, 1, 1, 1, 2, 1}, primary_b{1, 0, 1, 0, 2, 1, 0, 2};
+    std::vector<std::vector<int>> const holders_a{{0, 1}, {1, 2}, {0, 1, 2}, {1, 2}, {1}, {0, 1, 2}, {2}, {0, 1, 2}},
+        holders_b{{1, 2}, {0, 2}, {0, 1}, {0, 1}, {0, 2}, {0, 1}, {0, 2}, {0, 2}};
+    auto words = [](std::vector<int> const& primary, std::vector<std::vector<int>> const& holders) {
+      std::vector<std::uint32_t> w;
+      for (std::size_t e = 0; e < primary.size(); ++e) {
+        w.push_back(static_cast<std::uint32_t>(primary[e]));
+        for (int r : holders[e]) w.push_back(static_cast<std::uint32_t>(r));
+        w.push_back(0xffffffffu);
+      }
+      return w;
+    };
+    auto fnv1a_32 = [](std::vector<std::uint32_t> const& w) {  // the textbook 32-bit FNV-1a, bytes low first
+      std::uint32_t h = 0x811c9dc5u;
+      for (std::uint32_t u : w)
+        for (int b = 0; b < 4; ++b) h = (h ^ ((u >> (8 * b)) & 0xffu)) * 0x01000193u;
+      return h;
+    };
+    REQUIRE(fnv1a_32(words(primary_a, holders_a)) == fnv1a_32(words(primary_b, holders_b)));
+    auto copies = [](std::vector<int> const& primary, std::vector<std::vector<int>> holders) {
+      for (std::size_t e = 0; e < holders.size(); ++e)  // the primary first, as the planners list it
+        std::stable_partition(holders[e].begin(), holders[e].end(), [&](int r) { return r == primary[e]; });
+      return holders;
+    };
+    auto what = one_pass_on<L3, 3>([&](auto& comm) {
+      bool b = comm.rank() == 2;
+      auto const& primary = b ? primary_b : primary_a;
+      return L3(comm, placement::Table(primary), replication::Table(copies(primary, b ? holders_b : holders_a)),
+                weights().view(), {.max_tokens = 4});
+    });
+    stopped(what, 2);
+  }
+}
+
+TEST_CASE("the agreement's hash is 64-bit FNV-1a: the published test vectors", "[layer][errors]") {
+  // Offset basis and the vectors "a" and "foobar" of FNV's reference test suite (Noll's fnv_test_str).
+  auto of = [](std::string const& text) {
+    live::Fnv1a f;
+    for (char c : text) f.byte(static_cast<std::uint8_t>(c));
+    return f.h;
+  };
+  CHECK(of("") == 0xcbf29ce484222325ull);
+  CHECK(of("a") == 0xaf63dc4c8601ec8cull);
+  CHECK(of("foobar") == 0x85944171f73967e8ull);
+  // A 32-bit word is its four bytes, low byte first: "foob" is the word 0x626f6f66.
+  live::Fnv1a word;
+  word.mix(0x626f6f66u);
+  CHECK(word.h == of("foob"));
+  CHECK(live::hash_layout(std::vector<int>{0x626f6f66, 0x00007261}) == of(std::string("foobar\0\0", 8)));
 }
 
 TEST_CASE("a first token so large that the replica choice overflows is refused", "[layer][errors]") {

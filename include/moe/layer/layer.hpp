@@ -271,11 +271,14 @@ struct Vote {
   std::int32_t ok = 0;
   std::int32_t settings[12] = {};  ///< max_tokens, deduplicate, pipeline, order, r1, r2, then live::Options:
                                    ///< window, replan_every, spare_slots, bytes/pass (KiB), tolerance, nodes
-  std::int32_t live[4] = {};       ///< re-plan state, plan hash, re-plans started, 0 (see Layer)
-  std::uint32_t tables = 0;        ///< hash of the placement and replica tables in use (hash_tables)
-  char message[184] = {};
+  std::int32_t live_state = 0;     ///< the re-plan's LiveState (see Layer)
+  std::int32_t replans = 0;        ///< re-plans started
+  std::int32_t live_options = 0;   ///< live.migration_bytes_per_pass's low 10 bits, live.planner, live.plan_rank + 1
+  std::uint64_t plan = 0;          ///< hash of the last plan prepared (live::hash_layout)
+  std::uint64_t tables = 0;        ///< hash of the placement and replica tables in use (hash_tables)
+  char message[176] = {};
 };
-static_assert(sizeof(Vote) == 256);
+static_assert(sizeof(Vote) == 256 && offsetof(Vote, plan) == 64);
 
 /// live::Fnv1a with a length-prefixed list: what the agreement compares of the tables a layer routes with.
 struct TablesHash : live::Fnv1a {
@@ -292,7 +295,7 @@ struct TablesHash : live::Fnv1a {
 /// built from different plans (another placement file, another replica list) differ here, and the
 /// agreement stops them before a pair goes to a rank that would not serve it.
 template <class Primary, class Holds>
-std::uint32_t hash_tables(int experts, int ranks, Primary const& primary, Holds const& holds) {
+std::uint64_t hash_tables(int experts, int ranks, Primary const& primary, Holds const& holds) {
   TablesHash h;
   for (int e = 0; e < experts; ++e) {
     h.mix(static_cast<std::uint32_t>(primary(e)));
@@ -818,7 +821,7 @@ private:
     std::vector<int> next_layout;  ///< `next` as a plan ranks x width layout (what share_plan sends)
     bool share = false;            ///< live.plan_rank: its layout is gathered after this pass
     bool next_changes = false;  ///< `next` differs from the plan in use (set by prepare_switch)
-    std::uint32_t hash = 0;
+    std::uint64_t hash = 0;
     live::ChunkSchedule schedule;
     std::vector<int> incoming_slot;  ///< per move: the arena slot it fills on this rank, -1
     int chunk = 0;                   ///< passes of the schedule done
@@ -928,10 +931,10 @@ private:
         }
       }
     }
-    mine.live[0] = static_cast<std::int32_t>(L.state);
-    mine.live[1] = static_cast<std::int32_t>(L.hash);
-    mine.live[2] = L.started;
-    mine.live[3] = static_cast<std::int32_t>(options_.live.migration_bytes_per_pass & 1023u) |
+    mine.live_state = static_cast<std::int32_t>(L.state);
+    mine.plan = L.hash;
+    mine.replans = L.started;
+    mine.live_options = static_cast<std::int32_t>(options_.live.migration_bytes_per_pass & 1023u) |
                    static_cast<std::int32_t>(options_.live.planner) << 10 | (options_.live.plan_rank + 1) << 12;
     if (L.state == LiveState::failed && mine.ok) {
       std::memset(mine.message, 0, sizeof(mine.message));
@@ -946,44 +949,44 @@ private:
     auto& L = *live_;
     auto n = votes.size();
     for (std::size_t r = 1; r < n; ++r) {
-      if (votes[r].live[2] != votes[0].live[2]) {
+      if (votes[r].replans != votes[0].replans) {
         abort_live();
         // Every rank is idle now; from the same votes every rank takes the same count, so the next
         // pass agrees again (left apart, the counts differed on every pass after this one).
         std::int32_t most = 0;
-        for (auto const& v : votes) most = std::max(most, v.live[2]);
+        for (auto const& v : votes) most = std::max(most, v.replans);
         L.started = most;
-        fail("moe::Layer: rank 0 has started ", votes[0].live[2], " re-plans, rank ", r, " ", votes[r].live[2],
+        fail("moe::Layer: rank 0 has started ", votes[0].replans, " re-plans, rank ", r, " ", votes[r].replans,
              " (replan() and migrate_to() must be called on every rank between the same two passes); every rank "
              "keeps its plan");
       }
-      if (votes[r].live[3] != votes[0].live[3]) {
+      if (votes[r].live_options != votes[0].live_options) {
         abort_live();
         fail("moe::Layer: every rank must build its layer with the same LayerOptions::live.migration_bytes_per_pass, "
              "live.planner and live.plan_rank");
       }
     }
     for (std::size_t r = 0; r < n; ++r)
-      if (votes[r].live[0] == static_cast<std::int32_t>(LiveState::failed)) {
+      if (votes[r].live_state == static_cast<std::int32_t>(LiveState::failed)) {
         abort_live();
         fail("moe::Layer: rank ", r, "'s re-plan failed, so every rank keeps the old plan and weights: ",
              std::string(votes[r].message, strnlen(votes[r].message, sizeof(votes[r].message))));
       }
     auto all = [&](LiveState s) {
       return std::all_of(votes.begin(), votes.end(),
-                         [&](detail::Vote const& v) { return v.live[0] == static_cast<std::int32_t>(s); });
+                         [&](detail::Vote const& v) { return v.live_state == static_cast<std::int32_t>(s); });
     };
     if (int o = options_.live.plan_rank; o >= 0 && n > 1 &&
-        votes[static_cast<std::size_t>(o)].live[0] == static_cast<std::int32_t>(LiveState::ready)) {
+        votes[static_cast<std::size_t>(o)].live_state == static_cast<std::int32_t>(LiveState::ready)) {
       bool others_wait = true;
       for (std::size_t r = 0; r < n; ++r)
         others_wait = others_wait && (static_cast<int>(r) == o ||
-                                      votes[r].live[0] == static_cast<std::int32_t>(LiveState::planning));
+                                      votes[r].live_state == static_cast<std::int32_t>(LiveState::planning));
       if (others_wait) L.share = true;  // after this pass, the planning rank's layout goes to every rank
     }
     if (all(LiveState::ready)) {
       for (std::size_t r = 1; r < n; ++r)
-        if (votes[r].live[1] != votes[0].live[1]) {
+        if (votes[r].plan != votes[0].plan) {
           abort_live();
           fail("moe::Layer: the ranks made different plans (rank 0's and rank ", r, "'s differ); every rank keeps "
                "its plan (the re-planner is deterministic: do all ranks use the same options and window?)");
@@ -1243,7 +1246,7 @@ private:
   /// replication::BatchSplit adds what its split depends on beyond who holds what: the order of
   /// each copy list (its tie-breaks follow it), the servers and the slack; every rank must solve
   /// the same split.
-  [[nodiscard]] std::uint32_t tables_in_use() const {
+  [[nodiscard]] std::uint64_t tables_in_use() const {
     auto const primary = exec_.primary_ranks();
     auto const& replicas = exec_.replicas();
     detail::TablesHash h;
@@ -1262,7 +1265,7 @@ private:
   Comm* comm_;
   Options options_;
   Executor exec_;
-  std::optional<std::uint32_t> tables_;  ///< tables_in_use(); empty after a switch until the next pass
+  std::optional<std::uint64_t> tables_;  ///< tables_in_use(); empty after a switch until the next pass
   LayerStats stats_;
   std::vector<detail::Vote> votes_;
   std::unique_ptr<LiveData> live_;

@@ -414,17 +414,18 @@ concept Replannable = std::is_same_v<Placement, placement::Table> && requires(Re
   { rebuilt(r, std::vector<std::vector<int>>{}) } -> std::same_as<Replicas>;
 };
 
-/// FNV-1a of a layout: the ranks compare their plans by it.
-/// 32-bit FNV-1a over 32-bit words, low byte first: hash_layout's, and the agreement's hash of the
-/// tables a layer routes with (moe::detail::hash_tables).
+/// 64-bit FNV-1a over 32-bit words, low byte first: hash_layout's (the ranks compare their plans by
+/// it), and the agreement's hash of the tables a layer routes with (moe::detail::hash_tables). Two
+/// different plans or tables pass for the same with a chance of about 2^-64.
 struct Fnv1a {
-  std::uint32_t h = 2166136261u;
+  std::uint64_t h = 14695981039346656037ull;  // FNV's 64-bit offset basis
+  void byte(std::uint8_t b) { h = (h ^ b) * 1099511628211ull; }  // FNV's 64-bit prime
   void mix(std::uint32_t u) {
-    for (int b = 0; b < 4; ++b) h = (h ^ ((u >> (8 * b)) & 0xffu)) * 16777619u;
+    for (int b = 0; b < 4; ++b) byte(static_cast<std::uint8_t>(u >> (8 * b)));
   }
 };
 
-inline std::uint32_t hash_layout(std::span<int const> layout) {
+inline std::uint64_t hash_layout(std::span<int const> layout) {
   Fnv1a f;
   for (int v : layout) f.mix(static_cast<std::uint32_t>(v));
   return f.h;
