@@ -935,7 +935,7 @@ private:
     mine.plan = L.hash;
     mine.replans = L.started;
     mine.live_options = static_cast<std::int32_t>(options_.live.migration_bytes_per_pass & 1023u) |
-                   static_cast<std::int32_t>(options_.live.planner) << 10 | (options_.live.plan_rank + 1) << 12;
+                        static_cast<std::int32_t>(options_.live.planner) << 10 | (options_.live.plan_rank + 1) << 12;
     if (L.state == LiveState::failed && mine.ok) {
       std::memset(mine.message, 0, sizeof(mine.message));
       std::memcpy(mine.message, L.failure.data(), std::min(L.failure.size(), sizeof(mine.message) - 1));

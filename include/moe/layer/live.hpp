@@ -416,7 +416,9 @@ concept Replannable = std::is_same_v<Placement, placement::Table> && requires(Re
 
 /// 64-bit FNV-1a over 32-bit words, low byte first: hash_layout's (the ranks compare their plans by
 /// it), and the agreement's hash of the tables a layer routes with (moe::detail::hash_tables). Two
-/// different plans or tables pass for the same with a chance of about 2^-64.
+/// unrelated plans or tables hash the same with a chance of about 2^-64 (32-bit FNV-1a let two
+/// tables of 8 experts on 3 ranks collide: tests/layer/test_layer_errors.cpp). FNV is no
+/// cryptographic hash: this catches mistakes, not a rank that forges its tables.
 struct Fnv1a {
   std::uint64_t h = 14695981039346656037ull;  // FNV's 64-bit offset basis
   void byte(std::uint8_t b) { h = (h ^ b) * 1099511628211ull; }  // FNV's 64-bit prime
