@@ -261,6 +261,12 @@ def main():
     if pairs:
         lines += ["", "Rank rounds on one warp against the whole block (the block's graph_us over the warp's; > 1: the "
                   "warp is faster): " + ", ".join(f"{t} tokens {fmt(r)}" for t, r in pairs)]
+    # the tie-breaks' packed labels against the two-stage rounds they replaced, both on one warp
+    pairs = [(t, times[(t, "warp_two_stage")] / times[(t, "warp")]) for t, v in times
+             if v == "warp" and times.get((t, "warp_two_stage")) and times[(t, "warp")]]
+    if pairs:
+        lines += ["", "Tie-breaks' packed labels against the two-stage rounds, on one warp (warp_two_stage's graph_us "
+                  "over warp's; > 1: the packed labels are faster): " + ", ".join(f"{t} tokens {fmt(r)}" for t, r in pairs)]
     if stages:
         names = ["counts", "totals", "lists", "start", "max_load", "tie_breaks", "sources", "matching"]
         lines += ["", "Where a split's time goes (DeviceSplitStages: thread 0's clock64 after each stage, mean of "

@@ -7,8 +7,10 @@
 // result is checked against the host split (max load and every take entry) before timing.
 // DealOneRank: one rank's 4096 x 8 pairs dealt to ranks by the reference deal kernel.
 // Stages: where a split's time goes, from thread 0's clock64 after each stage of the kernel (the
-// mean over 50 splits, in SM cycles and as a share of the whole). Each split twice: the rank rounds
-// on one warp (/warp) and on the whole block (/block), in the same run.
+// mean over 50 splits, in SM cycles and as a share of the whole). Each split three times in the same
+// run: the rank rounds on one warp (/warp) and on the whole block (/block), both with the packed
+// labels of the tie-breaks, and on one warp with the distances' rounds, then the tree's
+// (/warp_two_stage, the form the packed labels replaced: twice the tie-breaks' rounds).
 // scripts/gpu_bench.sh runs it as the step `split`.
 #include <benchmark/benchmark.h>
 
@@ -55,11 +57,11 @@ double mean_us(F&& body, int reps) {
   return static_cast<double>(ms) * 1e3 / reps;
 }
 
-void BM_DeviceSplit(benchmark::State& state, int tokens, kc::DeviceSplit::Rounds rounds) {
+void BM_DeviceSplit(benchmark::State& state, int tokens, kc::DeviceSplit::Rounds rounds, kc::DeviceSplit::Paths paths) {
   auto s = moe::bench_split::make(tokens);
   moe::replication::BatchSplit host(s.copies, s.topo);
   auto want = host.plan_batch(s.counts);
-  kc::DeviceSplit dev(host.layout(), 0, rounds);
+  kc::DeviceSplit dev(host.layout(), 0, rounds, paths);
   kc::DeviceArray<std::int32_t> counts(s.counts.size()), take(dev.take_size());
   kc::DeviceArray<long long> load(dev.load_size());
   kc::DeviceArray<Outcome> outcome(1);
@@ -104,10 +106,11 @@ void BM_DeviceSplit(benchmark::State& state, int tokens, kc::DeviceSplit::Rounds
   state.SetLabel("DeepSeek-V3 EP32, EPLB 288 slots, h800:4");
 }
 
-void BM_DeviceSplitStages(benchmark::State& state, int tokens, kc::DeviceSplit::Rounds rounds) {
+void BM_DeviceSplitStages(benchmark::State& state, int tokens, kc::DeviceSplit::Rounds rounds,
+                          kc::DeviceSplit::Paths paths) {
   auto s = moe::bench_split::make(tokens);
   moe::replication::BatchSplit host(s.copies, s.topo);
-  kc::DeviceSplit dev(host.layout(), 0, rounds);
+  kc::DeviceSplit dev(host.layout(), 0, rounds, paths);
   constexpr int K = kc::DeviceSplit::stamps_size;
   kc::DeviceArray<std::int32_t> counts(s.counts.size()), take(dev.take_size());
   kc::DeviceArray<long long> load(dev.load_size()), stamps(K);
@@ -162,19 +165,28 @@ int main(int argc, char** argv) {
     std::printf("bench_cuda_batch_split: no CUDA device, nothing measured\n");
     return 0;
   }
-  // the rank rounds on one warp (the automatic choice at this size) and on the whole block, side by side
+  // the rank rounds on one warp (the automatic choice at this size) and on the whole block, and the
+  // tie-breaks' former two-stage rounds on one warp, side by side
   using Rounds = kc::DeviceSplit::Rounds;
-  std::pair<char const*, Rounds> const teams[] = {{"warp", Rounds::warp}, {"block", Rounds::block}};
+  using Paths = kc::DeviceSplit::Paths;
+  struct Form {
+    char const* name;
+    Rounds rounds;
+    Paths paths;
+  };
+  Form const forms[] = {{"warp", Rounds::warp, Paths::automatic},
+                        {"block", Rounds::block, Paths::automatic},
+                        {"warp_two_stage", Rounds::warp, Paths::two_stage}};
   for (int tokens : {16, 64, 256, 4096})
-    for (auto [name, rounds] : teams)
-      benchmark::RegisterBenchmark(("DeviceSplit/" + std::to_string(tokens) + "/" + name).c_str(), BM_DeviceSplit,
-                                   tokens, rounds)
+    for (auto const& f : forms)
+      benchmark::RegisterBenchmark(("DeviceSplit/" + std::to_string(tokens) + "/" + f.name).c_str(), BM_DeviceSplit,
+                                   tokens, f.rounds, f.paths)
           ->UseManualTime()
           ->Unit(benchmark::kMicrosecond);
   for (int tokens : {16, 64, 4096})
-    for (auto [name, rounds] : teams)
-      benchmark::RegisterBenchmark(("DeviceSplitStages/" + std::to_string(tokens) + "/" + name).c_str(),
-                                   BM_DeviceSplitStages, tokens, rounds)
+    for (auto const& f : forms)
+      benchmark::RegisterBenchmark(("DeviceSplitStages/" + std::to_string(tokens) + "/" + f.name).c_str(),
+                                   BM_DeviceSplitStages, tokens, f.rounds, f.paths)
           ->Iterations(1);
   benchmark::RegisterBenchmark("DeviceSplitDealOneRank/4096", BM_DeviceSplitDealOneRank, 4096)
       ->UseManualTime()

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "cuda_test_support.cuh"
@@ -52,14 +53,17 @@ Case random_case(std::mt19937& rng, int G, int servers, int E, int extra, int sc
   return c;
 }
 
-/// Runs host and device on the case, the rank rounds on `rounds`; requires equality. Returns
-/// whether the workspace was shared.
-bool compare_with(Case const& c, std::size_t shared_limit, moe::kernels::cuda::DeviceSplit::Rounds rounds) {
+/// Runs host and device on the case, the rank rounds on `rounds`, the shortest paths' labels as
+/// `paths` says; requires equality. Returns whether the workspace was shared.
+bool compare_with(Case const& c, std::size_t shared_limit, moe::kernels::cuda::DeviceSplit::Rounds rounds,
+                  moe::kernels::cuda::DeviceSplit::Paths paths) {
   BatchSplit host(c.copies, c.server, c.slack_permille);
   auto hout = host.plan_batch(c.counts);
   auto const& L = host.layout();
-  moe::kernels::cuda::DeviceSplit dev(L, shared_limit, rounds);
+  moe::kernels::cuda::DeviceSplit dev(L, shared_limit, rounds, paths);
   INFO((dev.warp_rounds() ? "rounds on one warp" : "rounds on the block"));
+  INFO((paths == moe::kernels::cuda::DeviceSplit::Paths::automatic ? "packed labels where they fit"
+                                                                   : "distances, then the tree"));
   Device<std::int32_t> counts(c.counts);
   Device<std::int32_t> take(std::max<std::size_t>(dev.take_size(), 1));
   Device<long long> load(dev.load_size());
@@ -84,8 +88,11 @@ bool compare_with(Case const& c, std::size_t shared_limit, moe::kernels::cuda::D
         REQUIRE(dtake[i] == host.take()[i]);
       }
   }
-  // the deal of rank 0's pairs (a token order made from the counts: expert ids interleaved)
-  if (L.ranks > 0) {
+  // the deal of rank 0's pairs (a token order made from the counts: expert ids interleaved), when
+  // they are few enough to list (the cases with counts near 2^31 are for the split alone)
+  long long pairs0 = 0;
+  for (int e = 0; e < L.experts && L.ranks > 0; ++e) pairs0 += c.counts[static_cast<std::size_t>(e)];
+  if (L.ranks > 0 && pairs0 <= (1 << 22)) {
     std::vector<int> ids;
     std::vector<std::int32_t> left(c.counts.begin(), c.counts.begin() + L.experts);
     for (bool more = true; more;) {
@@ -106,12 +113,14 @@ bool compare_with(Case const& c, std::size_t shared_limit, moe::kernels::cuda::D
 }
 
 /// Runs host and device on the case with both teams of the rank rounds (one warp, the whole
-/// block); requires equality. Returns whether the workspace was shared.
-/// `shared_limit`: DeviceSplit's (0: what the device allows with an opt-in).
+/// block) and both forms of the shortest paths' rounds; requires equality. Returns whether the
+/// workspace was shared. `shared_limit`: DeviceSplit's (0: what the device allows with an opt-in).
 bool compare(Case const& c, std::size_t shared_limit = 0) {
+  using moe::kernels::cuda::DeviceSplit;
   bool shared = false;
-  for (auto rounds : {moe::kernels::cuda::DeviceSplit::Rounds::warp, moe::kernels::cuda::DeviceSplit::Rounds::block})
-    shared = compare_with(c, shared_limit, rounds);
+  for (auto rounds : {DeviceSplit::Rounds::warp, DeviceSplit::Rounds::block})
+    for (auto paths : {DeviceSplit::Paths::automatic, DeviceSplit::Paths::two_stage})
+      shared = compare_with(c, shared_limit, rounds, paths);
   return shared;
 }
 
@@ -247,6 +256,35 @@ TEST_CASE("device batch split on the edge cases", "[batch-split]") {
     for (auto& n : c.counts) n = n > 0 ? 400000000 + n : 0;
     compare(c);
   }
+  SECTION("packed labels at the edge of the word, and past it (the two-stage rounds)") {
+    // 48 ranks, every count positive (so that every arc is in the batch's graph): counts scaled so
+    // that the tie-breaks' weight A = all pairs + 1 sits just under what the packed labels allow,
+    // then well over it, where `automatic` must take the two-stage rounds.
+    using moe::kernels::cuda::detail::PackedLabels;
+    std::mt19937 rng(23);
+    auto c = random_case(rng, 48, 6, 64, 120, 20);
+    BatchSplit host(c.copies, c.server);
+    int arcs = host.layout().arcs;
+    PackedLabels probe(48, arcs, 1);
+    REQUIRE(probe.fits);
+    long long most = (1LL << (62 - probe.arc_bits - probe.hop_bits)) / 50;  // A + 1 stays under it: G + 2 = 50
+    for (double fill : {0.9, 2.0}) {
+      INFO("all pairs + 1 at " << fill << " of the packed labels' most");
+      auto scaled = c;
+      long long cells = static_cast<long long>(scaled.counts.size()), want = static_cast<long long>(fill * most);
+      long long sum = 0;
+      for (auto& n : scaled.counts) sum += n + 1;
+      long long total = 0;
+      for (auto& n : scaled.counts) {
+        n = static_cast<std::int32_t>(std::min<long long>((n + 1) * (want / sum), 0x7fffffff));
+        total += n;
+      }
+      REQUIRE(total / cells > 1000);
+      CHECK(PackedLabels(48, arcs, total + 1).fits == (fill < 1));
+      CHECK(total + 1 > most / 2);
+      compare(scaled);
+    }
+  }
   SECTION("a workspace too large for shared memory goes to global memory") {
     std::mt19937 rng(12);
     auto c = random_case(rng, 16, 8, 2048, 64, 2);
@@ -267,4 +305,44 @@ TEST_CASE("device batch split flags a negative count and writes nothing", "[batc
   CHECK(outcome.download()[0].bad == 1);
   for (auto v : take.download()) CHECK(v == -1);
   for (auto v : load.download()) CHECK(v == -1);
+}
+
+TEST_CASE("packed labels order as (distance, arcs, last arc) up to their bounds", "[batch-split]") {
+  // detail::PackedLabels against std::tuple's order: at the extremes a label of the tie-breaks can
+  // take (|distance| <= (G + 1)(A + 1), arcs <= G + 1, last arc < n_arcs), for the largest A that
+  // fits and a few below it; the next A must not fit.
+  using moe::kernels::cuda::detail::PackedLabels;
+  for (int G : {1, 2, 31, 32, 48, 256, 1023})
+    for (int arcs : {1, 2, 76, 1000, 1 << 20}) {
+      long long lo = 0, hi = 1LL << 62;  // the largest A that fits, by bisection
+      REQUIRE(PackedLabels(G, arcs, lo).fits);
+      while (hi - lo > 1) {
+        long long mid = lo + (hi - lo) / 2;
+        (PackedLabels(G, arcs, mid).fits ? lo : hi) = mid;
+      }
+      INFO("G " << G << ", arcs " << arcs << ", largest A " << lo);
+      CHECK_FALSE(PackedLabels(G, arcs, lo + 1).fits);
+      for (long long A : {lo, lo / 2 + 1, 1LL}) {
+        PackedLabels P(G, arcs, A);
+        REQUIRE(P.fits);
+        long long reach = (G + 1LL) * (A + 1);
+        std::vector<std::tuple<long long, long long, int>> labels;
+        for (long long d : {-reach, -reach + 1, -1LL, 0LL, 1LL, reach - 1, reach})
+          for (long long h : {0LL, 1LL, G + 1LL})
+            for (int a : {0, arcs - 1}) labels.emplace_back(d, h, a);
+        for (auto const& x : labels) {
+          auto [d, h, a] = x;
+          long long k = P.pack(d, h, a);
+          REQUIRE(k >= 0);
+          REQUIRE(k < PackedLabels::none);
+          REQUIRE(P.dist(k) == d);
+          REQUIRE(P.hops(k) == h);
+          REQUIRE(P.arc(k) == a);
+          for (auto const& y : labels) {
+            auto [e, i, b] = y;
+            REQUIRE((k < P.pack(e, i, b)) == (x < y));
+          }
+        }
+      }
+    }
 }

@@ -14,9 +14,10 @@
 //   - the breadth-first rounds of the least max load (a rank is claimed by its lowest arc, as the
 //     host's arc loop claims it);
 //   - the tie-breaks (successive shortest paths on the rank graph): each path's Bellman-Ford rounds
-//     and its shortest-path tree (breadth-first over the tight arcs, a rank claimed by its lowest
-//     arc) over the threads, its augmentation on thread 0; then the matching, each expert on a
-//     warp (a lane per copy, then 32 ranks at a time).
+//     over the threads on whole labels (distance, arcs, last arc) packed in a 64-bit word, so that
+//     one atomicMin per arc finds the distances and the shortest-path tree together (a batch too
+//     large for the word takes the distances' rounds, then the tree's), its augmentation on thread
+//     0; then the matching, each expert on a warp (a lane per copy, then 32 ranks at a time).
 // One expert per warp, not per thread: the lanes of a warp that take paths of different lengths
 // run one after the other, so 25 experts on the first 25 threads cost the sum of their paths.
 // The rounds of the last two are rank-sized (tens of ranks and arcs at EP32) and many: by default
@@ -413,56 +414,117 @@ __device__ __forceinline__ long long least_max_rounds(replication::split::Layout
   }
 }
 
+/// The tie-breaks' label of a rank (split::least_cost: the least (distance, arcs, last arc) over
+/// the paths to it) in one 64-bit word whose order is the labels' order: distance + bias, then the
+/// arcs, then the last arc, from the high bits down. One atomicMin per arc and round then finds the
+/// distances and the shortest-path tree together. It fits when the batch's bounds leave room: a
+/// label of round r is a walk of at most r + 1 <= G + 1 arcs (the rounds stop after G + 1), each
+/// of cost at most A + 1 in size (split::detail::move_cost), so |distance| <= (G + 1)(A + 1).
+struct PackedLabels {
+  static constexpr long long none = 0x7fffffffffffffffLL;
+  int arc_bits = 1, hop_bits = 1;
+  long long bias = 0;
+  bool fits = false;
+
+  MOE_HOST_DEVICE PackedLabels(int G, int n_arcs, long long A) {
+    while ((1LL << arc_bits) < n_arcs) ++arc_bits;
+    while ((1LL << hop_bits) <= G + 2) ++hop_bits;
+    int dist_bits = 62 - arc_bits - hop_bits;  // distance + bias in [0, 2 bias] < 2^(dist_bits + 1)
+    if (dist_bits < 2 || A < 0) return;
+    long long most = (1LL << dist_bits) / (G + 2);
+    if (A + 1 >= most) return;
+    bias = (G + 2) * (A + 1);
+    fits = true;
+  }
+  MOE_HOST_DEVICE long long pack(long long dist, long long hops, int arc) const {
+    return ((dist + bias) << (hop_bits + arc_bits)) | (hops << arc_bits) | arc;
+  }
+  MOE_HOST_DEVICE long long dist(long long key) const { return (key >> (hop_bits + arc_bits)) - bias; }
+  MOE_HOST_DEVICE long long hops(long long key) const { return (key >> arc_bits) & ((1LL << hop_bits) - 1); }
+  MOE_HOST_DEVICE long long arc(long long key) const { return key & ((1LL << arc_bits) - 1); }
+};
+
 /// 2f. The tie-breaks at max load T from the start, on the team (split::least_cost says what they
-/// compute): each shortest path's Bellman-Ford rounds from the last round's distances and its
-/// tree (breadth-first over the tight arcs, a rank claimed by its lowest arc), the cheapest rank
-/// below T by two reductions, the augmentation on member 0. Returns false on an internal fault.
+/// compute): each shortest path's rounds from the last round's labels, the cheapest rank below T by
+/// two reductions, the augmentation on member 0. With `packed` and a batch whose labels fit in a
+/// word (PackedLabels), a round relaxes whole labels; otherwise the distances' rounds come first,
+/// then the tree's (breadth-first over the tight arcs, a rank claimed by its lowest arc): the same
+/// labels in about twice the rounds. Returns false on an internal fault.
 template <class Team>
 __device__ __forceinline__ bool least_cost_rounds(replication::split::Layout const& L, replication::split::detail::Work& W, int n_arcs,
-                                  long long T, long long A, Team& team) {
+                                  long long T, long long A, bool packed, Team& team) {
   namespace split = replication::split;
   constexpr long long none = 0x7fffffffffffffffLL, inf = split::detail::inf;
   long long* claim = W.rem;
   int const G = L.ranks;
+  PackedLabels const P(G, n_arcs, A);
+  packed = packed && P.fits;
+  long long* key = W.rem;  // the packed labels (claim's words: the tree's rounds do not run then)
   for (;;) {
     bool above = false;
     for (int g = team.rank; g < G; g += team.size) {
-      W.dist[g] = W.ndist[g] = W.load[g] > T ? 0 : inf;
+      bool excess = W.load[g] > T;
+      W.dist[g] = W.ndist[g] = excess ? 0 : inf;
+      if (packed) key[g] = W.ndist[g] = excess ? P.pack(0, 0, 0) : none;
       W.pred[g] = -1;
-      claim[g] = none;
-      above |= W.load[g] > T;
+      if (!packed) claim[g] = none;
+      above |= excess;
     }
     for (int a = team.rank; a < n_arcs; a += team.size) W.cost[a] = split::arc_cost(L, W, a, A);
     if (team.min(above ? 0 : 1) != 0) return true;
-    // the shortest distances
-    for (int round = 0;; ++round) {
-      for (int a = team.rank; a < n_arcs; a += team.size) {
-        long long r = split::relaxed(L, W, a);
-        if (r != inf) atomicMin(&W.ndist[L.rank[W.arc_d[a]]], r);
+    if (packed) {
+      // the labels: dist, hop and pred together (ndist holds the next round's keys)
+      for (int round = 0;; ++round) {
+        for (int a = team.rank; a < n_arcs; a += team.size) {
+          long long k = W.cost[a], from = key[L.rank[W.arc_c[a]]];
+          if (k != inf && from != none)
+            atomicMin(&W.ndist[L.rank[W.arc_d[a]]], P.pack(P.dist(from) + k, P.hops(from) + 1, a));
+        }
+        team.sync();
+        bool changed = false;
+        for (int g = team.rank; g < G; g += team.size)
+          if (W.ndist[g] < key[g]) key[g] = W.ndist[g], changed = true;
+        if (team.min(changed ? 0 : 1) != 0) break;
+        if (round == G) return false;  // still changing after G + 1 rounds: a negative cycle
       }
+      for (int g = team.rank; g < G; g += team.size) {
+        long long x = key[g];
+        bool reached = x != none;
+        W.dist[g] = reached ? P.dist(x) : inf;
+        W.hop[g] = reached ? P.hops(x) : -1;
+        W.pred[g] = reached && P.hops(x) > 0 ? P.arc(x) : -1;
+      }
+    } else {
+      // the shortest distances
+      for (int round = 0;; ++round) {
+        for (int a = team.rank; a < n_arcs; a += team.size) {
+          long long r = split::relaxed(L, W, a);
+          if (r != inf) atomicMin(&W.ndist[L.rank[W.arc_d[a]]], r);
+        }
+        team.sync();
+        bool changed = false;
+        for (int g = team.rank; g < G; g += team.size)
+          if (W.ndist[g] < W.dist[g]) W.dist[g] = W.ndist[g], changed = true;
+        if (team.min(changed ? 0 : 1) != 0) break;
+        if (round == G) return false;  // still changing after G + 1 rounds: a negative cycle
+      }
+      // the shortest-path tree
+      for (int g = team.rank; g < G; g += team.size) W.hop[g] = W.load[g] > T && W.dist[g] == 0 ? 0 : -1;
       team.sync();
-      bool changed = false;
-      for (int g = team.rank; g < G; g += team.size)
-        if (W.ndist[g] < W.dist[g]) W.dist[g] = W.ndist[g], changed = true;
-      if (team.min(changed ? 0 : 1) != 0) break;
-      if (round == G) return false;  // still changing after G + 1 rounds: a negative cycle
-    }
-    // the shortest-path tree
-    for (int g = team.rank; g < G; g += team.size) W.hop[g] = W.load[g] > T && W.dist[g] == 0 ? 0 : -1;
-    team.sync();
-    for (long long round = 0;; ++round) {
-      for (int a = team.rank; a < n_arcs; a += team.size) {
-        int h = L.rank[W.arc_d[a]];
-        if (W.hop[h] < 0 && split::tree_arc(L, W, a, round)) atomicMin(&claim[h], static_cast<long long>(a));
+      for (long long round = 0;; ++round) {
+        for (int a = team.rank; a < n_arcs; a += team.size) {
+          int h = L.rank[W.arc_d[a]];
+          if (W.hop[h] < 0 && split::tree_arc(L, W, a, round)) atomicMin(&claim[h], static_cast<long long>(a));
+        }
+        team.sync();
+        bool grew = false;
+        for (int h = team.rank; h < G; h += team.size) {
+          if (claim[h] == none) continue;
+          W.hop[h] = round + 1, W.pred[h] = claim[h], claim[h] = none;
+          grew = true;
+        }
+        if (team.min(grew ? 0 : 1) != 0) break;
       }
-      team.sync();
-      bool grew = false;
-      for (int h = team.rank; h < G; h += team.size) {
-        if (claim[h] == none) continue;
-        W.hop[h] = round + 1, W.pred[h] = claim[h], claim[h] = none;
-        grew = true;
-      }
-      if (team.min(grew ? 0 : 1) != 0) break;
     }
     // the cheapest rank below T, the lowest on a tie
     long long best = inf, at = G;
@@ -492,7 +554,7 @@ __global__ void __launch_bounds__(Threads, 1)
                        long long* load, replication::split::Outcome* outcome, long long* global_work, int use_shared,
                        int waves, int wave_experts, int const* __restrict__ wave_first,
                        int const* __restrict__ wave_expert, int const* __restrict__ sfirst,
-                       int const* __restrict__ srank, long long* stamps) {
+                       int const* __restrict__ srank, int packed_paths, long long* stamps) {
   static_assert(Threads % 32 == 0 && (!WarpRounds || Threads >= 64), "whole warps; a warp beside the rounds");
   namespace split = replication::split;
   using split::detail::Work;
@@ -613,7 +675,7 @@ __global__ void __launch_bounds__(Threads, 1)
     for (int g = team.rank; g < G; g += team.size) W.load[g] = W.load_s[g];
     T = split::tie_break_cap(L, T, total);
     team.sync();
-    bool ok = least_cost_rounds(L, W, n_arcs, T, total + 1, team);
+    bool ok = least_cost_rounds(L, W, n_arcs, T, total + 1, packed_paths != 0, team);
     stamp(6);
     long long m = 0;
     for (int g = team.rank; g < G; g += team.size) m = split::detail::lmax(m, W.load[g]);
@@ -709,14 +771,21 @@ public:
   /// the ranks or the arcs gives a lane more than `warp_items` of them.
   enum class Rounds { automatic, warp, block };
   static constexpr int warp_items = 4;
+  /// How the tie-breaks find each shortest path's labels (split::least_cost). `automatic`: a round
+  /// relaxes whole labels (distance, arcs, last arc) packed in one 64-bit word, when the batch's
+  /// bounds let them fit (detail::PackedLabels: under about 2^40 pairs at 32 ranks), else as
+  /// `two_stage`: the distances' rounds, then the tree's breadth-first rounds over the tight arcs,
+  /// about twice the rounds. Both give the host's split bit for bit.
+  enum class Paths { automatic, two_stage };
 
   /// `host`: the layout of a replication::BatchSplit (host pointers); copies it to the device, with
   /// the waves of the split's start. `shared_limit`: the most dynamic shared memory the kernel may
   /// use (0: what the current device allows a block with an opt-in); past 48 KiB the constructor
   /// opts the kernel in. A split whose workspace and copy lists do not fit runs from global memory.
   explicit DeviceSplit(replication::split::Layout const& host, std::size_t shared_limit = 0,
-                       Rounds rounds = Rounds::automatic)
+                       Rounds rounds = Rounds::automatic, Paths paths = Paths::automatic)
       : layout_(host),
+        packed_paths_(paths == Paths::automatic),
         first_(static_cast<std::size_t>(host.experts) + 1),
         rank_(static_cast<std::size_t>(host.slots)),
         server_(static_cast<std::size_t>(host.ranks)) {
@@ -813,7 +882,7 @@ public:
           " bytes) does not fit in shared memory and none was given");
     launch(kernel(), dim3(1), dim3(threads), shared_bytes(), stream, layout_, counts, take, load, outcome,
            static_cast<long long*>(workspace), shared ? 1 : 0, waves_, wave_experts_, wave_first_.get(), wave_expert_.get(),
-           sfirst_.get(), srank_.get(), stamps);
+           sfirst_.get(), srank_.get(), packed_paths_ ? 1 : 0, stamps);
     check_launch("batch_split_kernel");
   }
 
@@ -872,6 +941,7 @@ private:
   }
 
   replication::split::Layout layout_;
+  bool packed_paths_ = true;
   DeviceArray<int> first_, rank_, server_, wave_first_, wave_expert_, sfirst_, srank_;
   int waves_ = 0, wave_experts_ = 0;
   bool warp_rounds_ = false;

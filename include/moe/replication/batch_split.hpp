@@ -31,8 +31,9 @@
 //     them with at least their present total: T rises to ceil(load(U) / |U|) (a Newton step of the
 //     parametric flow). This ends at the least feasible T, which no split can beat.
 //   - The tie-breaks: from the same start, successive shortest paths (Bellman-Ford on the rank
-//     graph, all ranks above T as sources; the path is read from the breadth-first tree of the
-//     tight arcs, lowest arc first, so it does not depend on the order of the relaxations) move
+//     graph, all ranks above T as sources; the path to a rank is, among its shortest ones, one with
+//     the fewest arcs, and of those the one whose last arc is lowest: each rank's label is the
+//     least (distance, arcs, last arc), which does not depend on the order of the relaxations) move
 //     each rank's excess over T at least cost, so the result is the least-cost split among those
 //     with max load T.
 // Every step is integer and visits ranks, experts and slots in index order, so every rank computes
@@ -436,7 +437,9 @@ MOE_HOST_DEVICE inline long long relaxed(Layout const& L, detail::Work const& W,
 }
 
 /// Whether arc a is on a shortest path (tight) and its tail was reached in breadth-first round
-/// `round` of the shortest-path tree.
+/// `round` of the shortest-path tree over the tight arcs (a rank claimed by its lowest arc): the
+/// device's other form of least_cost's labels, which finds the distances first and the tree after
+/// (the same tree: a rank's round is its fewest arcs among its shortest paths).
 MOE_HOST_DEVICE inline bool tree_arc(Layout const& L, detail::Work const& W, int a, long long round) {
   int g = L.rank[W.arc_c[a]];
   long long r = relaxed(L, W, a);
@@ -515,11 +518,13 @@ MOE_HOST_DEVICE inline bool augment(Layout const& L, detail::Work& W, long long 
 }
 
 /// 2d (one thread), from the start with max load at least T: the least-cost split at T (the
-/// tie-breaks) by successive shortest paths; see the file comment. Each path: the shortest
-/// distances (Bellman-Ford), then the shortest-path tree by breadth-first rounds over the tight arcs from the
-/// excess ranks at distance 0, a rank claimed by its lowest arc, then the path to the cheapest rank
-/// below T (the lowest such rank on a tie). A CUDA block runs the same rounds over its threads.
-/// Returns false on an internal fault (a negative cycle or no way out, impossible from a feasible T).
+/// tie-breaks) by successive shortest paths; see the file comment. Each path: every rank's label, the
+/// least (distance, arcs, last arc) over the paths to it from the excess ranks (Bellman-Ford on
+/// those triples, compared in that order: dist, hop, pred), then the path to the cheapest rank below
+/// T (the lowest such rank on a tie). The least labels do not depend on the order of the
+/// relaxations, so one thread relaxes in place (fewer rounds) and a CUDA block from the last round's
+/// labels. Returns false on an internal fault (a negative cycle or no way out, impossible from a
+/// feasible T).
 MOE_HOST_DEVICE inline bool least_cost(Layout const& L, detail::Work& W, long long T, long long A) {
   using namespace detail;
   W.n_arcs = static_cast<int>(W.hdr[kArcs]);
@@ -527,34 +532,27 @@ MOE_HOST_DEVICE inline bool least_cost(Layout const& L, detail::Work& W, long lo
   for (;;) {
     bool any = false;
     for (int g = 0; g < G; ++g) {
-      W.dist[g] = W.load[g] > T ? 0 : inf;
+      bool excess = W.load[g] > T;
+      W.dist[g] = excess ? 0 : inf;
+      W.hop[g] = excess ? 0 : -1;
       W.pred[g] = -1;
-      any |= W.load[g] > T;
+      any |= excess;
     }
     if (!any) return true;
     for (int a = 0; a < W.n_arcs; ++a) W.cost[a] = arc_cost(L, W, a, A);
-    // the distances are the shortest ones whatever the order of the relaxations: one thread
-    // relaxes in place (fewer rounds), a block from the last round's distances
     bool changed = true;
     for (int round = 0; changed && round <= G; ++round) {
       changed = false;
       for (int a = 0; a < W.n_arcs; ++a) {
-        int h = L.rank[W.arc_d[a]];
         long long r = relaxed(L, W, a);
-        if (r < W.dist[h]) W.dist[h] = r, changed = true;
+        if (r == inf) continue;
+        int h = L.rank[W.arc_d[a]];
+        long long k = W.hop[L.rank[W.arc_c[a]]] + 1;
+        if (r < W.dist[h] || (r == W.dist[h] && (k < W.hop[h] || (k == W.hop[h] && a < W.pred[h]))))
+          W.dist[h] = r, W.hop[h] = k, W.pred[h] = a, changed = true;
       }
     }
     if (changed) return false;
-    for (int g = 0; g < G; ++g) W.hop[g] = W.load[g] > T && W.dist[g] == 0 ? 0 : -1;
-    for (long long round = 0;; ++round) {
-      bool grew = false;
-      for (int a = 0; a < W.n_arcs; ++a) {
-        int h = L.rank[W.arc_d[a]];
-        if (W.hop[h] >= 0 || !tree_arc(L, W, a, round)) continue;
-        W.hop[h] = round + 1, W.pred[h] = a, grew = true;
-      }
-      if (!grew) break;
-    }
     int end = -1;
     for (int h = 0; h < G; ++h)
       if (W.load[h] < T && W.dist[h] != inf && (end < 0 || W.dist[h] < W.dist[end])) end = h;
