@@ -328,7 +328,7 @@ step_configure() {
     msg="cmake exit $rc (see configure.log)"
     return "$rc"
   fi
-  # The targets: what `ctest -L cuda` runs (a cuda test's program has the test's name), the two
+  # The targets: what `ctest -L cuda` runs (a cuda test's program has the test's name), the three
   # benchmark programs and the FinDEP fit.
   tests=$(ctest --test-dir "$build" -N -L cuda 2>/dev/null | sed -n 's/^ *Test *#[0-9]*: *//p' | tr '\n' ' ')
   targets=($tests bench_cuda_moe bench_cuda_shuffle bench_cuda_batch_split findep_fit_gpu)
