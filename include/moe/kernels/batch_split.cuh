@@ -773,7 +773,7 @@ public:
   static constexpr int warp_items = 4;
   /// How the tie-breaks find each shortest path's labels (split::least_cost). `automatic`: a round
   /// relaxes whole labels (distance, arcs, last arc) packed in one 64-bit word, when the batch's
-  /// bounds let them fit (detail::PackedLabels: under about 2^40 pairs at 32 ranks), else as
+  /// bounds let them fit (detail::PackedLabels: under about 2^43 pairs with 32 ranks and 76 arcs), else as
   /// `two_stage`: the distances' rounds, then the tree's breadth-first rounds over the tight arcs,
   /// about twice the rounds. Both give the host's split bit for bit.
   enum class Paths { automatic, two_stage };
