@@ -94,7 +94,7 @@ Model make_model(std::string const& name) {
     profile::Rng rng(21);
     for (int e = 0; e < 256; ++e) m.marginal.push_back(base[static_cast<std::size_t>(e / 4)] * std::exp(0.3 * rng.normal()));
   } else {
-    fail("batch_balance: unknown model '", name, "' (olmoe, mixtral, dsv3)");
+    fail("unknown model '", name, "' (olmoe, mixtral, dsv3)");
   }
   return m;
 }
@@ -177,15 +177,14 @@ std::vector<std::string> split_list(std::string const& s) {
   return out;
 }
 
-}  // namespace
 
-int main(int argc, char** argv) try {
+int run(int argc, char** argv) {
   int batches = 3;
   std::vector<std::string> models{"olmoe", "mixtral", "dsv3"};
   std::vector<int> sizes{16, 64, 256, 4096};
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    check(i + 1 < argc, "batch_balance: ", a, " needs a value");
+    check(i + 1 < argc, a, " needs a value");
     std::string v = argv[++i];
     if (a == "--batches") {
       batches = static_cast<int>(tools::parse_int(v, "--batches", 1, 1000));
@@ -195,7 +194,7 @@ int main(int argc, char** argv) try {
       sizes.clear();
       for (auto const& x : split_list(v)) sizes.push_back(static_cast<int>(tools::parse_int(x, "--sizes", 1, 1 << 16)));
     } else {
-      fail("batch_balance: unknown option ", a, " (--batches N, --models a,b, --sizes n,m)");
+      fail("unknown option ", a, " (--batches N, --models a,b, --sizes n,m)");
     }
   }
   std::printf("model\tplan\tdrift\ttokens_per_rank\tfixed\tsplit\tlp\treactive\tfixed_us\tsplit_us\treactive_us\tallgather_us\n");
@@ -247,8 +246,13 @@ int main(int argc, char** argv) try {
         }
     }
   }
-  return 0;
-} catch (std::exception const& e) {
-  std::fprintf(stderr, "%s\n", e.what());
-  return 1;
+  return tools::exit_ok;
+}
+
+}  // namespace
+
+// The exit statuses of every tool (tools/include/moe_tools/cli.hpp, docs/planners.md): 2 for a bad
+// command line, 3 for anything else.
+int main(int argc, char** argv) {
+  return tools::guarded_main("batch_balance", [&] { return run(argc, argv); });
 }
