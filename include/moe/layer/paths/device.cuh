@@ -51,7 +51,9 @@
 // count buffer, and (for shapes with shared experts) a second stream with two events: the shared
 // experts run there, forked from the caller's stream at the start of run() and joined back before
 // the final sum, so they overlap routing, dispatch and the routed experts (graph capture follows
-// the fork and join).
+// the fork and join). With replication::BatchSplit a third stream and two events do the same for
+// the sort of this rank's pairs by expert, which needs only the routing: it overlaps the count
+// exchange and the split kernel, and the deal waits for both.
 //
 // The ranks' agreement on a pass (moe::Layer::run): every rank's 256-byte vote goes through the
 // collective's all_gather_v on device memory, is copied to pinned host memory and read after one
@@ -323,6 +325,9 @@ public:
     if constexpr (batch) {
       split_.emplace(replicas_.layout());
       split_bytes_.assign(static_cast<std::size_t>(ranks), E * sizeof(std::int32_t));
+      sort_ = kernels::cuda::make_stream();
+      sort_fork_ = kernels::cuda::make_event();
+      sort_join_ = kernels::cuda::make_event();
     }
     if (options_.live.window > 0) {  // made here, so that no pass can fail half-way through making them
       loads_ = detail::DeviceLoadRows(static_cast<std::size_t>(ranks) * (E + static_cast<std::size_t>(ranks)));
@@ -745,8 +750,11 @@ public:
 
   /// replication::BatchSplit: this pass's pairs per expert from every rank (an all-gather on the
   /// device), the split of them (kernels::cuda::DeviceSplit), and this rank's pairs dealt from it
-  /// in token order within each expert; then the records per (rank, token). All on the stream: no
-  /// host synchronisation, so a padded pass stays capturable.
+  /// in token order within each expert; then the records per (rank, token). The sort of this
+  /// rank's pairs by expert needs only the routing, so it runs on the sort stream, forked from the
+  /// caller's before the count exchange and joined back before the deal: the split kernel (one
+  /// block) and the exchange no longer wait for it, nor it for them. No host synchronisation, so a
+  /// padded pass stays capturable (the capture follows the fork and join).
   void plan_split(Arguments const& a, Buffers const& b, LayerStats& stats)
     requires batch
   {
@@ -754,6 +762,14 @@ public:
     cudaStream_t s = a.stream;
     int const ranks = comm_->size(), rank = comm_->rank(), t = a.tokens;
     long long const n = static_cast<long long>(t) * k;
+    if (t > 0) {
+      cudaStream_t ss = sort_.get();
+      kc::check_cuda(cudaEventRecord(sort_fork_.get(), s), "cudaEventRecord (sort fork)");
+      kc::check_cuda(cudaStreamWaitEvent(ss, sort_fork_.get(), 0), "cudaStreamWaitEvent (sort fork)");
+      kc::order_by_expert(ss, b.ids.data(), n, shape.experts, b.values.data(), b.sorted_keys.data(),
+                          b.sorted_values.data(), b.offsets.data(), b.sort_temp.data(), b.sort_temp.size());
+      kc::check_cuda(cudaEventRecord(sort_join_.get(), ss), "cudaEventRecord (sort join)");
+    }
     split_->count(b.ids.data(), n, b.split_own.data(), s);
     if constexpr (local) {
       kc::check_cuda(cudaMemcpyAsync(b.split_counts.data(), b.split_own.data(), E * sizeof(std::int32_t),
@@ -769,8 +785,7 @@ public:
     split_->run(b.split_counts.data(), b.split_take.data(), b.split_load.data(), b.split_outcome.data(),
                 split_->workspace_bytes() == 0 ? nullptr : b.split_work.data(), s);
     if (t == 0) return;
-    kc::order_by_expert(s, b.ids.data(), n, shape.experts, b.values.data(), b.sorted_keys.data(),
-                        b.sorted_values.data(), b.offsets.data(), b.sort_temp.data(), b.sort_temp.size());
+    kc::check_cuda(cudaStreamWaitEvent(s, sort_join_.get(), 0), "cudaStreamWaitEvent (sort join)");
     split_->deal_sorted(b.split_take.data(), rank, b.sorted_keys.data(), b.sorted_values.data(), b.offsets.data(), n,
                         b.dest.data(), s);
     kc::count_records<k>(s, b.dest.data(), t, ranks, options_.deduplicate, b.rec_count.data());
@@ -810,6 +825,8 @@ public:
   detail::DeviceLoadRows loads_;                         // the window's gathered counts, on their way to the host
   std::optional<kernels::cuda::DeviceSplit> split_;      // replication::BatchSplit: the split kernel
   std::vector<std::size_t> split_bytes_;                 // ... and the bytes each rank's counts take
+  kernels::cuda::OwnedStream sort_;                      // ... and the sort by expert beside the split
+  kernels::cuda::OwnedEvent sort_fork_, sort_join_;
 };
 
 }  // namespace layer
