@@ -31,7 +31,9 @@
 // drops the waits on operations of the other group, which the messages themselves order. Each
 // micro-batch and chunk has its own region of every buffer that crosses streams, so the plan's
 // dependencies are the only ordering needed; scratch a stream reuses from one operation to the next
-// (logits, grouping, GEMM intermediates) is touched by that stream only.
+// (logits, grouping, GEMM intermediates) is touched by that stream only. The one exception: an AG
+// rank with a per-micro-batch split sorts the micro-batch's pairs on a fifth stream of its own,
+// forked from the A2E stream and joined back before the deal (split_micro_batch).
 //
 // Results: the function of the sequential device moe::Layer (same kernels and roundings per token;
 // partials stored in storage precision, the shared sum fp32). The gate GEMM runs per micro-batch,
@@ -623,6 +625,9 @@ private:
     if (is_eg())
       eg_sort_bytes_ = kc::sort_items_bytes(static_cast<long long>(ag_) * options_.max_tokens * k, shape.experts);
     if (split_) {
+      sort_ = kc::make_stream();
+      sort_fork_ = kc::make_event();
+      sort_join_ = kc::make_event();
       split_sort_bytes_ = kc::sort_items_bytes(static_cast<long long>(options_.max_tokens) * k, shape.experts);
       split_take_bound_ = split_->take_size();
       split_work_bound_ = split_->workspace_bytes();
@@ -910,14 +915,22 @@ private:
         kc::check_cuda(cudaMemsetAsync(b.split_acc.data(), 0, b.split_acc.size_bytes(), s),
                        "cudaMemsetAsync (split totals)");
       }
+      // The sort by expert needs only the routing: on the sort stream, beside the count exchange
+      // and the split kernel, joined before the deal. The next micro-batch's fork comes after this
+      // deal on the A2E stream, so its sort cannot overwrite the sorted pairs being dealt.
+      cudaStream_t ss = sort_.get();
+      kc::check_cuda(cudaEventRecord(sort_fork_.get(), s), "cudaEventRecord (split sort fork)");
+      kc::check_cuda(cudaStreamWaitEvent(ss, sort_fork_.get(), 0), "cudaStreamWaitEvent (split sort fork)");
+      kc::order_by_expert(ss, b.ids.data() + first, n, shape.experts, b.split_values.data(),
+                          b.split_sorted_keys.data(), b.split_sorted_values.data(), b.split_offsets.data(),
+                          b.split_sort_temp.data(), b.split_sort_temp.size());
+      kc::check_cuda(cudaEventRecord(sort_join_.get(), ss), "cudaEventRecord (split sort join)");
       split_->count(b.ids.data() + first, n, row(me).data(), s);
       a2e_->set_stream(s);
       collective::swap_rows_pairwise(*a2e_, me, ag_, row, a2e_tag);
       split_->run(b.split_counts.data(), b.split_take.data(), b.split_load.data(), b.split_outcome.data(),
                   split_->workspace_bytes() == 0 ? nullptr : b.split_work.data(), s);
-      kc::order_by_expert(s, b.ids.data() + first, n, shape.experts, b.split_values.data(), b.split_sorted_keys.data(),
-                          b.split_sorted_values.data(), b.split_offsets.data(), b.split_sort_temp.data(),
-                          b.split_sort_temp.size());
+      kc::check_cuda(cudaStreamWaitEvent(s, sort_join_.get(), 0), "cudaStreamWaitEvent (split sort join)");
       split_->deal_sorted(b.split_take.data(), eg_ + me, b.split_sorted_keys.data(), b.split_sorted_values.data(),
                           b.split_offsets.data(), n, b.dest.data() + first, s);
       kc::launch(detail_cuda::add_split_loads_kernel, 1, 32, 0, s, b.split_load.data(), eg_, b.split_outcome.data(),
@@ -1002,6 +1015,8 @@ private:
   detail_cuda::StreamPool pool_;  // plan events, then fork, A2E done, E2A done, joins
   detail_cuda::PlanCache plans_;
   std::optional<kernels::cuda::DeviceSplit> split_;  // AG rank with a per-micro-batch split
+  kernels::cuda::OwnedStream sort_;                  // ... the sort by expert beside its split
+  kernels::cuda::OwnedEvent sort_fork_, sort_join_;
   replication::CopyLists copies_;                    // the copy lists of the tables in use (EG indices)
   int held_bound_ = 0;                 // the most experts an EG index holds in the first plan
   int served_bound_ = 0;               // EG: the most this rank may serve (replans: held_bound_)
