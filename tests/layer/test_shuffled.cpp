@@ -3,6 +3,7 @@
 
 #include <mutex>
 
+#include "sanitized.hpp"
 #include "shuffled_cases.hpp"
 
 template <int N>
@@ -21,7 +22,8 @@ void shuffled_world() {
 TEST_CASE("shuffled reduce-scatter / all-gather pipeline equals the all-reduce pipeline", "[layer][shuffled]") {
   shuffled_world<2>();
   shuffled_world<4>();
-  shuffled_world<8>();
+  // Under ASan + UBSan (host tests at -O0) 8 ranks took most of this test's 25 s; 2 and 4 run there.
+  if (!moe::test::sanitized) shuffled_world<8>();
 }
 
 TEST_CASE("ShuffledLayer rejects bad arguments", "[layer][shuffled][errors]") {
