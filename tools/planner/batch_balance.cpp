@@ -177,7 +177,6 @@ std::vector<std::string> split_list(std::string const& s) {
   return out;
 }
 
-
 int run(int argc, char** argv) {
   int batches = 3;
   std::vector<std::string> models{"olmoe", "mixtral", "dsv3"};

@@ -430,7 +430,7 @@ struct PackedLabels {
     while ((1LL << arc_bits) < n_arcs) ++arc_bits;
     while ((1LL << hop_bits) <= G + 2) ++hop_bits;
     int dist_bits = 62 - arc_bits - hop_bits;  // distance + bias in [0, 2 bias] < 2^(dist_bits + 1)
-    if (dist_bits < 2 || A < 0) return;
+    if (dist_bits < 2) return;
     long long most = (1LL << dist_bits) / (G + 2);
     if (A + 1 >= most) return;
     bias = (G + 2) * (A + 1);
@@ -464,10 +464,13 @@ __device__ __forceinline__ bool least_cost_rounds(replication::split::Layout con
     bool above = false;
     for (int g = team.rank; g < G; g += team.size) {
       bool excess = W.load[g] > T;
-      W.dist[g] = W.ndist[g] = excess ? 0 : inf;
-      if (packed) key[g] = W.ndist[g] = excess ? P.pack(0, 0, 0) : none;
+      if (packed) {
+        key[g] = W.ndist[g] = excess ? P.pack(0, 0, 0) : none;  // dist is written after the rounds
+      } else {
+        W.dist[g] = W.ndist[g] = excess ? 0 : inf;
+        claim[g] = none;
+      }
       W.pred[g] = -1;
-      if (!packed) claim[g] = none;
       above |= excess;
     }
     for (int a = team.rank; a < n_arcs; a += team.size) W.cost[a] = split::arc_cost(L, W, a, A);
