@@ -18,6 +18,7 @@
 #   build        330   30  the `cuda` tests, the three bench_cuda_* programs and findep_fit_gpu,
 #                          on every core, in one build call
 #   test         150   20  ctest -L cuda: every CUDA kernel and the layers against the host reference
+#   split         60   20  bench_cuda_batch_split: the per-batch replica split kernel (DeepSeek-V3, EP32)
 #   kernels      150   30  bench_cuda_moe: grouped GEMM (portable and Hopper kernels), permute, packing
 #                          and combine, with the same run's baselines (device copy bandwidth, dense
 #                          cuBLAS GEMM, a loop of per-expert cuBLAS GEMMs)
@@ -26,7 +27,6 @@
 #                          grouped GEMM under real expert loads
 #   torch-layer  100   30  the same layer in PyTorch: an eager loop over experts, and torch._grouped_mm
 #   shuffle       60   15  bench_cuda_shuffle: s-TS predictor lookup, shuffle plan, row pack / unpack
-#   split         60   20  bench_cuda_batch_split: the per-batch replica split kernel (DeepSeek-V3, EP32)
 #   fit          200   45  findep_fit_gpu: the FinDEP performance models of this GPU
 #
 # Output (the results folder: $OUT when set, else <build>/results), rewritten after every step so
@@ -90,7 +90,7 @@ budget=${BUDGET:-540}
 min_time=${BENCH_MIN_TIME:-0.1}
 reserve=15   # seconds kept for the results file at the end
 
-steps=(configure build test kernels torch-gemm layer torch-layer shuffle split fit)
+steps=(configure build test split kernels torch-gemm layer torch-layer shuffle fit)
 declare -A cap=([configure]=90 [build]=330 [test]=150 [kernels]=150 [torch-gemm]=90 [layer]=120
                 [torch-layer]=100 [shuffle]=60 [split]=60 [fit]=200)
 declare -A need=([configure]=15 [build]=30 [test]=20 [kernels]=30 [torch-gemm]=30 [layer]=30
