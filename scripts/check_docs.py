@@ -11,6 +11,8 @@ measurements, which quote the tree of their date, and is left out). For each fil
   headers    moe/....hpp|.cuh and moe_tools/....hpp exist under include/ or tools/include/;
   paths      a path that starts with a top-level folder (include/, tools/, tests/, examples/,
              benchmarks/, scripts/, docs/, cmake/, python/) exists; <x>, * and {a,b} are globs;
+  short      a shorter path to a source (`kernels/batch_split.cuh`, `smpi/smpi_layer.cpp`: one or
+             more folders, then a .hpp, .cuh, .cpp, .cu or .cmake file) ends some file's path;
   files      a bare file name in code (`plan_options.hpp`, `DESIGN.md`) is a file of the repository;
   targets    moe::<name> that is not a C++ name is a CMake target the project defines;
   C++ names  moe::a::b::Name: every part is an identifier declared in the library's code
@@ -125,6 +127,9 @@ class Repo:
         prefix = rel.rstrip("/") + "/"
         return any(f.startswith(prefix) for f in self.files)
 
+    def ends_a_path(self, tail: str) -> bool:
+        return any(f == tail or f.endswith("/" + tail) for f in self.files)
+
     def glob_exists(self, pattern: str) -> bool:
         if not re.search(r"[*?\[]", pattern):
             return self.exists(pattern)
@@ -197,6 +202,15 @@ def check_file(repo: Repo, rel: str, problems: list):
                 if program in repo.programs and repo.exists(folder):
                     continue  # a program built from that folder (build/tools/planner/moe_plan)
                 say(f"path '{p}' does not exist")
+        for part in code_parts:
+            # shorter paths to sources: the tail of some file's path (engines' files are .py, not
+            # checked here)
+            for p in re.findall(r"(?<![\w/.~$<*{-])((?:[\w.-]+/)+[\w-]+\.(?:hpp|cuh|cpp|cu|cmake))\b(?![/\w])", part):
+                top = p.split("/")[0]
+                if top in TOP_FOLDERS + ("moe", "moe_tools") or top.startswith("build"):
+                    continue  # checked above as headers and paths; build folders hold no sources
+                if not repo.ends_a_path(p):
+                    say(f"no file's path ends in '{p}'")
         for part in [line]:
             # bare file names, in code and prose
             # (sources of this project, and upper-case Markdown names such as DESIGN.md; other .py and
