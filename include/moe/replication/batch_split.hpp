@@ -26,9 +26,9 @@
 //     copies' rank loads. This start has no negative cycle (each expert alone is optimal and the
 //     costs of two experts do not interact).
 //   - The max load T: from the lower bound max(max F, ceil(all pairs / ranks)), pairs of ranks above
-//     T move along residual arcs (breadth-first) to ranks below T; every rank below T that a
-//     search reaches takes its path, in rank order (fewer searches than one path each). When no
-//     rank below T can be reached, the reached ranks U hold every copy of every expert they serve, so any split loads
+//     T move along residual arcs (breadth-first) to ranks below T: every rank below T that a
+//     search reaches takes its path, in rank order. When no rank below T can be reached, the
+//     reached ranks U hold every copy of every expert they serve, so any split loads
 //     them with at least their present total: T rises to ceil(load(U) / |U|) (a Newton step of the
 //     parametric flow). This ends at the least feasible T, which no split can beat.
 //   - The tie-breaks: from the same start, successive shortest paths (Bellman-Ford on the rank
