@@ -76,6 +76,11 @@ def load_bench_parts(results, name):
     return data, "merged from " + "; ".join(states)
 
 
+def count(v):
+    """A tally (a whole number, stored as a float in Google Benchmark's JSON)."""
+    return "" if v is None else str(int(round(v)))
+
+
 def fmt(v):
     if v is None: return ""
     if isinstance(v, float):
@@ -275,6 +280,18 @@ def main():
         for b in stages:
             lines.append(f"| {' / '.join(b['name'].split('/')[1:3])} | "
                          + " | ".join(fmt(b.get(n + "_share")) for n in names) + f" | {fmt(b.get('all_cycles'))} |")
+        # the kernel's tallies of the same splits: what the rank-sized rounds cost each
+        if any("max_load_rounds" in b for b in stages):
+            lines += ["", "The rank-sized rounds of those splits (the kernel's tallies) and each stage's cycles over "
+                      "its rounds:", "",
+                      "| tokens / rounds | least max load: searches / rounds | cycles per round "
+                      "| tie-breaks: paths / rounds | cycles per round |", "|---|---:|---:|---:|---:|"]
+            for b in stages:
+                lines.append(f"| {' / '.join(b['name'].split('/')[1:3])} "
+                             f"| {count(b.get('max_load_searches'))} / {count(b.get('max_load_rounds'))} "
+                             f"| {fmt(b.get('max_load_cycles_per_round'))} "
+                             f"| {count(b.get('tie_break_paths'))} / {count(b.get('tie_break_rounds'))} "
+                             f"| {fmt(b.get('tie_break_cycles_per_round'))} |")
     with open(out, "w") as f:
         f.write("\n".join(lines) + "\n")
     print("wrote", out)

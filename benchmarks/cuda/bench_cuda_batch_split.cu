@@ -10,7 +10,9 @@
 // mean over 50 splits, in SM cycles and as a share of the whole). Each split three times in the same
 // run: the rank rounds on one warp (/warp) and on the whole block (/block), both with the packed
 // labels of the tie-breaks, and on one warp with the distances' rounds, then the tree's
-// (/warp_two_stage, the form the packed labels replaced: twice the tie-breaks' rounds).
+// (/warp_two_stage, the form the packed labels replaced: twice the tie-breaks' rounds). With them,
+// the kernel's tallies: the least max load's searches and rounds, the tie-breaks' paths and
+// rounds, and the cycles per round of those two stages.
 // scripts/gpu_bench.sh runs it as the step `split`.
 #include <benchmark/benchmark.h>
 
@@ -111,14 +113,14 @@ void BM_DeviceSplitStages(benchmark::State& state, int tokens, kc::DeviceSplit::
   auto s = moe::bench_split::make(tokens);
   moe::replication::BatchSplit host(s.copies, s.topo);
   kc::DeviceSplit dev(host.layout(), 0, rounds, paths);
-  constexpr int K = kc::DeviceSplit::stamps_size;
+  constexpr int K = kc::DeviceSplit::stamp_clocks, N = kc::DeviceSplit::stamps_size;
   kc::DeviceArray<std::int32_t> counts(s.counts.size()), take(dev.take_size());
-  kc::DeviceArray<long long> load(dev.load_size()), stamps(K);
+  kc::DeviceArray<long long> load(dev.load_size()), stamps(N);
   kc::DeviceArray<Outcome> outcome(1);
   kc::DeviceArray<unsigned char> work(dev.workspace_bytes() ? dev.workspace_bytes() : 1);
   counts.upload(s.counts.data(), s.counts.size());
   std::vector<double> sum(K, 0.0);
-  long long h[K];
+  long long h[N];
   constexpr int reps = 50;
   for (auto _ : state) {
     std::fill(sum.begin(), sum.end(), 0.0);
@@ -139,6 +141,11 @@ void BM_DeviceSplitStages(benchmark::State& state, int tokens, kc::DeviceSplit::
     state.counters[std::string(names[k]) + "_share"] = all > 0 ? sum[static_cast<std::size_t>(k)] / all : 0;
   }
   state.counters["all_cycles"] = all / reps;
+  // the rounds' tallies (the same in every split of the batch): per round, the cycles of its stage
+  static char const* tallies[] = {"max_load_searches", "max_load_rounds", "tie_break_paths", "tie_break_rounds"};
+  for (int k = K; k < N; ++k) state.counters[tallies[k - K]] = static_cast<double>(h[k]);
+  if (h[K + 1] > 0) state.counters["max_load_cycles_per_round"] = sum[5] / reps / static_cast<double>(h[K + 1]);
+  if (h[K + 3] > 0) state.counters["tie_break_cycles_per_round"] = sum[6] / reps / static_cast<double>(h[K + 3]);
   state.SetLabel("thread 0's clock64 per stage, mean of 50 splits");
 }
 

@@ -374,10 +374,11 @@ __device__ __forceinline__ void match_expert_warp(replication::split::Layout con
 /// 2e. The least max load from T (the lower bound), on the team: breadth-first rounds over the
 /// arcs from the ranks above T, a rank claimed by its lowest arc (as the host's arc loop claims it),
 /// then on member 0 the paths to every reached rank below T (split::max_load_paths), or a Newton
-/// step on T when none was reached. Returns the least max load; every member gets it.
+/// step on T when none was reached. Returns the least max load; every member gets it. `searches`,
+/// `rounds`: incremented per search and per breadth-first round (the profile's tallies).
 template <class Team>
 __device__ __forceinline__ long long least_max_rounds(replication::split::Layout const& L, replication::split::detail::Work& W,
-                                      int n_arcs, long long T, Team& team) {
+                                      int n_arcs, long long T, Team& team, int& searches, int& rounds) {
   namespace split = replication::split;
   constexpr long long none = 0x7fffffffffffffffLL;
   long long* claim = W.rem;
@@ -391,9 +392,11 @@ __device__ __forceinline__ long long least_max_rounds(replication::split::Layout
       above |= W.load[g] > T;
     }
     if (team.min(above ? 0 : 1) != 0) return T;
+    ++searches;
     int end = G;
     long long last = 0;
     for (long long round = 0;; ++round) {
+      ++rounds;
       for (int a = team.rank; a < n_arcs; a += team.size) {
         int h = L.rank[W.arc_d[a]];
         if (W.dist[h] < 0 && split::bfs_arc(L, W, a, round)) atomicMin(&claim[h], static_cast<long long>(a));
@@ -455,10 +458,11 @@ struct PackedLabels {
 /// two reductions, the augmentation on member 0. With `packed` and a batch whose labels fit in a
 /// word (PackedLabels), a round relaxes whole labels; otherwise the distances' rounds come first,
 /// then the tree's (breadth-first over the tight arcs, a rank claimed by its lowest arc): the same
-/// labels in about twice the rounds. Returns false on an internal fault.
+/// labels in about twice the rounds. Returns false on an internal fault. `paths`, `rounds`:
+/// incremented per shortest path and per round of either form (the profile's tallies).
 template <class Team>
 __device__ __forceinline__ bool least_cost_rounds(replication::split::Layout const& L, replication::split::detail::Work& W, int n_arcs,
-                                  long long T, long long A, bool packed, Team& team) {
+                                  long long T, long long A, bool packed, Team& team, int& paths, int& rounds) {
   namespace split = replication::split;
   constexpr long long none = 0x7fffffffffffffffLL, inf = split::detail::inf;
   long long* claim = W.rem;
@@ -481,9 +485,11 @@ __device__ __forceinline__ bool least_cost_rounds(replication::split::Layout con
     }
     for (int a = team.rank; a < n_arcs; a += team.size) W.cost[a] = split::arc_cost(L, W, a, A);
     if (team.min(above ? 0 : 1) != 0) return true;
+    ++paths;
     if (packed) {
       // the labels: dist, hop and pred together (ndist holds the next round's keys)
       for (int round = 0;; ++round) {
+        ++rounds;
         for (int a = team.rank; a < n_arcs; a += team.size) {
           long long k = W.cost[a], from = key[L.rank[W.arc_c[a]]];
           if (k != inf && from != none)
@@ -506,6 +512,7 @@ __device__ __forceinline__ bool least_cost_rounds(replication::split::Layout con
     } else {
       // the shortest distances
       for (int round = 0;; ++round) {
+        ++rounds;
         for (int a = team.rank; a < n_arcs; a += team.size) {
           long long r = split::relaxed(L, W, a);
           if (r != inf) atomicMin(&W.ndist[L.rank[W.arc_d[a]]], r);
@@ -521,6 +528,7 @@ __device__ __forceinline__ bool least_cost_rounds(replication::split::Layout con
       for (int g = team.rank; g < G; g += team.size) W.hop[g] = W.load[g] > T && W.dist[g] == 0 ? 0 : -1;
       team.sync();
       for (long long round = 0;; ++round) {
+        ++rounds;
         for (int a = team.rank; a < n_arcs; a += team.size) {
           int h = L.rank[W.arc_d[a]];
           if (W.hop[h] < 0 && split::tree_arc(L, W, a, round)) atomicMin(&claim[h], static_cast<long long>(a));
@@ -576,7 +584,8 @@ __global__ void __launch_bounds__(Threads, 1)
   auto& out = *reinterpret_cast<split::Outcome*>(out_raw);
   __shared__ unsigned long long local, same_server;
   int tid = static_cast<int>(threadIdx.x), n = static_cast<int>(blockDim.x);
-  // profiling (DeviceSplit::run's `stamps`): thread 0's clock64 at the start and after each stage
+  // profiling (DeviceSplit::run's `stamps`): thread 0's clock64 at the start and after each stage,
+  // then the rounds' tallies
   auto stamp = [&](int k) {
     if (stamps != nullptr && tid == 0) stamps[k] = clock64();
   };
@@ -677,15 +686,18 @@ __global__ void __launch_bounds__(Threads, 1)
   // 2e-f on the team; with a warp team, the other warps gather the sources meanwhile (stage 3: it
   // reads the counts and the list of experts with copies, and writes only its own rows)
   if (in_team) {
-    T = least_max_rounds(L, W, n_arcs, T, team);
+    int searches = 0, max_rounds = 0, paths = 0, path_rounds = 0;  // the profile's tallies
+    T = least_max_rounds(L, W, n_arcs, T, team, searches, max_rounds);
     stamp(5);
     // the tie-breaks from the same start
     for (int c = team.rank; c < L.slots; c += team.size) W.y[c] = W.y0[c];
     for (int g = team.rank; g < G; g += team.size) W.load[g] = W.load_s[g];
     T = split::tie_break_cap(L, T, total);
     team.sync();
-    bool ok = least_cost_rounds(L, W, n_arcs, T, total + 1, packed_paths != 0, team);
+    bool ok = least_cost_rounds(L, W, n_arcs, T, total + 1, packed_paths != 0, team, paths, path_rounds);
     stamp(6);
+    if (stamps != nullptr && tid == 0)
+      stamps[9] = searches, stamps[10] = max_rounds, stamps[11] = paths, stamps[12] = path_rounds;
     long long m = 0;
     for (int g = team.rank; g < G; g += team.size) m = split::detail::lmax(m, W.load[g]);
     m = -team.min(-m);
@@ -770,8 +782,8 @@ __global__ void __launch_bounds__(Threads)
 class DeviceSplit {
 public:
   static constexpr int threads = 256;
-  /// Entries of run()'s `stamps`.
-  static constexpr int stamps_size = 9;
+  /// Entries of run()'s `stamps`: `stamp_clocks` clock values, then four tallies.
+  static constexpr int stamp_clocks = 9, stamps_size = 13;
   /// Shared memory a block may use without an opt-in on every CUDA GPU.
   static constexpr std::size_t max_shared = 48 * 1024;
   /// Who runs the rank-sized rounds (the least max load and the tie-breaks): the block's first
@@ -881,9 +893,10 @@ public:
 
   /// Splits the batch whose counts (ranks x experts int32, device) are in `counts`: one kernel on
   /// `stream`, no synchronisation. `workspace`: workspace_bytes() bytes (may be null when 0).
-  /// `stamps` (profiling, normally null): device memory for `stamps_size` clock64 values of thread 0,
-  /// at the kernel's start and after each stage (counts, expert totals, lists, start, least max
-  /// load, tie-breaks, sources, matching).
+  /// `stamps` (profiling, normally null): device memory for `stamps_size` values: thread 0's
+  /// clock64 at the kernel's start and after each stage (counts, expert totals, lists, start, least
+  /// max load, tie-breaks, sources, matching: entries 0-8), then the rounds' tallies: the least max
+  /// load's searches and breadth-first rounds, the tie-breaks' shortest paths and rounds (9-12).
   void run(std::int32_t const* counts, std::int32_t* take, long long* load, replication::split::Outcome* outcome,
            void* workspace, cudaStream_t stream, long long* stamps = nullptr) const {
     bool shared = shared_bytes() > 0;
