@@ -373,8 +373,8 @@ __device__ __forceinline__ void match_expert_warp(replication::split::Layout con
 
 /// 2e. The least max load from T (the lower bound), on the team: breadth-first rounds over the
 /// arcs from the ranks above T, a rank claimed by its lowest arc (as the host's arc loop claims it),
-/// then on member 0 the paths to every reached rank below T (split::max_load_paths), or a Newton
-/// step on T when none was reached. Returns the least max load; every member gets it. `searches`,
+/// then split::max_load_step on member 0 (the paths to every reached rank below T, or a Newton
+/// step on T when none was reached). Returns the least max load; every member gets it. `searches`,
 /// `rounds`: incremented per search and per breadth-first round (the profile's tallies).
 template <class Team>
 __device__ __forceinline__ long long least_max_rounds(replication::split::Layout const& L, replication::split::detail::Work& W,
@@ -414,11 +414,7 @@ __device__ __forceinline__ long long least_max_rounds(replication::split::Layout
       if (r < G) end = static_cast<int>(r), last = round + 1;
       if (r != G) break;
     }
-    // every reached rank below T takes its path (split::max_load_paths), or T takes a Newton step
-    if (team.rank == 0) {
-      if (end == G) T = split::max_load_step(L, W, T, -1);
-      else split::max_load_paths(L, W, T, end, last);
-    }
+    if (team.rank == 0) T = split::max_load_step(L, W, T, end == G ? -1 : end, last);
     T = team.from0(T);
   }
 }

@@ -391,18 +391,10 @@ MOE_HOST_DEVICE inline bool bfs_arc(Layout const& L, detail::Work const& W, int 
   return W.dist[L.rank[c]] == round && W.y[c] > 0;
 }
 
-/// One step of the least max load after a breadth-first search (dist, pred) from the ranks above T:
-/// with `end` (a reached rank below T, or -1 when none was reached) moves what the path can carry
-/// from its origin to `end`; without, the reached ranks hold every copy of every expert they serve,
-/// so T rises to their mean (a Newton step). Returns the new T.
-MOE_HOST_DEVICE inline long long max_load_step(Layout const& L, detail::Work& W, long long T, int end) {
-  using namespace detail;
-  if (end < 0) {
-    long long sum = 0, n = 0;
-    for (int g = 0; g < L.ranks; ++g)
-      if (W.dist[g] >= 0) sum += W.load[g], ++n;
-    return lmax(T + 1, (sum + n - 1) / n);
-  }
+namespace detail {
+/// Moves what the search's path to `end` (a reached rank below T) can carry now from its origin to
+/// `end`: at most T - load[end], the origin's excess over T and every copy's take along the path.
+MOE_HOST_DEVICE inline void take_path(Layout const& L, Work& W, long long T, int end) {
   long long amount = T - W.load[end];
   int g = end;
   while (W.dist[g] > 0) {
@@ -411,7 +403,7 @@ MOE_HOST_DEVICE inline long long max_load_step(Layout const& L, detail::Work& W,
     g = L.rank[W.arc_c[a]];
   }
   amount = lmin(amount, W.load[g] - T);
-  if (amount <= 0) return T;  // an earlier path of the same search took what this one could carry
+  if (amount <= 0) return;  // an earlier path of the same search took what this one could carry
   g = end;
   while (W.dist[g] > 0) {
     int a = static_cast<int>(W.pred[g]);
@@ -419,19 +411,29 @@ MOE_HOST_DEVICE inline long long max_load_step(Layout const& L, detail::Work& W,
     g = L.rank[W.arc_c[a]];
   }
   W.load[end] += amount, W.load[g] -= amount;
-  return T;
 }
+}  // namespace detail
 
-/// After a breadth-first search whose round `last` first reached ranks below T (the lowest: `end`):
-/// each of them, in rank order, takes what its path can carry now (max_load_step). The paths share
-/// arcs and origins, so a later one may carry less than the search saw, or nothing; none passes
-/// through another's end (a search stops at the first round that reaches a rank below T). The least
-/// max load reached is the same as with one path per search, in fewer searches: 7 -> 4 at 64 tokens
-/// per rank on the benchmark's scenario (benchmarks/planners/batch_split_scenario.hpp), 4 -> 3 at
-/// 256.
-MOE_HOST_DEVICE inline void max_load_paths(Layout const& L, detail::Work& W, long long T, int end, long long last) {
+/// One step of the least max load after a breadth-first search (dist, pred) from the ranks above T.
+/// With `end` (the lowest reached rank below T, first reached in round `last`): each rank below T
+/// reached in that round, in rank order, takes what its path can carry now (detail::take_path). The
+/// paths share arcs and origins, so a later one may carry less than the search saw, or nothing;
+/// none passes through another's end (a search stops at the first round that reaches a rank below
+/// T). The least max load reached is the same as with one path per search, in fewer searches: 7 ->
+/// 4 at 64 tokens per rank on the benchmark's scenario (benchmarks/planners/batch_split_scenario.hpp),
+/// 4 -> 3 at 256. With end = -1 (none reached): the reached ranks hold every copy of every expert
+/// they serve, so T rises to their mean (a Newton step). Returns the new T.
+MOE_HOST_DEVICE inline long long max_load_step(Layout const& L, detail::Work& W, long long T, int end, long long last) {
+  using namespace detail;
+  if (end < 0) {
+    long long sum = 0, n = 0;
+    for (int g = 0; g < L.ranks; ++g)
+      if (W.dist[g] >= 0) sum += W.load[g], ++n;
+    return lmax(T + 1, (sum + n - 1) / n);
+  }
   for (int h = end; h < L.ranks; ++h)
-    if (W.dist[h] == last && W.load[h] < T) max_load_step(L, W, T, h);
+    if (W.dist[h] == last && W.load[h] < T) take_path(L, W, T, h);
+  return T;
 }
 
 /// The tie-breaks' arc costs for the present split: arc a's cost (move_cost), or `inf` when its copy
@@ -636,8 +638,7 @@ MOE_HOST_DEVICE inline long long least_max(Layout const& L, std::int32_t const* 
         if (W.dist[h] == round + 1 && W.load[h] < T) end = h, last = round + 1;
       if (!grew) break;
     }
-    if (end < 0) T = max_load_step(L, W, T, end);
-    else max_load_paths(L, W, T, end, last);
+    T = max_load_step(L, W, T, end, last);
   }
   return T;
 }
