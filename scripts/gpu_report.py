@@ -285,12 +285,12 @@ def main():
             lines += ["", "The rank-sized rounds of those splits (the kernel's tallies) and each stage's cycles over "
                       "its rounds:", "",
                       "| tokens / rounds | least max load: searches / rounds | cycles per round "
-                      "| tie-breaks: paths / rounds | cycles per round |", "|---|---:|---:|---:|---:|"]
+                      "| tie-breaks: searches / rounds | cycles per round |", "|---|---:|---:|---:|---:|"]
             for b in stages:
                 lines.append(f"| {' / '.join(b['name'].split('/')[1:3])} "
                              f"| {count(b.get('max_load_searches'))} / {count(b.get('max_load_rounds'))} "
                              f"| {fmt(b.get('max_load_cycles_per_round'))} "
-                             f"| {count(b.get('tie_break_paths'))} / {count(b.get('tie_break_rounds'))} "
+                             f"| {count(b.get('tie_break_searches'))} / {count(b.get('tie_break_rounds'))} "
                              f"| {fmt(b.get('tie_break_cycles_per_round'))} |")
     with open(out, "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -11,7 +11,7 @@
 // run: the rank rounds on one warp (/warp) and on the whole block (/block), both with the packed
 // labels of the tie-breaks, and on one warp with the distances' rounds, then the tree's
 // (/warp_two_stage, the form the packed labels replaced: twice the tie-breaks' rounds). With them,
-// the kernel's tallies: the least max load's searches and rounds, the tie-breaks' paths and
+// the kernel's tallies: the least max load's searches and rounds, the tie-breaks' searches and
 // rounds, and the cycles per round of those two stages.
 // scripts/gpu_bench.sh runs it as the step `split`.
 #include <benchmark/benchmark.h>
@@ -142,7 +142,7 @@ void BM_DeviceSplitStages(benchmark::State& state, int tokens, kc::DeviceSplit::
   }
   state.counters["all_cycles"] = all / reps;
   // the rounds' tallies (the same in every split of the batch): per round, the cycles of its stage
-  static char const* tallies[] = {"max_load_searches", "max_load_rounds", "tie_break_paths", "tie_break_rounds"};
+  static char const* tallies[] = {"max_load_searches", "max_load_rounds", "tie_break_searches", "tie_break_rounds"};
   for (int k = K; k < N; ++k) state.counters[tallies[k - K]] = static_cast<double>(h[k]);
   if (h[K + 1] > 0) state.counters["max_load_cycles_per_round"] = sum[5] / reps / static_cast<double>(h[K + 1]);
   if (h[K + 3] > 0) state.counters["tie_break_cycles_per_round"] = sum[6] / reps / static_cast<double>(h[K + 3]);

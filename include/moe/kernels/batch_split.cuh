@@ -13,10 +13,11 @@
 //     the waves from the copy lists once), each expert on a warp, a lane per copy;
 //   - the breadth-first rounds of the least max load (a rank is claimed by its lowest arc, as the
 //     host's arc loop claims it);
-//   - the tie-breaks (successive shortest paths on the rank graph): each path's Bellman-Ford rounds
-//     over the threads on whole labels (distance, arcs, last arc) packed in a 64-bit word, so that
-//     one atomicMin per arc finds the distances and the shortest-path tree together (a batch too
-//     large for the word takes the distances' rounds, then the tree's), its augmentation on thread
+//   - the tie-breaks (successive shortest paths on the rank graph): each search's Bellman-Ford
+//     rounds over the threads on whole labels (distance, arcs, last arc) packed in a 64-bit word, so
+//     that one atomicMin per arc finds the distances and the shortest-path tree together (a batch
+//     too large for the word takes the distances' rounds, then the tree's), its paths (every rank
+//     below T at the least distance whose path is still shortest: split::tie_break_step) on thread
 //     0; then the matching, each expert on a warp (a lane per copy, then 32 ranks at a time).
 // One expert per warp, not per thread: the lanes of a warp that take paths of different lengths
 // run one after the other, so 25 experts on the first 25 threads cost the sum of their paths.
@@ -450,15 +451,15 @@ struct PackedLabels {
 };
 
 /// 2f. The tie-breaks at max load T from the start, on the team (split::least_cost says what they
-/// compute): each shortest path's rounds from the last round's labels, the cheapest rank below T by
-/// two reductions, the augmentation on member 0. With `packed` and a batch whose labels fit in a
-/// word (PackedLabels), a round relaxes whole labels; otherwise the distances' rounds come first,
+/// compute): each search's rounds from the last round's labels, the cheapest rank below T by two
+/// reductions, its paths on member 0 (split::tie_break_step). With `packed` and a batch whose labels
+/// fit in a word (PackedLabels), a round relaxes whole labels; otherwise the distances' rounds first,
 /// then the tree's (breadth-first over the tight arcs, a rank claimed by its lowest arc): the same
-/// labels in about twice the rounds. Returns false on an internal fault. `paths`, `rounds`:
-/// incremented per shortest path and per round of either form (the profile's tallies).
+/// labels in about twice the rounds. Returns false on an internal fault. `searches`, `rounds`:
+/// incremented per shortest-path search and per round of either form (the profile's tallies).
 template <class Team>
 __device__ __forceinline__ bool least_cost_rounds(replication::split::Layout const& L, replication::split::detail::Work& W, int n_arcs,
-                                  long long T, long long A, bool packed, Team& team, int& paths, int& rounds) {
+                                  long long T, long long A, bool packed, Team& team, int& searches, int& rounds) {
   namespace split = replication::split;
   constexpr long long none = 0x7fffffffffffffffLL, inf = split::detail::inf;
   long long* claim = W.rem;
@@ -481,7 +482,7 @@ __device__ __forceinline__ bool least_cost_rounds(replication::split::Layout con
     }
     for (int a = team.rank; a < n_arcs; a += team.size) W.cost[a] = split::arc_cost(L, W, a, A);
     if (team.min(above ? 0 : 1) != 0) return true;
-    ++paths;
+    ++searches;
     if (packed) {
       // the labels: dist, hop and pred together (ndist holds the next round's keys)
       for (int round = 0;; ++round) {
@@ -546,7 +547,7 @@ __device__ __forceinline__ bool least_cost_rounds(replication::split::Layout con
     long long least = team.min(best);
     int end = static_cast<int>(team.min(best == least ? at : G));
     bool ok = true;
-    if (team.rank == 0) ok = end < G && W.hop[end] > 0 && split::augment(L, W, T, A, end);
+    if (team.rank == 0) ok = end < G && W.hop[end] > 0 && split::tie_break_step(L, W, T, A, end);
     if (team.from0(ok ? 1 : 0) == 0) return false;
   }
 }
@@ -682,7 +683,7 @@ __global__ void __launch_bounds__(Threads, 1)
   // 2e-f on the team; with a warp team, the other warps gather the sources meanwhile (stage 3: it
   // reads the counts and the list of experts with copies, and writes only its own rows)
   if (in_team) {
-    int searches = 0, max_rounds = 0, paths = 0, path_rounds = 0;  // the profile's tallies
+    int searches = 0, max_rounds = 0, tb_searches = 0, tb_rounds = 0;  // the profile's tallies
     T = least_max_rounds(L, W, n_arcs, T, team, searches, max_rounds);
     stamp(5);
     // the tie-breaks from the same start
@@ -690,10 +691,10 @@ __global__ void __launch_bounds__(Threads, 1)
     for (int g = team.rank; g < G; g += team.size) W.load[g] = W.load_s[g];
     T = split::tie_break_cap(L, T, total);
     team.sync();
-    bool ok = least_cost_rounds(L, W, n_arcs, T, total + 1, packed_paths != 0, team, paths, path_rounds);
+    bool ok = least_cost_rounds(L, W, n_arcs, T, total + 1, packed_paths != 0, team, tb_searches, tb_rounds);
     stamp(6);
     if (stamps != nullptr && tid == 0)
-      stamps[9] = searches, stamps[10] = max_rounds, stamps[11] = paths, stamps[12] = path_rounds;
+      stamps[9] = searches, stamps[10] = max_rounds, stamps[11] = tb_searches, stamps[12] = tb_rounds;
     long long m = 0;
     for (int g = team.rank; g < G; g += team.size) m = split::detail::lmax(m, W.load[g]);
     m = -team.min(-m);
@@ -892,7 +893,7 @@ public:
   /// `stamps` (profiling, normally null): device memory for `stamps_size` values: thread 0's
   /// clock64 at the kernel's start and after each stage (counts, expert totals, lists, start, least
   /// max load, tie-breaks, sources, matching: entries 0-8), then the rounds' tallies: the least max
-  /// load's searches and breadth-first rounds, the tie-breaks' shortest paths and rounds (9-12).
+  /// load's searches and breadth-first rounds, the tie-breaks' searches and rounds (9-12).
   void run(std::int32_t const* counts, std::int32_t* take, long long* load, replication::split::Outcome* outcome,
            void* workspace, cudaStream_t stream, long long* stamps = nullptr) const {
     bool shared = shared_bytes() > 0;

@@ -36,7 +36,8 @@
 //     the fewest arcs, and of those the one whose last arc is lowest: each rank's label is the
 //     least (distance, arcs, last arc), which does not depend on the order of the relaxations) move
 //     each rank's excess over T at least cost, so the result is the least-cost split among those
-//     with max load T.
+//     with max load T. A search serves every rank below T at its least distance whose path is
+//     still a shortest one once the paths before it have moved their pairs (tie_break_step).
 // Every step is integer and visits ranks, experts and slots in index order, so every rank computes
 // the same split from the same counts, and the device equals the host bit for bit.
 //
@@ -507,9 +508,10 @@ MOE_HOST_DEVICE inline long long repeat_more(Layout const& L, detail::Work const
 /// Moves the excess of the path that ends at rank `end` (pred, tree arcs back to an excess rank)
 /// along it: at most what `end` lacks and its origin has over T, what each move can take before its
 /// cost changes; when the path moves an expert twice (the costs of the two moves would interact),
-/// the pairs that one-pair paths would move along it before anything changes (repeat_more).
-/// Returns false on an internal fault (a path longer than the ranks).
-MOE_HOST_DEVICE inline bool augment(Layout const& L, detail::Work& W, long long T, long long A, int end) {
+/// the pairs that one-pair paths would move along it before anything changes (repeat_more), and
+/// `*repeated` (when given) is set. Returns false on an internal fault (a path longer than the ranks).
+MOE_HOST_DEVICE inline bool augment(Layout const& L, detail::Work& W, long long T, long long A, int end,
+                                    bool* repeated = nullptr) {
   using namespace detail;
   int G = L.ranks, len = 0, g = end;
   while (W.pred[g] >= 0 && len <= G) {
@@ -528,19 +530,66 @@ MOE_HOST_DEVICE inline bool augment(Layout const& L, detail::Work& W, long long 
     for (int j = 0; j < i; ++j) repeat |= W.sexp[W.arc_c[W.path[j]]] == W.sexp[c];
   }
   if (repeat) amount = 1 + repeat_more(L, W, T, end, origin, len);
+  if (repeated != nullptr) *repeated = repeat;
   for (int i = 0; i < len; ++i) W.y[W.arc_c[W.path[i]]] -= amount, W.y[W.arc_d[W.path[i]]] += amount;
   W.load[end] += amount, W.load[origin] -= amount;
   return true;
 }
 
+/// Whether the search's tree path to rank h (pred) is, at the present split, still a shortest path
+/// from a rank above T to a rank below T, whose least distance the search found to be D: its origin
+/// is still above T, it moves no expert twice, and its arcs' present costs add up to D.
+MOE_HOST_DEVICE inline bool still_shortest(Layout const& L, detail::Work& W, long long T, long long A, int h,
+                                           long long D) {
+  using namespace detail;
+  long long sum = 0;
+  int g = h, len = 0;
+  while (W.pred[g] >= 0 && len < L.ranks) {
+    int a = static_cast<int>(W.pred[g]);
+    long long k = arc_cost(L, W, a, A);
+    if (k == inf) return false;
+    sum += k;
+    W.path[len++] = a;
+    g = L.rank[W.arc_c[a]];
+  }
+  if (len == 0 || W.pred[g] >= 0 || W.load[g] <= T || sum != D) return false;
+  for (int i = 1; i < len; ++i)
+    for (int j = 0; j < i; ++j)
+      if (W.sexp[W.arc_c[W.path[j]]] == W.sexp[W.arc_c[W.path[i]]]) return false;
+  return true;
+}
+
+/// One step of the tie-breaks after a shortest-path search (dist, pred: the labels of least_cost)
+/// whose cheapest rank below T is `end`, at distance D: the path to `end`, then, in rank order, the
+/// path to every other rank below T at distance D that is still a shortest path (still_shortest)
+/// after the paths before it moved their pairs. Why those are shortest paths of the present split:
+/// the search's distances stay a lower bound on the cost of every path from a rank above T. The
+/// split's cost is separable and convex over a graph of experts, (expert, server) pairs, copies and
+/// ranks, whose paths between ranks are the rank graph's arcs; each move stops where an arc's cost
+/// would change (move_cost's room), so it leaves no arc cheaper than its distances allow (the
+/// reverse of a move costs what the move saved, and the move's own cost can only rise). A path
+/// from a rank above T whose present cost is D then reaches a rank below T at the least cost any
+/// path can, and moving pairs along it is the step successive shortest paths would take next. The
+/// steps stop at a path that moves an expert twice (its one-pair moves interact), which leaves the
+/// rest to the next search. Returns false on an internal fault.
+MOE_HOST_DEVICE inline bool tie_break_step(Layout const& L, detail::Work& W, long long T, long long A, int end) {
+  long long const D = W.dist[end];
+  bool repeated = false;
+  if (!augment(L, W, T, A, end, &repeated)) return false;
+  for (int h = end + 1; h < L.ranks && !repeated; ++h)
+    if (W.load[h] < T && W.dist[h] == D && still_shortest(L, W, T, A, h, D) && !augment(L, W, T, A, h, &repeated))
+      return false;
+  return true;
+}
+
 /// 2d (one thread), from the start with max load at least T: the least-cost split at T (the
-/// tie-breaks) by successive shortest paths; see the file comment. Each path: every rank's label, the
-/// least (distance, arcs, last arc) over the paths to it from the excess ranks (Bellman-Ford on
+/// tie-breaks) by successive shortest paths; see the file comment. Each search: every rank's label,
+/// the least (distance, arcs, last arc) over the paths to it from the excess ranks (Bellman-Ford on
 /// those triples, compared in that order: dist, hop, pred), then the path to the cheapest rank below
-/// T (the lowest such rank on a tie). The least labels do not depend on the order of the
-/// relaxations, so one thread relaxes in place (fewer rounds) and a CUDA block from the last round's
-/// labels. Returns false on an internal fault (a negative cycle or no way out, impossible from a
-/// feasible T).
+/// T (the lowest such rank on a tie) and to the others at that distance that are still shortest
+/// (tie_break_step). The least labels do not depend on the order of the relaxations, so one thread
+/// relaxes in place (fewer rounds) and a CUDA block from the last round's labels. Returns false on
+/// an internal fault (a negative cycle or no way out, impossible from a feasible T).
 MOE_HOST_DEVICE inline bool least_cost(Layout const& L, detail::Work& W, long long T, long long A) {
   using namespace detail;
   W.n_arcs = static_cast<int>(W.hdr[kArcs]);
@@ -572,7 +621,7 @@ MOE_HOST_DEVICE inline bool least_cost(Layout const& L, detail::Work& W, long lo
     int end = -1;
     for (int h = 0; h < G; ++h)
       if (W.load[h] < T && W.dist[h] != inf && (end < 0 || W.dist[h] < W.dist[end])) end = h;
-    if (end < 0 || W.hop[end] <= 0 || !augment(L, W, T, A, end)) return false;
+    if (end < 0 || W.hop[end] <= 0 || !tie_break_step(L, W, T, A, end)) return false;
   }
 }
 
