@@ -104,6 +104,9 @@ def tests_state(results, gpu_run):
 
 
 def main():
+    if len(sys.argv) != 3 or sys.argv[1] in ("-h", "--help"):
+        print("usage: python3 scripts/gpu_report.py RESULTS_DIR OUT.md", file=sys.stderr)
+        sys.exit(0 if len(sys.argv) == 2 and sys.argv[1] in ("-h", "--help") else 2)
     results, out = sys.argv[1:3]
     run = {}
     for line in read_text(os.path.join(results, "run.txt")).splitlines():
