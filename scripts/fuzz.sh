@@ -15,7 +15,7 @@ MOE_DEBIAN_PACKAGES=(clang libclang-rt-dev nlohmann-json3-dev libyaml-cpp-dev li
 moe_install_missing_packages
 
 targets=(load_profile olmoe_counts topology plan route_counts token_table sequence_table perf_models cli_numbers
-         engine_plan torch_pickle safetensors plan_cli)
+         engine_plan torch_pickle safetensors plan_cli batch_split)
 mode=(-max_total_time="${MOE_FUZZ_SECONDS:-10}")
 while [ $# -gt 0 ]; do
   case "$1" in

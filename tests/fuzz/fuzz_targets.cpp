@@ -21,6 +21,7 @@
 #include "moe/plan/plan_io.hpp"
 #include "moe/profile/load_profile.hpp"
 #include "moe/profile/route_profile.hpp"
+#include "moe/replication/batch_split.hpp"
 #include "moe/interop/torch_file.hpp"
 #include "moe/schedule/perf_model.hpp"
 #include "moe/speculative/table_io.hpp"
@@ -34,9 +35,114 @@ namespace {
 
 constexpr std::string_view kTargets[] = {"load_profile", "olmoe_counts", "topology",   "plan",       "route_counts",
                                          "token_table",  "sequence_table", "perf_models", "cli_numbers", "engine_plan",
-                                         "torch_pickle", "safetensors",  "plan_cli"};
+                                         "torch_pickle", "safetensors",  "plan_cli",   "batch_split"};
 std::string_view target;  // MOE_FUZZ_TARGET, checked against kTargets once (LLVMFuzzerInitialize)
 #define MOE_FUZZ_IS(name) (target == #name)
+
+/// The per-batch replica split (replication::BatchSplit) on a layout and counts read from the bytes:
+/// servers, ranks per server, experts, slack, count width (1-4 bytes; 4: any int32, negative ones
+/// included); per expert its number of copies and their ranks; then the counts, ranks x experts,
+/// little-endian (missing bytes are 0). A layout the constructor refuses ends the input. Findings:
+/// any error from plan_batch but a negative count's, a negative count accepted, and a split that
+/// loses or invents pairs, reports loads or sums it does not have, differs from a fresh solve of
+/// the same counts, falls below the lower bound, or (without slack) exceeds the fixed rule's max
+/// load or least_max_load(); with small counts also a deal that does not follow the split.
+void fuzz_batch_split(std::string const& text) {
+  using std::size_t;
+  size_t at = 0;
+  auto byte = [&]() -> unsigned { return at < text.size() ? static_cast<unsigned char>(text[at++]) : 0u; };
+  int const S = 1 + static_cast<int>(byte() % 4), per = 1 + static_cast<int>(byte() % 8), G = S * per;
+  int const E = 1 + static_cast<int>(byte() % 40);
+  unsigned const sl = byte();
+  int const slack = sl < 192 ? 0 : static_cast<int>(sl - 191) * 20;
+  int const width = 1 + static_cast<int>(byte() % 4);
+  std::vector<std::vector<int>> copies(static_cast<size_t>(E));
+  for (auto& list : copies) {
+    int k = 1 + static_cast<int>(byte() % static_cast<unsigned>(std::min(G, 8)));
+    for (int j = 0; j < k; ++j) list.push_back(static_cast<int>(byte() % static_cast<unsigned>(G)));
+  }
+  std::vector<int> server(static_cast<size_t>(G));
+  for (int g = 0; g < G; ++g) server[static_cast<size_t>(g)] = g / per;
+  std::vector<std::int32_t> counts(static_cast<size_t>(G) * static_cast<size_t>(E));
+  bool negative = false;
+  for (auto& n : counts) {
+    std::uint32_t v = 0;
+    for (int b = 0; b < width; ++b) v |= static_cast<std::uint32_t>(byte()) << (8 * b);
+    n = static_cast<std::int32_t>(v);
+    negative |= n < 0;
+  }
+  moe::replication::BatchSplit split;
+  try {
+    split = moe::replication::BatchSplit(copies, server, slack);
+  } catch (moe::Error const&) {
+    return;  // a duplicated copy: refused by name
+  }
+  moe::replication::split::Outcome out;
+  try {
+    out = split.plan_batch(counts);
+  } catch (moe::Error const&) {
+    if (!negative) __builtin_trap();  // an internal fault
+    return;
+  }
+  if (negative) __builtin_trap();
+  auto const& lists = split.copy_lists();
+  auto const slots = static_cast<size_t>(lists.first.back());
+  auto first = [&](int e) { return lists.first[static_cast<size_t>(e)]; };
+  auto rank_of = [&](int c) { return lists.ranks[static_cast<size_t>(c)]; };
+  auto count = [&](int r, int e) -> long long { return counts[static_cast<size_t>(r) * static_cast<size_t>(E) + static_cast<size_t>(e)]; };
+  // pairs of (source r, copy c of e) in a split: all of them for a single copy, else the take
+  auto taken = [&](moe::replication::BatchSplit const& x, int r, int e, int c) -> long long {
+    return first(e + 1) - first(e) == 1 ? count(r, e) : x.take()[static_cast<size_t>(r) * slots + static_cast<size_t>(c)];
+  };
+  // what the split says, recounted from its takes; beside it the fixed rule (Table::choose) with
+  // the m-th pair as token m: a copy on the source takes all, else copy j the m with (r + m) % k == j
+  std::vector<long long> recv(static_cast<size_t>(G), 0), fixed(static_cast<size_t>(G), 0);
+  long long local = 0, same = 0, total = 0;
+  for (int r = 0; r < G; ++r)
+    for (int e = 0; e < E; ++e) {
+      long long n = count(r, e), given = 0, k = first(e + 1) - first(e);
+      bool own = false;
+      for (int c = first(e); c < first(e + 1); ++c) own |= rank_of(c) == r;
+      for (int c = first(e); c < first(e + 1); ++c) {
+        int g = rank_of(c);
+        long long t = taken(split, r, e, c), j = c - first(e);
+        if (t < 0) __builtin_trap();
+        given += t;
+        recv[static_cast<size_t>(g)] += t;
+        local += g == r ? t : 0;
+        same += server[static_cast<size_t>(g)] == server[static_cast<size_t>(r)] ? t : 0;
+        fixed[static_cast<size_t>(g)] += own ? (g == r ? n : 0) : n / k + (((j - r) % k + k) % k < n % k ? 1 : 0);
+      }
+      total += n;
+      if (given != n) __builtin_trap();
+    }
+  long long mx = *std::max_element(recv.begin(), recv.end()), least = split.least_max_load(counts);
+  if (recv != split.load() || mx != out.max_load || local != out.local || same != out.same_server) __builtin_trap();
+  if (mx < (total + G - 1) / G || mx < least) __builtin_trap();
+  if (slack == 0 && (mx != least || mx > *std::max_element(fixed.begin(), fixed.end()))) __builtin_trap();
+  // the same split from a fresh workspace
+  moe::replication::BatchSplit fresh(copies, server, slack);
+  (void)fresh.plan_batch(counts);
+  for (int r = 0; r < G; ++r)
+    for (int e = 0; e < E; ++e)
+      for (int c = first(e); c < first(e + 1); ++c)
+        if (taken(fresh, r, e, c) != taken(split, r, e, c)) __builtin_trap();
+  // with small counts: each rank's deal (its pairs, expert by expert) gives each copy its take
+  if (total > 20000) return;
+  for (int r = 0; r < G; ++r) {
+    std::vector<int> experts;
+    for (int e = 0; e < E; ++e) experts.insert(experts.end(), static_cast<size_t>(count(r, e)), e);
+    std::vector<int> to(experts.size());
+    split.deal(r, experts, to);
+    std::vector<long long> got(static_cast<size_t>(G) * static_cast<size_t>(E), 0);
+    for (size_t i = 0; i < experts.size(); ++i)
+      ++got[static_cast<size_t>(to[i]) * static_cast<size_t>(E) + static_cast<size_t>(experts[i])];
+    for (int e = 0; e < E; ++e)
+      for (int c = first(e); c < first(e + 1); ++c)
+        if (got[static_cast<size_t>(rank_of(c)) * static_cast<size_t>(E) + static_cast<size_t>(e)] != taken(split, r, e, c))
+          __builtin_trap();
+  }
+}
 
 void run(std::string const& text) {
   std::istringstream in(text);
@@ -109,6 +215,8 @@ void run(std::string const& text) {
       } catch (moe::Error const&) {
       }
     }
+  } else if (MOE_FUZZ_IS(batch_split)) {
+    fuzz_batch_split(text);
   } else if (MOE_FUZZ_IS(plan_cli)) {
     // moe_plan's argv: the input cut at every space and newline (empty words kept, so an empty
     // value is reachable). What the parser accepts must be inside the documented ranges.

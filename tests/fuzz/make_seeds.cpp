@@ -30,7 +30,8 @@ int main(int argc, char** argv) {
   }
   fs::path out = argv[1], data = argv[2];
   for (char const* t : {"load_profile", "olmoe_counts", "topology", "plan", "route_counts", "token_table",
-                        "sequence_table", "perf_models", "cli_numbers", "engine_plan", "torch_pickle", "safetensors", "plan_cli"})
+                        "sequence_table", "perf_models", "cli_numbers", "engine_plan", "torch_pickle", "safetensors", "plan_cli",
+                        "batch_split"})
     fs::create_directories(out / t);
   {
     profile::LoadProfile p(2, 2, 4);
@@ -137,5 +138,34 @@ int main(int argc, char** argv) {
   for (char const* line : command_lines)
     std::ofstream(out / "plan_cli" / ("line" + std::to_string(n++) + ".txt")) << line;
   std::ofstream(out / "cli_numbers" / "small.txt") << "int 1 2147483647 200\ndouble 0 1 0.5\nint 0 9 12abc\n";
+  {
+    // batch_split (see fuzz_targets.cpp for the layout of the bytes): 2 servers of 4 ranks, 8
+    // experts of 1-3 copies, counts from a fixed linear congruential sequence: one-byte counts, the
+    // same with a slack, and four-byte counts up to 2^24.
+    struct Seed {
+      char const* name;
+      unsigned char slack, width;
+      unsigned mask;
+    };
+    for (Seed const& seed : {Seed{"small.bin", 0, 0, 0x3f}, Seed{"slack.bin", 230, 0, 0x3f},
+                             Seed{"large.bin", 0, 3, 0xffffff}}) {
+      std::string bytes = {1, 3, 7, static_cast<char>(seed.slack), static_cast<char>(seed.width)};
+      unsigned x = 12345;
+      auto next = [&x] {
+        x = x * 1103515245u + 12345u;
+        return x >> 8;
+      };
+      for (int e = 0; e < 8; ++e) {
+        int k = 1 + e % 3;
+        bytes += static_cast<char>(k - 1);
+        for (int j = 0; j < k; ++j) bytes += static_cast<char>((e + 3 * j) % 8);
+      }
+      for (int i = 0; i < 64; ++i) {
+        unsigned v = next() & seed.mask;
+        for (int b = 0; b <= seed.width; ++b) bytes += static_cast<char>(v >> (8 * b));
+      }
+      std::ofstream(out / "batch_split" / seed.name, std::ios::binary) << bytes;
+    }
+  }
   return 0;
 }
