@@ -374,8 +374,8 @@ __device__ __forceinline__ void match_expert_warp(replication::split::Layout con
 
 /// 2e. The least max load from T (the lower bound), on the team: breadth-first rounds over the
 /// arcs from the ranks above T, a rank claimed by its lowest arc (as the host's arc loop claims it),
-/// then split::max_load_step on member 0 (the paths to every reached rank below T, or a Newton
-/// step on T when none was reached). Returns the least max load; every member gets it. `searches`,
+/// then split::max_load_step on member 0 (the paths to every reached rank below T and through the
+/// side arcs the team marked, or a Newton step on T when none was reached). Returns the least max load; every member gets it. `searches`,
 /// `rounds`: incremented per search and per breadth-first round (the profile's tallies).
 template <class Team>
 __device__ __forceinline__ long long least_max_rounds(replication::split::Layout const& L, replication::split::detail::Work& W,
@@ -415,7 +415,12 @@ __device__ __forceinline__ long long least_max_rounds(replication::split::Layout
       if (r < G) end = static_cast<int>(r), last = round + 1;
       if (r != G) break;
     }
-    if (team.rank == 0) T = split::max_load_step(L, W, T, end == G ? -1 : end, last);
+    // the side arcs of the search, marked by the team (the tie-breaks' costs are free until then)
+    if (end < G) {
+      for (int a = team.rank; a < n_arcs; a += team.size) W.cost[a] = split::side_arc(L, W, a, last) ? 1 : 0;
+      team.sync();
+    }
+    if (team.rank == 0) T = split::max_load_step(L, W, T, end == G ? -1 : end, last, n_arcs, W.cost);
     T = team.from0(T);
   }
 }

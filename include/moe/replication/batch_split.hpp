@@ -392,12 +392,24 @@ MOE_HOST_DEVICE inline bool bfs_arc(Layout const& L, detail::Work const& W, int 
   return W.dist[L.rank[c]] == round && W.y[c] > 0;
 }
 
+/// Whether arc a can carry one more path of a breadth-first search that first reached a rank below
+/// T in round `last`: its head was first reached in that round, its tail in the round before, and
+/// it is not the head's tree arc (pred). Whether the path can carry anything is take_path's matter.
+MOE_HOST_DEVICE inline bool side_arc(Layout const& L, detail::Work const& W, int a, long long last) {
+  int h = L.rank[W.arc_d[a]];
+  return W.dist[h] == last && W.pred[h] != a && W.dist[L.rank[W.arc_c[a]]] == last - 1;
+}
+
 namespace detail {
 /// Moves what the search's path to `end` (a reached rank below T) can carry now from its origin to
 /// `end`: at most T - load[end], the origin's excess over T and every copy's take along the path.
-MOE_HOST_DEVICE inline void take_path(Layout const& L, Work& W, long long T, int end) {
+/// The path is the tree path (pred) to `end`, or with an arc `via` into `end`, the tree path to
+/// its tail and then `via`.
+MOE_HOST_DEVICE inline void take_path(Layout const& L, Work& W, long long T, int end, int via = -1) {
   long long amount = T - W.load[end];
-  int g = end;
+  int const first = via >= 0 ? L.rank[W.arc_c[via]] : end;
+  if (via >= 0) amount = lmin(amount, W.y[W.arc_c[via]]);
+  int g = first;
   while (W.dist[g] > 0) {
     int a = static_cast<int>(W.pred[g]);
     amount = lmin(amount, W.y[W.arc_c[a]]);
@@ -405,7 +417,8 @@ MOE_HOST_DEVICE inline void take_path(Layout const& L, Work& W, long long T, int
   }
   amount = lmin(amount, W.load[g] - T);
   if (amount <= 0) return;  // an earlier path of the same search took what this one could carry
-  g = end;
+  if (via >= 0) W.y[W.arc_c[via]] -= amount, W.y[W.arc_d[via]] += amount;
+  g = first;
   while (W.dist[g] > 0) {
     int a = static_cast<int>(W.pred[g]);
     W.y[W.arc_c[a]] -= amount, W.y[W.arc_d[a]] += amount;
@@ -417,14 +430,20 @@ MOE_HOST_DEVICE inline void take_path(Layout const& L, Work& W, long long T, int
 
 /// One step of the least max load after a breadth-first search (dist, pred) from the ranks above T.
 /// With `end` (the lowest reached rank below T, first reached in round `last`): each rank below T
-/// reached in that round, in rank order, takes what its path can carry now (detail::take_path). The
-/// paths share arcs and origins, so a later one may carry less than the search saw, or nothing;
-/// none passes through another's end (a search stops at the first round that reaches a rank below
-/// T). The least max load reached is the same as with one path per search, in fewer searches: 7 ->
-/// 4 at 64 tokens per rank on the benchmark's scenario (benchmarks/planners/batch_split_scenario.hpp),
-/// 4 -> 3 at 256. With end = -1 (none reached): the reached ranks hold every copy of every expert
-/// they serve, so T rises to their mean (a Newton step). Returns the new T.
-MOE_HOST_DEVICE inline long long max_load_step(Layout const& L, detail::Work& W, long long T, int end, long long last) {
+/// reached in that round, in rank order, takes what its tree path can carry now
+/// (detail::take_path); then, in arc order, each side arc (side_arc: into such a rank from the
+/// round before, not its tree arc) takes what the tree path to its tail and the arc carry now, so
+/// that one search can bring a rank below T the excess of several origins. `side`, when given,
+/// holds side_arc's answer per arc (a CUDA team computes it in parallel); else it is asked here.
+/// The paths share arcs and origins, so a later one may carry less than the search saw, or
+/// nothing; none passes through another's end (a search stops at the first round that reaches a
+/// rank below T). The least max load reached is the same as with one path per search, in fewer
+/// searches: 7 -> 3 at 64 tokens per rank on the benchmark's scenario
+/// (benchmarks/planners/batch_split_scenario.hpp), 4 -> 2 at 256, 2 -> 1 at 4096. With end = -1
+/// (none reached): the reached ranks hold every copy of every expert they serve, so T rises to
+/// their mean (a Newton step). `n_arcs`: the arcs of the batch. Returns the new T.
+MOE_HOST_DEVICE inline long long max_load_step(Layout const& L, detail::Work& W, long long T, int end, long long last,
+                                               int n_arcs, long long const* side = nullptr) {
   using namespace detail;
   if (end < 0) {
     long long sum = 0, n = 0;
@@ -434,6 +453,11 @@ MOE_HOST_DEVICE inline long long max_load_step(Layout const& L, detail::Work& W,
   }
   for (int h = end; h < L.ranks; ++h)
     if (W.dist[h] == last && W.load[h] < T) take_path(L, W, T, h);
+  for (int a = 0; a < n_arcs; ++a) {
+    if (side != nullptr ? side[a] == 0 : !side_arc(L, W, a, last)) continue;
+    int h = L.rank[W.arc_d[a]];
+    if (W.load[h] < T) take_path(L, W, T, h, a);
+  }
   return T;
 }
 
@@ -687,7 +711,7 @@ MOE_HOST_DEVICE inline long long least_max(Layout const& L, std::int32_t const* 
         if (W.dist[h] == round + 1 && W.load[h] < T) end = h, last = round + 1;
       if (!grew) break;
     }
-    T = max_load_step(L, W, T, end, last);
+    T = max_load_step(L, W, T, end, last, W.n_arcs);
   }
   return T;
 }
