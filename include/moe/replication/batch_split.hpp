@@ -27,10 +27,10 @@
 //     costs of two experts do not interact).
 //   - The max load T: from the lower bound max(max F, ceil(all pairs / ranks)), pairs of ranks above
 //     T move along residual arcs (breadth-first) to ranks below T: every rank below T that a
-//     search reaches takes its path, in rank order. When no rank below T can be reached, the
-//     reached ranks U hold every copy of every expert they serve, so any split loads
-//     them with at least their present total: T rises to ceil(load(U) / |U|) (a Newton step of the
-//     parametric flow). This ends at the least feasible T, which no split can beat.
+//     search reaches takes its tree path, then each side arc into such a rank one more path
+//     (max_load_step). When none can be reached, the reached ranks U hold every copy of every
+//     expert they serve, so any split loads them with at least their present total: T rises to
+//     ceil(load(U) / |U|) (a Newton step of the parametric flow). It ends at the least feasible T.
 //   - The tie-breaks: from the same start, successive shortest paths (Bellman-Ford on the rank
 //     graph, all ranks above T as sources; the path to a rank is, among its shortest ones, one with
 //     the fewest arcs, and of those the one whose last arc is lowest: each rank's label is the
