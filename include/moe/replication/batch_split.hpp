@@ -529,58 +529,76 @@ MOE_HOST_DEVICE inline long long repeat_more(Layout const& L, detail::Work const
   return lmax(more, 0);
 }
 
-/// Moves the excess of the path that ends at rank `end` (pred, tree arcs back to an excess rank)
-/// along it: at most what `end` lacks and its origin has over T, what each move can take before its
+namespace detail {
+
+/// Whether the path in W.path[0, len) moves an expert twice (two of its arcs leave copies of one
+/// expert): the costs of those two moves interact (augment_path, still_shortest).
+MOE_HOST_DEVICE inline bool path_repeats(Work const& W, int len) {
+  for (int i = 1; i < len; ++i)
+    for (int j = 0; j < i; ++j)
+      if (W.sexp[W.arc_c[W.path[j]]] == W.sexp[W.arc_c[W.path[i]]]) return true;
+  return false;
+}
+
+}  // namespace detail
+
+/// Moves the excess of the path in W.path[0, len) (arcs from rank `end` back to rank `origin`)
+/// along it: at most what `end` lacks and `origin` has over T, what each move can take before its
 /// cost changes; when the path moves an expert twice (the costs of the two moves would interact),
-/// the pairs that one-pair paths would move along it before anything changes (repeat_more), and
-/// `*repeated` (when given) is set. Returns false on an internal fault (a path longer than the ranks).
+/// the pairs that one-pair paths would move along it before anything changes (repeat_more).
+/// Returns whether the path moves an expert twice.
+MOE_HOST_DEVICE inline bool augment_path(Layout const& L, detail::Work& W, long long T, long long A, int end,
+                                         int origin, int len) {
+  using namespace detail;
+  long long amount = lmin(T - W.load[end], W.load[origin] - T);
+  for (int i = 0; i < len; ++i) {
+    int c = static_cast<int>(W.arc_c[W.path[i]]), d = static_cast<int>(W.arc_d[W.path[i]]);
+    long long room = 0;
+    move_cost(L, W, static_cast<int>(W.sexp[c]), c, d, A, &room);
+    amount = lmin(amount, room);
+  }
+  bool const repeat = path_repeats(W, len);
+  if (repeat) amount = 1 + repeat_more(L, W, T, end, origin, len);
+  for (int i = 0; i < len; ++i) W.y[W.arc_c[W.path[i]]] -= amount, W.y[W.arc_d[W.path[i]]] += amount;
+  W.load[end] += amount, W.load[origin] -= amount;
+  return repeat;
+}
+
+/// augment_path on the search's tree path to rank `end` (pred, tree arcs back to an excess rank);
+/// `*repeated` (when given) is set when it moves an expert twice. Returns false on an internal
+/// fault (a path longer than the ranks).
 MOE_HOST_DEVICE inline bool augment(Layout const& L, detail::Work& W, long long T, long long A, int end,
                                     bool* repeated = nullptr) {
-  using namespace detail;
   int G = L.ranks, len = 0, g = end;
   while (W.pred[g] >= 0 && len <= G) {
     W.path[len++] = W.pred[g];
     g = L.rank[W.arc_c[W.pred[g]]];
   }
   if (len > G) return false;
-  int origin = g;
-  long long amount = lmin(T - W.load[end], W.load[origin] - T);
-  bool repeat = false;
-  for (int i = 0; i < len; ++i) {
-    int c = static_cast<int>(W.arc_c[W.path[i]]), d = static_cast<int>(W.arc_d[W.path[i]]);
-    long long room = 0;
-    move_cost(L, W, static_cast<int>(W.sexp[c]), c, d, A, &room);
-    amount = lmin(amount, room);
-    for (int j = 0; j < i; ++j) repeat |= W.sexp[W.arc_c[W.path[j]]] == W.sexp[c];
-  }
-  if (repeat) amount = 1 + repeat_more(L, W, T, end, origin, len);
+  bool const repeat = augment_path(L, W, T, A, end, g, len);
   if (repeated != nullptr) *repeated = repeat;
-  for (int i = 0; i < len; ++i) W.y[W.arc_c[W.path[i]]] -= amount, W.y[W.arc_d[W.path[i]]] += amount;
-  W.load[end] += amount, W.load[origin] -= amount;
   return true;
 }
 
 /// Whether the search's tree path to rank h (pred) is, at the present split, still a shortest path
 /// from a rank above T to a rank below T, whose least distance the search found to be D: its origin
-/// is still above T, it moves no expert twice, and its arcs' present costs add up to D.
+/// is still above T, it moves no expert twice, and its arcs' present costs add up to D. Leaves the
+/// path in W.path[0, *len) and its first rank in *origin, for augment_path.
 MOE_HOST_DEVICE inline bool still_shortest(Layout const& L, detail::Work& W, long long T, long long A, int h,
-                                           long long D) {
+                                           long long D, int* origin, int* len) {
   using namespace detail;
   long long sum = 0;
-  int g = h, len = 0;
-  while (W.pred[g] >= 0 && len < L.ranks) {
+  int g = h, n = 0;
+  while (W.pred[g] >= 0 && n < L.ranks) {
     int a = static_cast<int>(W.pred[g]);
     long long k = arc_cost(L, W, a, A);
     if (k == inf) return false;
     sum += k;
-    W.path[len++] = a;
+    W.path[n++] = a;
     g = L.rank[W.arc_c[a]];
   }
-  if (len == 0 || W.pred[g] >= 0 || W.load[g] <= T || sum != D) return false;
-  for (int i = 1; i < len; ++i)
-    for (int j = 0; j < i; ++j)
-      if (W.sexp[W.arc_c[W.path[j]]] == W.sexp[W.arc_c[W.path[i]]]) return false;
-  return true;
+  *origin = g, *len = n;
+  return n > 0 && W.pred[g] < 0 && W.load[g] > T && sum == D && !path_repeats(W, n);
 }
 
 /// One step of the tie-breaks after a shortest-path search (dist, pred: the labels of least_cost)
@@ -593,16 +611,19 @@ MOE_HOST_DEVICE inline bool still_shortest(Layout const& L, detail::Work& W, lon
 /// would change (move_cost's room), so it leaves no arc cheaper than its distances allow (the
 /// reverse of a move costs what the move saved, and the move's own cost can only rise). A path
 /// from a rank above T whose present cost is D then reaches a rank below T at the least cost any
-/// path can, and moving pairs along it is the step successive shortest paths would take next. The
-/// steps stop at a path that moves an expert twice (its one-pair moves interact), which leaves the
-/// rest to the next search. Returns false on an internal fault.
+/// path can, and moving pairs along it is the step successive shortest paths would take next. A
+/// path that moves an expert twice (its one-pair moves interact) is taken only as the first, and
+/// then ends the step, which leaves the rest to the next search. Returns false on an internal fault.
 MOE_HOST_DEVICE inline bool tie_break_step(Layout const& L, detail::Work& W, long long T, long long A, int end) {
   long long const D = W.dist[end];
   bool repeated = false;
   if (!augment(L, W, T, A, end, &repeated)) return false;
-  for (int h = end + 1; h < L.ranks && !repeated; ++h)
-    if (W.load[h] < T && W.dist[h] == D && still_shortest(L, W, T, A, h, D) && !augment(L, W, T, A, h, &repeated))
-      return false;
+  if (repeated) return true;
+  for (int h = end + 1; h < L.ranks; ++h) {
+    int origin = 0, len = 0;  // a path still_shortest accepts moves no expert twice
+    if (W.load[h] < T && W.dist[h] == D && still_shortest(L, W, T, A, h, D, &origin, &len))
+      augment_path(L, W, T, A, h, origin, len);
+  }
   return true;
 }
 
