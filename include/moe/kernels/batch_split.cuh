@@ -16,9 +16,10 @@
 //   - the tie-breaks (successive shortest paths on the rank graph): each search's Bellman-Ford
 //     rounds over the threads on whole labels (distance, arcs, last arc) packed in a 64-bit word, so
 //     that one atomicMin per arc finds the distances and the shortest-path tree together (a batch
-//     too large for the word takes the distances' rounds, then the tree's), its paths (every rank
-//     below T at the least distance whose path is still shortest: split::tie_break_step) on thread
-//     0; then the matching, each expert on a warp (a lane per copy, then 32 ranks at a time).
+//     too large for the word takes the distances' rounds, then the tree's), its side arcs marked
+//     over the threads, its paths (to every rank below T at the least distance, by its tree path
+//     and its side arcs, while still shortest: split::tie_break_step) on thread 0; then the
+//     matching, each expert on a warp (a lane per copy, then 32 ranks at a time).
 // One expert per warp, not per thread: the lanes of a warp that take paths of different lengths
 // run one after the other, so 25 experts on the first 25 threads cost the sum of their paths.
 // The rounds of the last two are rank-sized (tens of ranks and arcs at EP32) and many: by default
@@ -457,11 +458,13 @@ struct PackedLabels {
 
 /// 2f. The tie-breaks at max load T from the start, on the team (split::least_cost says what they
 /// compute): each search's rounds from the last round's labels, the cheapest rank below T by two
-/// reductions, its paths on member 0 (split::tie_break_step). With `packed` and a batch whose labels
-/// fit in a word (PackedLabels), a round relaxes whole labels; otherwise the distances' rounds first,
-/// then the tree's (breadth-first over the tight arcs, a rank claimed by its lowest arc): the same
-/// labels in about twice the rounds. Returns false on an internal fault. `searches`, `rounds`:
-/// incremented per shortest-path search and per round of either form (the profile's tallies).
+/// reductions, its side arcs marked by the team (split::tie_side_arc, into W.cost: the costs are
+/// found again at the next search), its paths on member 0 (split::tie_break_step). With `packed`
+/// and a batch whose labels fit in a word (PackedLabels), a round relaxes whole labels; otherwise
+/// the distances' rounds first, then the tree's (breadth-first over the tight arcs, a rank claimed
+/// by its lowest arc): the same labels in about twice the rounds. Returns false on an internal
+/// fault. `searches`, `rounds`: incremented per shortest-path search and per round of either form
+/// (the profile's tallies).
 template <class Team>
 __device__ __forceinline__ bool least_cost_rounds(replication::split::Layout const& L, replication::split::detail::Work& W, int n_arcs,
                                   long long T, long long A, bool packed, Team& team, int& searches, int& rounds) {
@@ -551,8 +554,13 @@ __device__ __forceinline__ bool least_cost_rounds(replication::split::Layout con
       if (W.load[h] < T && W.dist[h] < best) best = W.dist[h], at = h;
     long long least = team.min(best);
     int end = static_cast<int>(team.min(best == least ? at : G));
+    // the side arcs of the search, marked by the team (the costs are found again at the next search)
+    if (end < G) {
+      for (int a = team.rank; a < n_arcs; a += team.size) W.cost[a] = split::tie_side_arc(L, W, T, least, a) ? 1 : 0;
+      team.sync();
+    }
     bool ok = true;
-    if (team.rank == 0) ok = end < G && W.hop[end] > 0 && split::tie_break_step(L, W, T, A, end);
+    if (team.rank == 0) ok = end < G && W.hop[end] > 0 && split::tie_break_step(L, W, T, A, end, n_arcs, W.cost);
     if (team.from0(ok ? 1 : 0) == 0) return false;
   }
 }

@@ -36,8 +36,9 @@
 //     the fewest arcs, and of those the one whose last arc is lowest: each rank's label is the
 //     least (distance, arcs, last arc), which does not depend on the order of the relaxations) move
 //     each rank's excess over T at least cost, so the result is the least-cost split among those
-//     with max load T. A search serves every rank below T at its least distance whose path is
-//     still a shortest one once the paths before it have moved their pairs (tie_break_step).
+//     with max load T. A search serves every rank below T at its least distance by its tree path,
+//     then by each side arc into it, as long as the path is still a shortest one once the paths
+//     before it have moved their pairs (tie_break_step).
 // Every step is integer and visits ranks, experts and slots in index order, so every rank computes
 // the same split from the same counts, and the device equals the host bit for bit.
 //
@@ -580,31 +581,75 @@ MOE_HOST_DEVICE inline bool augment(Layout const& L, detail::Work& W, long long 
   return true;
 }
 
+namespace detail {
+
+/// Walks the search's tree (pred) back from rank g, appending its arcs to W.path from index *n and
+/// adding their present costs (arc_cost) to *sum, until a rank without a tree arc, rank `stop`, or
+/// L.ranks arcs in all. Returns the rank it stopped at, or -1 at an arc whose copy has nothing to
+/// give (its cost is inf).
+MOE_HOST_DEVICE inline int walk_tree(Layout const& L, Work& W, long long A, int g, int stop, int* n, long long* sum) {
+  while (W.pred[g] >= 0 && g != stop && *n < L.ranks) {
+    int a = static_cast<int>(W.pred[g]);
+    long long k = arc_cost(L, W, a, A);
+    if (k == inf) return -1;
+    *sum += k;
+    W.path[(*n)++] = a;
+    g = L.rank[W.arc_c[a]];
+  }
+  return g;
+}
+
+}  // namespace detail
+
 /// Whether the search's tree path to rank h (pred) is, at the present split, still a shortest path
 /// from a rank above T to a rank below T, whose least distance the search found to be D: its origin
 /// is still above T, it moves no expert twice, and its arcs' present costs add up to D. Leaves the
 /// path in W.path[0, *len) and its first rank in *origin, for augment_path.
 MOE_HOST_DEVICE inline bool still_shortest(Layout const& L, detail::Work& W, long long T, long long A, int h,
                                            long long D, int* origin, int* len) {
-  using namespace detail;
   long long sum = 0;
-  int g = h, n = 0;
-  while (W.pred[g] >= 0 && n < L.ranks) {
-    int a = static_cast<int>(W.pred[g]);
-    long long k = arc_cost(L, W, a, A);
-    if (k == inf) return false;
-    sum += k;
-    W.path[n++] = a;
-    g = L.rank[W.arc_c[a]];
-  }
+  int n = 0, g = detail::walk_tree(L, W, A, h, -1, &n, &sum);
+  if (g < 0) return false;
   *origin = g, *len = n;
-  return n > 0 && W.pred[g] < 0 && W.load[g] > T && sum == D && !path_repeats(W, n);
+  return n > 0 && W.pred[g] < 0 && W.load[g] > T && sum == D && !detail::path_repeats(W, n);
+}
+
+/// Whether the path of arc `a` into rank h, after the search's tree path to a's tail, is at the
+/// present split a shortest path from a rank above T to a rank below T (as still_shortest): it
+/// passes h once, its origin is still above T, it moves no expert twice, and its arcs' present costs
+/// add up to D. Leaves the path in W.path[0, *len) and its first rank in *origin.
+MOE_HOST_DEVICE inline bool still_shortest_via(Layout const& L, detail::Work& W, long long T, long long A, int h,
+                                               int a, long long D, int* origin, int* len) {
+  long long sum = arc_cost(L, W, a, A);
+  if (sum == detail::inf) return false;
+  W.path[0] = a;
+  int n = 1, g = detail::walk_tree(L, W, A, L.rank[W.arc_c[a]], h, &n, &sum);
+  if (g < 0) return false;
+  *origin = g, *len = n;
+  return g != h && W.pred[g] < 0 && W.load[g] > T && sum == D && !detail::path_repeats(W, n);
+}
+
+/// Whether arc a is a side arc of a tie-break search whose least distance to a rank below T is D:
+/// into a rank below T at distance D, not that rank's tree arc, and tight at the search's costs
+/// (W.cost: its tail's distance plus its cost is D). Whether its path is still a shortest one is
+/// still_shortest_via's matter.
+MOE_HOST_DEVICE inline bool tie_side_arc(Layout const& L, detail::Work const& W, long long T, long long D, int a) {
+  int h = L.rank[W.arc_d[a]];
+  long long from = W.dist[L.rank[W.arc_c[a]]], k = W.cost[a];
+  return W.load[h] < T && W.dist[h] == D && W.pred[h] != a && from != detail::inf && k != detail::inf &&
+         from + k == D;
 }
 
 /// One step of the tie-breaks after a shortest-path search (dist, pred: the labels of least_cost)
-/// whose cheapest rank below T is `end`, at distance D: the path to `end`, then, in rank order, the
+/// whose cheapest rank below T is `end`, at distance D: the path to `end`; then, in rank order, the
 /// path to every other rank below T at distance D that is still a shortest path (still_shortest)
-/// after the paths before it moved their pairs. Why those are shortest paths of the present split:
+/// after the paths before it moved their pairs; then, in arc order, the path of each side arc
+/// (tie_side_arc: a tight arc into such a rank other than its tree arc, after the tree path to its
+/// tail) that is still a shortest path (still_shortest_via), so that one search can bring a rank
+/// the excess of several origins. `side`, when given, holds tie_side_arc's answer per arc at the
+/// search (a CUDA team computes it in parallel); else it is asked here, which gives the same answer
+/// (the paths change no distance, and a rank at or above T never falls below it). `n_arcs`: the
+/// arcs of the batch. Why those are shortest paths of the present split:
 /// the search's distances stay a lower bound on the cost of every path from a rank above T. The
 /// split's cost is separable and convex over a graph of experts, (expert, server) pairs, copies and
 /// ranks, whose paths between ranks are the rank graph's arcs; each move stops where an arc's cost
@@ -614,14 +659,20 @@ MOE_HOST_DEVICE inline bool still_shortest(Layout const& L, detail::Work& W, lon
 /// path can, and moving pairs along it is the step successive shortest paths would take next. A
 /// path that moves an expert twice (its one-pair moves interact) is taken only as the first, and
 /// then ends the step, which leaves the rest to the next search. Returns false on an internal fault.
-MOE_HOST_DEVICE inline bool tie_break_step(Layout const& L, detail::Work& W, long long T, long long A, int end) {
+MOE_HOST_DEVICE inline bool tie_break_step(Layout const& L, detail::Work& W, long long T, long long A, int end,
+                                           int n_arcs, long long const* side = nullptr) {
   long long const D = W.dist[end];
   bool repeated = false;
   if (!augment(L, W, T, A, end, &repeated)) return false;
   if (repeated) return true;
-  for (int h = end + 1; h < L.ranks; ++h) {
-    int origin = 0, len = 0;  // a path still_shortest accepts moves no expert twice
+  int origin = 0, len = 0;  // a path still_shortest(_via) accepts moves no expert twice
+  for (int h = end + 1; h < L.ranks; ++h)
     if (W.load[h] < T && W.dist[h] == D && still_shortest(L, W, T, A, h, D, &origin, &len))
+      augment_path(L, W, T, A, h, origin, len);
+  for (int a = 0; a < n_arcs; ++a) {
+    if (side != nullptr ? side[a] == 0 : !tie_side_arc(L, W, T, D, a)) continue;
+    int h = L.rank[W.arc_d[a]];
+    if (W.load[h] < T && still_shortest_via(L, W, T, A, h, a, D, &origin, &len))
       augment_path(L, W, T, A, h, origin, len);
   }
   return true;
@@ -666,7 +717,7 @@ MOE_HOST_DEVICE inline bool least_cost(Layout const& L, detail::Work& W, long lo
     int end = -1;
     for (int h = 0; h < G; ++h)
       if (W.load[h] < T && W.dist[h] != inf && (end < 0 || W.dist[h] < W.dist[end])) end = h;
-    if (end < 0 || W.hop[end] <= 0 || !tie_break_step(L, W, T, A, end)) return false;
+    if (end < 0 || W.hop[end] <= 0 || !tie_break_step(L, W, T, A, end, W.n_arcs)) return false;
   }
 }
 
