@@ -16,9 +16,10 @@
 //   - the tie-breaks (successive shortest paths on the rank graph): each search's Bellman-Ford
 //     rounds over the threads on whole labels (distance, arcs, last arc) packed in a 64-bit word, so
 //     that one atomicMin per arc finds the distances and the shortest-path tree together (a batch
-//     too large for the word takes the distances' rounds, then the tree's), its side arcs marked
-//     over the threads, its paths (to every rank below T at the least distance, by its tree path
-//     and its side arcs, while still shortest: split::tie_break_step) on thread 0; then the
+//     too large for the word takes the distances' rounds, then the tree's), its end ranks and side
+//     arcs marked over the threads (a ballot per 32, so that thread 0 reads a bit each and visits
+//     only the marked ones), its paths (to every rank below T at the least distance, by its tree
+//     path and its side arcs, while still shortest: split::tie_break_step) on thread 0; then the
 //     matching, each expert on a warp (a lane per copy, then 32 ranks at a time).
 // One expert per warp, not per thread: the lanes of a warp that take paths of different lengths
 // run one after the other, so 25 experts on the first 25 threads cost the sum of their paths.
@@ -373,10 +374,22 @@ __device__ __forceinline__ void match_expert_warp(replication::split::Layout con
   __syncwarp();
 }
 
+/// A search's marks for member 0 (split::detail::for_each_marked): bit i % 32 of bits[i / 32] is
+/// marked(i), for i in [0, n), one ballot per 32 items. Every member of the team calls it (a team is
+/// whole warps, so its members' ranks mod 32 are their lanes); the caller synchronises after.
+template <int TeamSize, class Marked>
+__device__ __forceinline__ void mark_bits(int member, int n, long long* bits, Marked marked) {
+  int const lane = member & 31;
+  for (int base = member - lane; base < n; base += TeamSize) {
+    unsigned m = __ballot_sync(0xffffffffu, base + lane < n && marked(base + lane));
+    if (lane == 0) bits[base / 32] = m;
+  }
+}
+
 /// 2e. The least max load from T (the lower bound), on the team: breadth-first rounds over the
 /// arcs from the ranks above T, a rank claimed by its lowest arc (as the host's arc loop claims it),
-/// then split::max_load_step on member 0 (the paths to every reached rank below T and through the
-/// side arcs the team marked, or a Newton step on T when none was reached). Returns the least max load; every member gets it. `searches`,
+/// then split::max_load_step on member 0 (the paths to the reached ranks below T and through the
+/// side arcs, both marked by the team, or a Newton step on T when none was reached). Returns the least max load; every member gets it. `searches`,
 /// `rounds`: incremented per search and per breadth-first round (the profile's tallies).
 template <class Team>
 __device__ __forceinline__ long long least_max_rounds(replication::split::Layout const& L, replication::split::detail::Work& W,
@@ -416,12 +429,13 @@ __device__ __forceinline__ long long least_max_rounds(replication::split::Layout
       if (r < G) end = static_cast<int>(r), last = round + 1;
       if (r != G) break;
     }
-    // the side arcs of the search, marked by the team (the tie-breaks' costs are free until then)
+    // the ranks below T reached in the last round and the side arcs of the search, marked by the team
     if (end < G) {
-      for (int a = team.rank; a < n_arcs; a += team.size) W.cost[a] = split::side_arc(L, W, a, last) ? 1 : 0;
+      mark_bits<Team::size>(team.rank, G, W.rank_bits, [&](int h) { return W.dist[h] == last && W.load[h] < T; });
+      mark_bits<Team::size>(team.rank, n_arcs, W.arc_bits, [&](int a) { return split::side_arc(L, W, a, last); });
       team.sync();
     }
-    if (team.rank == 0) T = split::max_load_step(L, W, T, end == G ? -1 : end, last, n_arcs, W.cost);
+    if (team.rank == 0) T = split::max_load_step(L, W, T, end == G ? -1 : end, last, n_arcs, true);
     T = team.from0(T);
   }
 }
@@ -458,8 +472,8 @@ struct PackedLabels {
 
 /// 2f. The tie-breaks at max load T from the start, on the team (split::least_cost says what they
 /// compute): each search's rounds from the last round's labels, the cheapest rank below T by two
-/// reductions, its side arcs marked by the team (split::tie_side_arc, into W.cost: the costs are
-/// found again at the next search), its paths on member 0 (split::tie_break_step). With `packed`
+/// reductions, the other ranks below T at that distance and its side arcs (split::tie_side_arc)
+/// marked by the team, its paths on member 0 (split::tie_break_step). With `packed`
 /// and a batch whose labels fit in a word (PackedLabels), a round relaxes whole labels; otherwise
 /// the distances' rounds first, then the tree's (breadth-first over the tight arcs, a rank claimed
 /// by its lowest arc): the same labels in about twice the rounds. Returns false on an internal
@@ -554,13 +568,17 @@ __device__ __forceinline__ bool least_cost_rounds(replication::split::Layout con
       if (W.load[h] < T && W.dist[h] < best) best = W.dist[h], at = h;
     long long least = team.min(best);
     int end = static_cast<int>(team.min(best == least ? at : G));
-    // the side arcs of the search, marked by the team (the costs are found again at the next search)
+    // the ranks below T at the least distance and the side arcs of the search, marked by the team
+    // (also when the first path turns out to end the step: knowing that first would cost member 0's
+    // path walk and a broadcast before the marks, in every search)
     if (end < G) {
-      for (int a = team.rank; a < n_arcs; a += team.size) W.cost[a] = split::tie_side_arc(L, W, T, least, a) ? 1 : 0;
+      mark_bits<Team::size>(team.rank, G, W.rank_bits, [&](int h) { return W.load[h] < T && W.dist[h] == least; });
+      mark_bits<Team::size>(team.rank, n_arcs, W.arc_bits,
+                            [&](int a) { return split::tie_side_arc(L, W, T, least, a); });
       team.sync();
     }
     bool ok = true;
-    if (team.rank == 0) ok = end < G && W.hop[end] > 0 && split::tie_break_step(L, W, T, A, end, n_arcs, W.cost);
+    if (team.rank == 0) ok = end < G && W.hop[end] > 0 && split::tie_break_step(L, W, T, A, end, n_arcs, true);
     if (team.from0(ok ? 1 : 0) == 0) return false;
   }
 }

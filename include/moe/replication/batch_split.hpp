@@ -54,6 +54,7 @@
 // copies); solve() runs them in order.
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -95,7 +96,7 @@ MOE_HOST_DEVICE inline long long workspace_words(Layout const& L) {
   return 8LL * L.ranks + 3LL * L.experts + 6LL * L.slots + static_cast<long long>(L.servers + 2) * (L.experts + 1) +
          static_cast<long long>(L.slots - L.experts + 1) * L.ranks + 8 + L.slots + 3LL * L.ranks + L.arcs +
          (static_cast<long long>(L.servers) * L.experts + 1) / 2 +
-         2LL * L.arcs;
+         2LL * L.arcs + (L.arcs + 31) / 32 + (L.ranks + 31) / 32;
 }
 
 /// What solve() reports besides the split.
@@ -111,10 +112,38 @@ namespace detail {
 MOE_HOST_DEVICE inline long long lmin(long long a, long long b) { return a < b ? a : b; }
 MOE_HOST_DEVICE inline long long lmax(long long a, long long b) { return a > b ? a : b; }
 
+/// The lowest set bit of a non-zero word.
+MOE_HOST_DEVICE inline int lowest_bit(std::uint32_t m) {
+#if defined(__CUDA_ARCH__)
+  return __ffs(static_cast<int>(m)) - 1;
+#else
+  return std::countr_zero(m);
+#endif
+}
+
+/// Calls f(i) for each i in [from, n) that is marked, in increasing order. The marks are bits, 32
+/// to a word (item i is bit i % 32 of bits[i / 32]; bits past n are zero), set at a search by a
+/// CUDA team with one ballot per 32 items, so that the one thread that walks them reads a word per
+/// 32 items and visits only the marked ones. With bits == nullptr, marked(i) is asked instead.
+template <class Marked, class F>
+MOE_HOST_DEVICE inline void for_each_marked(long long const* bits, int from, int n, Marked marked, F f) {
+  if (bits == nullptr) {
+    for (int i = from; i < n; ++i)
+      if (marked(i)) f(i);
+    return;
+  }
+  for (int w = from / 32; w * 32 < n; ++w) {
+    auto m = static_cast<std::uint32_t>(bits[w]);
+    if (w == from / 32) m &= ~0u << (from % 32);
+    for (; m != 0; m &= m - 1) f(w * 32 + lowest_bit(m));
+  }
+}
+
 /// The workspace, carved from one array of 64-bit words.
 struct Work {
   long long *N, *load, *y, *loc, *srvN, *sexp, *P, *dist, *pred, *path, *rem, *arc_c, *arc_d, *multi, *mark,
       *need, *srank, *sfirst, *mc, *supply, *hdr, *P32, *y0, *load_s, *ndist, *hop, *cost;
+  long long *arc_bits, *rank_bits;  ///< a search's marks for one thread's paths (for_each_marked)
   int n_multi = 0, n_arcs = 0;
 
   MOE_HOST_DEVICE Work(Layout const& L, long long* w) {
@@ -151,6 +180,8 @@ struct Work {
     ndist = take(L.ranks);
     hop = take(L.ranks);
     cost = take(L.arcs);
+    arc_bits = take((L.arcs + 31) / 32);
+    rank_bits = take((L.ranks + 31) / 32);
   }
 };
 
@@ -434,8 +465,9 @@ MOE_HOST_DEVICE inline void take_path(Layout const& L, Work& W, long long T, int
 /// reached in that round, in rank order, takes what its tree path can carry now
 /// (detail::take_path); then, in arc order, each side arc (side_arc: into such a rank from the
 /// round before, not its tree arc) takes what the tree path to its tail and the arc carry now, so
-/// that one search can bring a rank below T the excess of several origins. `side`, when given,
-/// holds side_arc's answer per arc (a CUDA team computes it in parallel); else it is asked here.
+/// that one search can bring a rank below T the excess of several origins. With `marked`, the
+/// search's marks hold which ranks and arcs to walk (W.rank_bits: reached in round `last` and below
+/// T; W.arc_bits: side_arc; a CUDA team sets them in parallel), else they are asked here.
 /// The paths share arcs and origins, so a later one may carry less than the search saw, or
 /// nothing; none passes through another's end (a search stops at the first round that reaches a
 /// rank below T). The least max load reached is the same as with one path per search, in fewer
@@ -444,7 +476,7 @@ MOE_HOST_DEVICE inline void take_path(Layout const& L, Work& W, long long T, int
 /// (none reached): the reached ranks hold every copy of every expert they serve, so T rises to
 /// their mean (a Newton step). `n_arcs`: the arcs of the batch. Returns the new T.
 MOE_HOST_DEVICE inline long long max_load_step(Layout const& L, detail::Work& W, long long T, int end, long long last,
-                                               int n_arcs, long long const* side = nullptr) {
+                                               int n_arcs, bool marked = false) {
   using namespace detail;
   if (end < 0) {
     long long sum = 0, n = 0;
@@ -452,13 +484,17 @@ MOE_HOST_DEVICE inline long long max_load_step(Layout const& L, detail::Work& W,
       if (W.dist[g] >= 0) sum += W.load[g], ++n;
     return lmax(T + 1, (sum + n - 1) / n);
   }
-  for (int h = end; h < L.ranks; ++h)
-    if (W.dist[h] == last && W.load[h] < T) take_path(L, W, T, h);
-  for (int a = 0; a < n_arcs; ++a) {
-    if (side != nullptr ? side[a] == 0 : !side_arc(L, W, a, last)) continue;
-    int h = L.rank[W.arc_d[a]];
-    if (W.load[h] < T) take_path(L, W, T, h, a);
-  }
+  // a rank's load only rises towards T here, and an origin's falls to T at most
+  for_each_marked(
+      marked ? W.rank_bits : nullptr, end, L.ranks, [&](int h) { return W.dist[h] == last && W.load[h] < T; },
+      [&](int h) {
+        if (W.load[h] < T) take_path(L, W, T, h);
+      });
+  for_each_marked(
+      marked ? W.arc_bits : nullptr, 0, n_arcs, [&](int a) { return side_arc(L, W, a, last); },
+      [&](int a) {
+        if (W.load[L.rank[W.arc_d[a]]] < T) take_path(L, W, T, L.rank[W.arc_d[a]], a);
+      });
   return T;
 }
 
@@ -566,18 +602,17 @@ MOE_HOST_DEVICE inline bool augment_path(Layout const& L, detail::Work& W, long 
 }
 
 /// augment_path on the search's tree path to rank `end` (pred, tree arcs back to an excess rank);
-/// `*repeated` (when given) is set when it moves an expert twice. Returns false on an internal
-/// fault (a path longer than the ranks).
+/// `*repeated` says whether it moved an expert twice. Returns false on an internal fault (a path
+/// longer than the ranks).
 MOE_HOST_DEVICE inline bool augment(Layout const& L, detail::Work& W, long long T, long long A, int end,
-                                    bool* repeated = nullptr) {
+                                    bool* repeated) {
   int G = L.ranks, len = 0, g = end;
   while (W.pred[g] >= 0 && len <= G) {
     W.path[len++] = W.pred[g];
     g = L.rank[W.arc_c[W.pred[g]]];
   }
   if (len > G) return false;
-  bool const repeat = augment_path(L, W, T, A, end, g, len);
-  if (repeated != nullptr) *repeated = repeat;
+  *repeated = augment_path(L, W, T, A, end, g, len);
   return true;
 }
 
@@ -646,10 +681,10 @@ MOE_HOST_DEVICE inline bool tie_side_arc(Layout const& L, detail::Work const& W,
 /// after the paths before it moved their pairs; then, in arc order, the path of each side arc
 /// (tie_side_arc: a tight arc into such a rank other than its tree arc, after the tree path to its
 /// tail) that is still a shortest path (still_shortest_via), so that one search can bring a rank
-/// the excess of several origins. `side`, when given, holds tie_side_arc's answer per arc at the
-/// search (a CUDA team computes it in parallel); else it is asked here, which gives the same answer
-/// (the paths change no distance, and a rank at or above T never falls below it). `n_arcs`: the
-/// arcs of the batch. Why those are shortest paths of the present split:
+/// the excess of several origins. With `marked`, the search's marks hold which ranks and arcs to
+/// walk (W.rank_bits: below T at distance D, `end` left out; W.arc_bits: tie_side_arc; a CUDA team
+/// sets them in parallel); else they are asked here, which gives the same answer (the paths change
+/// no distance, and a rank at or above T never falls below it). `n_arcs`: the arcs of the batch. Why those are shortest paths of the present split:
 /// the search's distances stay a lower bound on the cost of every path from a rank above T. The
 /// split's cost is separable and convex over a graph of experts, (expert, server) pairs, copies and
 /// ranks, whose paths between ranks are the rank graph's arcs; each move stops where an arc's cost
@@ -660,21 +695,24 @@ MOE_HOST_DEVICE inline bool tie_side_arc(Layout const& L, detail::Work const& W,
 /// path that moves an expert twice (its one-pair moves interact) is taken only as the first, and
 /// then ends the step, which leaves the rest to the next search. Returns false on an internal fault.
 MOE_HOST_DEVICE inline bool tie_break_step(Layout const& L, detail::Work& W, long long T, long long A, int end,
-                                           int n_arcs, long long const* side = nullptr) {
+                                           int n_arcs, bool marked = false) {
   long long const D = W.dist[end];
   bool repeated = false;
   if (!augment(L, W, T, A, end, &repeated)) return false;
   if (repeated) return true;
   int origin = 0, len = 0;  // a path still_shortest(_via) accepts moves no expert twice
-  for (int h = end + 1; h < L.ranks; ++h)
-    if (W.load[h] < T && W.dist[h] == D && still_shortest(L, W, T, A, h, D, &origin, &len))
-      augment_path(L, W, T, A, h, origin, len);
-  for (int a = 0; a < n_arcs; ++a) {
-    if (side != nullptr ? side[a] == 0 : !tie_side_arc(L, W, T, D, a)) continue;
-    int h = L.rank[W.arc_d[a]];
-    if (W.load[h] < T && still_shortest_via(L, W, T, A, h, a, D, &origin, &len))
-      augment_path(L, W, T, A, h, origin, len);
-  }
+  detail::for_each_marked(
+      marked ? W.rank_bits : nullptr, end + 1, L.ranks, [&](int h) { return W.load[h] < T && W.dist[h] == D; },
+      [&](int h) {
+        if (W.load[h] < T && still_shortest(L, W, T, A, h, D, &origin, &len)) augment_path(L, W, T, A, h, origin, len);
+      });
+  detail::for_each_marked(
+      marked ? W.arc_bits : nullptr, 0, n_arcs, [&](int a) { return tie_side_arc(L, W, T, D, a); },
+      [&](int a) {
+        int h = L.rank[W.arc_d[a]];
+        if (W.load[h] < T && still_shortest_via(L, W, T, A, h, a, D, &origin, &len))
+          augment_path(L, W, T, A, h, origin, len);
+      });
   return true;
 }
 
