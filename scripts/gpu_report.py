@@ -249,12 +249,14 @@ def main():
               "- time: mean of 50 back-to-back launches (CUDA events); graph_us: the same in one CUDA graph; "
               "target (issue 35): 10 us a layer", "",
               "| benchmark | time (us) | " + " | ".join(bcols) + " |", "|---|---:|" + "---:|" * len(bcols)]
-    stages = []
+    stages, series = [], []
     for b in bdata.get("benchmarks", []):
         if b.get("run_type") == "aggregate": continue
         if b["name"].startswith("DeviceSplitStages"):
             stages.append(b)
             continue
+        if b["name"].startswith("DeviceSplitSeries"):
+            series.append(b)
         err = " (ERROR: " + b.get("error_message", "") + ")" if b.get("error_occurred") else ""
         lines.append(f"| {b['name'].replace('/manual_time', '')}{err} | {fmt(b.get('real_time'))} | "
                      + " | ".join(fmt(b.get(c)) for c in bcols) + " |")
@@ -275,6 +277,18 @@ def main():
     if pairs:
         lines += ["", "Tie-breaks' packed labels against the two-stage rounds, on one warp (warp_two_stage's graph_us "
                   "over warp's; > 1: the packed labels are faster): " + ", ".join(f"{t} tokens {fmt(r)}" for t, r in pairs)]
+    if series:
+        # the means over the scenario's series of seeded batches (one batch can be a lucky or unlucky draw)
+        lines += ["", "Over the series of seeded batches (DeviceSplitSeries: one split per batch in turn in one CUDA "
+                  "graph; means per split):", "",
+                  "| tokens | batches | graph_us | thread 0's cycles | least max load: searches / rounds "
+                  "| tie-breaks: searches / rounds |", "|---|---:|---:|---:|---:|---:|"]
+        for b in series:
+            err = " (ERROR: " + b.get("error_message", "") + ")" if b.get("error_occurred") else ""
+            lines.append(f"| {b['name'].replace('/manual_time', '').split('/')[1]}{err} | {count(b.get('batches'))} "
+                         f"| {fmt(b.get('real_time'))} | {fmt(b.get('all_cycles'))} "
+                         f"| {fmt(b.get('max_load_searches'))} / {fmt(b.get('max_load_rounds'))} "
+                         f"| {fmt(b.get('tie_break_searches'))} / {fmt(b.get('tie_break_rounds'))} |")
     if stages:
         names = ["counts", "totals", "lists", "start", "max_load", "tie_breaks", "sources", "matching"]
         lines += ["", "Where a split's time goes (DeviceSplitStages: thread 0's clock64 after each stage, mean of "

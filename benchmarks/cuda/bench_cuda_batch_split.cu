@@ -5,6 +5,10 @@
 // back-to-back launches on one stream (CUDA events), after a warm-up; `graph_us`: the same 50
 // launches captured in one CUDA graph and replayed (no launch overhead between them). The device
 // result is checked against the host split (max load and every take entry) before timing.
+// Series: the scenario's series of seeded batches on the same plan (40 per size, 10 at 4096; one
+// batch can be a lucky or an unlucky draw): each batch's device split checked against the host's,
+// then one split per batch in turn, back to back, in one CUDA graph (`graph_us`: the mean per
+// split), and the means over the series of the kernel's tallies and of thread 0's cycles.
 // DealOneRank: one rank's 4096 x 8 pairs dealt to ranks by the reference deal kernel.
 // Stages: where a split's time goes, from thread 0's clock64 after each stage of the kernel (the
 // mean over 50 splits, in SM cycles and as a share of the whole). Each split three times in the same
@@ -59,6 +63,19 @@ double mean_us(F&& body, int reps) {
   return static_cast<double>(ms) * 1e3 / reps;
 }
 
+/// Whether the device's outcome and takes (of the experts with copies) are the host's.
+bool same_split(moe::replication::BatchSplit const& host, Outcome const& want, Outcome const& got,
+                std::vector<std::int32_t> const& t) {
+  auto const& L = host.layout();
+  bool same = got.bad == 0 && got.max_load == want.max_load && got.local == want.local;
+  for (int e = 0; e < L.experts && same; ++e)
+    if (L.first[e + 1] - L.first[e] > 1)
+      for (int r = 0; r < L.ranks; ++r)
+        for (int c = L.first[e]; c < L.first[e + 1]; ++c)
+          same &= t[static_cast<std::size_t>(r * L.slots + c)] == host.take()[static_cast<std::size_t>(r * L.slots + c)];
+  return same;
+}
+
 void BM_DeviceSplit(benchmark::State& state, int tokens, kc::DeviceSplit::Rounds rounds, kc::DeviceSplit::Paths paths) {
   auto s = moe::bench_split::make(tokens);
   moe::replication::BatchSplit host(s.copies, s.topo);
@@ -76,14 +93,7 @@ void BM_DeviceSplit(benchmark::State& state, int tokens, kc::DeviceSplit::Rounds
   kc::check_cuda(cudaStreamSynchronize(stream()), "split");
   kc::check_cuda(cudaMemcpy(&got, outcome.get(), sizeof got, cudaMemcpyDeviceToHost), "outcome");
   kc::check_cuda(cudaMemcpy(t.data(), take.get(), t.size() * sizeof(std::int32_t), cudaMemcpyDeviceToHost), "take");
-  auto const& L = host.layout();
-  bool same = got.bad == 0 && got.max_load == want.max_load && got.local == want.local;
-  for (int e = 0; e < L.experts && same; ++e)
-    if (L.first[e + 1] - L.first[e] > 1)
-      for (int r = 0; r < L.ranks; ++r)
-        for (int c = L.first[e]; c < L.first[e + 1]; ++c)
-          same &= t[static_cast<std::size_t>(r * L.slots + c)] == host.take()[static_cast<std::size_t>(r * L.slots + c)];
-  if (!same) {
+  if (!same_split(host, want, got, t)) {
     state.SkipWithError("the device split differs from the host split");
     return;
   }
@@ -149,6 +159,64 @@ void BM_DeviceSplitStages(benchmark::State& state, int tokens, kc::DeviceSplit::
   state.SetLabel("thread 0's clock64 per stage, mean of 50 splits");
 }
 
+void BM_DeviceSplitSeries(benchmark::State& state, int tokens) {
+  int const B = moe::bench_split::series_batches(tokens);
+  auto s = moe::bench_split::make(tokens, 0);
+  moe::replication::BatchSplit host(s.copies, s.topo);
+  kc::DeviceSplit dev(host.layout());
+  std::size_t const per = s.counts.size();
+  kc::DeviceArray<std::int32_t> counts(per * static_cast<std::size_t>(B)), take(dev.take_size());
+  kc::DeviceArray<long long> load(dev.load_size()), stamps(kc::DeviceSplit::stamps_size);
+  kc::DeviceArray<Outcome> outcome(1);
+  kc::DeviceArray<unsigned char> work(dev.workspace_bytes() ? dev.workspace_bytes() : 1);
+  constexpr int K = kc::DeviceSplit::stamp_clocks, N = kc::DeviceSplit::stamps_size;
+  double fixed = 0, split = 0, cycles = 0, tally[N - K] = {};
+  std::vector<std::int32_t> t(dev.take_size());
+  auto run = [&](int b, long long* st) {
+    dev.run(counts.get() + per * static_cast<std::size_t>(b), take.get(), load.get(), outcome.get(), work.get(),
+            stream(), st);
+  };
+  for (int b = 0; b < B; ++b) {
+    auto sb = b == 0 ? s : moe::bench_split::make(tokens, b);
+    auto want = host.plan_batch(sb.counts);
+    fixed += sb.fixed_ratio;
+    split += static_cast<double>(want.max_load) / sb.mean;
+    kc::check_cuda(cudaMemcpy(counts.get() + per * static_cast<std::size_t>(b), sb.counts.data(),
+                              per * sizeof(std::int32_t), cudaMemcpyHostToDevice), "counts");
+    run(b, stamps.get());
+    Outcome got{};
+    long long h[N];
+    kc::check_cuda(cudaStreamSynchronize(stream()), "split");
+    kc::check_cuda(cudaMemcpy(&got, outcome.get(), sizeof got, cudaMemcpyDeviceToHost), "outcome");
+    kc::check_cuda(cudaMemcpy(t.data(), take.get(), t.size() * sizeof(std::int32_t), cudaMemcpyDeviceToHost), "take");
+    kc::check_cuda(cudaMemcpy(h, stamps.get(), sizeof h, cudaMemcpyDeviceToHost), "stamps");
+    if (!same_split(host, want, got, t)) {
+      state.SkipWithError(("the device split differs from the host split on batch " + std::to_string(b)).c_str());
+      return;
+    }
+    cycles += static_cast<double>(h[K - 1] - h[0]);
+    for (int k = K; k < N; ++k) tally[k - K] += static_cast<double>(h[k]);
+  }
+  // one split per batch in turn, in one CUDA graph; each iteration replays it
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  kc::check_cuda(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal), "capture");
+  for (int b = 0; b < B; ++b) run(b, nullptr);
+  kc::check_cuda(cudaStreamEndCapture(stream(), &graph), "end capture");
+  kc::check_cuda(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  auto replay = [&] { kc::check_cuda(cudaGraphLaunch(exec, stream()), "graph launch"); };
+  for (auto _ : state) state.SetIterationTime(mean_us(replay, 5) * 1e-6 / B);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  static char const* names[] = {"max_load_searches", "max_load_rounds", "tie_break_searches", "tie_break_rounds"};
+  for (int k = K; k < N; ++k) state.counters[names[k - K]] = tally[k - K] / B;
+  state.counters["all_cycles"] = cycles / B;
+  state.counters["batches"] = B;
+  state.counters["fixed_max_over_mean"] = fixed / B;
+  state.counters["split_max_over_mean"] = split / B;
+  state.SetLabel("the mean per split over the seeded series, in one CUDA graph");
+}
+
 void BM_DeviceSplitDealOneRank(benchmark::State& state, int tokens) {
   auto s = moe::bench_split::make(tokens);
   moe::replication::BatchSplit host(s.copies, s.topo);
@@ -195,6 +263,10 @@ int main(int argc, char** argv) {
       benchmark::RegisterBenchmark(("DeviceSplitStages/" + std::to_string(tokens) + "/" + f.name).c_str(),
                                    BM_DeviceSplitStages, tokens, f.rounds, f.paths)
           ->Iterations(1);
+  for (int tokens : {16, 64, 256, 4096})
+    benchmark::RegisterBenchmark(("DeviceSplitSeries/" + std::to_string(tokens)).c_str(), BM_DeviceSplitSeries, tokens)
+        ->UseManualTime()
+        ->Unit(benchmark::kMicrosecond);
   benchmark::RegisterBenchmark("DeviceSplitDealOneRank/4096", BM_DeviceSplitDealOneRank, 4096)
       ->UseManualTime()
       ->Unit(benchmark::kMicrosecond);

@@ -4,7 +4,10 @@
 // top-8, 32 ranks in 4 servers of 8 (preset h800:4), an EPLB plan of 288 slots (32 redundant
 // copies) made from the mean loads. Synthetic, seeded: expert popularity Gamma(0.7) (std::mt19937
 // seed 11); each rank's batch drawn after a drift of +-25 % per expert (seed 12); a rank's tokens
-// take top-8 distinct experts (seed 100 + rank).
+// take top-8 distinct experts (seed 100 + rank). make(tokens, b) with b >= 0 draws batch b of a
+// series on the same plan instead (drift seed 1000 + b, rank r's tokens seed 100000 b + 100 + r),
+// whose means docs/results/batch-balance.md reports beside the one batch (kSeriesBatches of them;
+// kSeriesBatches4096 at 4096 tokens per rank).
 #include <algorithm>
 #include <random>
 #include <vector>
@@ -15,6 +18,10 @@
 
 namespace moe::bench_split {
 constexpr int kExperts = 256, kTopK = 8, kRanks = 32, kSlots = 288;
+constexpr int kSeriesBatches = 40, kSeriesBatches4096 = 10;
+
+/// The batches of the series at `tokens` per rank.
+inline int series_batches(int tokens) { return tokens >= 4096 ? kSeriesBatches4096 : kSeriesBatches; }
 
 struct Setup {
   topology::Topology topo;
@@ -24,7 +31,8 @@ struct Setup {
   double fixed_ratio = 0, mean = 0;
 };
 
-inline Setup make(int tokens) {
+/// The benchmark's batch (batch < 0), or batch `batch` of the series (see the file comment).
+inline Setup make(int tokens, int batch = -1) {
   Setup s;
   s.topo = topology::preset_topology("h800:4");
   std::mt19937 rng(11);
@@ -33,7 +41,7 @@ inline Setup make(int tokens) {
   for (auto& p : pop) p = gam(rng);
   auto plan = replication::eplb::rebalance_experts(pop, 1, kExperts, kSlots, 8, 4, kRanks);
   s.copies = replication::eplb::layer_tables(plan, 0).replicas.replicas();
-  std::mt19937 drift_rng(12);
+  std::mt19937 drift_rng(batch < 0 ? 12u : 1000u + static_cast<unsigned>(batch));
   std::uniform_real_distribution<double> drift(0.75, 1.25);
   std::vector<double> now = pop;
   for (auto& p : now) p *= drift(drift_rng);
@@ -41,7 +49,7 @@ inline Setup make(int tokens) {
   std::vector<long long> fixed(kRanks, 0);
   replication::Table table(s.copies);
   for (int r = 0; r < kRanks; ++r) {
-    std::mt19937 tr(100 + static_cast<unsigned>(r));
+    std::mt19937 tr((batch < 0 ? 0u : 100000u * static_cast<unsigned>(batch)) + 100u + static_cast<unsigned>(r));
     std::discrete_distribution<int> pick(now.begin(), now.end());
     std::vector<int> ids;
     for (int t = 0; t < tokens; ++t) {
