@@ -611,6 +611,7 @@ __global__ void __launch_bounds__(Threads, 1)
   __shared__ long long out_raw[(sizeof(split::Outcome) + sizeof(long long) - 1) / sizeof(long long)];
   auto& out = *reinterpret_cast<split::Outcome*>(out_raw);
   __shared__ unsigned long long local, same_server;
+  __shared__ long long set_max;  // split::set_bounds, over the threads
   int tid = static_cast<int>(threadIdx.x), n = static_cast<int>(blockDim.x);
   // profiling (DeviceSplit::run's `stamps`): thread 0's clock64 at the start and after each stage,
   // then the rounds' tallies
@@ -637,7 +638,7 @@ __global__ void __launch_bounds__(Threads, 1)
   }
   Work W(L, work);
   int G = L.ranks, E = L.experts;
-  if (tid == 0) negative = 0, local = 0, same_server = 0, team_slots[0] = BlockTeam<Threads>::identity;
+  if (tid == 0) negative = 0, local = 0, same_server = 0, set_max = 0, team_slots[0] = BlockTeam<Threads>::identity;
   // what split::decide_begin makes, in parallel: the ranks of each server (the layout's, uploaded
   // once), the loads and the header zeroed
   for (int v = tid; v <= L.servers; v += n) W.sfirst[v] = sfirst[v];
@@ -698,6 +699,16 @@ __global__ void __launch_bounds__(Threads, 1)
   if (tid == 0) W.hdr[split::detail::kArcs] = n_arcs, W.hdr[split::detail::kMc] = n_mc;
   for (int c = tid; c < L.slots; c += n) W.y[c] = 0, W.mark[c] = -1;
   __syncthreads();
+  // the sets' lower bound (split::set_bounds: the copies of each expert with copies and pairs, each
+  // server), a set per thread, from the fixed loads (before the start changes the loads)
+  {
+    long long b = 0;
+    for (int i = tid; i < n_mc + L.servers; i += n)
+      if (i >= n_mc || W.N[W.mc[i]] > 0) b = split::detail::lmax(b, split::set_bound(L, W, W.mc, n_mc, i));
+    if (b > 0) atomicMax(&set_max, b);
+  }
+  __syncthreads();
+  if (in_team) T = split::detail::lmax(T, set_max);
   stamp(3);
   // 2d. the start, wave by wave, an expert per warp
   for (int w = 0; w < waves; ++w) {

@@ -25,10 +25,11 @@
 //     pairs on its own copies, the rest (sources on servers without a copy) levelled over the
 //     copies' rank loads. This start has no negative cycle (each expert alone is optimal and the
 //     costs of two experts do not interact).
-//   - The max load T: from the lower bound max(max F, ceil(all pairs / ranks)), pairs of ranks above
-//     T move along residual arcs (breadth-first) to ranks below T: every rank below T that a
-//     search reaches takes its tree path, then each side arc into such a rank one more path
-//     (max_load_step). When none can be reached, the reached ranks U hold every copy of every
+//   - The max load T: from the lower bound max(max F, ceil(all pairs / ranks), and for each set S of
+//     the ranks of one expert's copies or of one server, ceil(what must land in S / |S|)) (set_bound),
+//     pairs of ranks above T move along residual arcs (breadth-first) to ranks below T: every rank
+//     below T that a search reaches takes its tree path, then each side arc into such a rank one
+//     more path (max_load_step). When none can be reached, the reached ranks U hold every copy of every
 //     expert they serve, so any split loads them with at least their present total: T rises to
 //     ceil(load(U) / |U|) (a Newton step of the parametric flow). It ends at the least feasible T.
 //   - The tie-breaks: from the same start, successive shortest paths (Bellman-Ford on the rank
@@ -119,6 +120,13 @@ MOE_HOST_DEVICE inline int lowest_bit(std::uint32_t m) {
 #else
   return std::countr_zero(m);
 #endif
+}
+
+/// The ranks of expert e's copies as bits (ranks < 64).
+MOE_HOST_DEVICE inline unsigned long long copy_bits(Layout const& L, int e) {
+  unsigned long long m = 0;
+  for (int c = L.first[e]; c < L.first[e + 1]; ++c) m |= 1ULL << L.rank[c];
+  return m;
 }
 
 /// Calls f(i) for each i in [from, n) that is marked, in increasing order. The marks are bits, 32
@@ -405,6 +413,58 @@ MOE_HOST_DEVICE inline long long lower_bound(Layout const& L, detail::Work const
   long long T = 0;
   for (int g = 0; g < L.ranks; ++g) T = detail::lmax(T, W.load[g]);
   return lower_bound(T, W.hdr[detail::kTotal], L.ranks);
+}
+
+/// A tighter lower bound from one set S of ranks: every pair of an expert whose copies all lie in S
+/// is served in S, so some rank of S receives at least ceil(need / |S|), need = the fixed loads of
+/// S's ranks (W.load before the start) plus the pairs of the experts with copies that lie in S.
+/// The sets: i < n_list, the ranks of the copies of expert list[i] (up to 64 ranks; past that it
+/// returns 0); i = n_list + v, the ranks of server v. `list`: the experts with copies (W.multi on the host: those with pairs; one without
+/// pairs adds nothing), in any order.
+/// Starting the least max load from the largest of these (set_bounds) skips the searches and
+/// Newton steps that would lift T to it, and changes nothing else: the least max load is the least
+/// feasible T from any lower bound, and its flow is not kept (the tie-breaks start again).
+MOE_HOST_DEVICE inline long long set_bound(Layout const& L, detail::Work const& W, long long const* list, int n_list,
+                                           int i, long long const* bits_of_list = nullptr) {
+  int lo, hi;  // the set: L.rank[c] for c in [lo, hi), or W.srank[j] for j in [lo, hi)
+  bool const server = i >= n_list;
+  if (server) lo = static_cast<int>(W.sfirst[i - n_list]), hi = static_cast<int>(W.sfirst[i - n_list + 1]);
+  else lo = L.first[list[i]], hi = L.first[list[i] + 1];
+  // up to 64 ranks, sets are words of bits and "inside" is one AND; past that only the servers'
+  // sets are tried (each expert's would cost the experts squared)
+  bool const bits = L.ranks <= 64;
+  if (hi <= lo || (!bits && !server)) return 0;
+  auto member = [&](int j) { return server ? static_cast<int>(W.srank[j]) : L.rank[j]; };
+  unsigned long long in = 0;
+  long long need = 0;
+  for (int j = lo; j < hi; ++j) {
+    need += W.load[member(j)];
+    if (bits) in |= 1ULL << member(j);
+  }
+  for (int x = 0; x < n_list; ++x) {
+    int e = static_cast<int>(list[x]);
+    bool inside = true;
+    if (bits) {
+      auto m = bits_of_list != nullptr ? static_cast<unsigned long long>(bits_of_list[x]) : detail::copy_bits(L, e);
+      inside = (m & ~in) == 0;
+    } else {
+      for (int d = L.first[e]; d < L.first[e + 1] && inside; ++d) inside = L.server[L.rank[d]] == i - n_list;
+    }
+    if (inside) need += W.N[e];
+  }
+  return (need + (hi - lo) - 1) / (hi - lo);
+}
+
+/// The largest set_bound over its sets (one thread). `scratch`: n_list words (the copies of each
+/// listed expert as bits, made once when the ranks fit a word).
+MOE_HOST_DEVICE inline long long set_bounds(Layout const& L, detail::Work const& W, long long const* list, int n_list,
+                                            long long* scratch) {
+  if (L.ranks <= 64)
+    for (int x = 0; x < n_list; ++x) scratch[x] = static_cast<long long>(detail::copy_bits(L, static_cast<int>(list[x])));
+  long long T = 0;
+  for (int i = 0; i < n_list + L.servers; ++i)
+    T = detail::lmax(T, set_bound(L, W, list, n_list, i, L.ranks <= 64 ? scratch : nullptr));
+  return T;
 }
 
 /// The max load the tie-breaks may use: the least max load T, or with a balance slack
@@ -784,7 +844,7 @@ MOE_HOST_DEVICE inline long long least_max(Layout const& L, std::int32_t const* 
   PlainAdd add;
   for (int e = 0; e < E; ++e)
     if (expert_totals(L, counts, W, e, add)) W.multi[W.n_multi++] = e;
-  long long T = lower_bound(L, W);
+  long long T = detail::lmax(lower_bound(L, W), set_bounds(L, W, W.multi, W.n_multi, W.y));  // y: free until the start
   W.n_arcs = 0;
   for (int i = 0; i < W.n_multi; ++i) {
     int e = static_cast<int>(W.multi[i]);
