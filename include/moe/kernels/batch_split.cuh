@@ -431,7 +431,7 @@ __device__ __forceinline__ long long least_max_rounds(replication::split::Layout
     }
     // the ranks below T reached in the last round and the side arcs of the search, marked by the team
     if (end < G) {
-      mark_bits<Team::size>(team.rank, G, W.rank_bits, [&](int h) { return W.dist[h] == last && W.load[h] < T; });
+      mark_bits<Team::size>(team.rank, G, W.rank_bits, [&](int h) { return split::side_rank(W, h, T, last); });
       mark_bits<Team::size>(team.rank, n_arcs, W.arc_bits, [&](int a) { return split::side_arc(L, W, a, last); });
       team.sync();
     }
@@ -572,7 +572,7 @@ __device__ __forceinline__ bool least_cost_rounds(replication::split::Layout con
     // (also when the first path turns out to end the step: knowing that first would cost member 0's
     // path walk and a broadcast before the marks, in every search)
     if (end < G) {
-      mark_bits<Team::size>(team.rank, G, W.rank_bits, [&](int h) { return W.load[h] < T && W.dist[h] == least; });
+      mark_bits<Team::size>(team.rank, G, W.rank_bits, [&](int h) { return split::tie_side_rank(W, h, T, least); });
       mark_bits<Team::size>(team.rank, n_arcs, W.arc_bits,
                             [&](int a) { return split::tie_side_arc(L, W, T, least, a); });
       team.sync();

@@ -419,8 +419,8 @@ MOE_HOST_DEVICE inline long long lower_bound(Layout const& L, detail::Work const
 /// is served in S, so some rank of S receives at least ceil(need / |S|), need = the fixed loads of
 /// S's ranks (W.load before the start) plus the pairs of the experts with copies that lie in S.
 /// The sets: i < n_list, the ranks of the copies of expert list[i] (up to 64 ranks; past that it
-/// returns 0); i = n_list + v, the ranks of server v. `list`: the experts with copies (W.multi on the host: those with pairs; one without
-/// pairs adds nothing), in any order.
+/// returns 0); i = n_list + v, the ranks of server v. `list`: the experts with copies (W.multi on
+/// the host: those with pairs; one without pairs adds nothing), in any order.
 /// Starting the least max load from the largest of these (set_bounds) skips the searches and
 /// Newton steps that would lift T to it, and changes nothing else: the least max load is the least
 /// feasible T from any lower bound, and its flow is not kept (the tie-breaks start again).
@@ -460,7 +460,8 @@ MOE_HOST_DEVICE inline long long set_bound(Layout const& L, detail::Work const& 
 MOE_HOST_DEVICE inline long long set_bounds(Layout const& L, detail::Work const& W, long long const* list, int n_list,
                                             long long* scratch) {
   if (L.ranks <= 64)
-    for (int x = 0; x < n_list; ++x) scratch[x] = static_cast<long long>(detail::copy_bits(L, static_cast<int>(list[x])));
+    for (int x = 0; x < n_list; ++x)
+      scratch[x] = static_cast<long long>(detail::copy_bits(L, static_cast<int>(list[x])));
   long long T = 0;
   for (int i = 0; i < n_list + L.servers; ++i)
     T = detail::lmax(T, set_bound(L, W, list, n_list, i, L.ranks <= 64 ? scratch : nullptr));
@@ -490,6 +491,12 @@ MOE_HOST_DEVICE inline bool bfs_arc(Layout const& L, detail::Work const& W, int 
 MOE_HOST_DEVICE inline bool side_arc(Layout const& L, detail::Work const& W, int a, long long last) {
   int h = L.rank[W.arc_d[a]];
   return W.dist[h] == last && W.pred[h] != a && W.dist[L.rank[W.arc_c[a]]] == last - 1;
+}
+
+/// Whether rank h is one the least max load's step serves after a search that first reached a rank
+/// below T in round `last`: first reached in that round and still below T.
+MOE_HOST_DEVICE inline bool side_rank(detail::Work const& W, int h, long long T, long long last) {
+  return W.dist[h] == last && W.load[h] < T;
 }
 
 namespace detail {
@@ -546,14 +553,15 @@ MOE_HOST_DEVICE inline long long max_load_step(Layout const& L, detail::Work& W,
   }
   // a rank's load only rises towards T here, and an origin's falls to T at most
   for_each_marked(
-      marked ? W.rank_bits : nullptr, end, L.ranks, [&](int h) { return W.dist[h] == last && W.load[h] < T; },
+      marked ? W.rank_bits : nullptr, end, L.ranks, [&](int h) { return side_rank(W, h, T, last); },
       [&](int h) {
         if (W.load[h] < T) take_path(L, W, T, h);
       });
   for_each_marked(
       marked ? W.arc_bits : nullptr, 0, n_arcs, [&](int a) { return side_arc(L, W, a, last); },
       [&](int a) {
-        if (W.load[L.rank[W.arc_d[a]]] < T) take_path(L, W, T, L.rank[W.arc_d[a]], a);
+        int h = L.rank[W.arc_d[a]];
+        if (W.load[h] < T) take_path(L, W, T, h, a);
       });
   return T;
 }
@@ -724,6 +732,12 @@ MOE_HOST_DEVICE inline bool still_shortest_via(Layout const& L, detail::Work& W,
   return g != h && W.pred[g] < 0 && W.load[g] > T && sum == D && !detail::path_repeats(W, n);
 }
 
+/// Whether rank h is one a tie-break search whose least distance to a rank below T is D serves
+/// after its first path: below T at distance D.
+MOE_HOST_DEVICE inline bool tie_side_rank(detail::Work const& W, int h, long long T, long long D) {
+  return W.load[h] < T && W.dist[h] == D;
+}
+
 /// Whether arc a is a side arc of a tie-break search whose least distance to a rank below T is D:
 /// into a rank below T at distance D, not that rank's tree arc, and tight at the search's costs
 /// (W.cost: its tail's distance plus its cost is D). Whether its path is still a shortest one is
@@ -731,7 +745,7 @@ MOE_HOST_DEVICE inline bool still_shortest_via(Layout const& L, detail::Work& W,
 MOE_HOST_DEVICE inline bool tie_side_arc(Layout const& L, detail::Work const& W, long long T, long long D, int a) {
   int h = L.rank[W.arc_d[a]];
   long long from = W.dist[L.rank[W.arc_c[a]]], k = W.cost[a];
-  return W.load[h] < T && W.dist[h] == D && W.pred[h] != a && from != detail::inf && k != detail::inf &&
+  return tie_side_rank(W, h, T, D) && W.pred[h] != a && from != detail::inf && k != detail::inf &&
          from + k == D;
 }
 
@@ -744,16 +758,17 @@ MOE_HOST_DEVICE inline bool tie_side_arc(Layout const& L, detail::Work const& W,
 /// the excess of several origins. With `marked`, the search's marks hold which ranks and arcs to
 /// walk (W.rank_bits: below T at distance D, `end` left out; W.arc_bits: tie_side_arc; a CUDA team
 /// sets them in parallel); else they are asked here, which gives the same answer (the paths change
-/// no distance, and a rank at or above T never falls below it). `n_arcs`: the arcs of the batch. Why those are shortest paths of the present split:
-/// the search's distances stay a lower bound on the cost of every path from a rank above T. The
-/// split's cost is separable and convex over a graph of experts, (expert, server) pairs, copies and
-/// ranks, whose paths between ranks are the rank graph's arcs; each move stops where an arc's cost
-/// would change (move_cost's room), so it leaves no arc cheaper than its distances allow (the
-/// reverse of a move costs what the move saved, and the move's own cost can only rise). A path
-/// from a rank above T whose present cost is D then reaches a rank below T at the least cost any
-/// path can, and moving pairs along it is the step successive shortest paths would take next. A
-/// path that moves an expert twice (its one-pair moves interact) is taken only as the first, and
-/// then ends the step, which leaves the rest to the next search. Returns false on an internal fault.
+/// no distance, and a rank at or above T never falls below it). `n_arcs`: the arcs of the batch.
+/// Why those are shortest paths of the present split: the search's distances stay a lower bound on
+/// the cost of every path from a rank above T. The split's cost is separable and convex over a
+/// graph of experts, (expert, server) pairs, copies and ranks, whose paths between ranks are the
+/// rank graph's arcs; each move stops where an arc's cost would change (move_cost's room), so it
+/// leaves no arc cheaper than its distances allow (the reverse of a move costs what the move saved,
+/// and the move's own cost can only rise). A path from a rank above T whose present cost is D then
+/// reaches a rank below T at the least cost any path can, and moving pairs along it is the step
+/// successive shortest paths would take next. A path that moves an expert twice (its one-pair moves
+/// interact) is taken only as the first, and then ends the step, which leaves the rest to the next
+/// search. Returns false on an internal fault.
 MOE_HOST_DEVICE inline bool tie_break_step(Layout const& L, detail::Work& W, long long T, long long A, int end,
                                            int n_arcs, bool marked = false) {
   long long const D = W.dist[end];
@@ -762,7 +777,7 @@ MOE_HOST_DEVICE inline bool tie_break_step(Layout const& L, detail::Work& W, lon
   if (repeated) return true;
   int origin = 0, len = 0;  // a path still_shortest(_via) accepts moves no expert twice
   detail::for_each_marked(
-      marked ? W.rank_bits : nullptr, end + 1, L.ranks, [&](int h) { return W.load[h] < T && W.dist[h] == D; },
+      marked ? W.rank_bits : nullptr, end + 1, L.ranks, [&](int h) { return tie_side_rank(W, h, T, D); },
       [&](int h) {
         if (W.load[h] < T && still_shortest(L, W, T, A, h, D, &origin, &len)) augment_path(L, W, T, A, h, origin, len);
       });
