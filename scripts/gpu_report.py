@@ -289,6 +289,14 @@ def main():
                          f"| {fmt(b.get('real_time'))} | {fmt(b.get('all_cycles'))} "
                          f"| {fmt(b.get('max_load_searches'))} / {fmt(b.get('max_load_rounds'))} "
                          f"| {fmt(b.get('tie_break_searches'))} / {fmt(b.get('tie_break_rounds'))} |")
+        # where the series' time goes: thread 0's clock64 after each stage, a second split of each batch
+        snames = ["counts", "totals", "lists", "start", "max_load", "tie_breaks", "sources", "matching"]
+        lines += ["", "The series' stages (mean SM cycles per split; thread 0's clock64 after each stage, from a "
+                  "second split of each batch):", "",
+                  "| tokens | " + " | ".join(snames) + " | all |", "|---|" + "---:|" * (len(snames) + 1)]
+        for b in series:
+            lines.append(f"| {b['name'].replace('/manual_time', '').split('/')[1]} | "
+                         + " | ".join(fmt(b.get(n + "_cycles")) for n in snames) + f" | {fmt(b.get('all_cycles'))} |")
     if stages:
         names = ["counts", "totals", "lists", "start", "max_load", "tie_breaks", "sources", "matching"]
         lines += ["", "Where a split's time goes (DeviceSplitStages: thread 0's clock64 after each stage, mean of "
