@@ -23,6 +23,10 @@ import json
 import os
 import sys
 
+# The split kernel's stages, in order, as bench_cuda_batch_split names them in its counters
+# (<stage>_cycles, <stage>_share).
+SPLIT_STAGES = ["counts", "totals", "lists", "start", "max_load", "tie_breaks", "sources", "matching"]
+
 
 def read_text(path, default=""):
     try:
@@ -290,21 +294,20 @@ def main():
                          f"| {fmt(b.get('max_load_searches'))} / {fmt(b.get('max_load_rounds'))} "
                          f"| {fmt(b.get('tie_break_searches'))} / {fmt(b.get('tie_break_rounds'))} |")
         # where the series' time goes: thread 0's clock64 after each stage, a second split of each batch
-        snames = ["counts", "totals", "lists", "start", "max_load", "tie_breaks", "sources", "matching"]
         lines += ["", "The series' stages (mean SM cycles per split; thread 0's clock64 after each stage, from a "
                   "second split of each batch):", "",
-                  "| tokens | " + " | ".join(snames) + " | all |", "|---|" + "---:|" * (len(snames) + 1)]
+                  "| tokens | " + " | ".join(SPLIT_STAGES) + " | all |", "|---|" + "---:|" * (len(SPLIT_STAGES) + 1)]
         for b in series:
             lines.append(f"| {b['name'].replace('/manual_time', '').split('/')[1]} | "
-                         + " | ".join(fmt(b.get(n + "_cycles")) for n in snames) + f" | {fmt(b.get('all_cycles'))} |")
+                         + " | ".join(fmt(b.get(n + "_cycles")) for n in SPLIT_STAGES) + f" | {fmt(b.get('all_cycles'))} |")
     if stages:
-        names = ["counts", "totals", "lists", "start", "max_load", "tie_breaks", "sources", "matching"]
         lines += ["", "Where a split's time goes (DeviceSplitStages: thread 0's clock64 after each stage, mean of "
                   "50 splits; share of the whole, and the whole in SM cycles):", "",
-                  "| tokens / rounds | " + " | ".join(names) + " | all (cycles) |", "|---|" + "---:|" * (len(names) + 1)]
+                  "| tokens / rounds | " + " | ".join(SPLIT_STAGES) + " | all (cycles) |",
+                  "|---|" + "---:|" * (len(SPLIT_STAGES) + 1)]
         for b in stages:
             lines.append(f"| {' / '.join(b['name'].split('/')[1:3])} | "
-                         + " | ".join(fmt(b.get(n + "_share")) for n in names) + f" | {fmt(b.get('all_cycles'))} |")
+                         + " | ".join(fmt(b.get(n + "_share")) for n in SPLIT_STAGES) + f" | {fmt(b.get('all_cycles'))} |")
         # the kernel's tallies of the same splits: what the rank-sized rounds cost each
         if any("max_load_rounds" in b for b in stages):
             lines += ["", "The rank-sized rounds of those splits (the kernel's tallies) and each stage's cycles over "

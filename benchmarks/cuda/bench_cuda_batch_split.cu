@@ -36,6 +36,13 @@ using moe::replication::split::Outcome;
 
 namespace {
 
+// The names of DeviceSplit::run's stamps in the benchmarks' counters: the stages between thread 0's
+// clock stamps (entry k: from stamp k - 1 to stamp k), then the rounds' tallies.
+constexpr char const* kStageNames[kc::DeviceSplit::stamp_clocks] = {
+    "", "counts", "totals", "lists", "start", "max_load", "tie_breaks", "sources", "matching"};
+constexpr char const* kTallyNames[kc::DeviceSplit::stamps_size - kc::DeviceSplit::stamp_clocks] = {
+    "max_load_searches", "max_load_rounds", "tie_break_searches", "tie_break_rounds"};
+
 cudaStream_t stream() {
   static cudaStream_t s = [] {
     cudaStream_t x;
@@ -142,29 +149,26 @@ void BM_DeviceSplitStages(benchmark::State& state, int tokens, kc::DeviceSplit::
       for (int k = 1; k < K; ++k) sum[static_cast<std::size_t>(k)] += static_cast<double>(h[k] - h[k - 1]);
     }
   }
-  static char const* names[K] = {"", "counts", "totals", "lists", "start", "max_load", "tie_breaks", "sources",
-                                 "matching"};
   double all = 0;
   for (int k = 1; k < K; ++k) all += sum[static_cast<std::size_t>(k)];
   for (int k = 1; k < K; ++k) {
-    state.counters[std::string(names[k]) + "_cycles"] = sum[static_cast<std::size_t>(k)] / reps;
-    state.counters[std::string(names[k]) + "_share"] = all > 0 ? sum[static_cast<std::size_t>(k)] / all : 0;
+    state.counters[std::string(kStageNames[k]) + "_cycles"] = sum[static_cast<std::size_t>(k)] / reps;
+    state.counters[std::string(kStageNames[k]) + "_share"] = all > 0 ? sum[static_cast<std::size_t>(k)] / all : 0;
   }
   state.counters["all_cycles"] = all / reps;
   // the rounds' tallies (the same in every split of the batch): per round, the cycles of its stage
-  static char const* tallies[] = {"max_load_searches", "max_load_rounds", "tie_break_searches", "tie_break_rounds"};
-  for (int k = K; k < N; ++k) state.counters[tallies[k - K]] = static_cast<double>(h[k]);
+  for (int k = K; k < N; ++k) state.counters[kTallyNames[k - K]] = static_cast<double>(h[k]);
   if (h[K + 1] > 0) state.counters["max_load_cycles_per_round"] = sum[5] / reps / static_cast<double>(h[K + 1]);
   if (h[K + 3] > 0) state.counters["tie_break_cycles_per_round"] = sum[6] / reps / static_cast<double>(h[K + 3]);
   state.SetLabel("thread 0's clock64 per stage, mean of 50 splits");
 }
 
 void BM_DeviceSplitSeries(benchmark::State& state, int tokens) {
-  int const B = moe::bench_split::series_batches(tokens);
-  auto s = moe::bench_split::make(tokens, 0);
-  moe::replication::BatchSplit host(s.copies, s.topo);
+  auto const batches = moe::bench_split::series(tokens);
+  int const B = static_cast<int>(batches.size());
+  moe::replication::BatchSplit host(batches[0].copies, batches[0].topo);
   kc::DeviceSplit dev(host.layout());
-  std::size_t const per = s.counts.size();
+  std::size_t const per = batches[0].counts.size();
   kc::DeviceArray<std::int32_t> counts(per * static_cast<std::size_t>(B)), take(dev.take_size());
   kc::DeviceArray<long long> load(dev.load_size()), stamps(kc::DeviceSplit::stamps_size);
   kc::DeviceArray<Outcome> outcome(1);
@@ -177,7 +181,7 @@ void BM_DeviceSplitSeries(benchmark::State& state, int tokens) {
             stream(), st);
   };
   for (int b = 0; b < B; ++b) {
-    auto sb = b == 0 ? s : moe::bench_split::make(tokens, b);
+    auto const& sb = batches[static_cast<std::size_t>(b)];
     auto want = host.plan_batch(sb.counts);
     fixed += sb.fixed_ratio;
     split += static_cast<double>(want.max_load) / sb.mean;
@@ -212,12 +216,9 @@ void BM_DeviceSplitSeries(benchmark::State& state, int tokens) {
   for (auto _ : state) state.SetIterationTime(mean_us(replay, 5) * 1e-6 / B);
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
-  static char const* names[] = {"max_load_searches", "max_load_rounds", "tie_break_searches", "tie_break_rounds"};
-  for (int k = K; k < N; ++k) state.counters[names[k - K]] = tally[k - K] / B;
-  static char const* stages[K] = {"", "counts", "totals", "lists", "start", "max_load", "tie_breaks", "sources",
-                                  "matching"};
+  for (int k = K; k < N; ++k) state.counters[kTallyNames[k - K]] = tally[k - K] / B;
   double all = 0;
-  for (int k = 1; k < K; ++k) state.counters[std::string(stages[k]) + "_cycles"] = stage[k] / B, all += stage[k];
+  for (int k = 1; k < K; ++k) state.counters[std::string(kStageNames[k]) + "_cycles"] = stage[k] / B, all += stage[k];
   state.counters["all_cycles"] = all / B;
   state.counters["batches"] = B;
   state.counters["fixed_max_over_mean"] = fixed / B;

@@ -73,4 +73,11 @@ inline Setup make(int tokens, int batch = -1) {
   return s;
 }
 
+/// The series at `tokens` per rank: batches 0 .. series_batches(tokens) - 1 of make(tokens, b).
+inline std::vector<Setup> series(int tokens) {
+  std::vector<Setup> all;
+  for (int b = 0; b < series_batches(tokens); ++b) all.push_back(make(tokens, b));
+  return all;
+}
+
 }  // namespace moe::bench_split

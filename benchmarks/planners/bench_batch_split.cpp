@@ -34,17 +34,17 @@ void BM_BatchSplit(benchmark::State& state) {
 BENCHMARK(BM_BatchSplit)->Arg(4096)->Arg(256)->Arg(64)->Arg(16)->Unit(benchmark::kMicrosecond);
 
 void BM_BatchSplitSeries(benchmark::State& state) {
-  int const tokens = static_cast<int>(state.range(0)), B = series_batches(tokens);
-  auto s = make(tokens, 0);
-  replication::BatchSplit policy(s.copies, s.topo);
+  auto all = series(static_cast<int>(state.range(0)));
+  int const B = static_cast<int>(all.size());
+  replication::BatchSplit policy(all[0].copies, all[0].topo);
   std::vector<std::vector<std::int32_t>> counts;
   double fixed = 0, split = 0;
-  for (int b = 0; b < B; ++b) {
-    auto sb = b == 0 ? s : make(tokens, b);
+  for (auto& sb : all) {
     fixed += sb.fixed_ratio;
     split += static_cast<double>(policy.plan_batch(sb.counts).max_load) / sb.mean;
     counts.push_back(std::move(sb.counts));
   }
+  all.clear();
   std::size_t i = 0;
   for (auto _ : state) {
     auto out = policy.plan_batch(counts[i]);
