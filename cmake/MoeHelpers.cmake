@@ -152,19 +152,21 @@ function(moe_add_test)
 endfunction()
 
 # moe_spill_check(<target> [ALLOW_SPILLS]): ptxas warns when a kernel of the target's CUDA files
-# spills registers to local memory (-warn-spills). Where tests/cuda/CMakeLists.txt sets the global
-# property MOE_SPILLS_FATAL (its device-only build for the default architecture alone, sm_90a: CI's,
-# on a machine without a GPU) a spill fails the build; a GPU machine's build, or one for other
-# architectures, only warns. ALLOW_SPILLS exempts a target whose kernel spills by design. The GPU
-# tests, examples, benchmarks and tools all take it: they instantiate the kernels with different
-# types and shapes (docs/cuda.md, "Register spills").
+# spills registers to local memory (-warn-spills) or uses local memory at all (-warn-lmem-usage: an
+# array indexed at run time lives there, per-thread memory behind L1, as the split kernel's header
+# sums did). Where tests/cuda/CMakeLists.txt sets the global property MOE_SPILLS_FATAL (its
+# device-only build for the default architecture alone, sm_90a: CI's, on a machine without a GPU)
+# either fails the build; a GPU machine's build, or one for other architectures, only warns.
+# ALLOW_SPILLS exempts a target whose kernel needs local memory by design. The GPU tests, examples,
+# benchmarks and tools all take it: they instantiate the kernels with different types and shapes
+# (docs/cuda.md, "Register spills").
 function(moe_spill_check target)
   cmake_parse_arguments(_arg "ALLOW_SPILLS" "" "" ${ARGN})
   get_property(_fatal GLOBAL PROPERTY MOE_SPILLS_FATAL)
   if(_fatal AND NOT _arg_ALLOW_SPILLS)
-    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xptxas=-warn-spills,-Werror>)
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xptxas=-warn-spills,-warn-lmem-usage,-Werror>)
   else()
-    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xptxas=-warn-spills>)
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xptxas=-warn-spills,-warn-lmem-usage>)
   endif()
 endfunction()
 

@@ -57,12 +57,17 @@ __global__ void largest_logits_kernel(float const* logits, int tokens, int* ids,
   int t = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
   if (t >= tokens) return;
   float const* row = logits + static_cast<std::size_t>(t) * E;
-  bool taken[E] = {};
+  // the K largest in the order (value descending, index ascending): each pick is the first
+  // largest after the one before in that order (no array of taken flags, which would sit in
+  // local memory and fail the build's local-memory check)
+  int last = -1;
   for (int j = 0; j < K; ++j) {
     int best = -1;
-    for (int e = 0; e < E; ++e)
-      if (!taken[e] && (best < 0 || row[e] > row[best])) best = e;
-    taken[best] = true;
+    for (int e = 0; e < E; ++e) {
+      bool after = last < 0 || row[e] < row[last] || (row[e] == row[last] && e > last);
+      if (after && (best < 0 || row[e] > row[best])) best = e;
+    }
+    last = best;
     ids[static_cast<std::size_t>(t) * K + j] = best;
     weights[static_cast<std::size_t>(t) * K + j] = 1.0f / static_cast<float>(K);
   }

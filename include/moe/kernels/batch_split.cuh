@@ -73,17 +73,23 @@ namespace detail {
 
 /// The sums of the expert stage, shared by the block's threads: the header's sums in registers
 /// (added to the header once per warp by flush()), the rank loads by 64-bit atomic additions (two's
-/// complement, so the unsigned form adds signed values exactly).
+/// complement, so the unsigned form adds signed values exactly). Each sum is named by a constant
+/// index: indexed by `p - hdr`, the array went to local memory (40 bytes of stack per thread, a
+/// load and a store through L1 for every addition).
 struct BlockAdd {
   long long* hdr;
   long long sum[4] = {0, 0, 0, 0};
   __device__ void operator()(long long* p, long long v) {
     auto i = p - hdr;
-    if (i >= 0 && i < 4) sum[i] += v;
+    if (i == 0) sum[0] += v;
+    else if (i == 1) sum[1] += v;
+    else if (i == 2) sum[2] += v;
+    else if (i == 3) sum[3] += v;
     else atomicAdd(reinterpret_cast<unsigned long long*>(p), static_cast<unsigned long long>(v));
   }
   /// Every thread of the block calls it.
   __device__ void flush() {
+#pragma unroll
     for (int k = 0; k < 4; ++k) {
       long long v = sum[k];
       for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, static_cast<unsigned>(o));

@@ -128,6 +128,9 @@ __global__ void __launch_bounds__(32 * route_warps)
   if constexpr (G > 1) {
     // Group scores (one lane per group, the host's loop), then the best groups on lane 0.
     __shared__ float group_s[route_warps][G];
+    // The groups lane 0 has taken: in shared memory, since it indexes them by a group found at run
+    // time (a local array would live in local memory, per-thread DRAM behind L1).
+    __shared__ bool group_ok_s[route_warps][G];
     for (int g = lane; g < G; g += 32) {
       float const* first = select + g * per_group;
       float gs;
@@ -151,7 +154,7 @@ __global__ void __launch_bounds__(32 * route_warps)
     }
     __syncwarp();
     if (lane == 0) {
-      bool group_ok[G];
+      bool* group_ok = group_ok_s[warp];
       for (int g = 0; g < G; ++g) group_ok[g] = false;
       for (int j = 0; j < GroupsPerToken; ++j) {
         int best = -1;
