@@ -805,5 +805,39 @@ unsigned vote(unsigned mask, char const* kind, bool pred, ::emu::Where where) {
   return a.out;
 }
 
+std::uint32_t reduce(unsigned mask, char const* kind, ReduceOp op, bool is_signed, std::uint32_t value,
+                     ::emu::Where where) {
+  struct Arg {
+    std::uint32_t value, out;
+  } a{value, 0};
+  warp_collective(mask, kind, &a,
+                  [op, is_signed](void* const* lanes) {
+                    bool first = true;
+                    std::uint32_t r = 0;
+                    for (int l = 0; l < 32; ++l) {
+                      if (!lanes[l]) continue;
+                      std::uint32_t v = static_cast<Arg*>(lanes[l])->value;
+                      if (first) {
+                        r = v, first = false;
+                        continue;
+                      }
+                      bool less = is_signed ? static_cast<std::int32_t>(v) < static_cast<std::int32_t>(r) : v < r;
+                      bool more = is_signed ? static_cast<std::int32_t>(v) > static_cast<std::int32_t>(r) : v > r;
+                      switch (op) {
+                        case ReduceOp::add: r += v; break;  // modulo 2^32, as the hardware's
+                        case ReduceOp::min: r = less ? v : r; break;
+                        case ReduceOp::max: r = more ? v : r; break;
+                        case ReduceOp::and_: r &= v; break;
+                        case ReduceOp::or_: r |= v; break;
+                        case ReduceOp::xor_: r ^= v; break;
+                      }
+                    }
+                    for (int l = 0; l < 32; ++l)
+                      if (lanes[l]) static_cast<Arg*>(lanes[l])->out = r;
+                  },
+                  where);
+  return a.out;
+}
+
 }  // namespace detail
 }  // namespace emu

@@ -86,6 +86,23 @@ __global__ void vote_kernel(int const* in, unsigned* ballot, int* any, int* all)
   all[t] = __all_sync(0xffffffffu, in[t] >= 0);
 }
 
+// Each half-warp reduces over its own lanes (mask 0x0000ffff or 0xffff0000): out[k][t].
+__global__ void reduce_kernel(int const* in, int* out) {
+  int t = static_cast<int>(threadIdx.x);
+  unsigned mask = t < 16 ? 0x0000ffffu : 0xffff0000u;
+  int v = in[t];
+  auto u = static_cast<unsigned>(v);
+  out[8 * 32 + t] = __reduce_min_sync(0xffffffffu, v);  // the whole warp first: then the halves
+  out[0 * 32 + t] = __reduce_add_sync(mask, v);
+  out[1 * 32 + t] = __reduce_min_sync(mask, v);
+  out[2 * 32 + t] = __reduce_max_sync(mask, v);
+  out[3 * 32 + t] = static_cast<int>(__reduce_min_sync(mask, u));
+  out[4 * 32 + t] = static_cast<int>(__reduce_max_sync(mask, u));
+  out[5 * 32 + t] = static_cast<int>(__reduce_and_sync(mask, u));
+  out[6 * 32 + t] = static_cast<int>(__reduce_or_sync(mask, u));
+  out[7 * 32 + t] = static_cast<int>(__reduce_xor_sync(mask, u));
+}
+
 __global__ void atomic_kernel(int* counter, unsigned* bits) {
   atomicAdd(counter, 1);
   atomicOr(bits, 1u << (threadIdx.x % 32));
@@ -255,6 +272,42 @@ TEST_CASE("warp shuffles and votes match the programming guide", "[emu]") {
   cudaFree(din);
   cudaFree(ballot);
   for (auto& p : o) cudaFree(p);
+}
+
+TEST_CASE("warp reductions (__reduce_*_sync) match a loop over the lanes", "[emu]") {
+  // seeded values with negatives, so that the signed and unsigned orders differ
+  std::vector<int> in(32);
+  std::mt19937 rng(11);
+  for (auto& v : in) v = static_cast<int>(rng() % 2001) - 1000;
+  int* din = device_alloc<int>(32);
+  int* dout = device_alloc<int>(9 * 32);
+  upload(din, in);
+  REQUIRE(emu::kernel_launch(reduce_kernel, dim3(1), dim3(32), 0, nullptr, din, dout) == cudaSuccess);
+  auto got = download(dout, 9 * 32);
+  for (int t = 0; t < 32; ++t) {
+    int lo = t < 16 ? 0 : 16;
+    long long add = 0;
+    int smin = in[static_cast<std::size_t>(lo)], smax = smin;
+    unsigned umin = static_cast<unsigned>(smin), umax = umin, uand = umin, uor = 0, uxor = 0;
+    for (int l = lo; l < lo + 16; ++l) {
+      int v = in[static_cast<std::size_t>(l)];
+      auto u = static_cast<unsigned>(v);
+      add += v, smin = std::min(smin, v), smax = std::max(smax, v);
+      umin = std::min(umin, u), umax = std::max(umax, u), uand &= u, uor |= u, uxor ^= u;
+    }
+    auto at = [&](int k) { return got[static_cast<std::size_t>(k * 32 + t)]; };
+    CHECK(at(0) == add);
+    CHECK(at(1) == smin);
+    CHECK(at(2) == smax);
+    CHECK(static_cast<unsigned>(at(3)) == umin);
+    CHECK(static_cast<unsigned>(at(4)) == umax);
+    CHECK(static_cast<unsigned>(at(5)) == uand);
+    CHECK(static_cast<unsigned>(at(6)) == uor);
+    CHECK(static_cast<unsigned>(at(7)) == uxor);
+    CHECK(at(8) == *std::min_element(in.begin(), in.end()));
+  }
+  cudaFree(din);
+  cudaFree(dout);
 }
 
 TEST_CASE("atomics are device-wide", "[emu]") {

@@ -26,6 +26,11 @@ inline ThreadInfo const& here() {
 std::uint64_t shuffle(unsigned mask, char const* kind, std::uint64_t value, int src_lane, ::emu::Where where);
 /// Warp votes (__all_sync, __any_sync, __ballot_sync) and __syncwarp.
 unsigned vote(unsigned mask, char const* kind, bool pred, ::emu::Where where);
+/// Warp reductions (__reduce_*_sync, sm_80 and later): every lane in `mask` gets `op` over the
+/// lanes' values. `is_signed`: compare min and max as int, else as unsigned.
+enum class ReduceOp { add, min, max, and_, or_, xor_ };
+std::uint32_t reduce(unsigned mask, char const* kind, ReduceOp op, bool is_signed, std::uint32_t value,
+                     ::emu::Where where);
 
 template <class T>
 std::uint64_t to_bits(T v) {
@@ -108,6 +113,29 @@ inline int __any_sync(unsigned mask, int pred, ::emu::Where where = ::emu::Where
   return (::emu::detail::vote(mask, "__any_sync", pred != 0, where) & mask) != 0;
 }
 inline unsigned __activemask() { return 0xffffffffu; }
+// The warp reductions of sm_80 and later (one REDUX instruction on the GPU), for int and unsigned as
+// CUDA declares them.
+#define MOE_EMU_REDUCE(name, op)                                                                                \
+  inline unsigned name(unsigned mask, unsigned v, ::emu::Where where = ::emu::Where::current()) {              \
+    return ::emu::detail::reduce(mask, #name, ::emu::detail::ReduceOp::op, false, v, where);                   \
+  }                                                                                                             \
+  inline int name(unsigned mask, int v, ::emu::Where where = ::emu::Where::current()) {                        \
+    return static_cast<int>(                                                                                    \
+        ::emu::detail::reduce(mask, #name, ::emu::detail::ReduceOp::op, true, static_cast<std::uint32_t>(v), where)); \
+  }
+MOE_EMU_REDUCE(__reduce_add_sync, add)
+MOE_EMU_REDUCE(__reduce_min_sync, min)
+MOE_EMU_REDUCE(__reduce_max_sync, max)
+#undef MOE_EMU_REDUCE
+inline unsigned __reduce_and_sync(unsigned mask, unsigned v, ::emu::Where where = ::emu::Where::current()) {
+  return ::emu::detail::reduce(mask, "__reduce_and_sync", ::emu::detail::ReduceOp::and_, false, v, where);
+}
+inline unsigned __reduce_or_sync(unsigned mask, unsigned v, ::emu::Where where = ::emu::Where::current()) {
+  return ::emu::detail::reduce(mask, "__reduce_or_sync", ::emu::detail::ReduceOp::or_, false, v, where);
+}
+inline unsigned __reduce_xor_sync(unsigned mask, unsigned v, ::emu::Where where = ::emu::Where::current()) {
+  return ::emu::detail::reduce(mask, "__reduce_xor_sync", ::emu::detail::ReduceOp::xor_, false, v, where);
+}
 
 // ---------------------------------------------------------------------------------------------
 // Atomics (device-wide: blocks of different streams run on different OS threads).
