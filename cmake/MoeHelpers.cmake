@@ -159,7 +159,7 @@ endfunction()
 # either fails the build; a GPU machine's build, or one for other architectures, only warns.
 # ALLOW_SPILLS exempts a target whose kernel needs local memory by design. The GPU tests, examples,
 # benchmarks and tools all take it: they instantiate the kernels with different types and shapes
-# (docs/cuda.md, "Register spills").
+# (docs/cuda.md, "Tests (label `cuda`)").
 function(moe_spill_check target)
   cmake_parse_arguments(_arg "ALLOW_SPILLS" "" "" ${ARGN})
   get_property(_fatal GLOBAL PROPERTY MOE_SPILLS_FATAL)

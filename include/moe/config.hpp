@@ -16,6 +16,16 @@
 #define MOE_DEVICE
 #endif
 
+// Before a loop of the shared host/device code whose trip count is small and known only at run
+// time (an expert's copies, a path's arcs): the device compiler keeps it rolled. Unrolled and
+// inlined at every call, such loops made most of the per-batch split kernel's code
+// (docs/results/batch-balance.md). The host compilers decide for themselves.
+#if defined(__CUDA_ARCH__)
+#define MOE_NO_UNROLL _Pragma("unroll 1")
+#else
+#define MOE_NO_UNROLL
+#endif
+
 namespace moe {
 
 /// Every error the library reports on bad input, infeasible plans or failed backends.

@@ -48,6 +48,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -71,30 +72,32 @@ struct SplitView {
 
 namespace detail {
 
-/// The sums of the expert stage, shared by the block's threads: the header's sums in registers
-/// (added to the header once per warp by flush()), the rank loads by 64-bit atomic additions (two's
-/// complement, so the unsigned form adds signed values exactly). Each sum is named by a constant
-/// index: indexed by `p - hdr`, the array went to local memory (40 bytes of stack per thread, a
-/// load and a store through L1 for every addition).
+/// The sums of the expert stage, shared by the block's threads: the header's three sums
+/// (split::detail::kTotal, kLocal, kSame) in registers, added to the header once per warp by
+/// flush(); anything else (the rank loads) by 64-bit atomic additions (two's complement, so the
+/// unsigned form adds signed values exactly). Each sum is named by a constant index: indexed by
+/// `p - hdr`, the array went to local memory (40 bytes of stack per thread, a load and a store
+/// through L1 for every addition).
 struct BlockAdd {
+  static_assert(replication::split::detail::kTotal == 1 && replication::split::detail::kLocal == 2 &&
+                replication::split::detail::kSame == 3);
   long long* hdr;
-  long long sum[4] = {0, 0, 0, 0};
+  long long sum[3] = {0, 0, 0};  // header words 1, 2, 3
   __device__ void operator()(long long* p, long long v) {
     auto i = p - hdr;
-    if (i == 0) sum[0] += v;
-    else if (i == 1) sum[1] += v;
-    else if (i == 2) sum[2] += v;
-    else if (i == 3) sum[3] += v;
+    if (i == 1) sum[0] += v;
+    else if (i == 2) sum[1] += v;
+    else if (i == 3) sum[2] += v;
     else atomicAdd(reinterpret_cast<unsigned long long*>(p), static_cast<unsigned long long>(v));
   }
   /// Every thread of the block calls it.
   __device__ void flush() {
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
+    for (int k = 0; k < 3; ++k) {
       long long v = sum[k];
       for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, static_cast<unsigned>(o));
       if ((threadIdx.x & 31) == 0 && v != 0)
-        atomicAdd(reinterpret_cast<unsigned long long*>(hdr + k), static_cast<unsigned long long>(v));
+        atomicAdd(reinterpret_cast<unsigned long long*>(hdr + 1 + k), static_cast<unsigned long long>(v));
     }
   }
 };
@@ -133,7 +136,7 @@ __device__ int block_exclusive_scan(int v, int* warp_sums, int* total) {
 /// results (the rounds are written once over a team); they differ in what a round's barrier and
 /// its reductions cost. Every member calls every member function (the team's control is uniform).
 ///   sync()    a barrier of the team (shared memory written before it is seen after it)
-///   min(v)    a barrier and the least v over the members
+///   min(v)    a barrier and the least v over the members (an int: one warp reduction, REDUX)
 ///   from0(v)  a barrier and member 0's v
 struct WarpTeam {
   static constexpr int size = 32;
@@ -147,6 +150,10 @@ struct WarpTeam {
       v = w < v ? w : v;
     }
     return v;
+  }
+  __device__ int min(int v) const {
+    __syncwarp();
+    return __reduce_min_sync(0xffffffffu, v);
   }
   __device__ long long from0(long long v) const {
     __syncwarp();
@@ -178,6 +185,7 @@ struct BlockTeam {
     __syncthreads();
     return *here;
   }
+  __device__ int min(int v) { return static_cast<int>(min(static_cast<long long>(v))); }
   __device__ long long from0(long long v) {
     long long* here = slot + k;
     k = k == 2 ? 0 : k + 1;
@@ -188,31 +196,45 @@ struct BlockTeam {
 };
 
 /// Stage 1 (split::count_servers) on the block, a thread per expert (e = tid, tid + n, ...): it reads its
-/// expert's column rank by rank in server order (W.srank, W.sfirst), 32 rows' loads in flight, and
-/// sums each server's rows in a register: one store per (server, expert), where the host's form adds
-/// every row into shared memory. Integer sums, so equal to the host's. Returns the OR of the counts
-/// read (negative when one of them is).
+/// expert's column rank by rank in server order and sums each server's rows in a register: one store
+/// per (server, expert), where the host's form adds every row into shared memory. Integer sums, so
+/// equal to the host's. Returns the OR of the counts read (negative when one of them is). `rows`: the
+/// layout's, per position p of the ranks in server order, the offset of its rank's row in the counts
+/// (G ints: rank x experts), then, where p is its server's last rank, the offset of that server's row
+/// in W.P (G ints, server x experts; -1 elsewhere; DeviceSplit makes them).
+/// Rows go in groups of 8, the loads of the next group issued before the sums of this one, so that
+/// 16 rows' loads are in flight in a loop whose body is a few hundred bytes of code. The code a
+/// thread runs once is what this kernel's time follows (docs/results/batch-balance.md): 32 rows
+/// unrolled, each with a loop over the servers, were 57 KB of it.
 __device__ __forceinline__ std::int32_t count_servers_block(replication::split::Layout const& L,
-                                                            std::int32_t const* __restrict__ counts,
+                                                            std::int32_t const* __restrict__ counts, int const* rows,
                                                             replication::split::detail::Work& W, int part, int parts) {
-  constexpr int batch = 32;
+  constexpr int batch = 8;
   int const G = L.ranks, S = L.servers, E = L.experts;
+  int const* row_end = rows + G;
   std::int32_t sign = 0;
+#pragma unroll 1
   for (int e = part; e < E; e += parts) {
-    int v = 0;
+    // this thread's column: zero first, so that a server without ranks keeps 0
+    long long* P = W.P + e;
+    std::int32_t const* column = counts + e;
+#pragma unroll 1
+    for (int v = 0; v < S; ++v) P[static_cast<long long>(v) * E] = 0;
     long long sum = 0;
-    while (v < S && W.sfirst[v + 1] == 0) W.P[static_cast<long long>(v) * E + e] = 0, ++v;  // servers without ranks
-    for (int a0 = 0; a0 < G; a0 += batch) {
-      std::int32_t x[batch];
+    std::int32_t x[batch];
 #pragma unroll
-      for (int j = 0; j < batch; ++j)
-        x[j] = a0 + j < G ? counts[W.srank[a0 + j] * E + e] : 0;
+    for (int j = 0; j < batch; ++j) x[j] = j < G ? column[rows[j]] : 0;
+#pragma unroll 1
+    for (int a0 = 0; a0 < G; a0 += batch) {
+      std::int32_t next[batch];
+#pragma unroll
+      for (int j = 0; j < batch; ++j) next[j] = a0 + batch + j < G ? column[rows[a0 + batch + j]] : 0;
 #pragma unroll
       for (int j = 0; j < batch; ++j) {
-        if (a0 + j >= G) break;
         sum += x[j], sign |= x[j];
-        // the server (and any empty ones after it) whose ranks end here
-        while (v < S && W.sfirst[v + 1] == a0 + j + 1) W.P[static_cast<long long>(v) * E + e] = sum, sum = 0, ++v;
+        int at = a0 + j < G ? row_end[a0 + j] : -1;
+        if (at >= 0) P[at] = sum, sum = 0;
+        x[j] = next[j];
       }
     }
   }
@@ -231,6 +253,7 @@ __device__ __forceinline__ void level_warp(long long& l, long long& y, bool on, 
                                            int lane) {
   int p = 0;
   long long below = 0;  // loads of the group's slots before this one in (load, slot) order
+#pragma unroll 1
   for (int j = 0; j < k; ++j) {
     long long lj = __shfl_sync(0xffffffffu, l, j);
     int gj = __shfl_sync(0xffffffffu, group, j);
@@ -240,6 +263,7 @@ __device__ __forceinline__ void level_warp(long long& l, long long& y, bool on, 
   unsigned raised = __ballot_sync(0xffffffffu, in);
   long long n = 0, sum = 0, top = 0;  // the group's raised slots: how many, their loads, the highest
   int before = 0;                     // raised slots of the group at lower lanes (slot order)
+#pragma unroll 1
   for (int j = 0; j < k; ++j) {
     long long lj = __shfl_sync(0xffffffffu, l, j);
     int gj = __shfl_sync(0xffffffffu, group, j);
@@ -275,6 +299,7 @@ __device__ __forceinline__ void start_expert_warp(replication::split::Layout con
   // each server's pairs on its own copies: the group of a copy is the first copy on its server
   int lead = lane;
   long long local = 0;
+#pragma unroll 1
   for (int j = 0; j < k; ++j) {
     int sj = __shfl_sync(0xffffffffu, srv, j);
     long long lj = __shfl_sync(0xffffffffu, loc, j);
@@ -317,6 +342,7 @@ __device__ __forceinline__ long long match_pass(replication::split::Layout const
     long long has = r >= 0 ? rem[r] : 0;
     long long upto = warp_inclusive_sum(has, lane), from = upto - has;
     upto += held, from += held;
+#pragma unroll 1
     for (int j = 0; j < k; ++j) {
       long long cj = __shfl_sync(0xffffffffu, before, j), nj = __shfl_sync(0xffffffffu, wanted, j);
       long long a = from > cj ? from : cj, b = upto < cj + nj ? upto : cj + nj;
@@ -380,12 +406,13 @@ __device__ __forceinline__ void match_expert_warp(replication::split::Layout con
   __syncwarp();
 }
 
-/// A search's marks for member 0 (split::detail::for_each_marked): bit i % 32 of bits[i / 32] is
+/// A search's marks for member 0 (split::detail::next_marked): bit i % 32 of bits[i / 32] is
 /// marked(i), for i in [0, n), one ballot per 32 items. Every member of the team calls it (a team is
 /// whole warps, so its members' ranks mod 32 are their lanes); the caller synchronises after.
 template <int TeamSize, class Marked>
 __device__ __forceinline__ void mark_bits(int member, int n, long long* bits, Marked marked) {
   int const lane = member & 31;
+#pragma unroll 1
   for (int base = member - lane; base < n; base += TeamSize) {
     unsigned m = __ballot_sync(0xffffffffu, base + lane < n && marked(base + lane));
     if (lane == 0) bits[base / 32] = m;
@@ -401,11 +428,12 @@ template <class Team>
 __device__ __forceinline__ long long least_max_rounds(replication::split::Layout const& L, replication::split::detail::Work& W,
                                       int n_arcs, long long T, Team& team, int& searches, int& rounds) {
   namespace split = replication::split;
-  constexpr long long none = 0x7fffffffffffffffLL;
-  long long* claim = W.rem;
+  constexpr int none = INT_MAX;
+  int* claim = reinterpret_cast<int*>(W.claim);  // a rank's lowest arc this round (32-bit: a native atomicMin)
   int const G = L.ranks;
   for (;;) {
     bool above = false;
+#pragma unroll 1
     for (int g = team.rank; g < G; g += team.size) {
       W.dist[g] = W.load[g] > T ? 0 : -1;
       W.pred[g] = -1;
@@ -418,21 +446,23 @@ __device__ __forceinline__ long long least_max_rounds(replication::split::Layout
     long long last = 0;
     for (long long round = 0;; ++round) {
       ++rounds;
+#pragma unroll 1
       for (int a = team.rank; a < n_arcs; a += team.size) {
         int h = L.rank[W.arc_d[a]];
-        if (W.dist[h] < 0 && split::bfs_arc(L, W, a, round)) atomicMin(&claim[h], static_cast<long long>(a));
+        if (W.dist[h] < 0 && split::bfs_arc(L, W, a, round)) atomicMin(&claim[h], a);
       }
       team.sync();
       // one reduction for both: the lowest reached rank below T (< G), something reached (G), nothing (G + 1)
-      long long mine = G + 1;
+      int mine = G + 1;
+#pragma unroll 1
       for (int h = team.rank; h < G; h += team.size) {
         if (claim[h] == none) continue;
         W.dist[h] = round + 1, W.pred[h] = claim[h], claim[h] = none;
         if (W.load[h] < T && h < mine) mine = h;
         else if (mine > G) mine = G;
       }
-      long long r = team.min(mine);
-      if (r < G) end = static_cast<int>(r), last = round + 1;
+      int r = team.min(mine);
+      if (r < G) end = r, last = round + 1;
       if (r != G) break;
     }
     // the ranks below T reached in the last round and the side arcs of the search, marked by the team
@@ -490,24 +520,26 @@ __device__ __forceinline__ bool least_cost_rounds(replication::split::Layout con
                                   long long T, long long A, bool packed, Team& team, int& searches, int& rounds) {
   namespace split = replication::split;
   constexpr long long none = 0x7fffffffffffffffLL, inf = split::detail::inf;
-  long long* claim = W.rem;
+  int* claim = reinterpret_cast<int*>(W.claim);  // the tree's rounds: a rank's lowest tight arc
   int const G = L.ranks;
   PackedLabels const P(G, n_arcs, A);
   packed = packed && P.fits;
-  long long* key = W.rem;  // the packed labels (claim's words: the tree's rounds do not run then)
+  long long* key = W.rem;  // the packed labels
   for (;;) {
     bool above = false;
+#pragma unroll 1
     for (int g = team.rank; g < G; g += team.size) {
       bool excess = W.load[g] > T;
       if (packed) {
         key[g] = W.ndist[g] = excess ? P.pack(0, 0, 0) : none;  // dist is written after the rounds
       } else {
         W.dist[g] = W.ndist[g] = excess ? 0 : inf;
-        claim[g] = none;
+        claim[g] = INT_MAX;
       }
       W.pred[g] = -1;
       above |= excess;
     }
+#pragma unroll 1
     for (int a = team.rank; a < n_arcs; a += team.size) W.cost[a] = split::arc_cost(L, W, a, A);
     if (team.min(above ? 0 : 1) != 0) return true;
     ++searches;
@@ -515,6 +547,7 @@ __device__ __forceinline__ bool least_cost_rounds(replication::split::Layout con
       // the labels: dist, hop and pred together (ndist holds the next round's keys)
       for (int round = 0;; ++round) {
         ++rounds;
+#pragma unroll 1
         for (int a = team.rank; a < n_arcs; a += team.size) {
           long long k = W.cost[a], from = key[L.rank[W.arc_c[a]]];
           if (k != inf && from != none)
@@ -522,11 +555,13 @@ __device__ __forceinline__ bool least_cost_rounds(replication::split::Layout con
         }
         team.sync();
         bool changed = false;
+#pragma unroll 1
         for (int g = team.rank; g < G; g += team.size)
           if (W.ndist[g] < key[g]) key[g] = W.ndist[g], changed = true;
         if (team.min(changed ? 0 : 1) != 0) break;
         if (round == G) return false;  // still changing after G + 1 rounds: a negative cycle
       }
+#pragma unroll 1
       for (int g = team.rank; g < G; g += team.size) {
         long long x = key[g];
         bool reached = x != none;
@@ -538,42 +573,49 @@ __device__ __forceinline__ bool least_cost_rounds(replication::split::Layout con
       // the shortest distances
       for (int round = 0;; ++round) {
         ++rounds;
+#pragma unroll 1
         for (int a = team.rank; a < n_arcs; a += team.size) {
           long long r = split::relaxed(L, W, a);
           if (r != inf) atomicMin(&W.ndist[L.rank[W.arc_d[a]]], r);
         }
         team.sync();
         bool changed = false;
+#pragma unroll 1
         for (int g = team.rank; g < G; g += team.size)
           if (W.ndist[g] < W.dist[g]) W.dist[g] = W.ndist[g], changed = true;
         if (team.min(changed ? 0 : 1) != 0) break;
         if (round == G) return false;  // still changing after G + 1 rounds: a negative cycle
       }
       // the shortest-path tree
+#pragma unroll 1
       for (int g = team.rank; g < G; g += team.size) W.hop[g] = W.load[g] > T && W.dist[g] == 0 ? 0 : -1;
       team.sync();
       for (long long round = 0;; ++round) {
         ++rounds;
+#pragma unroll 1
         for (int a = team.rank; a < n_arcs; a += team.size) {
           int h = L.rank[W.arc_d[a]];
-          if (W.hop[h] < 0 && split::tree_arc(L, W, a, round)) atomicMin(&claim[h], static_cast<long long>(a));
+          if (W.hop[h] < 0 && split::tree_arc(L, W, a, round)) atomicMin(&claim[h], a);
         }
         team.sync();
         bool grew = false;
+#pragma unroll 1
         for (int h = team.rank; h < G; h += team.size) {
-          if (claim[h] == none) continue;
-          W.hop[h] = round + 1, W.pred[h] = claim[h], claim[h] = none;
+          if (claim[h] == INT_MAX) continue;
+          W.hop[h] = round + 1, W.pred[h] = claim[h], claim[h] = INT_MAX;
           grew = true;
         }
         if (team.min(grew ? 0 : 1) != 0) break;
       }
     }
     // the cheapest rank below T, the lowest on a tie
-    long long best = inf, at = G;
+    long long best = inf;
+    int at = G;
+#pragma unroll 1
     for (int h = team.rank; h < G; h += team.size)
       if (W.load[h] < T && W.dist[h] < best) best = W.dist[h], at = h;
     long long least = team.min(best);
-    int end = static_cast<int>(team.min(best == least ? at : G));
+    int end = team.min(best == least ? at : G);
     // the ranks below T at the least distance and the side arcs of the search, marked by the team
     // (also when the first path turns out to end the step: knowing that first would cost member 0's
     // path walk and a broadcast before the marks, in every search)
@@ -596,7 +638,8 @@ __device__ __forceinline__ bool least_cost_rounds(replication::split::Layout con
 /// index claim a rank, as the host's arc loop does; the shortest distances do not depend on the
 /// order of the relaxations). Paths are augmented on one thread. `WarpRounds`: the rank-sized rounds
 /// on the first warp while the others gather the sources, else on the whole block. `wave_first` /
-/// `wave_expert`: the waves of the start; `sfirst` / `srank`: the ranks of each server (DeviceSplit).
+/// `wave_expert`: the waves of the start; `sfirst` / `srank`: the ranks of each server, then the rows
+/// of count_servers_block (srank + G: 2G ints; DeviceSplit).
 /// One block per launch, so `__launch_bounds__(Threads, 1)`: without the 1, ptxas (CUDA 13, sm_90a)
 /// held the warp form to 80 registers and spilled; with it neither form spills.
 template <int Threads, bool WarpRounds>
@@ -626,6 +669,7 @@ __global__ void __launch_bounds__(Threads, 1)
   };
   stamp(0);
   long long* work = global_work;
+  int const* count_rows = srank + L.ranks;
   if (use_shared) {  // the workspace, then the copy lists, servers and the start's waves, in shared memory
     work = smem;
     auto* lay = reinterpret_cast<int*>(smem + split::workspace_words(L));
@@ -634,25 +678,37 @@ __global__ void __launch_bounds__(Threads, 1)
     int* server = rank + L.slots;
     int* wfirst = server + L.ranks;
     int* wexpert = wfirst + waves + 1;
+    int* rows = wexpert + wave_experts;
+#pragma unroll 1
     for (int i = tid; i <= L.experts; i += n) first[i] = L.first[i];
+#pragma unroll 1
     for (int i = tid; i < L.slots; i += n) rank[i] = L.rank[i];
+#pragma unroll 1
     for (int i = tid; i < L.ranks; i += n) server[i] = L.server[i];
+#pragma unroll 1
     for (int i = tid; i <= waves; i += n) wfirst[i] = wave_first[i];
+#pragma unroll 1
     for (int i = tid; i < wave_experts; i += n) wexpert[i] = wave_expert[i];
+#pragma unroll 1
+    for (int i = tid; i < 2 * L.ranks; i += n) rows[i] = srank[L.ranks + i];
     L.first = first, L.rank = rank, L.server = server;
     wave_first = wfirst, wave_expert = wexpert;
+    count_rows = rows;
   }
   Work W(L, work);
   int G = L.ranks, E = L.experts;
   if (tid == 0) negative = 0, local = 0, same_server = 0, set_max = 0, team_slots[0] = BlockTeam<Threads>::identity;
   // what split::decide_begin makes, in parallel: the ranks of each server (the layout's, uploaded
   // once), the loads and the header zeroed
+#pragma unroll 1
   for (int v = tid; v <= L.servers; v += n) W.sfirst[v] = sfirst[v];
+#pragma unroll 1
   for (int g = tid; g < G; g += n) W.srank[g] = srank[g], W.load[g] = 0;
+#pragma unroll 1
   for (int i = tid; i < 8; i += n) W.hdr[i] = 0;
   __syncthreads();  // the copy lists in shared memory are read by every thread from here
   // 1. pairs per (source server, expert): every thread, a stride of experts
-  if (detail::count_servers_block(L, counts, W, tid, n) < 0) atomicOr(&negative, 1);
+  if (detail::count_servers_block(L, counts, count_rows, W, tid, n) < 0) atomicOr(&negative, 1);
   __syncthreads();
   stamp(1);
   if (negative) {
@@ -666,6 +722,7 @@ __global__ void __launch_bounds__(Threads, 1)
   // 2b. every expert's totals (a stride of experts)
   {
     BlockAdd add{W.hdr};
+#pragma unroll 1
     for (int e = tid; e < E; e += n) split::expert_totals(L, counts, W, e, add);
     add.flush();
   }
@@ -679,6 +736,7 @@ __global__ void __launch_bounds__(Threads, 1)
   long long const total = W.hdr[split::detail::kTotal];
   if (in_team) {
     long long m = 0;
+#pragma unroll 1
     for (int g = team.rank; g < G; g += team.size) m = split::detail::lmax(m, W.load[g]);
     T = split::lower_bound(-team.min(-m), total, G);
   }
@@ -703,12 +761,14 @@ __global__ void __launch_bounds__(Threads, 1)
     at_arcs += split::expert_arc_count(L, e);
   }
   if (tid == 0) W.hdr[split::detail::kArcs] = n_arcs, W.hdr[split::detail::kMc] = n_mc;
+#pragma unroll 1
   for (int c = tid; c < L.slots; c += n) W.y[c] = 0, W.mark[c] = -1;
   __syncthreads();
   // the sets' lower bound (split::set_bounds: the copies of each expert with copies and pairs, each
   // server), a set per thread, from the fixed loads (before the start changes the loads)
   {
     long long b = 0;
+#pragma unroll 1
     for (int i = tid; i < n_mc + L.servers; i += n)
       if (i >= n_mc || W.N[W.mc[i]] > 0) b = split::detail::lmax(b, split::set_bound(L, W, W.mc, n_mc, i));
     if (b > 0) atomicMax(&set_max, b);
@@ -718,6 +778,7 @@ __global__ void __launch_bounds__(Threads, 1)
   stamp(3);
   // 2d. the start, wave by wave, an expert per warp
   for (int w = 0; w < waves; ++w) {
+#pragma unroll 1
     for (int i = wave_first[w] + (tid >> 5); i < wave_first[w + 1]; i += n >> 5) {
       int e = wave_expert[i];
       if (W.N[e] > 0) detail::start_expert_warp(L, W, e, tid & 31);
@@ -725,7 +786,9 @@ __global__ void __launch_bounds__(Threads, 1)
     __syncthreads();
   }
   stamp(4);
+#pragma unroll 1
   for (int c = tid; c < L.slots; c += n) W.y0[c] = W.y[c];
+#pragma unroll 1
   for (int g = tid; g < G; g += n) W.load_s[g] = W.load[g];
   __syncthreads();
   // 2e-f on the team; with a warp team, the other warps gather the sources meanwhile (stage 3: it
@@ -735,7 +798,9 @@ __global__ void __launch_bounds__(Threads, 1)
     T = least_max_rounds(L, W, n_arcs, T, team, searches, max_rounds);
     stamp(5);
     // the tie-breaks from the same start
+#pragma unroll 1
     for (int c = team.rank; c < L.slots; c += team.size) W.y[c] = W.y0[c];
+#pragma unroll 1
     for (int g = team.rank; g < G; g += team.size) W.load[g] = W.load_s[g];
     T = split::tie_break_cap(L, T, total);
     team.sync();
@@ -744,6 +809,7 @@ __global__ void __launch_bounds__(Threads, 1)
     if (stamps != nullptr && tid == 0)
       stamps[9] = searches, stamps[10] = max_rounds, stamps[11] = tb_searches, stamps[12] = tb_rounds;
     long long m = 0;
+#pragma unroll 1
     for (int g = team.rank; g < G; g += team.size) m = split::detail::lmax(m, W.load[g]);
     m = -team.min(-m);
     if (team.rank == 0) {
@@ -762,10 +828,12 @@ __global__ void __launch_bounds__(Threads, 1)
     if (tid == 0) *outcome = out;
     return;
   }
+#pragma unroll 1
   for (int g = tid; g < G; g += n) load[g] = W.load[g];
   // 4. the matching, an expert per warp; integer sums, so the order of the atomics does not
   // change them
   long long l = 0, s = 0;
+#pragma unroll 1
   for (long long i = tid >> 5, n_mc = W.hdr[split::detail::kMc]; i < n_mc; i += n >> 5)
     detail::match_expert_warp(L, take, work, W, i, tid & 31, &l, &s);
   // warp sums first: 64-bit shared atomics on one word from every thread would serialise
@@ -864,9 +932,19 @@ public:
     warp_rounds_ = rounds == Rounds::warp ||
                    (rounds == Rounds::automatic && std::max(host.ranks, host.arcs) <= warp_items * 32);
     // the ranks of each server (split::decide_begin's lists: the layout's alone)
-    std::vector<int> sfirst(static_cast<std::size_t>(host.servers) + 1), srank(static_cast<std::size_t>(host.ranks)),
+    // then, for the counts pass (count_servers_block), each position's row in the counts and, at a
+    // server's last rank, the server's row in the per-server sums
+    check(static_cast<long long>(std::max(host.ranks, host.servers)) * host.experts <= INT_MAX,
+          "device batch split: ", host.ranks, " ranks x ", host.experts, " experts of counts do not fit int offsets");
+    auto G = static_cast<std::size_t>(host.ranks);
+    std::vector<int> sfirst(static_cast<std::size_t>(host.servers) + 1), srank(3 * G),
         cursor(static_cast<std::size_t>(host.servers));
     replication::split::server_ranks(host, sfirst.data(), srank.data(), cursor.data());
+    for (std::size_t p = 0; p < G; ++p) {
+      int v = host.server[srank[p]];
+      srank[G + p] = srank[p] * host.experts;
+      srank[2 * G + p] = p + 1 == G || host.server[srank[p + 1]] != v ? v * host.experts : -1;
+    }
     sfirst_ = DeviceArray<int>(sfirst.size());
     sfirst_.upload(sfirst.data(), sfirst.size());
     srank_ = DeviceArray<int>(std::max<std::size_t>(srank.size(), 1));
@@ -896,10 +974,11 @@ public:
     wave_first_.upload(first.data(), first.size());
     wave_expert_ = DeviceArray<int>(std::max<std::size_t>(order.size(), 1));
     if (!order.empty()) wave_expert_.upload(order.data(), order.size());
-    // shared memory: the workspace, then the copy lists, the servers and the start's waves (int)
+    // shared memory: the workspace, then the copy lists, the servers, the start's waves and the
+    // counts pass's rows (int)
     std::size_t lists = (static_cast<std::size_t>(host.experts) + 1 + static_cast<std::size_t>(host.slots) +
                          static_cast<std::size_t>(waves_) + 1 + static_cast<std::size_t>(wave_experts_) +
-                         static_cast<std::size_t>(host.ranks)) * sizeof(int);
+                         3 * static_cast<std::size_t>(host.ranks)) * sizeof(int);
     std::size_t need = work_bytes() + (lists + sizeof(long long) - 1) / sizeof(long long) * sizeof(long long);
     std::size_t device_limit = opt_in_limit(kernel());
     if (shared_limit == 0) shared_limit = device_limit;

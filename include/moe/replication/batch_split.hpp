@@ -97,7 +97,7 @@ MOE_HOST_DEVICE inline long long workspace_words(Layout const& L) {
   return 8LL * L.ranks + 3LL * L.experts + 6LL * L.slots + static_cast<long long>(L.servers + 2) * (L.experts + 1) +
          static_cast<long long>(L.slots - L.experts + 1) * L.ranks + 8 + L.slots + 3LL * L.ranks + L.arcs +
          (static_cast<long long>(L.servers) * L.experts + 1) / 2 +
-         2LL * L.arcs + (L.arcs + 31) / 32 + (L.ranks + 31) / 32;
+         2LL * L.arcs + (L.arcs + 31) / 32 + (L.ranks + 31) / 32 + (L.ranks + 1) / 2;
 }
 
 /// What solve() reports besides the split.
@@ -125,33 +125,38 @@ MOE_HOST_DEVICE inline int lowest_bit(std::uint32_t m) {
 /// The ranks of expert e's copies as bits (ranks < 64).
 MOE_HOST_DEVICE inline unsigned long long copy_bits(Layout const& L, int e) {
   unsigned long long m = 0;
+  MOE_NO_UNROLL
   for (int c = L.first[e]; c < L.first[e + 1]; ++c) m |= 1ULL << L.rank[c];
   return m;
 }
 
-/// Calls f(i) for each i in [from, n) that is marked, in increasing order. The marks are bits, 32
-/// to a word (item i is bit i % 32 of bits[i / 32]; bits past n are zero), set at a search by a
-/// CUDA team with one ballot per 32 items, so that the one thread that walks them reads a word per
-/// 32 items and visits only the marked ones. With bits == nullptr, marked(i) is asked instead.
-template <class Marked, class F>
-MOE_HOST_DEVICE inline void for_each_marked(long long const* bits, int from, int n, Marked marked, F f) {
+/// The first i in [from, n) that is marked, or n. The marks are bits, 32 to a word (item i is bit
+/// i % 32 of bits[i / 32]; bits past n are zero), set at a search by a CUDA team with one ballot per
+/// 32 items, so that the one thread that walks them reads a word per 32 items and visits only the
+/// marked ones. With bits == nullptr, marked(i) is asked instead.
+template <class Marked>
+MOE_HOST_DEVICE inline int next_marked(long long const* bits, int from, int n, Marked marked) {
   if (bits == nullptr) {
+    MOE_NO_UNROLL
     for (int i = from; i < n; ++i)
-      if (marked(i)) f(i);
-    return;
+      if (marked(i)) return i;
+    return n;
   }
+  MOE_NO_UNROLL
   for (int w = from / 32; w * 32 < n; ++w) {
     auto m = static_cast<std::uint32_t>(bits[w]);
     if (w == from / 32) m &= ~0u << (from % 32);
-    for (; m != 0; m &= m - 1) f(w * 32 + lowest_bit(m));
+    if (m != 0) return w * 32 + lowest_bit(m);
   }
+  return n;
 }
 
 /// The workspace, carved from one array of 64-bit words.
 struct Work {
   long long *N, *load, *y, *loc, *srvN, *sexp, *P, *dist, *pred, *path, *rem, *arc_c, *arc_d, *multi, *mark,
       *need, *srank, *sfirst, *mc, *supply, *hdr, *P32, *y0, *load_s, *ndist, *hop, *cost;
-  long long *arc_bits, *rank_bits;  ///< a search's marks for one thread's paths (for_each_marked)
+  long long *arc_bits, *rank_bits;  ///< a search's marks for one thread's paths (next_marked)
+  long long* claim;                 ///< ranks words of int (a CUDA team's breadth-first claims)
   int n_multi = 0, n_arcs = 0;
 
   MOE_HOST_DEVICE Work(Layout const& L, long long* w) {
@@ -190,8 +195,36 @@ struct Work {
     cost = take(L.arcs);
     arc_bits = take((L.arcs + 31) / 32);
     rank_bits = take((L.ranks + 31) / 32);
+    claim = take((L.ranks + 1) / 2);
   }
 };
+
+/// The walk of a search's step over the paths it serves: f(lead, -2) first when lead >= 0; then
+/// f(h, -1) for each marked rank h in [from, ranks), in rank order; then f(h, a) for each marked arc
+/// a in [0, n_arcs), in arc order, h its head (next_marked says how the marks are read). f returns
+/// whether to go on. One call of f, so that a CUDA thread's code holds f's paths once, not once per
+/// kind (each path walk inlines the arcs' costs).
+template <class RankMarked, class ArcMarked, class F>
+MOE_HOST_DEVICE inline void for_each_side(Layout const& L, Work const& W, int lead, long long const* rank_bits, int from,
+                                          RankMarked rank_marked, long long const* arc_bits, int n_arcs,
+                                          ArcMarked arc_marked, F f) {
+  int r = from, x = 0, h = lead, a = -2;
+  MOE_NO_UNROLL
+  for (;;) {
+    if (h < 0) {  // the next marked rank, else the next marked arc
+      if (r < L.ranks) r = next_marked(rank_bits, r, L.ranks, rank_marked);
+      if (r < L.ranks) {
+        h = r++, a = -1;
+      } else {
+        x = next_marked(arc_bits, x, n_arcs, arc_marked);
+        if (x >= n_arcs) return;
+        a = x++, h = L.rank[W.arc_d[a]];
+      }
+    }
+    if (!f(h, a)) return;
+    h = -1;
+  }
+}
 
 /// Words of Work::hdr: the experts with copies (for the matching stages), the sums of decide()'s
 /// expert stage, and the counts of its lists (so that the threads of a block can share them).
@@ -206,6 +239,7 @@ struct PlainAdd {
 MOE_HOST_DEVICE inline long long server_take(Layout const& L, Work const& W, int e, int c) {
   int s = L.server[L.rank[c]];
   long long Y = 0;
+  MOE_NO_UNROLL
   for (int d = L.first[e]; d < L.first[e + 1]; ++d)
     if (L.server[L.rank[d]] == s) Y += W.y[d];
   return Y;
@@ -219,9 +253,11 @@ MOE_HOST_DEVICE inline void level(Layout const& L, Work& W, int e, long long tag
   int k = 0;
   long long* ord = W.need;  // scratch: the first k entries from first[e]
   long long* o = ord + L.first[e];
+  MOE_NO_UNROLL
   for (int c = L.first[e]; c < L.first[e + 1]; ++c) {
     if (W.mark[c] != tag) continue;
     int i = k++;
+    MOE_NO_UNROLL
     while (i > 0) {
       long long prev = o[i - 1];
       long long lp = W.load[L.rank[prev]], lc = W.load[L.rank[c]];
@@ -249,8 +285,10 @@ MOE_HOST_DEVICE inline void level(Layout const& L, Work& W, int e, long long tag
     break;
   }
   long long extra = amount - sum;  // < j: one more to the lowest slots (slot order) among the j
+  MOE_NO_UNROLL
   for (int c = L.first[e]; c < L.first[e + 1]; ++c) {
     bool in = false;
+    MOE_NO_UNROLL
     for (int i = 0; i < j; ++i) in |= o[i] == c;
     if (!in) continue;
     long long add = h - W.load[L.rank[c]];
@@ -267,22 +305,27 @@ MOE_HOST_DEVICE inline void level(Layout const& L, Work& W, int e, long long tag
 /// share a rank start in expert order.
 MOE_HOST_DEVICE inline void start_expert(Layout const& L, Work& W, int e) {
   long long placed = 0;
+  MOE_NO_UNROLL
   for (int c = L.first[e]; c < L.first[e + 1]; ++c) {
     W.y[c] = W.loc[c];
     W.load[L.rank[c]] += W.loc[c];
     placed += W.loc[c];
   }
+  MOE_NO_UNROLL
   for (int c = L.first[e]; c < L.first[e + 1]; ++c) {
     int s = L.server[L.rank[c]];
     bool first_on_server = true;
+    MOE_NO_UNROLL
     for (int d = L.first[e]; d < c; ++d) first_on_server &= L.server[L.rank[d]] != s;
     if (!first_on_server) continue;
     long long local = 0;
+    MOE_NO_UNROLL
     for (int d = L.first[e]; d < L.first[e + 1]; ++d)
       if (L.server[L.rank[d]] == s) W.mark[d] = c, local += W.loc[d];
     level(L, W, e, c, W.srvN[c] - local);
     placed += W.srvN[c] - local;
   }
+  MOE_NO_UNROLL
   for (int c = L.first[e]; c < L.first[e + 1]; ++c) W.mark[c] = -2;
   level(L, W, e, -2, W.N[e] - placed);
 }
@@ -374,6 +417,7 @@ MOE_HOST_DEVICE inline bool expert_totals(Layout const& L, std::int32_t const* c
   using namespace detail;
   int E = L.experts;
   long long n = 0;
+  MOE_NO_UNROLL
   for (int v = 0; v < L.servers; ++v) n += W.P[static_cast<long long>(v) * E + e];
   W.N[e] = n;
   add(&W.hdr[kTotal], n);
@@ -391,9 +435,11 @@ MOE_HOST_DEVICE inline bool expert_totals(Layout const& L, std::int32_t const* c
 MOE_HOST_DEVICE inline void expert_arcs(Layout const& L, std::int32_t const* counts, detail::Work& W, int e,
                                         int a0) {
   int E = L.experts;
+  MOE_NO_UNROLL
   for (int c = L.first[e]; c < L.first[e + 1]; ++c) {
     W.loc[c] = counts[static_cast<long long>(L.rank[c]) * E + e];
     W.srvN[c] = W.P[static_cast<long long>(L.server[L.rank[c]]) * E + e];
+    MOE_NO_UNROLL
     for (int d = L.first[e]; d < L.first[e + 1]; ++d)
       if (d != c) W.arc_c[a0] = c, W.arc_d[a0] = d, ++a0;
   }
@@ -437,10 +483,12 @@ MOE_HOST_DEVICE inline long long set_bound(Layout const& L, detail::Work const& 
   auto member = [&](int j) { return server ? static_cast<int>(W.srank[j]) : L.rank[j]; };
   unsigned long long in = 0;
   long long need = 0;
+  MOE_NO_UNROLL
   for (int j = lo; j < hi; ++j) {
     need += W.load[member(j)];
     if (bits) in |= 1ULL << member(j);
   }
+  MOE_NO_UNROLL
   for (int x = 0; x < n_list; ++x) {
     int e = static_cast<int>(list[x]);
     bool inside = true;
@@ -448,6 +496,7 @@ MOE_HOST_DEVICE inline long long set_bound(Layout const& L, detail::Work const& 
       auto m = bits_of_list != nullptr ? static_cast<unsigned long long>(bits_of_list[x]) : detail::copy_bits(L, e);
       inside = (m & ~in) == 0;
     } else {
+      MOE_NO_UNROLL
       for (int d = L.first[e]; d < L.first[e + 1] && inside; ++d) inside = L.server[L.rank[d]] == i - n_list;
     }
     if (inside) need += W.N[e];
@@ -459,10 +508,13 @@ MOE_HOST_DEVICE inline long long set_bound(Layout const& L, detail::Work const& 
 /// listed expert as bits, made once when the ranks fit a word).
 MOE_HOST_DEVICE inline long long set_bounds(Layout const& L, detail::Work const& W, long long const* list, int n_list,
                                             long long* scratch) {
-  if (L.ranks <= 64)
+  if (L.ranks <= 64) {
+    MOE_NO_UNROLL
     for (int x = 0; x < n_list; ++x)
       scratch[x] = static_cast<long long>(detail::copy_bits(L, static_cast<int>(list[x])));
+  }
   long long T = 0;
+  MOE_NO_UNROLL
   for (int i = 0; i < n_list + L.servers; ++i)
     T = detail::lmax(T, set_bound(L, W, list, n_list, i, L.ranks <= 64 ? scratch : nullptr));
   return T;
@@ -509,6 +561,7 @@ MOE_HOST_DEVICE inline void take_path(Layout const& L, Work& W, long long T, int
   int const first = via >= 0 ? L.rank[W.arc_c[via]] : end;
   if (via >= 0) amount = lmin(amount, W.y[W.arc_c[via]]);
   int g = first;
+  MOE_NO_UNROLL
   while (W.dist[g] > 0) {
     int a = static_cast<int>(W.pred[g]);
     amount = lmin(amount, W.y[W.arc_c[a]]);
@@ -518,6 +571,7 @@ MOE_HOST_DEVICE inline void take_path(Layout const& L, Work& W, long long T, int
   if (amount <= 0) return;  // an earlier path of the same search took what this one could carry
   if (via >= 0) W.y[W.arc_c[via]] -= amount, W.y[W.arc_d[via]] += amount;
   g = first;
+  MOE_NO_UNROLL
   while (W.dist[g] > 0) {
     int a = static_cast<int>(W.pred[g]);
     W.y[W.arc_c[a]] -= amount, W.y[W.arc_d[a]] += amount;
@@ -547,21 +601,18 @@ MOE_HOST_DEVICE inline long long max_load_step(Layout const& L, detail::Work& W,
   using namespace detail;
   if (end < 0) {
     long long sum = 0, n = 0;
+    MOE_NO_UNROLL
     for (int g = 0; g < L.ranks; ++g)
       if (W.dist[g] >= 0) sum += W.load[g], ++n;
     return lmax(T + 1, (sum + n - 1) / n);
   }
   // a rank's load only rises towards T here, and an origin's falls to T at most
-  for_each_marked(
-      marked ? W.rank_bits : nullptr, end, L.ranks, [&](int h) { return side_rank(W, h, T, last); },
-      [&](int h) {
-        if (W.load[h] < T) take_path(L, W, T, h);
-      });
-  for_each_marked(
-      marked ? W.arc_bits : nullptr, 0, n_arcs, [&](int a) { return side_arc(L, W, a, last); },
-      [&](int a) {
-        int h = L.rank[W.arc_d[a]];
+  for_each_side(
+      L, W, -1, marked ? W.rank_bits : nullptr, end, [&](int h) { return side_rank(W, h, T, last); },
+      marked ? W.arc_bits : nullptr, n_arcs, [&](int a) { return side_arc(L, W, a, last); },
+      [&](int h, int a) {
         if (W.load[h] < T) take_path(L, W, T, h, a);
+        return true;
       });
   return T;
 }
@@ -602,12 +653,15 @@ MOE_HOST_DEVICE inline long long repeat_more(Layout const& L, detail::Work const
                                              int len) {
   using namespace detail;
   long long more = lmin(T - W.load[end], W.load[origin] - T) - 1;  // end stays below T, origin above
-  for (int i = 0; i < len && more > 0; ++i)
+  MOE_NO_UNROLL
+  for (int i = 0; i < len && more > 0; ++i) {
+    MOE_NO_UNROLL
     for (int side = 0; side < 2 && more > 0; ++side) {
       int x = static_cast<int>(side == 0 ? W.arc_c[W.path[i]] : W.arc_d[W.path[i]]);
       long long e = W.sexp[x];
       int s = L.server[L.rank[x]];
       long long dy = 0, dY = 0;  // per pair: the change of y[x], and of its expert's take on x's server
+      MOE_NO_UNROLL
       for (int j = 0; j < len; ++j) {
         int c = static_cast<int>(W.arc_c[W.path[j]]), d = static_cast<int>(W.arc_d[W.path[j]]);
         dy += (d == x) - (c == x);
@@ -631,6 +685,7 @@ MOE_HOST_DEVICE inline long long repeat_more(Layout const& L, detail::Work const
         else if (Y < N) more = lmin(more, (N - Y - 1) / dY);
       }
     }
+  }
   return lmax(more, 0);
 }
 
@@ -639,9 +694,12 @@ namespace detail {
 /// Whether the path in W.path[0, len) moves an expert twice (two of its arcs leave copies of one
 /// expert): the costs of those two moves interact (augment_path, still_shortest).
 MOE_HOST_DEVICE inline bool path_repeats(Work const& W, int len) {
-  for (int i = 1; i < len; ++i)
+  MOE_NO_UNROLL
+  for (int i = 1; i < len; ++i) {
+    MOE_NO_UNROLL
     for (int j = 0; j < i; ++j)
       if (W.sexp[W.arc_c[W.path[j]]] == W.sexp[W.arc_c[W.path[i]]]) return true;
+  }
   return false;
 }
 
@@ -656,6 +714,7 @@ MOE_HOST_DEVICE inline bool augment_path(Layout const& L, detail::Work& W, long 
                                          int origin, int len) {
   using namespace detail;
   long long amount = lmin(T - W.load[end], W.load[origin] - T);
+  MOE_NO_UNROLL
   for (int i = 0; i < len; ++i) {
     int c = static_cast<int>(W.arc_c[W.path[i]]), d = static_cast<int>(W.arc_d[W.path[i]]);
     long long room = 0;
@@ -664,72 +723,64 @@ MOE_HOST_DEVICE inline bool augment_path(Layout const& L, detail::Work& W, long 
   }
   bool const repeat = path_repeats(W, len);
   if (repeat) amount = 1 + repeat_more(L, W, T, end, origin, len);
+  MOE_NO_UNROLL
   for (int i = 0; i < len; ++i) W.y[W.arc_c[W.path[i]]] -= amount, W.y[W.arc_d[W.path[i]]] += amount;
   W.load[end] += amount, W.load[origin] -= amount;
   return repeat;
 }
 
-/// augment_path on the search's tree path to rank `end` (pred, tree arcs back to an excess rank);
-/// `*repeated` says whether it moved an expert twice. Returns false on an internal fault (a path
-/// longer than the ranks).
-MOE_HOST_DEVICE inline bool augment(Layout const& L, detail::Work& W, long long T, long long A, int end,
-                                    bool* repeated) {
-  int G = L.ranks, len = 0, g = end;
-  while (W.pred[g] >= 0 && len <= G) {
-    W.path[len++] = W.pred[g];
+/// The search's tree path to rank `end` (pred, tree arcs back to an excess rank), for augment_path:
+/// its arcs in W.path[0, *len) and its first rank in *origin. Returns false on an internal fault (a
+/// path longer than the ranks).
+MOE_HOST_DEVICE inline bool tree_path(Layout const& L, detail::Work& W, int end, int* origin, int* len) {
+  int G = L.ranks, n = 0, g = end;
+  MOE_NO_UNROLL
+  while (W.pred[g] >= 0 && n <= G) {
+    W.path[n++] = W.pred[g];
     g = L.rank[W.arc_c[W.pred[g]]];
   }
-  if (len > G) return false;
-  *repeated = augment_path(L, W, T, A, end, g, len);
-  return true;
+  *origin = g, *len = n;
+  return n <= G;
 }
 
 namespace detail {
 
-/// Walks the search's tree (pred) back from rank g, appending its arcs to W.path from index *n and
-/// adding their present costs (arc_cost) to *sum, until a rank without a tree arc, rank `stop`, or
-/// L.ranks arcs in all. Returns the rank it stopped at, or -1 at an arc whose copy has nothing to
-/// give (its cost is inf).
-MOE_HOST_DEVICE inline int walk_tree(Layout const& L, Work& W, long long A, int g, int stop, int* n, long long* sum) {
-  while (W.pred[g] >= 0 && g != stop && *n < L.ranks) {
-    int a = static_cast<int>(W.pred[g]);
+/// Walks from rank g along arc `first` into g when first >= 0, then back along the search's tree
+/// (pred), appending the arcs to W.path from index *n and adding their present costs (arc_cost) to
+/// *sum, until a rank without a tree arc, rank `stop`, or L.ranks arcs in all. Returns the rank it
+/// stopped at, or -1 at an arc whose copy has nothing to give (its cost is inf).
+MOE_HOST_DEVICE inline int walk_tree(Layout const& L, Work& W, long long A, int g, int first, int stop, int* n,
+                                     long long* sum) {
+  int a = first;
+  MOE_NO_UNROLL
+  for (;;) {
+    if (a < 0) {
+      if (W.pred[g] < 0 || g == stop || *n >= L.ranks) return g;
+      a = static_cast<int>(W.pred[g]);
+    }
     long long k = arc_cost(L, W, a, A);
     if (k == inf) return -1;
     *sum += k;
     W.path[(*n)++] = a;
     g = L.rank[W.arc_c[a]];
+    a = -1;
   }
-  return g;
 }
 
 }  // namespace detail
 
-/// Whether the search's tree path to rank h (pred) is, at the present split, still a shortest path
-/// from a rank above T to a rank below T, whose least distance the search found to be D: its origin
-/// is still above T, it moves no expert twice, and its arcs' present costs add up to D. Leaves the
+/// Whether the search's tree path to rank h (pred), or with an arc `via` >= 0 into h the tree path
+/// to via's tail and then via, is at the present split still a shortest path from a rank above T to
+/// a rank below T, whose least distance the search found to be D: it passes h once, its origin is
+/// still above T, it moves no expert twice, and its arcs' present costs add up to D. Leaves the
 /// path in W.path[0, *len) and its first rank in *origin, for augment_path.
 MOE_HOST_DEVICE inline bool still_shortest(Layout const& L, detail::Work& W, long long T, long long A, int h,
-                                           long long D, int* origin, int* len) {
+                                           int via, long long D, int* origin, int* len) {
   long long sum = 0;
-  int n = 0, g = detail::walk_tree(L, W, A, h, -1, &n, &sum);
+  int n = 0, g = detail::walk_tree(L, W, A, h, via, via >= 0 ? h : -1, &n, &sum);
   if (g < 0) return false;
   *origin = g, *len = n;
-  return n > 0 && W.pred[g] < 0 && W.load[g] > T && sum == D && !detail::path_repeats(W, n);
-}
-
-/// Whether the path of arc `a` into rank h, after the search's tree path to a's tail, is at the
-/// present split a shortest path from a rank above T to a rank below T (as still_shortest): it
-/// passes h once, its origin is still above T, it moves no expert twice, and its arcs' present costs
-/// add up to D. Leaves the path in W.path[0, *len) and its first rank in *origin.
-MOE_HOST_DEVICE inline bool still_shortest_via(Layout const& L, detail::Work& W, long long T, long long A, int h,
-                                               int a, long long D, int* origin, int* len) {
-  long long sum = arc_cost(L, W, a, A);
-  if (sum == detail::inf) return false;
-  W.path[0] = a;
-  int n = 1, g = detail::walk_tree(L, W, A, L.rank[W.arc_c[a]], h, &n, &sum);
-  if (g < 0) return false;
-  *origin = g, *len = n;
-  return g != h && W.pred[g] < 0 && W.load[g] > T && sum == D && !detail::path_repeats(W, n);
+  return n > 0 && g != h && W.pred[g] < 0 && W.load[g] > T && sum == D && !detail::path_repeats(W, n);
 }
 
 /// Whether rank h is one a tie-break search whose least distance to a rank below T is D serves
@@ -741,7 +792,7 @@ MOE_HOST_DEVICE inline bool tie_side_rank(detail::Work const& W, int h, long lon
 /// Whether arc a is a side arc of a tie-break search whose least distance to a rank below T is D:
 /// into a rank below T at distance D, not that rank's tree arc, and tight at the search's costs
 /// (W.cost: its tail's distance plus its cost is D). Whether its path is still a shortest one is
-/// still_shortest_via's matter.
+/// still_shortest's matter.
 MOE_HOST_DEVICE inline bool tie_side_arc(Layout const& L, detail::Work const& W, long long T, long long D, int a) {
   int h = L.rank[W.arc_d[a]];
   long long from = W.dist[L.rank[W.arc_c[a]]], k = W.cost[a];
@@ -754,7 +805,7 @@ MOE_HOST_DEVICE inline bool tie_side_arc(Layout const& L, detail::Work const& W,
 /// path to every other rank below T at distance D that is still a shortest path (still_shortest)
 /// after the paths before it moved their pairs; then, in arc order, the path of each side arc
 /// (tie_side_arc: a tight arc into such a rank other than its tree arc, after the tree path to its
-/// tail) that is still a shortest path (still_shortest_via), so that one search can bring a rank
+/// tail) that is still a shortest path (still_shortest), so that one search can bring a rank
 /// the excess of several origins. With `marked`, the search's marks hold which ranks and arcs to
 /// walk (W.rank_bits: below T at distance D, `end` left out; W.arc_bits: tie_side_arc; a CUDA team
 /// sets them in parallel); else they are asked here, which gives the same answer (the paths change
@@ -772,23 +823,24 @@ MOE_HOST_DEVICE inline bool tie_side_arc(Layout const& L, detail::Work const& W,
 MOE_HOST_DEVICE inline bool tie_break_step(Layout const& L, detail::Work& W, long long T, long long A, int end,
                                            int n_arcs, bool marked = false) {
   long long const D = W.dist[end];
-  bool repeated = false;
-  if (!augment(L, W, T, A, end, &repeated)) return false;
-  if (repeated) return true;
-  int origin = 0, len = 0;  // a path still_shortest(_via) accepts moves no expert twice
-  detail::for_each_marked(
-      marked ? W.rank_bits : nullptr, end + 1, L.ranks, [&](int h) { return tie_side_rank(W, h, T, D); },
-      [&](int h) {
-        if (W.load[h] < T && still_shortest(L, W, T, A, h, D, &origin, &len)) augment_path(L, W, T, A, h, origin, len);
+  bool fault = false;
+  // the path to `end` (a = -2), then the side ranks (a = -1) and arcs: one walk, one augment_path
+  detail::for_each_side(
+      L, W, end, marked ? W.rank_bits : nullptr, end + 1, [&](int h) { return tie_side_rank(W, h, T, D); },
+      marked ? W.arc_bits : nullptr, n_arcs, [&](int a) { return tie_side_arc(L, W, T, D, a); },
+      [&](int h, int a) {
+        int origin = 0, len = 0;
+        bool const first = a == -2;
+        if (first ? !tree_path(L, W, h, &origin, &len)
+                  : !(W.load[h] < T && still_shortest(L, W, T, A, h, a, D, &origin, &len))) {
+          fault = first;
+          return !first;
+        }
+        // the first path may move an expert twice (a path still_shortest accepts never does):
+        // then it ends the step
+        return !augment_path(L, W, T, A, h, origin, len) || !first;
       });
-  detail::for_each_marked(
-      marked ? W.arc_bits : nullptr, 0, n_arcs, [&](int a) { return tie_side_arc(L, W, T, D, a); },
-      [&](int a) {
-        int h = L.rank[W.arc_d[a]];
-        if (W.load[h] < T && still_shortest_via(L, W, T, A, h, a, D, &origin, &len))
-          augment_path(L, W, T, A, h, origin, len);
-      });
-  return true;
+  return !fault;
 }
 
 /// 2d (one thread), from the start with max load at least T: the least-cost split at T (the
@@ -943,6 +995,7 @@ MOE_HOST_DEVICE inline void gather_sources(Layout const& L, std::int32_t const* 
     int e = static_cast<int>(W.mc[i]);
     W.supply[p] = counts[static_cast<long long>(r) * E + e];
     std::int32_t* trow = take + static_cast<long long>(r) * L.slots;
+    MOE_NO_UNROLL
     for (int c = L.first[e]; c < L.first[e + 1]; ++c) trow[c] = 0;
   }
 }
@@ -964,6 +1017,7 @@ MOE_HOST_DEVICE inline void match(Layout const& L, std::int32_t* take, long long
     int lo = L.first[e], hi = L.first[e + 1];
     if (W.N[e] == 0) continue;
     long long* rem = W.supply + i * G;
+    MOE_NO_UNROLL
     for (int c = lo; c < hi; ++c) {
       int r = L.rank[c];
       long long m = lmin(rem[r], W.y[c]);
@@ -971,8 +1025,10 @@ MOE_HOST_DEVICE inline void match(Layout const& L, std::int32_t* take, long long
       rem[r] -= m, W.need[c] = W.y[c] - m;
       loc += m, same += m;
     }
+    MOE_NO_UNROLL
     for (int c = lo; c < hi; ++c) {  // the ranks of c's server, in order, skipping the used up
       int v = L.server[L.rank[c]];
+      MOE_NO_UNROLL
       for (long long at = W.sfirst[v]; W.need[c] > 0 && at < W.sfirst[v + 1]; ++at) {
         int r = static_cast<int>(W.srank[at]);
         long long m = lmin(rem[r], W.need[c]);
@@ -981,7 +1037,9 @@ MOE_HOST_DEVICE inline void match(Layout const& L, std::int32_t* take, long long
         rem[r] -= m, W.need[c] -= m, same += m;
       }
     }
+    MOE_NO_UNROLL
     for (int c = lo, r = 0; c < hi; ++c)
+      MOE_NO_UNROLL
       while (W.need[c] > 0 && r < G) {
         long long m = lmin(rem[r], W.need[c]);
         if (m == 0) {
