@@ -152,8 +152,12 @@ struct WarpTeam {
     return v;
   }
   __device__ int min(int v) const {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800  // REDUX (sm_80 on; the emulator has it too)
     __syncwarp();
     return __reduce_min_sync(0xffffffffu, v);
+#else
+    return static_cast<int>(min(static_cast<long long>(v)));
+#endif
   }
   __device__ long long from0(long long v) const {
     __syncwarp();
