@@ -219,25 +219,22 @@ __device__ __forceinline__ std::int32_t count_servers_block(replication::split::
   std::int32_t sign = 0;
 #pragma unroll 1
   for (int e = part; e < E; e += parts) {
-    // this thread's column: zero first, so that a server without ranks keeps 0
-    long long* P = W.P + e;
-    std::int32_t const* column = counts + e;
+    // this thread's column: zero first, so that a server without ranks keeps 0 (int offsets:
+    // DeviceSplit checks that they fit, and each is one multiply-add of the address)
 #pragma unroll 1
-    for (int v = 0; v < S; ++v) P[static_cast<long long>(v) * E] = 0;
+    for (int v = 0; v < S; ++v) W.P[v * E + e] = 0;
     long long sum = 0;
-    std::int32_t x[batch];
-#pragma unroll
-    for (int j = 0; j < batch; ++j) x[j] = j < G ? column[rows[j]] : 0;
+    std::int32_t x[batch] = {};  // group a0's rows; the first pass (a0 = -batch) only loads
 #pragma unroll 1
-    for (int a0 = 0; a0 < G; a0 += batch) {
+    for (int a0 = -batch; a0 < G; a0 += batch) {
       std::int32_t next[batch];
 #pragma unroll
-      for (int j = 0; j < batch; ++j) next[j] = a0 + batch + j < G ? column[rows[a0 + batch + j]] : 0;
+      for (int j = 0; j < batch; ++j) next[j] = a0 + batch + j < G ? counts[rows[a0 + batch + j] + e] : 0;
 #pragma unroll
       for (int j = 0; j < batch; ++j) {
         sum += x[j], sign |= x[j];
-        int at = a0 + j < G ? row_end[a0 + j] : -1;
-        if (at >= 0) P[at] = sum, sum = 0;
+        int at = a0 + j >= 0 && a0 + j < G ? row_end[a0 + j] : -1;
+        if (at >= 0) W.P[at + e] = sum, sum = 0;
         x[j] = next[j];
       }
     }
@@ -312,9 +309,10 @@ __device__ __forceinline__ void start_expert_warp(replication::split::Layout con
   long long amount = on ? W.srvN[c] - local : 0;
   long long placed = loc + (on && lead == lane ? amount : 0);
   for (int o = 16; o > 0; o >>= 1) placed += __shfl_xor_sync(0xffffffffu, placed, o);
-  level_warp(l, y, on, lead, amount, k, lane);
-  // the rest over every copy
-  level_warp(l, y, on, 0, W.N[e] - placed, k, lane);
+  // then the rest over every copy (one group): one call in a loop, so that its code is there once
+  long long const rest = W.N[e] - placed;
+#pragma unroll 1
+  for (int pass = 0; pass < 2; ++pass) level_warp(l, y, on, pass == 0 ? lead : 0, pass == 0 ? amount : rest, k, lane);
   if (on) W.y[c] = y, W.load[g] = l;
 }
 
