@@ -199,44 +199,37 @@ struct BlockTeam {
   }
 };
 
-/// Stage 1 (split::count_servers) on the block, a thread per expert (e = tid, tid + n, ...): it reads its
-/// expert's column rank by rank in server order and sums each server's rows in a register: one store
-/// per (server, expert), where the host's form adds every row into shared memory. Integer sums, so
-/// equal to the host's. Returns the OR of the counts read (negative when one of them is). `rows`: the
-/// layout's, per position p of the ranks in server order, the offset of its rank's row in the counts
-/// (G ints: rank x experts), then, where p is its server's last rank, the offset of that server's row
-/// in W.P (G ints, server x experts; -1 elsewhere; DeviceSplit makes them).
-/// Rows go in groups of 8, the loads of the next group issued before the sums of this one, so that
-/// 16 rows' loads are in flight in a loop whose body is a few hundred bytes of code. The code a
-/// thread runs once is what this kernel's time follows (docs/results/batch-balance.md): 32 rows
-/// unrolled, each with a loop over the servers, were 57 KB of it.
+/// Stage 1 (split::count_servers) on the block, a (server, expert) pair per thread at a time: the
+/// sum of the expert's column over the server's ranks (W.sfirst: the server's positions in the ranks
+/// in server order), 8 rows' loads in flight, one store per pair, where the host's form adds every
+/// row into shared memory. Integer sums, so equal to the host's. Returns the OR of the counts read
+/// (negative when one of them is). `rows`: the layout's offset of each position's rank row in the
+/// counts (G ints: rank x experts; DeviceSplit makes them).
+/// The loop body is a few hundred bytes of code, which each thread runs for its pairs of every
+/// server: the code a thread runs once is what this kernel's time follows
+/// (docs/results/batch-balance.md, "The kernel's code"). A pass of a thread over all rows of its
+/// expert, 32 rows unrolled with a loop over the servers for each, was 57 KB of code.
 __device__ __forceinline__ std::int32_t count_servers_block(replication::split::Layout const& L,
                                                             std::int32_t const* __restrict__ counts, int const* rows,
                                                             replication::split::detail::Work& W, int part, int parts) {
   constexpr int batch = 8;
-  int const G = L.ranks, S = L.servers, E = L.experts;
-  int const* row_end = rows + G;
+  int const S = L.servers, E = L.experts;
   std::int32_t sign = 0;
 #pragma unroll 1
-  for (int e = part; e < E; e += parts) {
-    // this thread's column: zero first, so that a server without ranks keeps 0 (int offsets:
-    // DeviceSplit checks that they fit, and each is one multiply-add of the address)
+  for (int v = 0; v < S; ++v) {
+    int const lo = static_cast<int>(W.sfirst[v]), hi = static_cast<int>(W.sfirst[v + 1]);
 #pragma unroll 1
-    for (int v = 0; v < S; ++v) W.P[v * E + e] = 0;
-    long long sum = 0;
-    std::int32_t x[batch] = {};  // group a0's rows; the first pass (a0 = -batch) only loads
+    for (int e = part; e < E; e += parts) {
+      long long sum = 0;
 #pragma unroll 1
-    for (int a0 = -batch; a0 < G; a0 += batch) {
-      std::int32_t next[batch];
+      for (int p = lo; p < hi; p += batch) {
+        std::int32_t x[batch];
 #pragma unroll
-      for (int j = 0; j < batch; ++j) next[j] = a0 + batch + j < G ? counts[rows[a0 + batch + j] + e] : 0;
+        for (int j = 0; j < batch; ++j) x[j] = p + j < hi ? counts[rows[p + j] + e] : 0;
 #pragma unroll
-      for (int j = 0; j < batch; ++j) {
-        sum += x[j], sign |= x[j];
-        int at = a0 + j >= 0 && a0 + j < G ? row_end[a0 + j] : -1;
-        if (at >= 0) W.P[at + e] = sum, sum = 0;
-        x[j] = next[j];
+        for (int j = 0; j < batch; ++j) sum += x[j], sign |= x[j];
       }
+      W.P[v * E + e] = sum;  // int offsets: DeviceSplit checks that they fit
     }
   }
   return sign;
@@ -641,7 +634,7 @@ __device__ __forceinline__ bool least_cost_rounds(replication::split::Layout con
 /// order of the relaxations). Paths are augmented on one thread. `WarpRounds`: the rank-sized rounds
 /// on the first warp while the others gather the sources, else on the whole block. `wave_first` /
 /// `wave_expert`: the waves of the start; `sfirst` / `srank`: the ranks of each server, then the rows
-/// of count_servers_block (srank + G: 2G ints; DeviceSplit).
+/// of count_servers_block (srank + G: G ints; DeviceSplit).
 /// One block per launch, so `__launch_bounds__(Threads, 1)`: without the 1, ptxas (CUDA 13, sm_90a)
 /// held the warp form to 80 registers and spilled; with it neither form spills.
 template <int Threads, bool WarpRounds>
@@ -692,7 +685,7 @@ __global__ void __launch_bounds__(Threads, 1)
 #pragma unroll 1
     for (int i = tid; i < wave_experts; i += n) wexpert[i] = wave_expert[i];
 #pragma unroll 1
-    for (int i = tid; i < 2 * L.ranks; i += n) rows[i] = srank[L.ranks + i];
+    for (int i = tid; i < L.ranks; i += n) rows[i] = srank[L.ranks + i];
     L.first = first, L.rank = rank, L.server = server;
     wave_first = wfirst, wave_expert = wexpert;
     count_rows = rows;
@@ -934,19 +927,14 @@ public:
     warp_rounds_ = rounds == Rounds::warp ||
                    (rounds == Rounds::automatic && std::max(host.ranks, host.arcs) <= warp_items * 32);
     // the ranks of each server (split::decide_begin's lists: the layout's alone)
-    // then, for the counts pass (count_servers_block), each position's row in the counts and, at a
-    // server's last rank, the server's row in the per-server sums
+    // then, for the counts pass (count_servers_block), each position's row in the counts
     check(static_cast<long long>(std::max(host.ranks, host.servers)) * host.experts <= INT_MAX,
           "device batch split: ", host.ranks, " ranks x ", host.experts, " experts of counts do not fit int offsets");
     auto G = static_cast<std::size_t>(host.ranks);
-    std::vector<int> sfirst(static_cast<std::size_t>(host.servers) + 1), srank(3 * G),
+    std::vector<int> sfirst(static_cast<std::size_t>(host.servers) + 1), srank(2 * G),
         cursor(static_cast<std::size_t>(host.servers));
     replication::split::server_ranks(host, sfirst.data(), srank.data(), cursor.data());
-    for (std::size_t p = 0; p < G; ++p) {
-      int v = host.server[srank[p]];
-      srank[G + p] = srank[p] * host.experts;
-      srank[2 * G + p] = p + 1 == G || host.server[srank[p + 1]] != v ? v * host.experts : -1;
-    }
+    for (std::size_t p = 0; p < G; ++p) srank[G + p] = srank[p] * host.experts;
     sfirst_ = DeviceArray<int>(sfirst.size());
     sfirst_.upload(sfirst.data(), sfirst.size());
     srank_ = DeviceArray<int>(std::max<std::size_t>(srank.size(), 1));
@@ -980,7 +968,7 @@ public:
     // counts pass's rows (int)
     std::size_t lists = (static_cast<std::size_t>(host.experts) + 1 + static_cast<std::size_t>(host.slots) +
                          static_cast<std::size_t>(waves_) + 1 + static_cast<std::size_t>(wave_experts_) +
-                         3 * static_cast<std::size_t>(host.ranks)) * sizeof(int);
+                         2 * static_cast<std::size_t>(host.ranks)) * sizeof(int);
     std::size_t need = work_bytes() + (lists + sizeof(long long) - 1) / sizeof(long long) * sizeof(long long);
     std::size_t device_limit = opt_in_limit(kernel());
     if (shared_limit == 0) shared_limit = device_limit;
