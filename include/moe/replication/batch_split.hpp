@@ -156,7 +156,7 @@ struct Work {
   long long *N, *load, *y, *loc, *srvN, *sexp, *P, *dist, *pred, *path, *rem, *arc_c, *arc_d, *multi, *mark,
       *need, *srank, *sfirst, *mc, *supply, *hdr, *P32, *y0, *load_s, *ndist, *hop, *cost;
   long long *arc_bits, *rank_bits;  ///< a search's marks for one thread's paths (next_marked)
-  long long* claim;                 ///< ranks words of int (a CUDA team's breadth-first claims)
+  long long* claim;                 ///< room for `ranks` ints (a CUDA team's breadth-first claims)
   int n_multi = 0, n_arcs = 0;
 
   MOE_HOST_DEVICE Work(Layout const& L, long long* w) {
