@@ -235,13 +235,24 @@ struct PlainAdd {
   MOE_HOST_DEVICE void operator()(long long* p, long long v) const { *p += v; }
 };
 
+/// What the copies of expert e on server s0 receive, into *Y0, and on server s1 != s0, into *Y1
+/// (s1 = -1: none), in one pass over the expert's copies.
+MOE_HOST_DEVICE inline void server_takes(Layout const& L, Work const& W, int e, int s0, int s1, long long* Y0,
+                                         long long* Y1) {
+  long long a = 0, b = 0;
+  MOE_NO_UNROLL
+  for (int d = L.first[e]; d < L.first[e + 1]; ++d) {
+    int s = L.server[L.rank[d]];
+    if (s == s0) a += W.y[d];
+    else if (s == s1) b += W.y[d];
+  }
+  *Y0 = a, *Y1 = b;
+}
+
 /// Y(e, server of slot c): what the copies of c's expert on c's server receive.
 MOE_HOST_DEVICE inline long long server_take(Layout const& L, Work const& W, int e, int c) {
-  int s = L.server[L.rank[c]];
-  long long Y = 0;
-  MOE_NO_UNROLL
-  for (int d = L.first[e]; d < L.first[e + 1]; ++d)
-    if (L.server[L.rank[d]] == s) Y += W.y[d];
+  long long Y = 0, none = 0;
+  server_takes(L, W, e, L.server[L.rank[c]], -1, &Y, &none);
   return Y;
 }
 
@@ -346,13 +357,8 @@ MOE_HOST_DEVICE inline long long move_cost(Layout const& L, Work const& W, int e
   if (W.y[d] < W.loc[d]) cost -= A, r = lmin(r, W.loc[d] - W.y[d]);
   int const sc = L.server[L.rank[c]], sd = L.server[L.rank[d]];
   if (sc != sd) {
-    long long Yc = 0, Yd = 0;  // server_take of c and of d, in one pass over the expert's copies
-    MOE_NO_UNROLL
-    for (int x = L.first[e]; x < L.first[e + 1]; ++x) {
-      int s = L.server[L.rank[x]];
-      if (s == sc) Yc += W.y[x];
-      else if (s == sd) Yd += W.y[x];
-    }
+    long long Yc = 0, Yd = 0;  // server_take of c and of d
+    server_takes(L, W, e, sc, sd, &Yc, &Yd);
     if (Yc <= W.srvN[c]) cost += 1;
     else r = lmin(r, Yc - W.srvN[c]);
     if (Yd < W.srvN[d]) cost -= 1, r = lmin(r, W.srvN[d] - Yd);
