@@ -307,6 +307,28 @@ TEST_CASE("device batch split flags a negative count and writes nothing", "[batc
   for (auto v : load.download()) CHECK(v == -1);
 }
 
+TEST_CASE("device batch split refuses a layout whose counts' offsets pass int", "[batch-split]") {
+  // The counts pass addresses rank x experts (and server x experts) with int offsets. A hand-made
+  // layout of one copy per expert on 65,536 ranks: 32,767 experts fit (2,147,418,112 entries),
+  // 32,769 do not (2,147,549,184 > INT_MAX).
+  auto layout_of = [](int ranks, int experts, std::vector<int>& first, std::vector<int>& rank,
+                      std::vector<int>& server) {
+    first.resize(static_cast<std::size_t>(experts) + 1);
+    rank.resize(static_cast<std::size_t>(experts));
+    server.assign(static_cast<std::size_t>(ranks), 0);
+    for (int e = 0; e <= experts; ++e) first[static_cast<std::size_t>(e)] = e;
+    for (int c = 0; c < experts; ++c) rank[static_cast<std::size_t>(c)] = c % ranks;
+    moe::replication::split::Layout L;
+    L.ranks = ranks, L.experts = experts, L.slots = experts, L.servers = 1;
+    L.first = first.data(), L.rank = rank.data(), L.server = server.data();
+    return L;
+  };
+  std::vector<int> first, rank, server;
+  CHECK_NOTHROW(moe::kernels::cuda::DeviceSplit(layout_of(65536, 32767, first, rank, server)));
+  CHECK_THROWS_WITH(moe::kernels::cuda::DeviceSplit(layout_of(65536, 32769, first, rank, server)),
+                    Catch::Contains("65536 ranks x 32769 experts of counts do not fit int offsets"));
+}
+
 TEST_CASE("packed labels order as (distance, arcs, last arc) up to their bounds", "[batch-split]") {
   // detail::PackedLabels against std::tuple's order: at the extremes a label of the tie-breaks can
   // take (|distance| <= (G + 1)(A + 1), arcs <= G + 1, last arc < n_arcs), for the largest A that
