@@ -253,9 +253,12 @@ def main():
               "- time: mean of 50 back-to-back launches (CUDA events); graph_us: the same in one CUDA graph; "
               "target (issue 35): 10 us a layer", "",
               "| benchmark | time (us) | " + " | ".join(bcols) + " |", "|---|---:|" + "---:|" * len(bcols)]
-    stages, series = [], []
+    stages, series, fetch = [], [], []
     for b in bdata.get("benchmarks", []):
         if b.get("run_type") == "aggregate": continue
+        if b["name"].startswith("CodeFetch"):
+            fetch.append(b)
+            continue
         if b["name"].startswith("DeviceSplitStages"):
             stages.append(b)
             continue
@@ -320,6 +323,17 @@ def main():
                              f"| {fmt(b.get('max_load_cycles_per_round'))} "
                              f"| {count(b.get('tie_break_searches'))} / {count(b.get('tie_break_rounds'))} "
                              f"| {fmt(b.get('tie_break_cycles_per_round'))} |")
+    if fetch:
+        # what code run once costs a one-block kernel (the model of batch-balance.md, "The kernel's code")
+        lines += ["", "Code run once (CodeFetch: a straight-line body of that many KiB run twice in one launch of one block; "
+                  "thread 0's cycles per pass, mean of 50 launches; fetch = first pass minus second):", "",
+                  "| KiB / warps | first pass | first pass, least | second pass | first pass per KiB "
+                  "| fetch per KiB |", "|---|---:|---:|---:|---:|---:|"]
+        for b in fetch:
+            err = " (ERROR: " + b.get("error_message", "") + ")" if b.get("error_occurred") else ""
+            lines.append(f"| {' / '.join(b['name'].split('/')[1:3])}{err} | {fmt(b.get('first_pass_cycles'))} "
+                         f"| {fmt(b.get('first_pass_min_cycles'))} | {fmt(b.get('second_pass_cycles'))} "
+                         f"| {fmt(b.get('first_pass_cycles_per_kib'))} | {fmt(b.get('fetch_cycles_per_kib'))} |")
     with open(out, "w") as f:
         f.write("\n".join(lines) + "\n")
     print("wrote", out)

@@ -10,6 +10,11 @@
 // then one split per batch in turn, back to back, in one CUDA graph (`graph_us`: the mean per
 // split), and the means over the series of the kernel's tallies and of thread 0's cycles.
 // DealOneRank: one rank's 4096 x 8 pairs dealt to ranks by the reference deal kernel.
+// CodeFetch/<KB>/<warps>: what a one-block kernel pays for code it runs once, the model of
+// docs/results/batch-balance.md ("The kernel's code"): a straight-line body of KB KiB (64 independent
+// multiply-adds per KiB in 8 chains, no loop) run twice in one launch by 1 or 8 warps of a block of
+// 256; thread 0's clock64 around each pass. The first pass fetches the code; the second runs it
+// again from the SM's instruction caches where it fits, so first minus second is the fetch.
 // Stages: where a split's time goes, from thread 0's clock64 after each stage of the kernel (the
 // mean over 50 splits, in SM cycles and as a share of the whole). Each split three times in the same
 // run: the rank rounds on one warp (/warp) and on the whole block (/block), both with the packed
@@ -21,6 +26,7 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdio>
 #include <string>
 #include <utility>
@@ -241,6 +247,75 @@ void BM_DeviceSplitDealOneRank(benchmark::State& state, int tokens) {
   state.SetLabel("rank 0's pairs, reference deal kernel");
 }
 
+
+// CodeFetch: 64 multiply-adds (one IMAD of 16 bytes each on sm_70 and later: 1 KiB of code) over 8
+// independent chains; the constants differ, and a chain of squares cannot be folded.
+template <unsigned Base, std::size_t... J>
+__device__ __forceinline__ void code_kib(unsigned (&a)[8], std::index_sequence<J...>) {
+  ((a[J % 8] = a[J % 8] * a[J % 8] + (2u * (Base + static_cast<unsigned>(J)) + 1u)), ...);
+}
+
+template <std::size_t... I>
+__device__ __forceinline__ void code_body(unsigned (&a)[8], std::index_sequence<I...>) {
+  (code_kib<static_cast<unsigned>(I) * 64u>(a, std::make_index_sequence<64>{}), ...);
+}
+
+/// The body of KB KiB, twice, on the first `active` threads; stamps[0, 1]: thread 0's cycles of
+/// each pass (the block waits for both at a barrier). `sink` keeps the chains alive.
+template <int KB>
+__global__ void __launch_bounds__(256, 1) code_fetch_kernel(int active, unsigned* sink, long long* stamps) {
+  int const tid = static_cast<int>(threadIdx.x);
+  unsigned a[8];
+  for (int k = 0; k < 8; ++k) a[k] = static_cast<unsigned>(tid * 8 + k);
+  __syncthreads();
+  long long const t0 = clock64();
+  long long t1 = t0, t2 = t0;
+#pragma unroll 1
+  for (int pass = 0; pass < 2; ++pass) {
+    if (tid < active) code_body(a, std::make_index_sequence<KB>{});
+    __syncthreads();
+    long long const now = clock64();
+    if (pass == 0)
+      t1 = now;
+    else
+      t2 = now;
+  }
+  unsigned s = 0;
+  for (int k = 0; k < 8; ++k) s ^= a[k];
+  sink[tid] = s;
+  if (tid == 0) stamps[0] = t1 - t0, stamps[1] = t2 - t1;
+}
+
+template <int KB>
+void BM_CodeFetch(benchmark::State& state, int warps) {
+  kc::DeviceArray<unsigned> sink(256);
+  kc::DeviceArray<long long> stamps(2);
+  constexpr int launches = 50;
+  double cold = 0, warm = 0, cold_min = 0;
+  for (auto _ : state) {
+    cold = warm = 0;
+    cold_min = 1e300;
+    for (int i = 0; i <= launches; ++i) {
+      kc::launch(code_fetch_kernel<KB>, 1, 256, 0, stream(), warps * 32, sink.get(), stamps.get());
+      kc::check_launch("code_fetch_kernel");
+      long long h[2];
+      kc::check_cuda(cudaMemcpyAsync(h, stamps.get(), sizeof h, cudaMemcpyDeviceToHost, stream()), "stamps");
+      kc::check_cuda(cudaStreamSynchronize(stream()), "code_fetch_kernel");
+      if (i == 0) continue;  // the first launch also loads the module's code into L2
+      cold += static_cast<double>(h[0]), warm += static_cast<double>(h[1]);
+      cold_min = std::min(cold_min, static_cast<double>(h[0]));
+    }
+  }
+  cold /= launches, warm /= launches;
+  state.counters["kib"] = KB;
+  state.counters["first_pass_cycles"] = cold;
+  state.counters["first_pass_min_cycles"] = cold_min;
+  state.counters["second_pass_cycles"] = warm;
+  state.counters["first_pass_cycles_per_kib"] = cold / KB;
+  state.counters["fetch_cycles_per_kib"] = (cold - warm) / KB;
+  state.SetLabel("thread 0's clock64 per pass, mean of 50 launches of one block");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -279,6 +354,19 @@ int main(int argc, char** argv) {
   benchmark::RegisterBenchmark("DeviceSplitDealOneRank/4096", BM_DeviceSplitDealOneRank, 4096)
       ->UseManualTime()
       ->Unit(benchmark::kMicrosecond);
+  // what code run once costs a one-block kernel: 4 to 128 KiB (the split kernel is 131 KiB, its
+  // stages 1.5 to 35), on one warp and on eight
+  for (int warps : {1, 8}) {
+    auto add = [&](int kib, void (*f)(benchmark::State&, int)) {
+      benchmark::RegisterBenchmark(("CodeFetch/" + std::to_string(kib) + "/" + std::to_string(warps)).c_str(), f, warps)
+          ->Iterations(1);
+    };
+    add(4, BM_CodeFetch<4>);
+    add(16, BM_CodeFetch<16>);
+    add(32, BM_CodeFetch<32>);
+    add(64, BM_CodeFetch<64>);
+    add(128, BM_CodeFetch<128>);
+  }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();
