@@ -327,11 +327,11 @@ def main():
         # what code run once costs a one-block kernel (the model of batch-balance.md, "The kernel's code")
         lines += ["", "Code run once (CodeFetch: a straight-line body of that many KiB run twice in one launch of one block; "
                   "thread 0's cycles per pass, mean of 50 launches; fetch = first pass minus second):", "",
-                  "| KiB / warps | first pass | first pass, least | second pass | first pass per KiB "
+                  "| KiB / warps (/ L2 evicted) | first pass | first pass, least | second pass | first pass per KiB "
                   "| fetch per KiB |", "|---|---:|---:|---:|---:|---:|"]
         for b in fetch:
             err = " (ERROR: " + b.get("error_message", "") + ")" if b.get("error_occurred") else ""
-            lines.append(f"| {' / '.join(b['name'].split('/')[1:3])}{err} | {fmt(b.get('first_pass_cycles'))} "
+            lines.append(f"| {' / '.join(b['name'].split('/')[1:])}{err} | {fmt(b.get('first_pass_cycles'))} "
                          f"| {fmt(b.get('first_pass_min_cycles'))} | {fmt(b.get('second_pass_cycles'))} "
                          f"| {fmt(b.get('first_pass_cycles_per_kib'))} | {fmt(b.get('fetch_cycles_per_kib'))} |")
     with open(out, "w") as f:

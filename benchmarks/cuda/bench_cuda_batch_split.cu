@@ -10,11 +10,6 @@
 // then one split per batch in turn, back to back, in one CUDA graph (`graph_us`: the mean per
 // split), and the means over the series of the kernel's tallies and of thread 0's cycles.
 // DealOneRank: one rank's 4096 x 8 pairs dealt to ranks by the reference deal kernel.
-// CodeFetch/<KB>/<warps>: what a one-block kernel pays for code it runs once, the model of
-// docs/results/batch-balance.md ("The kernel's code"): a straight-line body of KB KiB (64 independent
-// multiply-adds per KiB in 8 chains, no loop) run twice in one launch by 1 or 8 warps of a block of
-// 256; thread 0's clock64 around each pass. The first pass fetches the code; the second runs it
-// again from the SM's instruction caches where it fits, so first minus second is the fetch.
 // Stages: where a split's time goes, from thread 0's clock64 after each stage of the kernel (the
 // mean over 50 splits, in SM cycles and as a share of the whole). Each split three times in the same
 // run: the rank rounds on one warp (/warp) and on the whole block (/block), both with the packed
@@ -22,6 +17,15 @@
 // (/warp_two_stage, the form the packed labels replaced: twice the tie-breaks' rounds). With them,
 // the kernel's tallies: the least max load's searches and rounds, the tie-breaks' searches and
 // rounds, and the cycles per round of those two stages.
+// CodeFetch/<KiB>/<warps>: what a one-block kernel pays for code it runs once, the model of
+// docs/results/batch-balance.md ("The kernel's code"): a straight-line body of that many KiB (64
+// independent multiply-adds per KiB in 8 chains, no loop) run twice in one launch by 1 or 8 warps
+// of a block of 256; thread 0's clock64 around each pass. The first pass fetches the code; the
+// second runs it again from the SM's instruction caches where it fits, so first minus second is
+// the fetch.
+// .../l2_evicted (CodeFetch on one warp, and DeviceSplitStages' warp form): each launch after L2
+// was evicted (a memset of twice its size), so that code and data come from device memory, as they
+// would after a layer's expert GEMMs.
 // scripts/gpu_bench.sh runs it as the step `split`.
 #include <benchmark/benchmark.h>
 
@@ -74,6 +78,19 @@ double mean_us(F&& body, int reps) {
   cudaEventDestroy(a);
   cudaEventDestroy(b);
   return static_cast<double>(ms) * 1e3 / reps;
+}
+
+/// Evicts the L2 cache on `stream()`: writes a buffer of twice its size (the code and the data of
+/// the next launch then come from device memory, as after a layer's expert GEMMs have streamed their
+/// weights through L2).
+void flush_l2() {
+  static kc::DeviceArray<unsigned char> buffer = [] {
+    int device = 0, bytes = 0;
+    kc::check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+    kc::check_cuda(cudaDeviceGetAttribute(&bytes, cudaDevAttrL2CacheSize, device), "L2 size");
+    return kc::DeviceArray<unsigned char>(2 * static_cast<std::size_t>(bytes > 0 ? bytes : 1 << 20));
+  }();
+  kc::check_cuda(cudaMemsetAsync(buffer.get(), 0, buffer.size(), stream()), "flush L2");
 }
 
 /// Whether the device's outcome and takes (of the experts with copies) are the host's.
@@ -132,7 +149,7 @@ void BM_DeviceSplit(benchmark::State& state, int tokens, kc::DeviceSplit::Rounds
 }
 
 void BM_DeviceSplitStages(benchmark::State& state, int tokens, kc::DeviceSplit::Rounds rounds,
-                          kc::DeviceSplit::Paths paths) {
+                          kc::DeviceSplit::Paths paths, bool flush) {
   auto s = moe::bench_split::make(tokens);
   moe::replication::BatchSplit host(s.copies, s.topo);
   kc::DeviceSplit dev(host.layout(), 0, rounds, paths);
@@ -148,6 +165,7 @@ void BM_DeviceSplitStages(benchmark::State& state, int tokens, kc::DeviceSplit::
   for (auto _ : state) {
     std::fill(sum.begin(), sum.end(), 0.0);
     for (int i = 0; i <= reps; ++i) {
+      if (flush) flush_l2();
       dev.run(counts.get(), take.get(), load.get(), outcome.get(), work.get(), stream(), stamps.get());
       kc::check_cuda(cudaMemcpyAsync(h, stamps.get(), sizeof h, cudaMemcpyDeviceToHost, stream()), "stamps");
       kc::check_cuda(cudaStreamSynchronize(stream()), "split");
@@ -166,7 +184,8 @@ void BM_DeviceSplitStages(benchmark::State& state, int tokens, kc::DeviceSplit::
   for (int k = K; k < N; ++k) state.counters[kTallyNames[k - K]] = static_cast<double>(h[k]);
   if (h[K + 1] > 0) state.counters["max_load_cycles_per_round"] = sum[5] / reps / static_cast<double>(h[K + 1]);
   if (h[K + 3] > 0) state.counters["tie_break_cycles_per_round"] = sum[6] / reps / static_cast<double>(h[K + 3]);
-  state.SetLabel("thread 0's clock64 per stage, mean of 50 splits");
+  state.SetLabel(flush ? "thread 0's clock64 per stage, mean of 50 splits, each after L2 was evicted"
+                      : "thread 0's clock64 per stage, mean of 50 splits");
 }
 
 void BM_DeviceSplitSeries(benchmark::State& state, int tokens) {
@@ -287,7 +306,7 @@ __global__ void __launch_bounds__(256, 1) code_fetch_kernel(int active, unsigned
 }
 
 template <int KB>
-void BM_CodeFetch(benchmark::State& state, int warps) {
+void BM_CodeFetch(benchmark::State& state, int warps, bool flush) {
   kc::DeviceArray<unsigned> sink(256);
   kc::DeviceArray<long long> stamps(2);
   constexpr int launches = 50;
@@ -296,6 +315,7 @@ void BM_CodeFetch(benchmark::State& state, int warps) {
     cold = warm = 0;
     cold_min = 1e300;
     for (int i = 0; i <= launches; ++i) {
+      if (flush) flush_l2();
       kc::launch(code_fetch_kernel<KB>, 1, 256, 0, stream(), warps * 32, sink.get(), stamps.get());
       kc::check_launch("code_fetch_kernel");
       long long h[2];
@@ -313,7 +333,8 @@ void BM_CodeFetch(benchmark::State& state, int warps) {
   state.counters["second_pass_cycles"] = warm;
   state.counters["first_pass_cycles_per_kib"] = cold / KB;
   state.counters["fetch_cycles_per_kib"] = (cold - warm) / KB;
-  state.SetLabel("thread 0's clock64 per pass, mean of 50 launches of one block");
+  state.SetLabel(flush ? "thread 0's clock64 per pass, mean of 50 launches of one block, each after L2 was evicted"
+                      : "thread 0's clock64 per pass, mean of 50 launches of one block");
 }
 
 }  // namespace
@@ -342,11 +363,17 @@ int main(int argc, char** argv) {
                                    tokens, f.rounds, f.paths)
           ->UseManualTime()
           ->Unit(benchmark::kMicrosecond);
-  for (int tokens : {16, 64, 4096})
+  for (int tokens : {16, 64, 4096}) {
     for (auto const& f : forms)
       benchmark::RegisterBenchmark(("DeviceSplitStages/" + std::to_string(tokens) + "/" + f.name).c_str(),
-                                   BM_DeviceSplitStages, tokens, f.rounds, f.paths)
+                                   BM_DeviceSplitStages, tokens, f.rounds, f.paths, false)
           ->Iterations(1);
+    // each split after L2 was evicted: its code and the layout from device memory, as in a layer
+    // pass whose expert GEMMs streamed their weights through L2 since the last split
+    benchmark::RegisterBenchmark(("DeviceSplitStages/" + std::to_string(tokens) + "/warp_l2_evicted").c_str(),
+                                 BM_DeviceSplitStages, tokens, Rounds::warp, Paths::automatic, true)
+        ->Iterations(1);
+  }
   for (int tokens : {16, 64, 256, 4096})
     benchmark::RegisterBenchmark(("DeviceSplitSeries/" + std::to_string(tokens)).c_str(), BM_DeviceSplitSeries, tokens)
         ->UseManualTime()
@@ -355,10 +382,14 @@ int main(int argc, char** argv) {
       ->UseManualTime()
       ->Unit(benchmark::kMicrosecond);
   // what code run once costs a one-block kernel: 4 to 128 KiB (the split kernel is 131 KiB, its
-  // stages 1.5 to 35), on one warp and on eight
-  for (int warps : {1, 8}) {
-    auto add = [&](int kib, void (*f)(benchmark::State&, int)) {
-      benchmark::RegisterBenchmark(("CodeFetch/" + std::to_string(kib) + "/" + std::to_string(warps)).c_str(), f, warps)
+  // stages 1.5 to 35), on one warp and on eight, and on one warp after L2 was evicted
+  for (int variant = 0; variant < 3; ++variant) {
+    int const warps = variant == 1 ? 8 : 1;
+    bool const flush = variant == 2;
+    auto add = [&](int kib, void (*f)(benchmark::State&, int, bool)) {
+      benchmark::RegisterBenchmark(
+          ("CodeFetch/" + std::to_string(kib) + "/" + std::to_string(warps) + (flush ? "/l2_evicted" : "")).c_str(), f,
+          warps, flush)
           ->Iterations(1);
     };
     add(4, BM_CodeFetch<4>);
