@@ -72,60 +72,63 @@ struct SplitView {
 
 namespace detail {
 
-/// The sums of the expert stage, shared by the block's threads: the header's three sums
-/// (split::detail::kTotal, kLocal, kSame) in registers, added to the header once per warp by
-/// flush(); anything else (the rank loads) by 64-bit atomic additions (two's complement, so the
-/// unsigned form adds signed values exactly). Each sum is named by a constant index: indexed by
-/// `p - hdr`, the array went to local memory (40 bytes of stack per thread, a load and a store
-/// through L1 for every addition).
+/// The sums of the expert stage, shared by the block's threads (split::expert_totals' `add`): the
+/// header's three sums (split::detail::kTotal, kLocal, kSame) in registers, added to the header
+/// once per warp by flush(); the rank loads by 64-bit atomic additions (two's complement, so the
+/// unsigned form adds signed values exactly). One atomic site for the loads and one for the header
+/// (on a workspace that may be shared or global memory, each is a test of the address space, a
+/// compare-and-swap loop for shared memory and a global atomic).
 struct BlockAdd {
   static_assert(replication::split::detail::kTotal == 1 && replication::split::detail::kLocal == 2 &&
                 replication::split::detail::kSame == 3);
   long long* hdr;
-  long long sum[3] = {0, 0, 0};  // header words 1, 2, 3
-  __device__ void operator()(long long* p, long long v) {
-    auto i = p - hdr;
-    if (i == 1) sum[0] += v;
-    else if (i == 2) sum[1] += v;
-    else if (i == 3) sum[2] += v;
-    else atomicAdd(reinterpret_cast<unsigned long long*>(p), static_cast<unsigned long long>(v));
+  long long s1 = 0, s2 = 0, s3 = 0;  // header words 1, 2, 3
+  template <int K>
+  __device__ void sum(long long v) {
+    static_assert(K >= 1 && K <= 3);
+    (K == 1 ? s1 : K == 2 ? s2 : s3) += v;
+  }
+  __device__ void load(long long* p, long long v) {
+    atomicAdd(reinterpret_cast<unsigned long long*>(p), static_cast<unsigned long long>(v));
   }
   /// Every thread of the block calls it.
   __device__ void flush() {
-#pragma unroll
-    for (int k = 0; k < 3; ++k) {
-      long long v = sum[k];
+#pragma unroll 1
+    for (int k = 1; k <= 3; ++k) {
+      long long v = k == 1 ? s1 : k == 2 ? s2 : s3;
       for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, static_cast<unsigned>(o));
       if ((threadIdx.x & 31) == 0 && v != 0)
-        atomicAdd(reinterpret_cast<unsigned long long*>(hdr + 1 + k), static_cast<unsigned long long>(v));
+        atomicAdd(reinterpret_cast<unsigned long long*>(hdr + k), static_cast<unsigned long long>(v));
     }
   }
 };
 
 /// Exclusive prefix sum of v over the block's threads in thread order; the block's total in *total.
-/// Every thread calls it (it synchronises). `warp_sums`: Threads / 32 + 1 shared ints.
+/// Every thread calls it (it synchronises). `warp_sums`: Threads / 32 + 1 shared words. The split
+/// scans two counts at once, packed in the halves of a long long (the low one's sum fits 32 bits).
 template <int Threads>
-__device__ int block_exclusive_scan(int v, int* warp_sums, int* total) {
+__device__ long long block_exclusive_scan(long long v, long long* warp_sums, long long* total) {
   static_assert(Threads % 32 == 0);
   int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
-  int x = v;
+  long long x = v;
   for (int o = 1; o < 32; o <<= 1) {
-    int y = __shfl_up_sync(0xffffffffu, x, static_cast<unsigned>(o));
+    long long y = __shfl_up_sync(0xffffffffu, x, static_cast<unsigned>(o));
     if (lane >= o) x += y;
   }
   if (lane == 31) warp_sums[warp] = x;
   __syncthreads();
   if (tid == 0) {
-    int run = 0;
+    long long run = 0;
+#pragma unroll 1
     for (int w = 0; w < Threads / 32; ++w) {
-      int t = warp_sums[w];
+      long long t = warp_sums[w];
       warp_sums[w] = run;
       run += t;
     }
     warp_sums[Threads / 32] = run;
   }
   __syncthreads();
-  int out = warp_sums[warp] + x - v;
+  long long out = warp_sums[warp] + x - v;
   *total = warp_sums[Threads / 32];
   __syncthreads();  // warp_sums may be reused at once
   return out;
@@ -319,21 +322,21 @@ __device__ __forceinline__ long long warp_inclusive_sum(long long v, int lane) {
 }
 
 /// One greedy pass of split::match on one warp: copies (the lanes below k with `mine`) take, in slot
-/// order, what the ranks at[0..count) hold (`rem`), in that order; each copy needs `need`. The host
+/// order, what the ranks order[0..count) (order == nullptr: ranks 0..count) hold (`rem`), in that
+/// order; each copy needs `need`. The host
 /// walks both lists with two cursors; that gives every (rank, copy) the overlap of the rank's span
 /// [R, R + rem) in the ranks' running sum with the copy's span [C, C + need) in the copies'. Here the
 /// lanes take 32 ranks at a time and write the non-zero overlaps. Lowers `need` and the ranks' rem;
 /// returns (on every lane) the pairs taken.
-template <class At>
 __device__ __forceinline__ long long match_pass(replication::split::Layout const& L, std::int32_t* take, long long* rem,
-                                                At at, int count, int lo, int k, bool mine, long long& need,
-                                                int lane) {
+                                                long long const* order, int count, int lo, int k, bool mine,
+                                                long long& need, int lane) {
   long long wanted = mine ? need : 0;
   long long before = warp_inclusive_sum(wanted, lane) - wanted;  // C: the needs of the copies before
   long long total = __shfl_sync(0xffffffffu, before + wanted, 31);
   long long held = 0;  // R of this chunk's first rank
   for (int base = 0; base < count && held < total; base += 32) {
-    int r = base + lane < count ? at(base + lane) : -1;
+    int r = base + lane >= count ? -1 : order ? static_cast<int>(order[base + lane]) : base + lane;
     long long has = r >= 0 ? rem[r] : 0;
     long long upto = warp_inclusive_sum(has, lane), from = upto - has;
     upto += held, from += held;
@@ -383,22 +386,23 @@ __device__ __forceinline__ void match_expert_warp(replication::split::Layout con
     *local += m, *same_server += m;
   }
   __syncwarp();
-  // each server's ranks to its copies: one pass per server, its copies in slot order
+  // each server's ranks to its copies: one pass per server, its copies in slot order; then the rest,
+  // every rank in order (one call of match_pass in the loop, so that its code is there once)
   unsigned left = __ballot_sync(0xffffffffu, on && need > 0);
-  while (left != 0) {
-    int v = __shfl_sync(0xffffffffu, srv, __ffs(left) - 1);
-    bool mine = on && srv == v;
-    left &= ~__ballot_sync(0xffffffffu, mine);
-    int first = static_cast<int>(W.sfirst[v]);
-    long long got = match_pass(L, take, rem, [&](int t) { return static_cast<int>(W.srank[first + t]); },
-                               static_cast<int>(W.sfirst[v + 1]) - first, lo, k, mine, need, lane);
-    if (lane == 0) *same_server += got;
+#pragma unroll 1
+  while (true) {
+    bool const rest = left == 0;
+    if (rest && !__any_sync(0xffffffffu, on && need > 0)) break;
+    int v = rest ? 0 : __shfl_sync(0xffffffffu, srv, __ffs(left) - 1);
+    bool mine = on && (rest || srv == v);
+    if (!rest) left &= ~__ballot_sync(0xffffffffu, mine);
+    int first = rest ? 0 : static_cast<int>(W.sfirst[v]);
+    int count = rest ? G : static_cast<int>(W.sfirst[v + 1]) - first;
+    long long got = match_pass(L, take, rem, rest ? nullptr : W.srank + first, count, lo, k, mine, need, lane);
+    if (!rest && lane == 0) *same_server += got;
     __syncwarp();
+    if (rest) break;
   }
-  // the rest: every rank in order
-  if (__any_sync(0xffffffffu, on && need > 0))
-    match_pass(L, take, rem, [](int t) { return t; }, G, lo, k, on, need, lane);
-  __syncwarp();
 }
 
 /// A search's marks for member 0 (split::detail::next_marked): bit i % 32 of bits[i / 32] is
@@ -649,7 +653,7 @@ __global__ void __launch_bounds__(Threads, 1)
   using split::detail::Work;
   MOE_EXTERN_SHARED(long long, smem);
   __shared__ int negative;
-  __shared__ int warp_sums[Threads / 32 + 1];
+  __shared__ long long warp_sums[Threads / 32 + 1];
   __shared__ long long team_slots[3];
   static_assert(alignof(split::Outcome) <= alignof(long long));
   __shared__ long long out_raw[(sizeof(split::Outcome) + sizeof(long long) - 1) / sizeof(long long)];
@@ -739,15 +743,19 @@ __global__ void __launch_bounds__(Threads, 1)
   // 2c. the lists in expert order: each thread a run of experts, placed by prefix sums
   int chunk = (E + n - 1) / n, lo = tid * chunk, hi = lo + chunk < E ? lo + chunk : E;
   int my_arcs = 0, my_mc = 0;
+#pragma unroll 1
   for (int e = lo; e < hi; ++e) {
     bool copies = L.first[e + 1] - L.first[e] > 1;
     my_mc += copies;
     if (copies && W.N[e] > 0) my_arcs += split::expert_arc_count(L, e);
   }
-  int n_arcs = 0, n_mc = 0;
-  int at_arcs = block_exclusive_scan<Threads>(my_arcs, warp_sums, &n_arcs);
-  int at_mc = block_exclusive_scan<Threads>(my_mc, warp_sums, &n_mc);
+  // one scan for both: arcs in the high half, experts with copies (at most E) in the low
+  long long both = 0, at = block_exclusive_scan<Threads>(static_cast<long long>(my_arcs) << 32 | my_mc, warp_sums, &both);
+  int const n_arcs = static_cast<int>(both >> 32), n_mc = static_cast<int>(both & 0xffffffffLL);
+  int at_arcs = static_cast<int>(at >> 32), at_mc = static_cast<int>(at & 0xffffffffLL);
+#pragma unroll 1
   for (int e = lo; e < hi; ++e) {
+#pragma unroll 1
     for (int c = L.first[e]; c < L.first[e + 1]; ++c) W.sexp[c] = e;
     if (L.first[e + 1] - L.first[e] == 1) continue;
     W.mc[at_mc++] = e;

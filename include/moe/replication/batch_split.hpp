@@ -231,8 +231,14 @@ MOE_HOST_DEVICE inline void for_each_side(Layout const& L, Work const& W, int le
 enum Header : int { kMc = 0, kTotal = 1, kLocal = 2, kSame = 3, kArcs = 4 };
 
 /// The sums of the expert stage on the host: plain additions (a CUDA block adds atomically).
+/// sum<K>(v): header word K += v; load(p, v): a rank's load *p += v.
 struct PlainAdd {
-  MOE_HOST_DEVICE void operator()(long long* p, long long v) const { *p += v; }
+  long long* hdr;
+  template <int K>
+  MOE_HOST_DEVICE void sum(long long v) const {
+    hdr[K] += v;
+  }
+  MOE_HOST_DEVICE void load(long long* p, long long v) const { *p += v; }
 };
 
 /// What the copies of expert e on server s0 receive, into *Y0, and on server s1 != s0, into *Y1
@@ -422,7 +428,8 @@ MOE_HOST_DEVICE inline void decide_begin(Layout const& L, detail::Work& W) {
 
 /// 2b (any split of the experts): expert e's pairs N[e], added to the total; an expert with one
 /// copy adds them to its rank's fixed load, and what stays on its rank and server to the header's
-/// sums. `add(p, v)`: *p += v (atomically where threads share p). Returns whether e has copies and
+/// sums. `add`: `sum<K>(v)` adds v to header word K, `load(p, v)` to a rank's load *p (each
+/// atomically where threads share them; PlainAdd on one thread). Returns whether e has copies and
 /// pairs (an expert the flow decides).
 template <class Add>
 MOE_HOST_DEVICE inline bool expert_totals(Layout const& L, std::int32_t const* counts, detail::Work& W, int e,
@@ -433,12 +440,12 @@ MOE_HOST_DEVICE inline bool expert_totals(Layout const& L, std::int32_t const* c
   MOE_NO_UNROLL
   for (int v = 0; v < L.servers; ++v) n += W.P[static_cast<long long>(v) * E + e];
   W.N[e] = n;
-  add(&W.hdr[kTotal], n);
+  add.template sum<kTotal>(n);
   if (L.first[e + 1] - L.first[e] > 1) return n > 0;
   int g = L.rank[L.first[e]];
-  add(&W.load[g], n);
-  add(&W.hdr[kLocal], counts[static_cast<long long>(g) * E + e]);
-  add(&W.hdr[kSame], W.P[static_cast<long long>(L.server[g]) * E + e]);
+  add.load(&W.load[g], n);
+  add.template sum<kLocal>(counts[static_cast<long long>(g) * E + e]);
+  add.template sum<kSame>(W.P[static_cast<long long>(L.server[g]) * E + e]);
   return false;
 }
 
@@ -921,7 +928,7 @@ MOE_HOST_DEVICE inline long long least_max(Layout const& L, std::int32_t const* 
   int G = L.ranks, E = L.experts;
   decide_begin(L, W);
   W.n_multi = 0;
-  PlainAdd add;
+  PlainAdd add{W.hdr};
   for (int e = 0; e < E; ++e)
     if (expert_totals(L, counts, W, e, add)) W.multi[W.n_multi++] = e;
   long long T = detail::lmax(lower_bound(L, W), set_bounds(L, W, W.multi, W.n_multi, W.y));  // y: free until the start
