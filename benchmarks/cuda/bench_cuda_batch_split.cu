@@ -10,6 +10,11 @@
 // then one split per batch in turn, back to back, in one CUDA graph (`graph_us`: the mean per
 // split), and the means over the series of the kernel's tallies and of thread 0's cycles.
 // DealOneRank: one rank's 4096 x 8 pairs dealt to ranks by the reference deal kernel.
+// DealSorted/<tokens>: what the layer runs instead (paths/device.cuh, plan_split): rank 0's pairs put
+// in expert order (kernels::cuda::order_by_expert, a CUB radix sort, on a side stream during the
+// count exchange and the split in a layer pass), then dealt from that order (deal_sorted, after the
+// split); checked equal to the reference deal first. The time is both, in one CUDA graph of 50;
+// `deal_us`: the deal alone, what a pass waits for after the split.
 // Stages: where a split's time goes, from thread 0's clock64 after each stage of the kernel (the
 // mean over 50 splits, in SM cycles and as a share of the whole). Each split three times in the same
 // run: the rank rounds on one warp (/warp) and on the whole block (/block), both with the packed
@@ -39,6 +44,7 @@
 #include "../planners/batch_split_scenario.hpp"
 #include "moe/kernels/batch_split.cuh"
 #include "moe/kernels/cuda_common.cuh"
+#include "moe/kernels/dispatch.cuh"
 #include "moe/replication/batch_split.hpp"
 
 namespace kc = moe::kernels::cuda;
@@ -78,6 +84,22 @@ double mean_us(F&& body, int reps) {
   cudaEventDestroy(a);
   cudaEventDestroy(b);
   return static_cast<double>(ms) * 1e3 / reps;
+}
+
+/// Mean microseconds of one call of `body` over 50 captured in one CUDA graph (after a warm-up).
+template <class F>
+double graph_us(F&& body) {
+  constexpr int reps = 50;
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  kc::check_cuda(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal), "capture");
+  for (int i = 0; i < reps; ++i) body();
+  kc::check_cuda(cudaStreamEndCapture(stream(), &graph), "end capture");
+  kc::check_cuda(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  double us = mean_us([&] { kc::check_cuda(cudaGraphLaunch(exec, stream()), "graph launch"); }, 5) / reps;
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  return us;
 }
 
 /// Evicts the L2 cache on `stream()`: writes a buffer of twice its size (the code and the data of
@@ -129,17 +151,7 @@ void BM_DeviceSplit(benchmark::State& state, int tokens, kc::DeviceSplit::Rounds
   }
   constexpr int reps = 50;
   for (auto _ : state) state.SetIterationTime(mean_us(run, reps) * 1e-6);
-  // the same launches in one CUDA graph
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  kc::check_cuda(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal), "capture");
-  for (int i = 0; i < reps; ++i) run();
-  kc::check_cuda(cudaStreamEndCapture(stream(), &graph), "end capture");
-  kc::check_cuda(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
-  double graph_us = mean_us([&] { kc::check_cuda(cudaGraphLaunch(exec, stream()), "graph launch"); }, 5) / reps;
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  state.counters["graph_us"] = graph_us;
+  state.counters["graph_us"] = graph_us(run);  // the same launches in one CUDA graph
   state.counters["shared_bytes"] = static_cast<double>(dev.shared_bytes());
   state.counters["start_waves"] = dev.start_waves();
   state.counters["warp_rounds"] = dev.warp_rounds() ? 1 : 0;
@@ -305,6 +317,44 @@ __global__ void __launch_bounds__(256, 1) code_fetch_kernel(int active, unsigned
   if (tid == 0) stamps[0] = t1 - t0, stamps[1] = t2 - t1;
 }
 
+void BM_DeviceDealSorted(benchmark::State& state, int tokens) {
+  auto s = moe::bench_split::make(tokens);
+  moe::replication::BatchSplit host(s.copies, s.topo);
+  host.plan_batch(s.counts);
+  kc::DeviceSplit dev(host.layout());
+  kc::DeviceArray<std::int32_t> take(dev.take_size());
+  take.upload(host.take().data(), host.take().size());
+  auto const& ids = s.ids[0];
+  auto const n = static_cast<long long>(ids.size());
+  int const E = moe::bench_split::kExperts;
+  std::size_t const temp_bytes = kc::sort_items_bytes(n, E);
+  kc::DeviceArray<int> d_ids(ids.size()), values(ids.size()), keys(ids.size()), order(ids.size()),
+      offsets(static_cast<std::size_t>(E) + 1), dest(ids.size()), want(ids.size());
+  kc::DeviceArray<unsigned char> temp(temp_bytes ? temp_bytes : 1);
+  d_ids.upload(ids.data(), ids.size());
+  auto sort = [&] {
+    kc::order_by_expert(stream(), d_ids.get(), n, E, values.get(), keys.get(), order.get(), offsets.get(), temp.get(),
+                        temp_bytes);
+  };
+  auto deal = [&] { dev.deal_sorted(take.get(), 0, keys.get(), order.get(), offsets.get(), n, dest.get(), stream()); };
+  // the reference deal kernel's answer first
+  dev.deal(take.get(), 0, d_ids.get(), n, want.get(), stream());
+  sort();
+  deal();
+  std::vector<int> a(ids.size()), b(ids.size());
+  kc::check_cuda(cudaStreamSynchronize(stream()), "deal");
+  kc::check_cuda(cudaMemcpy(a.data(), dest.get(), a.size() * sizeof(int), cudaMemcpyDeviceToHost), "dest");
+  kc::check_cuda(cudaMemcpy(b.data(), want.get(), b.size() * sizeof(int), cudaMemcpyDeviceToHost), "want");
+  if (a != b) {
+    state.SkipWithError("deal_sorted differs from the reference deal kernel");
+    return;
+  }
+  for (auto _ : state) state.SetIterationTime(graph_us([&] { sort(), deal(); }) * 1e-6);
+  state.counters["deal_us"] = graph_us(deal);
+  state.counters["pairs"] = static_cast<double>(n);
+  state.SetLabel("rank 0's pairs: expert order (CUB), then the deal; deal_us: the deal alone");
+}
+
 template <int KB>
 void BM_CodeFetch(benchmark::State& state, int warps, bool flush) {
   kc::DeviceArray<unsigned> sink(256);
@@ -381,6 +431,10 @@ int main(int argc, char** argv) {
   benchmark::RegisterBenchmark("DeviceSplitDealOneRank/4096", BM_DeviceSplitDealOneRank, 4096)
       ->UseManualTime()
       ->Unit(benchmark::kMicrosecond);
+  for (int tokens : {16, 256, 4096})
+    benchmark::RegisterBenchmark(("DeviceDealSorted/" + std::to_string(tokens)).c_str(), BM_DeviceDealSorted, tokens)
+        ->UseManualTime()
+        ->Unit(benchmark::kMicrosecond);
   // what code run once costs a one-block kernel: 4 to 128 KiB (the split kernel is 131 KiB, its
   // stages 1.5 to 35), on one warp and on eight, and on one warp after L2 was evicted
   for (int variant = 0; variant < 3; ++variant) {
