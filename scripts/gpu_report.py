@@ -247,7 +247,7 @@ def main():
     # The per-batch replica split (include/moe/kernels/batch_split.cuh, docs/results/batch-balance.md):
     # one block from device counts to the split, DeepSeek-V3 at EP32; target 10 us a layer.
     bdata, bstate = load_bench(os.path.join(results, "bench_cuda_batch_split.json"))
-    bcols = ["graph_us", "deal_us", "shared_bytes", "fixed_max_over_mean", "split_max_over_mean"]
+    bcols = ["graph_us", "deal_us", "reference_us", "shared_bytes", "fixed_max_over_mean", "split_max_over_mean"]
     lines += ["", "## Per-batch replica split kernel (bench_cuda_batch_split)", "",
               f"- bench_cuda_batch_split JSON: {bstate}",
               "- time: mean of 50 back-to-back launches (CUDA events); graph_us: the same in one CUDA graph; "

@@ -9,12 +9,12 @@
 // batch can be a lucky or an unlucky draw): each batch's device split checked against the host's,
 // then one split per batch in turn, back to back, in one CUDA graph (`graph_us`: the mean per
 // split), and the means over the series of the kernel's tallies and of thread 0's cycles.
-// DealOneRank: one rank's 4096 x 8 pairs dealt to ranks by the reference deal kernel.
-// DealSorted/<tokens>: what the layer runs instead (paths/device.cuh, plan_split): rank 0's pairs put
-// in expert order (kernels::cuda::order_by_expert, a CUB radix sort, on a side stream during the
-// count exchange and the split in a layer pass), then dealt from that order (deal_sorted, after the
-// split); checked equal to the reference deal first. The time is both, in one CUDA graph of 50;
-// `deal_us`: the deal alone, what a pass waits for after the split.
+// DealSorted/<tokens>: the deal the layer runs (paths/device.cuh, plan_split): rank 0's pairs put in
+// expert order (kernels::cuda::order_by_expert, a CUB radix sort, on a side stream during the count
+// exchange and the split in a layer pass), then dealt from that order (deal_sorted, after the
+// split); checked equal to the reference deal kernel (one block, a thread per expert scanning all
+// pairs) first. The time is both, in one CUDA graph of 50; `deal_us`: the deal alone, what a pass
+// waits for after the split; `reference_us`: the reference kernel.
 // Stages: where a split's time goes, from thread 0's clock64 after each stage of the kernel (the
 // mean over 50 splits, in SM cycles and as a share of the whole). Each split three times in the same
 // run: the rank rounds on one warp (/warp) and on the whole block (/block), both with the packed
@@ -263,22 +263,6 @@ void BM_DeviceSplitSeries(benchmark::State& state, int tokens) {
   state.SetLabel("the mean per split over the seeded series, in one CUDA graph");
 }
 
-void BM_DeviceSplitDealOneRank(benchmark::State& state, int tokens) {
-  auto s = moe::bench_split::make(tokens);
-  moe::replication::BatchSplit host(s.copies, s.topo);
-  host.plan_batch(s.counts);
-  kc::DeviceSplit dev(host.layout());
-  kc::DeviceArray<std::int32_t> take(dev.take_size());
-  take.upload(host.take().data(), host.take().size());
-  auto const& ids = s.ids[0];
-  kc::DeviceArray<int> d_ids(ids.size()), dest(ids.size());
-  d_ids.upload(ids.data(), ids.size());
-  auto run = [&] { dev.deal(take.get(), 0, d_ids.get(), static_cast<long long>(ids.size()), dest.get(), stream()); };
-  for (auto _ : state) state.SetIterationTime(mean_us(run, 10) * 1e-6);
-  state.SetLabel("rank 0's pairs, reference deal kernel");
-}
-
-
 // CodeFetch: 64 multiply-adds (one IMAD of 16 bytes each on sm_70 and later: 1 KiB of code) over 8
 // independent chains; the constants differ, and a chain of squares cannot be folded.
 template <unsigned Base, std::size_t... J>
@@ -351,8 +335,11 @@ void BM_DeviceDealSorted(benchmark::State& state, int tokens) {
   }
   for (auto _ : state) state.SetIterationTime(graph_us([&] { sort(), deal(); }) * 1e-6);
   state.counters["deal_us"] = graph_us(deal);
+  state.counters["reference_us"] =
+      graph_us([&] { dev.deal(take.get(), 0, d_ids.get(), n, want.get(), stream()); });
   state.counters["pairs"] = static_cast<double>(n);
-  state.SetLabel("rank 0's pairs: expert order (CUB), then the deal; deal_us: the deal alone");
+  state.SetLabel("rank 0's pairs: expert order (CUB), then the deal; deal_us: the deal alone; reference_us: "
+                 "the reference deal kernel");
 }
 
 template <int KB>
@@ -428,9 +415,6 @@ int main(int argc, char** argv) {
     benchmark::RegisterBenchmark(("DeviceSplitSeries/" + std::to_string(tokens)).c_str(), BM_DeviceSplitSeries, tokens)
         ->UseManualTime()
         ->Unit(benchmark::kMicrosecond);
-  benchmark::RegisterBenchmark("DeviceSplitDealOneRank/4096", BM_DeviceSplitDealOneRank, 4096)
-      ->UseManualTime()
-      ->Unit(benchmark::kMicrosecond);
   for (int tokens : {16, 256, 4096})
     benchmark::RegisterBenchmark(("DeviceDealSorted/" + std::to_string(tokens)).c_str(), BM_DeviceDealSorted, tokens)
         ->UseManualTime()
