@@ -25,7 +25,10 @@ import sys
 
 # The split kernel's stages, in order, as bench_cuda_batch_split names them in its counters
 # (<stage>_cycles, <stage>_share).
-SPLIT_STAGES = ["counts", "totals", "lists", "start", "max_load", "tie_breaks", "sources", "matching"]
+# rank_stage_1 / rank_stage_2: in the order bound_first (the default), the tie-breaks at the lower
+# bound / the fallback when the bound was below the least max load (its search and the tie-breaks
+# again); in the order least_max_first (the /warp_least_max_first rows), the search / the tie-breaks
+SPLIT_STAGES = ["counts", "totals", "lists", "start", "rank_stage_1", "rank_stage_2", "sources", "matching"]
 
 
 def read_text(path, default=""):
@@ -286,16 +289,23 @@ def main():
     if pairs:
         lines += ["", "Tie-breaks' packed labels against the two-stage rounds, on one warp (warp_two_stage's graph_us "
                   "over warp's; > 1: the packed labels are faster): " + ", ".join(f"{t} tokens {fmt(r)}" for t, r in pairs)]
+    # the two orders of the rank-sized stages (the same split): least_max_first's graph_us over bound_first's
+    pairs = [(t, times[(t, "warp_least_max_first")] / times[(t, "warp")]) for t, v in times
+             if v == "warp" and times.get((t, "warp_least_max_first")) and times[(t, "warp")]]
+    if pairs:
+        lines += ["", "The lower bound's tie-breaks first against the least max load's search first, on one warp "
+                  "(warp_least_max_first's graph_us over warp's; > 1: bound first is faster): "
+                  + ", ".join(f"{t} tokens {fmt(r)}" for t, r in pairs)]
     if series:
         # the means over the scenario's series of seeded batches (one batch can be a lucky or unlucky draw)
         lines += ["", "Over the series of seeded batches (DeviceSplitSeries: one split per batch in turn in one CUDA "
                   "graph; means per split):", "",
-                  "| tokens | batches | graph_us | thread 0's cycles | least max load: searches / rounds "
-                  "| tie-breaks: searches / rounds |", "|---|---:|---:|---:|---:|---:|"]
+                  "| tokens | batches | graph_us | thread 0's cycles | fallbacks | least max load: searches / rounds "
+                  "| tie-breaks: searches / rounds |", "|---|---:|---:|---:|---:|---:|---:|"]
         for b in series:
             err = " (ERROR: " + b.get("error_message", "") + ")" if b.get("error_occurred") else ""
             lines.append(f"| {b['name'].replace('/manual_time', '').split('/')[1]}{err} | {count(b.get('batches'))} "
-                         f"| {fmt(b.get('real_time'))} | {fmt(b.get('all_cycles'))} "
+                         f"| {fmt(b.get('real_time'))} | {fmt(b.get('all_cycles'))} | {fmt(b.get('fallbacks'))} "
                          f"| {fmt(b.get('max_load_searches'))} / {fmt(b.get('max_load_rounds'))} "
                          f"| {fmt(b.get('tie_break_searches'))} / {fmt(b.get('tie_break_rounds'))} |")
         # where the series' time goes: thread 0's clock64 after each stage, a second split of each batch
@@ -314,15 +324,14 @@ def main():
             lines.append(f"| {' / '.join(b['name'].split('/')[1:3])} | "
                          + " | ".join(fmt(b.get(n + "_share")) for n in SPLIT_STAGES) + f" | {fmt(b.get('all_cycles'))} |")
         # the kernel's tallies of the same splits: what the rank-sized rounds cost each
-        if any("max_load_rounds" in b for b in stages):
-            lines += ["", "The rank-sized rounds of those splits (the kernel's tallies) and each stage's cycles over "
-                      "its rounds:", "",
-                      "| tokens / rounds | least max load: searches / rounds | cycles per round "
+        if any("tie_break_rounds" in b for b in stages):
+            lines += ["", "The rank-sized rounds of those splits (the kernel's tallies; the fallback: the lower bound was "
+                      "below the least max load) and, without the fallback, the tie-breaks' cycles per round:", "",
+                      "| tokens / rounds | fallback | least max load: searches / rounds "
                       "| tie-breaks: searches / rounds | cycles per round |", "|---|---:|---:|---:|---:|"]
             for b in stages:
-                lines.append(f"| {' / '.join(b['name'].split('/')[1:3])} "
+                lines.append(f"| {' / '.join(b['name'].split('/')[1:3])} | {count(b.get('fallbacks'))} "
                              f"| {count(b.get('max_load_searches'))} / {count(b.get('max_load_rounds'))} "
-                             f"| {fmt(b.get('max_load_cycles_per_round'))} "
                              f"| {count(b.get('tie_break_searches'))} / {count(b.get('tie_break_rounds'))} "
                              f"| {fmt(b.get('tie_break_cycles_per_round'))} |")
     if fetch:

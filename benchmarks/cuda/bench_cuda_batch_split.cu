@@ -19,9 +19,14 @@
 // mean over 50 splits, in SM cycles and as a share of the whole). Each split three times in the same
 // run: the rank rounds on one warp (/warp) and on the whole block (/block), both with the packed
 // labels of the tie-breaks, and on one warp with the distances' rounds, then the tree's
-// (/warp_two_stage, the form the packed labels replaced: twice the tie-breaks' rounds). With them,
+// (/warp_two_stage, the form the packed labels replaced: twice the tie-breaks' rounds), and on one
+// warp in the other order of the rank-sized stages (/warp_least_max_first: the least max load's
+// search, then the tie-breaks; the others try the tie-breaks at the lower bound first and search
+// only when they get stuck: DeviceSplit::Order). The stages after the start: rank_stage_1 (the
+// tie-breaks at the bound, or the search) and rank_stage_2 (when the bound was below the least max
+// load, the search and the tie-breaks again; or the tie-breaks). With them,
 // the kernel's tallies: the least max load's searches and rounds, the tie-breaks' searches and
-// rounds, and the cycles per round of those two stages.
+// rounds (both runs), whether the fallback ran, and without it the cycles per tie-break round.
 // CodeFetch/<KiB>/<warps>: what a one-block kernel pays for code it runs once, the model of
 // docs/results/batch-balance.md ("The kernel's code"): a straight-line body of that many KiB (64
 // independent multiply-adds per KiB in 8 chains, no loop) run twice in one launch by 1 or 8 warps
@@ -55,9 +60,9 @@ namespace {
 // The names of DeviceSplit::run's stamps in the benchmarks' counters: the stages between thread 0's
 // clock stamps (entry k: from stamp k - 1 to stamp k), then the rounds' tallies.
 constexpr char const* kStageNames[kc::DeviceSplit::stamp_clocks] = {
-    "", "counts", "totals", "lists", "start", "max_load", "tie_breaks", "sources", "matching"};
+    "", "counts", "totals", "lists", "start", "rank_stage_1", "rank_stage_2", "sources", "matching"};
 constexpr char const* kTallyNames[kc::DeviceSplit::stamps_size - kc::DeviceSplit::stamp_clocks] = {
-    "max_load_searches", "max_load_rounds", "tie_break_searches", "tie_break_rounds"};
+    "max_load_searches", "max_load_rounds", "tie_break_searches", "tie_break_rounds", "fallbacks"};
 
 cudaStream_t stream() {
   static cudaStream_t s = [] {
@@ -128,11 +133,12 @@ bool same_split(moe::replication::BatchSplit const& host, Outcome const& want, O
   return same;
 }
 
-void BM_DeviceSplit(benchmark::State& state, int tokens, kc::DeviceSplit::Rounds rounds, kc::DeviceSplit::Paths paths) {
+void BM_DeviceSplit(benchmark::State& state, int tokens, kc::DeviceSplit::Rounds rounds, kc::DeviceSplit::Paths paths,
+                    kc::DeviceSplit::Order order) {
   auto s = moe::bench_split::make(tokens);
   moe::replication::BatchSplit host(s.copies, s.topo);
   auto want = host.plan_batch(s.counts);
-  kc::DeviceSplit dev(host.layout(), 0, rounds, paths);
+  kc::DeviceSplit dev(host.layout(), 0, rounds, paths, order);
   kc::DeviceArray<std::int32_t> counts(s.counts.size()), take(dev.take_size());
   kc::DeviceArray<long long> load(dev.load_size());
   kc::DeviceArray<Outcome> outcome(1);
@@ -161,10 +167,10 @@ void BM_DeviceSplit(benchmark::State& state, int tokens, kc::DeviceSplit::Rounds
 }
 
 void BM_DeviceSplitStages(benchmark::State& state, int tokens, kc::DeviceSplit::Rounds rounds,
-                          kc::DeviceSplit::Paths paths, bool flush) {
+                          kc::DeviceSplit::Paths paths, kc::DeviceSplit::Order order, bool flush) {
   auto s = moe::bench_split::make(tokens);
   moe::replication::BatchSplit host(s.copies, s.topo);
-  kc::DeviceSplit dev(host.layout(), 0, rounds, paths);
+  kc::DeviceSplit dev(host.layout(), 0, rounds, paths, order);
   constexpr int K = kc::DeviceSplit::stamp_clocks, N = kc::DeviceSplit::stamps_size;
   kc::DeviceArray<std::int32_t> counts(s.counts.size()), take(dev.take_size());
   kc::DeviceArray<long long> load(dev.load_size()), stamps(N);
@@ -194,8 +200,9 @@ void BM_DeviceSplitStages(benchmark::State& state, int tokens, kc::DeviceSplit::
   state.counters["all_cycles"] = all / reps;
   // the rounds' tallies (the same in every split of the batch): per round, the cycles of its stage
   for (int k = K; k < N; ++k) state.counters[kTallyNames[k - K]] = static_cast<double>(h[k]);
-  if (h[K + 1] > 0) state.counters["max_load_cycles_per_round"] = sum[5] / reps / static_cast<double>(h[K + 1]);
-  if (h[K + 3] > 0) state.counters["tie_break_cycles_per_round"] = sum[6] / reps / static_cast<double>(h[K + 3]);
+  // without the fallback (and in the order bound_first), the first tie-breaks are the only rank rounds
+  if (order != kc::DeviceSplit::Order::least_max_first && h[K + 4] == 0 && h[K + 3] > 0)
+    state.counters["tie_break_cycles_per_round"] = sum[5] / reps / static_cast<double>(h[K + 3]);
   state.SetLabel(flush ? "thread 0's clock64 per stage, mean of 50 splits, each after L2 was evicted"
                       : "thread 0's clock64 per stage, mean of 50 splits");
 }
@@ -386,29 +393,32 @@ int main(int argc, char** argv) {
   // tie-breaks' former two-stage rounds on one warp, side by side
   using Rounds = kc::DeviceSplit::Rounds;
   using Paths = kc::DeviceSplit::Paths;
+  using Order = kc::DeviceSplit::Order;
   struct Form {
     char const* name;
     Rounds rounds;
     Paths paths;
+    Order order;
   };
-  Form const forms[] = {{"warp", Rounds::warp, Paths::automatic},
-                        {"block", Rounds::block, Paths::automatic},
-                        {"warp_two_stage", Rounds::warp, Paths::two_stage}};
+  Form const forms[] = {{"warp", Rounds::warp, Paths::automatic, Order::automatic},
+                        {"block", Rounds::block, Paths::automatic, Order::automatic},
+                        {"warp_two_stage", Rounds::warp, Paths::two_stage, Order::automatic},
+                        {"warp_least_max_first", Rounds::warp, Paths::automatic, Order::least_max_first}};
   for (int tokens : {16, 64, 256, 4096})
     for (auto const& f : forms)
       benchmark::RegisterBenchmark(("DeviceSplit/" + std::to_string(tokens) + "/" + f.name).c_str(), BM_DeviceSplit,
-                                   tokens, f.rounds, f.paths)
+                                   tokens, f.rounds, f.paths, f.order)
           ->UseManualTime()
           ->Unit(benchmark::kMicrosecond);
   for (int tokens : {16, 64, 4096}) {
     for (auto const& f : forms)
       benchmark::RegisterBenchmark(("DeviceSplitStages/" + std::to_string(tokens) + "/" + f.name).c_str(),
-                                   BM_DeviceSplitStages, tokens, f.rounds, f.paths, false)
+                                   BM_DeviceSplitStages, tokens, f.rounds, f.paths, f.order, false)
           ->Iterations(1);
     // each split after L2 was evicted: its code and the layout from device memory, as in a layer
     // pass whose expert GEMMs streamed their weights through L2 since the last split
     benchmark::RegisterBenchmark(("DeviceSplitStages/" + std::to_string(tokens) + "/warp_l2_evicted").c_str(),
-                                 BM_DeviceSplitStages, tokens, Rounds::warp, Paths::automatic, true)
+                                 BM_DeviceSplitStages, tokens, Rounds::warp, Paths::automatic, Order::automatic, true)
         ->Iterations(1);
   }
   for (int tokens : {16, 64, 256, 4096})

@@ -54,14 +54,18 @@ Case random_case(std::mt19937& rng, int G, int servers, int E, int extra, int sc
 }
 
 /// Runs host and device on the case, the rank rounds on `rounds`, the shortest paths' labels as
-/// `paths` says; requires equality. Returns whether the workspace was shared.
+/// `paths` says, the rank-sized stages in `order`; requires equality. Returns whether the workspace
+/// was shared.
 bool compare_with(Case const& c, std::size_t shared_limit, moe::kernels::cuda::DeviceSplit::Rounds rounds,
-                  moe::kernels::cuda::DeviceSplit::Paths paths) {
+                  moe::kernels::cuda::DeviceSplit::Paths paths,
+                  moe::kernels::cuda::DeviceSplit::Order order = moe::kernels::cuda::DeviceSplit::Order::automatic) {
   BatchSplit host(c.copies, c.server, c.slack_permille);
   auto hout = host.plan_batch(c.counts);
   auto const& L = host.layout();
-  moe::kernels::cuda::DeviceSplit dev(L, shared_limit, rounds, paths);
+  moe::kernels::cuda::DeviceSplit dev(L, shared_limit, rounds, paths, order);
   INFO((dev.warp_rounds() ? "rounds on one warp" : "rounds on the block"));
+  INFO((order == moe::kernels::cuda::DeviceSplit::Order::least_max_first ? "least max load first"
+                                                                         : "tie-breaks at the bound first"));
   INFO((paths == moe::kernels::cuda::DeviceSplit::Paths::automatic ? "packed labels where they fit"
                                                                    : "distances, then the tree"));
   Device<std::int32_t> counts(c.counts);
@@ -113,14 +117,17 @@ bool compare_with(Case const& c, std::size_t shared_limit, moe::kernels::cuda::D
 }
 
 /// Runs host and device on the case with both teams of the rank rounds (one warp, the whole
-/// block) and both forms of the shortest paths' rounds; requires equality. Returns whether the
-/// workspace was shared. `shared_limit`: DeviceSplit's (0: what the device allows with an opt-in).
+/// block) and both forms of the shortest paths' rounds, then on one warp in the other order of the
+/// rank-sized stages; requires equality. Returns whether the workspace was shared.
+/// `shared_limit`: DeviceSplit's (0: what the device allows with an opt-in).
 bool compare(Case const& c, std::size_t shared_limit = 0) {
   using moe::kernels::cuda::DeviceSplit;
   bool shared = false;
   for (auto rounds : {DeviceSplit::Rounds::warp, DeviceSplit::Rounds::block})
     for (auto paths : {DeviceSplit::Paths::automatic, DeviceSplit::Paths::two_stage})
       shared = compare_with(c, shared_limit, rounds, paths);
+  compare_with(c, shared_limit, DeviceSplit::Rounds::warp, DeviceSplit::Paths::automatic,
+               DeviceSplit::Order::least_max_first);
   return shared;
 }
 

@@ -515,8 +515,10 @@ struct PackedLabels {
 /// fault. `searches`, `rounds`: incremented per shortest-path search and per round of either form
 /// (the profile's tallies).
 template <class Team>
-__device__ __forceinline__ bool least_cost_rounds(replication::split::Layout const& L, replication::split::detail::Work& W, int n_arcs,
-                                  long long T, long long A, bool packed, Team& team, int& searches, int& rounds) {
+__device__ __forceinline__ replication::split::CostEnd least_cost_rounds(replication::split::Layout const& L,
+                                                                        replication::split::detail::Work& W, int n_arcs,
+                                                                        long long T, long long A, bool packed,
+                                                                        Team& team, int& searches, int& rounds) {
   namespace split = replication::split;
   constexpr long long none = 0x7fffffffffffffffLL, inf = split::detail::inf;
   int* claim = reinterpret_cast<int*>(W.claim);  // the tree's rounds: a rank's lowest tight arc
@@ -540,7 +542,7 @@ __device__ __forceinline__ bool least_cost_rounds(replication::split::Layout con
     }
 #pragma unroll 1
     for (int a = team.rank; a < n_arcs; a += team.size) W.cost[a] = split::arc_cost(L, W, a, A);
-    if (team.min(above ? 0 : 1) != 0) return true;
+    if (team.min(above ? 0 : 1) != 0) return split::CostEnd::done;
     ++searches;
     if (packed) {
       // the labels: dist, hop and pred together (ndist holds the next round's keys)
@@ -558,7 +560,7 @@ __device__ __forceinline__ bool least_cost_rounds(replication::split::Layout con
         for (int g = team.rank; g < G; g += team.size)
           if (W.ndist[g] < key[g]) key[g] = W.ndist[g], changed = true;
         if (team.min(changed ? 0 : 1) != 0) break;
-        if (round == G) return false;  // still changing after G + 1 rounds: a negative cycle
+        if (round == G) return split::CostEnd::fault;  // still changing after G + 1 rounds: a negative cycle
       }
 #pragma unroll 1
       for (int g = team.rank; g < G; g += team.size) {
@@ -583,7 +585,7 @@ __device__ __forceinline__ bool least_cost_rounds(replication::split::Layout con
         for (int g = team.rank; g < G; g += team.size)
           if (W.ndist[g] < W.dist[g]) W.dist[g] = W.ndist[g], changed = true;
         if (team.min(changed ? 0 : 1) != 0) break;
-        if (round == G) return false;  // still changing after G + 1 rounds: a negative cycle
+        if (round == G) return split::CostEnd::fault;  // still changing after G + 1 rounds: a negative cycle
       }
       // the shortest-path tree
 #pragma unroll 1
@@ -615,18 +617,16 @@ __device__ __forceinline__ bool least_cost_rounds(replication::split::Layout con
       if (W.load[h] < T && W.dist[h] < best) best = W.dist[h], at = h;
     long long least = team.min(best);
     int end = team.min(best == least ? at : G);
+    if (end == G) return split::CostEnd::stuck;  // no rank below T reached: T is below the least max load
     // the ranks below T at the least distance and the side arcs of the search, marked by the team
     // (also when the first path turns out to end the step: knowing that first would cost member 0's
     // path walk and a broadcast before the marks, in every search)
-    if (end < G) {
-      mark_bits<Team::size>(team.rank, G, W.rank_bits, [&](int h) { return split::tie_side_rank(W, h, T, least); });
-      mark_bits<Team::size>(team.rank, n_arcs, W.arc_bits,
-                            [&](int a) { return split::tie_side_arc(L, W, T, least, a); });
-      team.sync();
-    }
+    mark_bits<Team::size>(team.rank, G, W.rank_bits, [&](int h) { return split::tie_side_rank(W, h, T, least); });
+    mark_bits<Team::size>(team.rank, n_arcs, W.arc_bits, [&](int a) { return split::tie_side_arc(L, W, T, least, a); });
+    team.sync();
     bool ok = true;
-    if (team.rank == 0) ok = end < G && W.hop[end] > 0 && split::tie_break_step(L, W, T, A, end, n_arcs, true);
-    if (team.from0(ok ? 1 : 0) == 0) return false;
+    if (team.rank == 0) ok = W.hop[end] > 0 && split::tie_break_step(L, W, T, A, end, n_arcs, true);
+    if (team.from0(ok ? 1 : 0) == 0) return split::CostEnd::fault;
   }
 }
 
@@ -647,7 +647,7 @@ __global__ void __launch_bounds__(Threads, 1)
                        long long* load, replication::split::Outcome* outcome, long long* global_work, int use_shared,
                        int waves, int wave_experts, int const* __restrict__ wave_first,
                        int const* __restrict__ wave_expert, int const* __restrict__ sfirst,
-                       int const* __restrict__ srank, int packed_paths, long long* stamps) {
+                       int const* __restrict__ srank, int flags, long long* stamps) {
   static_assert(Threads % 32 == 0 && (!WarpRounds || Threads >= 64), "whole warps; a warp beside the rounds");
   namespace split = replication::split;
   using split::detail::Work;
@@ -797,20 +797,41 @@ __global__ void __launch_bounds__(Threads, 1)
   // 2e-f on the team; with a warp team, the other warps gather the sources meanwhile (stage 3: it
   // reads the counts and the list of experts with copies, and writes only its own rows)
   if (in_team) {
-    int searches = 0, max_rounds = 0, tb_searches = 0, tb_rounds = 0;  // the profile's tallies
-    T = least_max_rounds(L, W, n_arcs, T, team, searches, max_rounds);
-    stamp(5);
-    // the tie-breaks from the same start
+    // the profile's tallies
+    int searches = 0, max_rounds = 0, tb_searches = 0, tb_rounds = 0, fallbacks = 0;
+    // DeviceSplit::Order::bound_first (split::decide's order): the tie-breaks at the lower bound T
+    // first; when they end, T was the least max load; when they get stuck, the least max load is
+    // searched from the start and the tie-breaks run again from the start at it. least_max_first:
+    // the least max load, then the tie-breaks. The same split either way.
+    bool const packed = (flags & 1) != 0;
+    bool search = (flags & 2) != 0;  // the least max load's search before the next tie-breaks
+    long long const A = total + 1;
+    bool ok = false;
 #pragma unroll 1
-    for (int c = team.rank; c < L.slots; c += team.size) W.y[c] = W.y0[c];
+    for (int attempt = 0;; ++attempt) {  // one call of each stage in the loop, so that its code is there once
+      if (search) {
 #pragma unroll 1
-    for (int g = team.rank; g < G; g += team.size) W.load[g] = W.load_s[g];
-    T = split::tie_break_cap(L, T, total);
-    team.sync();
-    bool ok = least_cost_rounds(L, W, n_arcs, T, total + 1, packed_paths != 0, team, tb_searches, tb_rounds);
+        for (int pass = 0; pass < 2; ++pass) {  // each from the start
+#pragma unroll 1
+          for (int c = team.rank; c < L.slots; c += team.size) W.y[c] = W.y0[c];
+#pragma unroll 1
+          for (int g = team.rank; g < G; g += team.size) W.load[g] = W.load_s[g];
+          team.sync();
+          if (pass == 0) T = least_max_rounds(L, W, n_arcs, T, team, searches, max_rounds);
+        }
+        if (attempt == 0) stamp(5);
+      }
+      auto const end = least_cost_rounds(L, W, n_arcs, split::tie_break_cap(L, T, total), A, packed, team,
+                                         tb_searches, tb_rounds);
+      if (attempt == 0 && !search) stamp(5);
+      ok = end == split::CostEnd::done;
+      if (end != split::CostEnd::stuck || search) break;
+      search = true, fallbacks = 1;
+    }
     stamp(6);
     if (stamps != nullptr && tid == 0)
-      stamps[9] = searches, stamps[10] = max_rounds, stamps[11] = tb_searches, stamps[12] = tb_rounds;
+      stamps[9] = searches, stamps[10] = max_rounds, stamps[11] = tb_searches, stamps[12] = tb_rounds,
+      stamps[13] = fallbacks;
     long long m = 0;
 #pragma unroll 1
     for (int g = team.rank; g < G; g += team.size) m = split::detail::lmax(m, W.load[g]);
@@ -898,8 +919,8 @@ __global__ void __launch_bounds__(Threads)
 class DeviceSplit {
 public:
   static constexpr int threads = 256;
-  /// Entries of run()'s `stamps`: `stamp_clocks` clock values, then four tallies.
-  static constexpr int stamp_clocks = 9, stamps_size = 13;
+  /// Entries of run()'s `stamps`: `stamp_clocks` clock values, then five tallies.
+  static constexpr int stamp_clocks = 9, stamps_size = 14;
   /// Shared memory a block may use without an opt-in on every CUDA GPU.
   static constexpr std::size_t max_shared = 48 * 1024;
   /// Who runs the rank-sized rounds (the least max load and the tie-breaks): the block's first
@@ -914,15 +935,22 @@ public:
   /// `two_stage`: the distances' rounds, then the tree's breadth-first rounds over the tight arcs,
   /// about twice the rounds. Both give the host's split bit for bit.
   enum class Paths { automatic, two_stage };
+  /// The order of the rank-sized stages (the same split either way). `bound_first` (automatic, and
+  /// split::decide's order): the tie-breaks at the lower bound, which is the least max load in most
+  /// batches (99 of the benchmark series' 130); only when they get stuck, the least max load's
+  /// search and the tie-breaks again. `least_max_first`: the search, then the tie-breaks.
+  enum class Order { automatic, bound_first, least_max_first };
 
   /// `host`: the layout of a replication::BatchSplit (host pointers); copies it to the device, with
   /// the waves of the split's start. `shared_limit`: the most dynamic shared memory the kernel may
   /// use (0: what the current device allows a block with an opt-in); past 48 KiB the constructor
   /// opts the kernel in. A split whose workspace and copy lists do not fit runs from global memory.
   explicit DeviceSplit(replication::split::Layout const& host, std::size_t shared_limit = 0,
-                       Rounds rounds = Rounds::automatic, Paths paths = Paths::automatic)
+                       Rounds rounds = Rounds::automatic, Paths paths = Paths::automatic,
+                       Order order = Order::automatic)
       : layout_(host),
         packed_paths_(paths == Paths::automatic),
+        least_max_first_(order == Order::least_max_first),
         first_(static_cast<std::size_t>(host.experts) + 1),
         rank_(static_cast<std::size_t>(host.slots)),
         server_(static_cast<std::size_t>(host.ranks)) {
@@ -960,18 +988,18 @@ public:
       wave_of[static_cast<std::size_t>(e)] = w;
       waves = std::max(waves, w + 1);
     }
-    std::vector<int> first(static_cast<std::size_t>(waves) + 1, 0), order;
+    std::vector<int> first(static_cast<std::size_t>(waves) + 1, 0), wave_list;
     for (int w = 0; w < waves; ++w) {
       for (int e = 0; e < host.experts; ++e)
-        if (wave_of[static_cast<std::size_t>(e)] == w) order.push_back(e);
-      first[static_cast<std::size_t>(w) + 1] = static_cast<int>(order.size());
+        if (wave_of[static_cast<std::size_t>(e)] == w) wave_list.push_back(e);
+      first[static_cast<std::size_t>(w) + 1] = static_cast<int>(wave_list.size());
     }
     waves_ = waves;
-    wave_experts_ = static_cast<int>(order.size());
+    wave_experts_ = static_cast<int>(wave_list.size());
     wave_first_ = DeviceArray<int>(first.size());
     wave_first_.upload(first.data(), first.size());
-    wave_expert_ = DeviceArray<int>(std::max<std::size_t>(order.size(), 1));
-    if (!order.empty()) wave_expert_.upload(order.data(), order.size());
+    wave_expert_ = DeviceArray<int>(std::max<std::size_t>(wave_list.size(), 1));
+    if (!wave_list.empty()) wave_expert_.upload(wave_list.data(), wave_list.size());
     // shared memory: the workspace, then the copy lists, the servers, the start's waves and the
     // counts pass's rows (int)
     std::size_t lists = (static_cast<std::size_t>(host.experts) + 1 + static_cast<std::size_t>(host.slots) +
@@ -1016,9 +1044,12 @@ public:
   /// Splits the batch whose counts (ranks x experts int32, device) are in `counts`: one kernel on
   /// `stream`, no synchronisation. `workspace`: workspace_bytes() bytes (may be null when 0).
   /// `stamps` (profiling, normally null): device memory for `stamps_size` values: thread 0's
-  /// clock64 at the kernel's start and after each stage (counts, expert totals, lists, start, least
-  /// max load, tie-breaks, sources, matching: entries 0-8), then the rounds' tallies: the least max
-  /// load's searches and breadth-first rounds, the tie-breaks' searches and rounds (9-12).
+  /// clock64 at the kernel's start and after each stage (counts, expert totals, lists, start, the
+  /// first rank-sized stage (Order::bound_first: the tie-breaks at the lower bound; least_max_first:
+  /// the least max load), the rest of them (the fallback when the bound was below the least max
+  /// load: its search and the tie-breaks again; the tie-breaks), sources, matching: entries 0-8),
+  /// then the rounds' tallies: the least max load's searches and breadth-first rounds, the
+  /// tie-breaks' searches and rounds (both runs), and whether the fallback ran (9-13).
   void run(std::int32_t const* counts, std::int32_t* take, long long* load, replication::split::Outcome* outcome,
            void* workspace, cudaStream_t stream, long long* stamps = nullptr) const {
     bool shared = shared_bytes() > 0;
@@ -1026,7 +1057,7 @@ public:
           " bytes) does not fit in shared memory and none was given");
     launch(kernel(), dim3(1), dim3(threads), shared_bytes(), stream, layout_, counts, take, load, outcome,
            static_cast<long long*>(workspace), shared ? 1 : 0, waves_, wave_experts_, wave_first_.get(), wave_expert_.get(),
-           sfirst_.get(), srank_.get(), packed_paths_ ? 1 : 0, stamps);
+           sfirst_.get(), srank_.get(), (packed_paths_ ? 1 : 0) | (least_max_first_ ? 2 : 0), stamps);
     check_launch("batch_split_kernel");
   }
 
@@ -1085,7 +1116,7 @@ private:
   }
 
   replication::split::Layout layout_;
-  bool packed_paths_ = true;
+  bool packed_paths_ = true, least_max_first_ = false;
   DeviceArray<int> first_, rank_, server_, wave_first_, wave_expert_, sfirst_, srank_;
   int waves_ = 0, wave_experts_ = 0;
   bool warp_rounds_ = false;

@@ -40,6 +40,10 @@
 //     with max load T. A search serves every rank below T at its least distance by its tree path,
 //     then by each side arc into it, as long as the path is still a shortest one once the paths
 //     before it have moved their pairs (tie_break_step).
+//   - The order (decide): the tie-breaks run first at the lower bound, which is the least max load
+//     in most batches; if they end, it was, and their split is the answer. If a search reaches no
+//     rank below it (CostEnd::stuck), the bound is too low: T is searched from the start as above
+//     and the tie-breaks run again from the start at T. The same split either way.
 // Every step is integer and visits ranks, experts and slots in index order, so every rank computes
 // the same split from the same counts, and the device equals the host bit for bit.
 //
@@ -863,15 +867,20 @@ MOE_HOST_DEVICE inline bool tie_break_step(Layout const& L, detail::Work& W, lon
   return !fault;
 }
 
-/// 2d (one thread), from the start with max load at least T: the least-cost split at T (the
-/// tie-breaks) by successive shortest paths; see the file comment. Each search: every rank's label,
-/// the least (distance, arcs, last arc) over the paths to it from the excess ranks (Bellman-Ford on
-/// those triples, compared in that order: dist, hop, pred), then the path to the cheapest rank below
-/// T (the lowest such rank on a tie) and to the others at that distance that are still shortest
-/// (tie_break_step). The least labels do not depend on the order of the relaxations, so one thread
-/// relaxes in place (fewer rounds) and a CUDA block from the last round's labels. Returns false on
-/// an internal fault (a negative cycle or no way out, impossible from a feasible T).
-MOE_HOST_DEVICE inline bool least_cost(Layout const& L, detail::Work& W, long long T, long long A) {
+/// How least_cost ended: every rank at or below T; `stuck`, a search from the ranks above T reached
+/// no rank below it (T is below the least max load: the split cannot reach it); an internal fault
+/// (a negative cycle, or a path the search did not leave).
+enum class CostEnd : int { done = 0, stuck = 1, fault = 2 };
+
+/// 2d (one thread), from the start: the least-cost split at T (the tie-breaks) by successive
+/// shortest paths; see the file comment. Each search: every rank's label, the least (distance,
+/// arcs, last arc) over the paths to it from the excess ranks (Bellman-Ford on those triples,
+/// compared in that order: dist, hop, pred), then the path to the cheapest rank below T (the lowest
+/// such rank on a tie) and to the others at that distance that are still shortest (tie_break_step).
+/// The least labels do not depend on the order of the relaxations, so one thread relaxes in place
+/// (fewer rounds) and a CUDA block from the last round's labels. From a T at or above the least max
+/// load it ends `done` (a search always finds a way out then); below it, `stuck`.
+MOE_HOST_DEVICE inline CostEnd least_cost(Layout const& L, detail::Work& W, long long T, long long A) {
   using namespace detail;
   W.n_arcs = static_cast<int>(W.hdr[kArcs]);
   int G = L.ranks;
@@ -884,7 +893,7 @@ MOE_HOST_DEVICE inline bool least_cost(Layout const& L, detail::Work& W, long lo
       W.pred[g] = -1;
       any |= excess;
     }
-    if (!any) return true;
+    if (!any) return CostEnd::done;
     for (int a = 0; a < W.n_arcs; ++a) W.cost[a] = arc_cost(L, W, a, A);
     bool changed = true;
     for (int round = 0; changed && round <= G; ++round) {
@@ -898,11 +907,12 @@ MOE_HOST_DEVICE inline bool least_cost(Layout const& L, detail::Work& W, long lo
           W.dist[h] = r, W.hop[h] = k, W.pred[h] = a, changed = true;
       }
     }
-    if (changed) return false;
+    if (changed) return CostEnd::fault;
     int end = -1;
     for (int h = 0; h < G; ++h)
       if (W.load[h] < T && W.dist[h] != inf && (end < 0 || W.dist[h] < W.dist[end])) end = h;
-    if (end < 0 || W.hop[end] <= 0 || !tie_break_step(L, W, T, A, end, W.n_arcs)) return false;
+    if (end < 0) return CostEnd::stuck;
+    if (W.hop[end] <= 0 || !tie_break_step(L, W, T, A, end, W.n_arcs)) return CostEnd::fault;
   }
 }
 
@@ -920,10 +930,10 @@ MOE_HOST_DEVICE inline void decide_end(Layout const& L, long long* load, detail:
   W.hdr[kMc] = n_mc;
 }
 
-/// Stage 2, its first half (one thread): the start and the least max load T over every split
-/// (part 1 of the file comment), after count_servers(). Leaves the start in W.y0 / W.load_s for the
-/// tie-breaks and returns T.
-MOE_HOST_DEVICE inline long long least_max(Layout const& L, std::int32_t const* counts, detail::Work& W) {
+/// Stage 2, its first part (one thread), after count_servers(): the expert totals, the lists and the
+/// start, which it leaves in W.y / W.load and in W.y0 / W.load_s (for the stages after it). Returns
+/// the lower bound of the max load (lower_bound and set_bounds).
+MOE_HOST_DEVICE inline long long least_max_begin(Layout const& L, std::int32_t const* counts, detail::Work& W) {
   using namespace detail;
   int G = L.ranks, E = L.experts;
   decide_begin(L, W);
@@ -942,10 +952,23 @@ MOE_HOST_DEVICE inline long long least_max(Layout const& L, std::int32_t const* 
   for (int e = 0; e < E; ++e)
     for (int c = L.first[e]; c < L.first[e + 1]; ++c) W.sexp[c] = e;
   start(L, W);
-  for (int c = 0; c < L.slots; ++c) W.y0[c] = W.y[c];  // the start, for the tie-breaks below
+  for (int c = 0; c < L.slots; ++c) W.y0[c] = W.y[c];  // the start, for the stages after this one
   for (int g = 0; g < G; ++g) W.load_s[g] = W.load[g];
+  return T;
+}
 
-  // --- 1. the least max load: breadth-first augmentation with Newton steps on T -------------------
+/// W.y / W.load := the start (W.y0 / W.load_s).
+MOE_HOST_DEVICE inline void restore_start(Layout const& L, detail::Work& W) {
+  for (int c = 0; c < L.slots; ++c) W.y[c] = W.y0[c];
+  for (int g = 0; g < L.ranks; ++g) W.load[g] = W.load_s[g];
+}
+
+/// The least max load from a lower bound T and a split with max load at least T (W.y / W.load; the
+/// start): breadth-first augmentation with Newton steps on T (part 1 of the file comment). Returns
+/// it; leaves a split at it in W.y / W.load.
+MOE_HOST_DEVICE inline long long least_max_search(Layout const& L, detail::Work& W, long long T) {
+  using namespace detail;
+  int G = L.ranks;
   for (;;) {
     bool any = false;
     for (int g = 0; g < G; ++g) {
@@ -973,6 +996,12 @@ MOE_HOST_DEVICE inline long long least_max(Layout const& L, std::int32_t const* 
   return T;
 }
 
+/// The least max load T over every split (part 1 of the file comment), after count_servers(): the
+/// start, then the search from the lower bound. Leaves the start in W.y0 / W.load_s.
+MOE_HOST_DEVICE inline long long least_max(Layout const& L, std::int32_t const* counts, detail::Work& W) {
+  return least_max_search(L, W, least_max_begin(L, counts, W));
+}
+
 /// Stage 2 of solve(), one thread: the loads and the amount each copy receives, after
 /// count_servers() (or the block's form of it) and `sign` the OR of the counts it returned. The
 /// outcome's local and same_server count the single-copy experts only; match() adds the others.
@@ -980,21 +1009,28 @@ MOE_HOST_DEVICE inline Outcome decide(Layout const& L, std::int32_t const* count
                                       std::int32_t sign) {
   using namespace detail;
   Outcome out;
-  int G = L.ranks;
   Work W(L, work);
   if (sign < 0) {
     out.bad = 1;
     return out;
   }
-  long long T = least_max(L, counts, W);
+  long long const T0 = least_max_begin(L, counts, W);  // the lower bound; W.y / W.load: the start
   long long total = W.hdr[kTotal];
   long long A = total + 1;  // one local pair outweighs every same-server pair
 
-  // --- 2-3. least cost at that T (or the slack's cap): successive shortest paths from the same start
-  T = tie_break_cap(L, T, total);
-  for (int c = 0; c < L.slots; ++c) W.y[c] = W.y0[c];
-  for (int g = 0; g < G; ++g) W.load[g] = W.load_s[g];
-  if (!least_cost(L, W, T, A)) {
+  // --- 1-3. the least-cost split at the least max load T (or the slack's cap): successive shortest
+  // paths from the start. The lower bound is often T itself (in 99 of the benchmark series' 130
+  // batches), so the tie-breaks try it first. If they end, it was feasible, so T is the bound and
+  // the split is the one the tie-breaks would make at T. If they get stuck, the bound is below T:
+  // the least max load is searched from the start, and the tie-breaks run again from the start.
+  CostEnd end = least_cost(L, W, tie_break_cap(L, T0, total), A);
+  if (end == CostEnd::stuck) {
+    restore_start(L, W);
+    long long const T = least_max_search(L, W, T0);
+    restore_start(L, W);
+    end = least_cost(L, W, tie_break_cap(L, T, total), A);
+  }
+  if (end != CostEnd::done) {
     out.bad = 2;
     return out;
   }
