@@ -16,7 +16,7 @@
 // pairs) first. The time is both, in one CUDA graph of 50; `deal_us`: the deal alone, what a pass
 // waits for after the split; `reference_us`: the reference kernel.
 // Stages: where a split's time goes, from thread 0's clock64 after each stage of the kernel (the
-// mean over 50 splits, in SM cycles and as a share of the whole). Each split three times in the same
+// mean over 50 splits, in SM cycles and as a share of the whole). Each split four times in the same
 // run: the rank rounds on one warp (/warp) and on the whole block (/block), both with the packed
 // labels of the tie-breaks, and on one warp with the distances' rounds, then the tree's
 // (/warp_two_stage, the form the packed labels replaced: twice the tie-breaks' rounds), and on one

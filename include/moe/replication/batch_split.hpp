@@ -867,9 +867,9 @@ MOE_HOST_DEVICE inline bool tie_break_step(Layout const& L, detail::Work& W, lon
   return !fault;
 }
 
-/// How least_cost ended: every rank at or below T; `stuck`, a search from the ranks above T reached
-/// no rank below it (T is below the least max load: the split cannot reach it); an internal fault
-/// (a negative cycle, or a path the search did not leave).
+/// How least_cost ended: `done`, every rank at or below T; `stuck`, a search from the ranks above T
+/// reached no rank below it (T is below the least max load: no split reaches it); `fault`, an
+/// internal fault (a negative cycle, or a path the search did not leave).
 enum class CostEnd : int { done = 0, stuck = 1, fault = 2 };
 
 /// 2d (one thread), from the start: the least-cost split at T (the tie-breaks) by successive
