@@ -88,6 +88,11 @@ def count(v):
     return "" if v is None else str(int(round(v)))
 
 
+def error_note(b):
+    """" (ERROR: <message>)" after a benchmark's name when it stopped with an error, else ""."""
+    return " (ERROR: " + b.get("error_message", "") + ")" if b.get("error_occurred") else ""
+
+
 def fmt(v):
     if v is None: return ""
     if isinstance(v, float):
@@ -269,7 +274,7 @@ def main():
             continue
         if b["name"].startswith("DeviceSplitSeries"):
             series.append(b)
-        err = " (ERROR: " + b.get("error_message", "") + ")" if b.get("error_occurred") else ""
+        err = error_note(b)
         lines.append(f"| {b['name'].replace('/manual_time', '')}{err} | {fmt(b.get('real_time'))} | "
                      + " | ".join(fmt(b.get(c)) for c in bcols) + " |")
     # the rank rounds on one warp against the whole block, same run: the block's graph time over the warp's
@@ -303,7 +308,7 @@ def main():
                   "| tokens | batches | graph_us | thread 0's cycles | fallbacks | least max load: searches / rounds "
                   "| tie-breaks: searches / rounds |", "|---|---:|---:|---:|---:|---:|---:|"]
         for b in series:
-            err = " (ERROR: " + b.get("error_message", "") + ")" if b.get("error_occurred") else ""
+            err = error_note(b)
             lines.append(f"| {b['name'].replace('/manual_time', '').split('/')[1]}{err} | {count(b.get('batches'))} "
                          f"| {fmt(b.get('real_time'))} | {fmt(b.get('all_cycles'))} | {fmt(b.get('fallbacks'))} "
                          f"| {fmt(b.get('max_load_searches'))} / {fmt(b.get('max_load_rounds'))} "
@@ -341,7 +346,7 @@ def main():
                   "| KiB / warps (/ L2 evicted) | first pass | first pass, least | second pass | first pass per KiB "
                   "| fetch per KiB |", "|---|---:|---:|---:|---:|---:|"]
         for b in fetch:
-            err = " (ERROR: " + b.get("error_message", "") + ")" if b.get("error_occurred") else ""
+            err = error_note(b)
             lines.append(f"| {' / '.join(b['name'].split('/')[1:])}{err} | {fmt(b.get('first_pass_cycles'))} "
                          f"| {fmt(b.get('first_pass_min_cycles'))} | {fmt(b.get('second_pass_cycles'))} "
                          f"| {fmt(b.get('first_pass_cycles_per_kib'))} | {fmt(b.get('fetch_cycles_per_kib'))} |")

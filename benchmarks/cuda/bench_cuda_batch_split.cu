@@ -91,14 +91,14 @@ double mean_us(F&& body, int reps) {
   return static_cast<double>(ms) * 1e3 / reps;
 }
 
-/// Mean microseconds of one call of `body` over 50 captured in one CUDA graph (after a warm-up).
+/// Mean microseconds of one call of `body` over body(0), ..., body(reps - 1) captured in one CUDA
+/// graph (after a warm-up of the graph).
 template <class F>
-double graph_us(F&& body) {
-  constexpr int reps = 50;
+double graph_us(F&& body, int reps = 50) {
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   kc::check_cuda(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal), "capture");
-  for (int i = 0; i < reps; ++i) body();
+  for (int i = 0; i < reps; ++i) body(i);
   kc::check_cuda(cudaStreamEndCapture(stream(), &graph), "end capture");
   kc::check_cuda(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
   double us = mean_us([&] { kc::check_cuda(cudaGraphLaunch(exec, stream()), "graph launch"); }, 5) / reps;
@@ -157,7 +157,7 @@ void BM_DeviceSplit(benchmark::State& state, int tokens, kc::DeviceSplit::Rounds
   }
   constexpr int reps = 50;
   for (auto _ : state) state.SetIterationTime(mean_us(run, reps) * 1e-6);
-  state.counters["graph_us"] = graph_us(run);  // the same launches in one CUDA graph
+  state.counters["graph_us"] = graph_us([&](int) { run(); });  // the same launches in one CUDA graph
   state.counters["shared_bytes"] = static_cast<double>(dev.shared_bytes());
   state.counters["start_waves"] = dev.start_waves();
   state.counters["warp_rounds"] = dev.warp_rounds() ? 1 : 0;
@@ -249,17 +249,8 @@ void BM_DeviceSplitSeries(benchmark::State& state, int tokens) {
     for (int k = 1; k < K; ++k) stage[k] += static_cast<double>(h[k] - h[k - 1]);
     for (int k = K; k < N; ++k) tally[k - K] += static_cast<double>(h[k]);
   }
-  // one split per batch in turn, in one CUDA graph; each iteration replays it
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  kc::check_cuda(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal), "capture");
-  for (int b = 0; b < B; ++b) run(b, nullptr);
-  kc::check_cuda(cudaStreamEndCapture(stream(), &graph), "end capture");
-  kc::check_cuda(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
-  auto replay = [&] { kc::check_cuda(cudaGraphLaunch(exec, stream()), "graph launch"); };
-  for (auto _ : state) state.SetIterationTime(mean_us(replay, 5) * 1e-6 / B);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
+  // one split per batch in turn, in one CUDA graph
+  for (auto _ : state) state.SetIterationTime(graph_us([&](int b) { run(b, nullptr); }, B) * 1e-6);
   for (int k = K; k < N; ++k) state.counters[kTallyNames[k - K]] = tally[k - K] / B;
   double all = 0;
   for (int k = 1; k < K; ++k) state.counters[std::string(kStageNames[k]) + "_cycles"] = stage[k] / B, all += stage[k];
@@ -340,10 +331,10 @@ void BM_DeviceDealSorted(benchmark::State& state, int tokens) {
     state.SkipWithError("deal_sorted differs from the reference deal kernel");
     return;
   }
-  for (auto _ : state) state.SetIterationTime(graph_us([&] { sort(), deal(); }) * 1e-6);
-  state.counters["deal_us"] = graph_us(deal);
+  for (auto _ : state) state.SetIterationTime(graph_us([&](int) { sort(), deal(); }) * 1e-6);
+  state.counters["deal_us"] = graph_us([&](int) { deal(); });
   state.counters["reference_us"] =
-      graph_us([&] { dev.deal(take.get(), 0, d_ids.get(), n, want.get(), stream()); });
+      graph_us([&](int) { dev.deal(take.get(), 0, d_ids.get(), n, want.get(), stream()); });
   state.counters["pairs"] = static_cast<double>(n);
   state.SetLabel("rank 0's pairs: expert order (CUB), then the deal; deal_us: the deal alone; reference_us: "
                  "the reference deal kernel");

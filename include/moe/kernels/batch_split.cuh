@@ -511,9 +511,9 @@ struct PackedLabels {
 /// marked by the team, its paths on member 0 (split::tie_break_step). With `packed`
 /// and a batch whose labels fit in a word (PackedLabels), a round relaxes whole labels; otherwise
 /// the distances' rounds first, then the tree's (breadth-first over the tight arcs, a rank claimed
-/// by its lowest arc): the same labels in about twice the rounds. Returns false on an internal
-/// fault. `searches`, `rounds`: incremented per shortest-path search and per round of either form
-/// (the profile's tallies).
+/// by its lowest arc): the same labels in about twice the rounds. Returns how they ended, as
+/// split::least_cost does (`stuck`: a search reached no rank below T). `searches`, `rounds`:
+/// incremented per shortest-path search and per round of either form (the profile's tallies).
 template <class Team>
 __device__ __forceinline__ replication::split::CostEnd least_cost_rounds(replication::split::Layout const& L,
                                                                         replication::split::detail::Work& W, int n_arcs,
@@ -812,10 +812,7 @@ __global__ void __launch_bounds__(Threads, 1)
       if (search) {
 #pragma unroll 1
         for (int pass = 0; pass < 2; ++pass) {  // each from the start
-#pragma unroll 1
-          for (int c = team.rank; c < L.slots; c += team.size) W.y[c] = W.y0[c];
-#pragma unroll 1
-          for (int g = team.rank; g < G; g += team.size) W.load[g] = W.load_s[g];
+          split::restore_start(L, W, team.rank, team.size);
           team.sync();
           if (pass == 0) T = least_max_rounds(L, W, n_arcs, T, team, searches, max_rounds);
         }

@@ -957,10 +957,13 @@ MOE_HOST_DEVICE inline long long least_max_begin(Layout const& L, std::int32_t c
   return T;
 }
 
-/// W.y / W.load := the start (W.y0 / W.load_s).
-MOE_HOST_DEVICE inline void restore_start(Layout const& L, detail::Work& W) {
-  for (int c = 0; c < L.slots; ++c) W.y[c] = W.y0[c];
-  for (int g = 0; g < L.ranks; ++g) W.load[g] = W.load_s[g];
+/// W.y / W.load := the start (W.y0 / W.load_s), the entries part, part + parts, ... (a CUDA team
+/// shares it; one thread: 0, 1).
+MOE_HOST_DEVICE inline void restore_start(Layout const& L, detail::Work& W, int part = 0, int parts = 1) {
+  MOE_NO_UNROLL
+  for (int c = part; c < L.slots; c += parts) W.y[c] = W.y0[c];
+  MOE_NO_UNROLL
+  for (int g = part; g < L.ranks; g += parts) W.load[g] = W.load_s[g];
 }
 
 /// The least max load from a lower bound T and a split with max load at least T (W.y / W.load; the
