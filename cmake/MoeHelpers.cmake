@@ -98,38 +98,91 @@ set(MOE_HOST_TEST_OPT "" CACHE STRING "compiler flags for the host and MPI test 
 set(MOE_EMU_TEST_OPT "" CACHE STRING "compiler flags for the emulated CUDA test programs, e.g. -O2 (empty: the build type's)")
 
 # moe_add_test(NAME <name> SOURCES <files...> LABELS <host|mpi|cuda> [LINK <targets...>]
-#              [MAIN catch|mpi] [MPI_RANKS <n>] [ARGS <args...>] [ADDRESS_ONLY])
+#              [MAIN catch|mpi] [MPI_RANKS <n>] [ARGS <args...>] [ADDRESS_ONLY] [GROUP <program>])
 # A host test runs its program once. An MPI test runs it under mpirun with MPI_RANKS processes.
 # ADDRESS_ONLY: under MOE_SANITIZE=ON, the program's own code has ASan's checks but not UBSan's.
+#
+# GROUP <program>: the test's one source file is compiled into <program>, with the other tests of
+# that group, and the test runs <program> on its own cases alone (Catch2's file tags: `<program>
+# "[#<file name without extension>]" -#`). The group's files are compiled a few at a time in one
+# translation unit (moe_finish_test_group), so that what they share (Catch2, the library's headers,
+# the layer templates they all instantiate) is parsed and compiled once per unit instead of once per
+# test: the host layer tests took 220 CPU-s as 19 programs in a cold 2-job build and 103 s as two
+# programs of four units, the host tests of the five folders 453 -> 276 CPU-s (2026-12-05, the
+# 2-core CI machine kind; docs/results/ci-time.md). Every test of a group has the same MAIN,
+# ADDRESS_ONLY and kind of labels (emu or not); their LINK targets add up. A file's names at
+# namespace scope (anonymous namespaces too) and its TEST_CASE names must differ from those of the
+# group's other files, and a file-scope `using namespace` reaches the files after it in the unit:
+# qualify a name that two such namespaces declare. `--warn NoTests` fails a test whose tag selects
+# no case.
 function(moe_add_test)
-  cmake_parse_arguments(T "ADDRESS_ONLY" "NAME;MPI_RANKS;MAIN" "SOURCES;LABELS;LINK;ARGS" ${ARGN})
-  if(NOT TARGET ${T_NAME})
-    add_executable(${T_NAME} ${T_SOURCES})
+  cmake_parse_arguments(T "ADDRESS_ONLY" "NAME;MPI_RANKS;MAIN;GROUP" "SOURCES;LABELS;LINK;ARGS" ${ARGN})
+  set(_target ${T_NAME})
+  set(_run_args ${T_ARGS})
+  if(T_GROUP)
+    set(_target ${T_GROUP})
+    list(LENGTH T_SOURCES _n)
+    if(NOT _n EQUAL 1)
+      message(FATAL_ERROR "moe_add_test(${T_NAME}): a test of GROUP ${T_GROUP} has one source file, got ${T_SOURCES}")
+    endif()
+    get_filename_component(_stem "${T_SOURCES}" NAME_WE)
+    set(_run_args "[#${_stem}]" "-#" --warn NoTests ${T_ARGS})
+  endif()
+  if("emu" IN_LIST T_LABELS)
+    set(_kind emu)
+  else()
+    set(_kind plain)
+  endif()
+  set(_shape "${T_MAIN}|${T_ADDRESS_ONLY}|${_kind}")
+  if(NOT TARGET ${_target})
+    if(T_GROUP)
+      add_executable(${_target})
+      set_target_properties(${_target} PROPERTIES MOE_GROUP_SHAPE "${_shape}" MOE_GROUP_SOURCES "")
+      cmake_language(EVAL CODE "cmake_language(DEFER CALL moe_finish_test_group [[${_target}]])")
+    else()
+      add_executable(${_target} ${T_SOURCES})
+    endif()
     set(_main moe_catch_main)
     if(T_MAIN STREQUAL "mpi")
       set(_main moe_mpi_main)
     endif()
-    target_link_libraries(${T_NAME} PRIVATE ${_main} moe::moe ${T_LINK})
-    target_compile_definitions(${T_NAME} PRIVATE MOE_SHARED_DATA_DIR="${MOE_SHARED_DATA_DIR}")
-    target_compile_options(${T_NAME} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra>)
-    if("emu" IN_LIST T_LABELS)
+    target_link_libraries(${_target} PRIVATE ${_main} moe::moe)
+    target_compile_definitions(${_target} PRIVATE MOE_SHARED_DATA_DIR="${MOE_SHARED_DATA_DIR}")
+    target_compile_options(${_target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra>)
+    if(_kind STREQUAL "emu")
       set(_opt "${MOE_EMU_TEST_OPT}")
     else()
       set(_opt "${MOE_HOST_TEST_OPT}")
     endif()
     if(_opt)
       separate_arguments(_opt UNIX_COMMAND "${_opt}")
-      target_compile_options(${T_NAME} PRIVATE "$<$<COMPILE_LANGUAGE:CXX>:${_opt}>")
+      target_compile_options(${_target} PRIVATE "$<$<COMPILE_LANGUAGE:CXX>:${_opt}>")
     endif()
     if(T_ADDRESS_ONLY)
-      moe_sanitize(${T_NAME} ADDRESS_ONLY)
+      moe_sanitize(${_target} ADDRESS_ONLY)
     else()
-      moe_sanitize(${T_NAME})
+      moe_sanitize(${_target})
     endif()
     if(T_MAIN STREQUAL "mpi")
       moe_sanitize(moe_mpi_main)
     else()
       moe_sanitize(moe_catch_main)
+    endif()
+  elseif(T_GROUP)
+    get_target_property(_group_shape ${_target} MOE_GROUP_SHAPE)
+    if(NOT _group_shape STREQUAL _shape)
+      message(FATAL_ERROR "moe_add_test(${T_NAME}): GROUP ${T_GROUP} holds tests of MAIN|ADDRESS_ONLY|kind "
+                          "'${_group_shape}', this one is '${_shape}'")
+    endif()
+  endif()
+  if(T_LINK)
+    target_link_libraries(${_target} PRIVATE ${T_LINK})
+  endif()
+  if(T_GROUP)
+    get_filename_component(_src "${T_SOURCES}" ABSOLUTE)
+    get_target_property(_srcs ${_target} MOE_GROUP_SOURCES)
+    if(NOT _src IN_LIST _srcs)
+      set_property(TARGET ${_target} APPEND PROPERTY MOE_GROUP_SOURCES "${_src}")
     endif()
   endif()
   set(_test_name ${T_NAME})
@@ -137,18 +190,55 @@ function(moe_add_test)
     set(_test_name ${T_NAME}_np${T_MPI_RANKS})
     add_test(NAME ${_test_name}
              COMMAND ${MPIEXEC_EXECUTABLE} --oversubscribe ${MPIEXEC_NUMPROC_FLAG} ${T_MPI_RANKS}
-                     $<TARGET_FILE:${T_NAME}> ${T_ARGS})
+                     $<TARGET_FILE:${_target}> ${_run_args})
     set_tests_properties(${_test_name} PROPERTIES
       ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1"
       PROCESSORS ${T_MPI_RANKS})
   else()
-    add_test(NAME ${_test_name} COMMAND ${T_NAME} ${T_ARGS})
+    add_test(NAME ${_test_name} COMMAND ${_target} ${_run_args})
   endif()
   set_tests_properties(${_test_name} PROPERTIES LABELS "${T_LABELS}" TIMEOUT 900)
   if("cuda" IN_LIST T_LABELS)
     # A GPU test exits with 77 when no device is present; CTest reports it as skipped.
     set_tests_properties(${_test_name} PROPERTIES SKIP_RETURN_CODE 77)
   endif()
+endfunction()
+
+# moe_finish_test_group(<program>), called at the end of the folder that made the group: the group's
+# files, in the order their tests were added, as translation units of at most MOE_TEST_GROUP_BATCH
+# files each (the folder's value; default 6), of sizes that differ by at most one. Each unit is a
+# generated file that includes its files by name through the include path, so that it is the same
+# text in every checkout (a compiler cache hits across clones in different folders).
+function(moe_finish_test_group target)
+  get_target_property(_srcs ${target} MOE_GROUP_SOURCES)
+  set(_batch 6)
+  if(MOE_TEST_GROUP_BATCH)
+    set(_batch ${MOE_TEST_GROUP_BATCH})
+  endif()
+  list(LENGTH _srcs _n)
+  math(EXPR _units "(${_n} + ${_batch} - 1) / ${_batch}")
+  set(_dirs "")
+  set(_unit 0)
+  set(_taken 0)
+  set(_text "")
+  foreach(_src IN LISTS _srcs)
+    get_filename_component(_dir "${_src}" DIRECTORY)
+    get_filename_component(_name "${_src}" NAME)
+    list(APPEND _dirs "${_dir}")
+    string(APPEND _text "#include \"${_name}\"\n")
+    math(EXPR _taken "${_taken} + 1")
+    # Unit u ends after file ceil((u + 1) * n / units): sizes differ by at most one.
+    math(EXPR _end "((${_unit} + 1) * ${_n} + ${_units} - 1) / ${_units}")
+    if(_taken EQUAL _end)
+      set(_gen ${CMAKE_CURRENT_BINARY_DIR}/gen/${target}_${_unit}.cpp)
+      file(CONFIGURE OUTPUT ${_gen} CONTENT "// Generated by moe_finish_test_group (cmake/MoeHelpers.cmake): unit ${_unit} of test program ${target}.\n${_text}")
+      target_sources(${target} PRIVATE ${_gen})
+      set(_text "")
+      math(EXPR _unit "${_unit} + 1")
+    endif()
+  endforeach()
+  list(REMOVE_DUPLICATES _dirs)
+  target_include_directories(${target} PRIVATE ${_dirs})
 endfunction()
 
 # moe_spill_check(<target> [ALLOW_SPILLS]): ptxas warns when a kernel of the target's CUDA files

@@ -45,11 +45,20 @@ python3 - "$build/compile_commands.json" "$sanitize_build/compile_commands.json"
 import json, os, shlex, sys
 
 check, done, headers, cuda_include = sys.argv[1:5]
-compiled = {os.path.realpath(c["file"]) for c in json.load(open(done))}
+
+
+def key(file, database):
+    """A source's identity across the two builds: a file generated in a build folder (a test group's
+    unit, e.g. tests/layer/gen/layer_tests_0.cpp) by its path in that folder, any other by its path."""
+    f, build = os.path.realpath(file), os.path.realpath(os.path.dirname(database))
+    return "build:" + os.path.relpath(f, build) if f.startswith(build + os.sep) else f
+
+
+compiled = {key(c["file"], done) for c in json.load(open(done))}
 commands, mpi_flags = [], None
 for c in json.load(open(check)):
     f = os.path.realpath(c["file"])
-    if not f.endswith(".cpp") or f in compiled or "/tests/headers/" in f:
+    if not f.endswith(".cpp") or key(f, check) in compiled or "/tests/headers/" in f:
         continue
     args = shlex.split(c["command"]) if "command" in c else c["arguments"]
     kept, skip = [], False

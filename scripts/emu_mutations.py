@@ -86,7 +86,7 @@ MUTATIONS = [
              "include/moe/layer/paths/device.cuh",
              "    if (shared_acc) kc::check_cuda(cudaStreamWaitEvent(s, join_.get(), 0), \"cudaStreamWaitEvent (shared experts)\");",
              "",
-             "tsan", "test_cuda_layer_emu", "single-GPU layer matches the host reference (bf16)"),
+             "tsan", "device_layer_tests_emu", "single-GPU layer matches the host reference (bf16)"),
     Mutation("shuffle-mask", "warp shuffle whose mask leaves out a lane that calls it (gate top-k)",
              "include/moe/kernels/gate.cuh",
              "    int oi = __shfl_xor_sync(0xffffffffu, i, off);",
@@ -152,6 +152,8 @@ def run(work, flavour, target, filt):
         rc, out = sh([os.path.join(b, "tests", "emu", target), filt], work, timeout=900, env=env)
     except subprocess.TimeoutExpired:
         return "timeout", ""
+    if "No test cases matched" in out:
+        return "no such case in this build", out
     if "ThreadSanitizer:" in out:
         return "TSan", out
     if "AddressSanitizer:" in out or "runtime error:" in out:

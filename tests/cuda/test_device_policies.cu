@@ -103,7 +103,7 @@ struct moe::kernels::cuda::DeviceReplicas<Mirrored> {
 
 namespace {
 
-using Model = moe::models::Reduced<moe::models::Mixtral8x7B, 64, 96, moe::DType::f32>;  // 8 experts, top-2
+using PolicyModel = moe::models::Reduced<moe::models::Mixtral8x7B, 64, 96, moe::DType::f32>;  // 8 experts, top-2
 constexpr int N = 4;
 
 struct PerRank {
@@ -115,7 +115,7 @@ struct PerRank {
 template <class Router, class Replicas, bool device>
 std::vector<PerRank> run(std::vector<int> const& counts, std::vector<float> const& x, moe::RandomLayerWeights<float> const& w,
                          moe::placement::Table const& placement, Replicas const& replicas) {
-  constexpr moe::ShapeSpec s = Model::spec;
+  constexpr moe::ShapeSpec s = PolicyModel::spec;
   auto h = static_cast<std::size_t>(s.hidden);
   std::vector<PerRank> out(N);
   int most = *std::max_element(counts.begin(), counts.end());
@@ -128,7 +128,7 @@ std::vector<PerRank> run(std::vector<int> const& counts, std::vector<float> cons
     mine.y.assign(n, 0.0f);
     if constexpr (device) {
       moe::test::StagedDevice<N> comm(host);
-      using L = moe::Layer<Model, Router, moe::placement::Table, Replicas, moe::schedule::Sequential,
+      using L = moe::Layer<PolicyModel, Router, moe::placement::Table, Replicas, moe::schedule::Sequential,
                            moe::test::StagedDevice<N>>;
       static_assert(L::path == moe::ExecutionPath::device);
       L layer(comm, placement, replicas, dw.view(), {.max_tokens = most});
@@ -145,7 +145,7 @@ std::vector<PerRank> run(std::vector<int> const& counts, std::vector<float> cons
       mine.y.resize(n);
       mine.stats = layer.stats();
     } else {
-      using L = moe::Layer<Model, Router, moe::placement::Table, Replicas, moe::schedule::Sequential,
+      using L = moe::Layer<PolicyModel, Router, moe::placement::Table, Replicas, moe::schedule::Sequential,
                            moe::collective::InProcess<N>>;
       L layer(host, placement, replicas, w.view(), {.max_tokens = most});
       std::vector<std::byte> ws(layer.workspace_size());
@@ -161,7 +161,7 @@ std::vector<PerRank> run(std::vector<int> const& counts, std::vector<float> cons
 /// Tokens whose top_k-th and next largest logits are within `margin` (relative): a rounding of the
 /// gate GEMM may pick another expert for them.
 std::vector<char> near_ties(std::vector<float> const& x, int tokens, moe::LayerWeights<float> const& w) {
-  constexpr moe::ShapeSpec s = Model::spec;
+  constexpr moe::ShapeSpec s = PolicyModel::spec;
   std::vector<char> out(static_cast<std::size_t>(tokens));
   for (int t = 0; t < tokens; ++t) {
     std::vector<double> l(static_cast<std::size_t>(s.experts));
@@ -179,7 +179,7 @@ std::vector<char> near_ties(std::vector<float> const& x, int tokens, moe::LayerW
 
 TEST_CASE("a router and a replica policy defined outside the library run on the device path",
           "[cuda][layer][policies]") {
-  constexpr moe::ShapeSpec s = Model::spec;
+  constexpr moe::ShapeSpec s = PolicyModel::spec;
   auto h = static_cast<std::size_t>(s.hidden);
   std::vector<int> counts{7, 5, 6, 4};
   int total = std::accumulate(counts.begin(), counts.end(), 0);

@@ -28,6 +28,16 @@ using LiveModel = models::Reduced<models::OLMoE_1B_7B, 32, 16, DType::f32>;
 constexpr int live_ranks = 4;
 constexpr int live_tokens = 8;  // per rank and pass
 
+// Passes of the host drifting loops (test_live_layer.cpp, test_live_disaggregated.cpp), and the
+// plans they adopt at least. Under a sanitizer 60 (sanitized.hpp): the re-plans started before
+// passes 20 and 40 are adopted by pass 45, each after its moves, so 2 plans, the second moving from
+// a plan that is not the first, with 15 passes to spare.
+constexpr int loop_passes = full_or(200, 60);
+constexpr int loop_adopted = full_or(3, 2);
+/// Their serving options: a re-plan every 20 passes from a window of 20, 3 spare slots, 4 KiB of
+/// expert weights moved per pass.
+constexpr live::Options serving{.window = 20, .replan_every = 20, .spare_slots = 3, .migration_bytes_per_pass = 4096};
+
 /// The first plan: expert e on rank e % 4, experts 0-15 also on rank (e + 1) % 4 (20 per rank).
 inline std::vector<std::vector<int>> live_copies() {
   std::vector<std::vector<int>> c(64);

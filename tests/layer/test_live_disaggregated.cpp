@@ -17,11 +17,6 @@ using namespace moe::test;
 namespace {
 
 constexpr int ag = 2, ranks = ag + live_ranks;
-// Under a sanitizer 60 passes: the re-plans started before passes 20 and 40 are adopted by pass 45,
-// 2 plans (the second moving from a plan that is not the first) with 15 passes to spare.
-constexpr int loop_passes = full_or(200, 60);
-constexpr int loop_adopted = full_or(3, 2);
-constexpr live::Options serving{.window = 20, .replan_every = 20, .spare_slots = 3, .migration_bytes_per_pass = 4096};
 
 template <class Schedule, class Replicas>
 std::array<LiveRun, ranks> serve_loop(Schedule sched, Replicas (*make)(), live::Options o) {

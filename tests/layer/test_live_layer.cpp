@@ -43,17 +43,9 @@ std::vector<int> const recorded_layout = {
     4,  7,  9,  10, 11, 13, 14, 17, 19, 21, 22, 23, 24, 25, 26, 27, 28, 29, 31, 33,
     35, 37, 39, 40, 41, 43, 45, 47, 49, 51, 53, 55, 57, 59, 61, 63, -1, -1, -1, -1};
 
-// Passes of the drifting loops, and the plans they adopt at least. Under a sanitizer 60
-// (tests/support/sanitized.hpp): the re-plans started before passes 20 and 40 are adopted by pass
-// 45, each after its moves, so 2 plans, the second moving from a plan that is not the first, with
-// 15 passes to spare.
-constexpr int loop_passes = full_or(200, 60);
-constexpr int loop_adopted = full_or(3, 2);
 // Passes served after a re-plan started between two passes (replan_between): its moves (at most
 // spare_slots = 3 experts of 6 KiB, at 4 KiB a pass) end within a few passes; under a sanitizer 15.
 constexpr int after_replan = full_or(40, 15);
-
-constexpr live::Options serving{.window = 20, .replan_every = 20, .spare_slots = 3, .migration_bytes_per_pass = 4096};
 
 template <class Replicas>
 std::array<LiveRun, 4> serve_loop(Replicas (*make)(), int passes, live::Options o = serving) {

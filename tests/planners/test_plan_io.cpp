@@ -45,7 +45,7 @@ TEST_CASE("plan files round-trip placement and replica tables") {
   auto topo = topology::fat_tree(2, 1, 2, 1);
   auto p = make_problem(topo, L, E, 2, 8);
   auto a = ilp(p).assignment;
-  std::vector<Table> tables;
+  std::vector<placement::Table> tables;
   for (int l = 0; l < L; ++l) tables.push_back(a.table(l));
   std::ostringstream os2;
   write_plan(os2, plan_without_replicas(tables), p.gpus);

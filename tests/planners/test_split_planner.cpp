@@ -75,14 +75,14 @@ double score(std::vector<long long> const& batches, int experts, std::vector<int
   return n ? sum / n : 1.0;
 }
 
-struct Case {
+struct SlotCase {
   int R = 0, W = 0, E = 0, P = 0;
   std::vector<int> layout;          // R x W, every expert at least once
   std::vector<long long> batches;   // P x E
 };
 
-Case make_case(std::mt19937& rng) {
-  Case c;
+SlotCase make_case(std::mt19937& rng) {
+  SlotCase c;
   c.R = std::uniform_int_distribution<int>(2, 5)(rng);
   c.W = std::uniform_int_distribution<int>(2, 3)(rng);
   c.E = std::uniform_int_distribution<int>(c.R, c.R * c.W - 1)(rng);
@@ -128,7 +128,7 @@ int new_on(std::vector<int> const& held, std::vector<int> const& now, int W, int
 /// Options for one round with every candidate in (`finalists` at least the candidates): spare 0-2,
 /// least gain 0, 20 or the default (-1: 80 / ranks permille, at least 1, as split_planner.hpp
 /// documents it), nodes of 2 ranks kept half the time; and the least gain that applies.
-std::pair<sp::Options, double> one_round(std::mt19937& rng, Case const& c, int finalists) {
+std::pair<sp::Options, double> one_round(std::mt19937& rng, SlotCase const& c, int finalists) {
   sp::Options o;
   o.spare = std::uniform_int_distribution<int>(0, 2)(rng);
   o.min_gain_permille = std::array{0, 20, -1}[std::uniform_int_distribution<std::size_t>(0, 2)(rng)];

@@ -9,7 +9,7 @@
 
 using namespace moe::topology;
 
-static Topology parse(std::string const& s) {
+static Topology parse_topology(std::string const& s) {
   std::istringstream in(s);
   moe::core::TsvReader r(in, "topo.tsv");
   return read_topology(r);
@@ -56,7 +56,7 @@ static void check_against_floyd(Topology const& t) {
   REQUIRE(static_cast<int>(gpu_vertex.size()) == t.gpus());
   for (int a = 0; a < t.gpus(); ++a)
     for (int b = 0; b < t.gpus(); ++b) REQUIRE(t.hops(a, b) == d[gpu_vertex[a]][gpu_vertex[b]]);
-  Topology back = parse(os.str());
+  Topology back = parse_topology(os.str());
   CHECK(back.gpu_hops() == t.gpu_hops());
 }
 
@@ -91,32 +91,32 @@ TEST_CASE("hop distances equal Floyd-Warshall on the link list") {
 }
 
 TEST_CASE("topology files: bad input is reported") {
-  CHECK_THROWS_WITH(parse("server\ta\t1\nserver\tb\t1\nswitch\ts\nlink\ta\ts\n"), Catch::Contains("unreachable"));
-  CHECK_THROWS_WITH(parse("server\ta\t1\nlink\ta\tb\n"), Catch::Contains("unknown vertex 'b'"));
-  CHECK_THROWS_WITH(parse("server\ta\t1\nserver\ta\t2\n"), Catch::Contains("duplicate"));
-  CHECK_THROWS_WITH(parse("server\ta\t0\n"), Catch::Contains("topo.tsv:1: column 3 (gpus): 0 outside [1, 4096]"));
+  CHECK_THROWS_WITH(parse_topology("server\ta\t1\nserver\tb\t1\nswitch\ts\nlink\ta\ts\n"), Catch::Contains("unreachable"));
+  CHECK_THROWS_WITH(parse_topology("server\ta\t1\nlink\ta\tb\n"), Catch::Contains("unknown vertex 'b'"));
+  CHECK_THROWS_WITH(parse_topology("server\ta\t1\nserver\ta\t2\n"), Catch::Contains("duplicate"));
+  CHECK_THROWS_WITH(parse_topology("server\ta\t0\n"), Catch::Contains("topo.tsv:1: column 3 (gpus): 0 outside [1, 4096]"));
   // Absurd GPU counts (a corrupt file) are errors, not gigabytes of hop matrix or an int overflow.
-  CHECK_THROWS_WITH(parse("server\ta\t2000000000\n"), Catch::Contains("topo.tsv:1: column 3 (gpus)"));
-  CHECK_THROWS_WITH(parse("server\ta\t1000000\n"), Catch::Contains("topo.tsv:1: column 3 (gpus): 1000000 outside"));
-  CHECK_THROWS_WITH(parse("server\ta\t3000\nserver\tb\t3000\n"),
+  CHECK_THROWS_WITH(parse_topology("server\ta\t2000000000\n"), Catch::Contains("topo.tsv:1: column 3 (gpus)"));
+  CHECK_THROWS_WITH(parse_topology("server\ta\t1000000\n"), Catch::Contains("topo.tsv:1: column 3 (gpus): 1000000 outside"));
+  CHECK_THROWS_WITH(parse_topology("server\ta\t3000\nserver\tb\t3000\n"),
                     Catch::Contains("topo.tsv:2") && Catch::Contains("brings the cluster to 6000 GPUs"));
   {
     // 20,000 one-GPU servers: stopped at the 4097th GPU, before any S x S table is built.
     std::string many;
     for (int i = 0; i < 20000; ++i) many += "server\ts" + std::to_string(i) + "\t1\n";
-    CHECK_THROWS_WITH(parse(many), Catch::Contains("topo.tsv:4097") && Catch::Contains("above the limit of 4096"));
+    CHECK_THROWS_WITH(parse_topology(many), Catch::Contains("topo.tsv:4097") && Catch::Contains("above the limit of 4096"));
     // Switches and links are bounded too (they size the breadth-first searches).
     std::string switches = "server\ta\t1\n";
     for (int i = 0; i < 20000; ++i) switches += "switch\tw" + std::to_string(i) + "\n";
-    CHECK_THROWS_WITH(parse(switches), Catch::Contains("topo.tsv:16385") && Catch::Contains("more than 16384"));
+    CHECK_THROWS_WITH(parse_topology(switches), Catch::Contains("topo.tsv:16385") && Catch::Contains("more than 16384"));
     std::string links = "server\ta\t1\nswitch\tw\n";
     for (int i = 0; i < 70000; ++i) links += "link\ta\tw\n";
-    CHECK_THROWS_WITH(parse(links), Catch::Contains("topo.tsv:65539") && Catch::Contains("more than 65536 links"));
+    CHECK_THROWS_WITH(parse_topology(links), Catch::Contains("topo.tsv:65539") && Catch::Contains("more than 65536 links"));
   }
-  CHECK_THROWS_WITH(parse("router\ta\n"), Catch::Contains("unknown line kind"));
-  CHECK_THROWS_WITH(parse("server\ta\n"), Catch::Contains("expected 3 fields"));
-  CHECK_THROWS_WITH(parse("switch\ts\n"), Catch::Contains("no servers"));
-  Topology t = parse("server\ta\t2\nserver\tb\t1\nswitch\ts\nlink\ta\ts\nlink\tb\ts\n");
+  CHECK_THROWS_WITH(parse_topology("router\ta\n"), Catch::Contains("unknown line kind"));
+  CHECK_THROWS_WITH(parse_topology("server\ta\n"), Catch::Contains("expected 3 fields"));
+  CHECK_THROWS_WITH(parse_topology("switch\ts\n"), Catch::Contains("no servers"));
+  Topology t = parse_topology("server\ta\t2\nserver\tb\t1\nswitch\ts\nlink\ta\ts\nlink\tb\ts\n");
   CHECK(t.gpus() == 3);
   CHECK(t.hops(0, 1) == 0);
   CHECK(t.hops(0, 2) == 2);
