@@ -45,10 +45,10 @@ std::vector<std::vector<std::set<int>>> copy_sets(std::vector<LayerPlan> const& 
 LayerPlan layer(std::vector<std::vector<int>> copies) {
   std::vector<int> primary;
   for (auto const& c : copies) primary.push_back(c.front());
-  return {Table(std::move(primary)), replication::Table(std::move(copies))};
+  return {placement::Table(std::move(primary)), replication::Table(std::move(copies))};
 }
 
-std::vector<LayerPlan> plan_of(std::vector<Table> const& prim, std::vector<replication::Table> const& tabs) {
+std::vector<LayerPlan> plan_of(std::vector<placement::Table> const& prim, std::vector<replication::Table> const& tabs) {
   std::vector<LayerPlan> p;
   for (std::size_t l = 0; l < prim.size(); ++l) p.push_back({prim[l], tabs[l]});
   return p;

@@ -11,7 +11,7 @@
 using namespace moe;
 using namespace moe::placement;
 
-static LoadedPlan parse(std::string const& s) {
+static LoadedPlan parse_plan(std::string const& s) {
   std::istringstream in(s);
   core::TsvReader r(in, "plan.tsv");
   return read_plan(r);
@@ -32,7 +32,7 @@ TEST_CASE("plan files round-trip placement and replica tables") {
   for (int l = 0; l < L; ++l) plan.push_back({cp.placement[static_cast<std::size_t>(l)], cp.tables[static_cast<std::size_t>(l)]});
   std::ostringstream os;
   write_plan(os, plan, D);
-  auto back = parse(os.str());
+  auto back = parse_plan(os.str());
   REQUIRE(back.layers.size() == plan.size());
   CHECK(back.gpus == D);
   for (int l = 0; l < L; ++l) {
@@ -49,29 +49,29 @@ TEST_CASE("plan files round-trip placement and replica tables") {
   for (int l = 0; l < L; ++l) tables.push_back(a.table(l));
   std::ostringstream os2;
   write_plan(os2, plan_without_replicas(tables), p.gpus);
-  auto back2 = parse(os2.str());
+  auto back2 = parse_plan(os2.str());
   for (int l = 0; l < L; ++l) CHECK(back2.layers[static_cast<std::size_t>(l)].placement == tables[static_cast<std::size_t>(l)]);
 }
 
 TEST_CASE("bad plan files are reported") {
   std::string head = "moe-plan\t1\t1\t2\t2\n";
-  CHECK_THROWS_WITH(parse(""), Catch::Contains("empty"));
-  CHECK_THROWS_WITH(parse("plan\t1\t1\t2\t2\n"), Catch::Contains("header"));
-  CHECK_THROWS_WITH(parse(head + "0\t0\t1\n"), Catch::Contains("truncated"));
+  CHECK_THROWS_WITH(parse_plan(""), Catch::Contains("empty"));
+  CHECK_THROWS_WITH(parse_plan("plan\t1\t1\t2\t2\n"), Catch::Contains("header"));
+  CHECK_THROWS_WITH(parse_plan(head + "0\t0\t1\n"), Catch::Contains("truncated"));
   // A corrupt header with a huge expert count is rejected before any allocation; one within the
   // limits but without the lines is a truncated file.
-  CHECK_THROWS_WITH(parse("moe-plan\t1\t1\t2000000000\t2\n0\t0\t1\n"),
+  CHECK_THROWS_WITH(parse_plan("moe-plan\t1\t1\t2000000000\t2\n0\t0\t1\n"),
                     Catch::Contains("column 4 (experts): 2000000000 outside [1, 65536]"));
-  CHECK_THROWS_WITH(parse("moe-plan\t1\t1\t65536\t2\n0\t0\t1\n"),
+  CHECK_THROWS_WITH(parse_plan("moe-plan\t1\t1\t65536\t2\n0\t0\t1\n"),
                     Catch::Contains("truncated plan: expected layer 0 expert 1"));
-  CHECK_THROWS_WITH(parse(""), Catch::Contains("empty plan file"));
-  CHECK_THROWS_WITH(parse("moe-plan\t2\t1\t2\t2\n"), Catch::Contains("unsupported plan version 2"));
-  CHECK_THROWS_WITH(parse(head + "0\t0\t1\n0\t1\t2\n"), Catch::Contains("outside"));
-  CHECK_THROWS_WITH(parse(head + "0\t0\t1\t1\n0\t1\t0\n"), Catch::Contains("twice"));
-  CHECK_THROWS_WITH(parse(head + "0\t1\t1\n0\t0\t0\n"), Catch::Contains("expected layer 0 expert 0"));
-  CHECK_THROWS_WITH(parse(head + "0\t0\n0\t1\t0\n"), Catch::Contains("at least 3 fields"));
-  CHECK_THROWS_WITH(parse(head + "0\t0\t1\n0\t1\t0\n0\t2\t0\n"), Catch::Contains("extra"));
-  auto ok = parse(head + "0\t0\t1\t0\n0\t1\t0\n");
+  CHECK_THROWS_WITH(parse_plan(""), Catch::Contains("empty plan file"));
+  CHECK_THROWS_WITH(parse_plan("moe-plan\t2\t1\t2\t2\n"), Catch::Contains("unsupported plan version 2"));
+  CHECK_THROWS_WITH(parse_plan(head + "0\t0\t1\n0\t1\t2\n"), Catch::Contains("outside"));
+  CHECK_THROWS_WITH(parse_plan(head + "0\t0\t1\t1\n0\t1\t0\n"), Catch::Contains("twice"));
+  CHECK_THROWS_WITH(parse_plan(head + "0\t1\t1\n0\t0\t0\n"), Catch::Contains("expected layer 0 expert 0"));
+  CHECK_THROWS_WITH(parse_plan(head + "0\t0\n0\t1\t0\n"), Catch::Contains("at least 3 fields"));
+  CHECK_THROWS_WITH(parse_plan(head + "0\t0\t1\n0\t1\t0\n0\t2\t0\n"), Catch::Contains("extra"));
+  auto ok = parse_plan(head + "0\t0\t1\t0\n0\t1\t0\n");
   CHECK(ok.layers[0].replicas.copies(0) == 2);
   CHECK(ok.layers[0].placement.rank_of(0) == 1);
 }
