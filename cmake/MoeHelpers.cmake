@@ -108,7 +108,7 @@ set(MOE_EMU_TEST_OPT "" CACHE STRING "compiler flags for the emulated CUDA test 
 # translation unit (moe_finish_test_group), so that what they share (Catch2, the library's headers,
 # the layer templates they all instantiate) is parsed and compiled once per unit instead of once per
 # test: the host layer tests took 220 CPU-s as 19 programs in a cold 2-job build and 103 s as two
-# programs of four units, the host tests of the five folders 453 -> 276 CPU-s (2026-12-05, the
+# programs of four units, the host tests of the five folders 453 -> 239 CPU-s (2026-12-05, the
 # 2-core CI machine kind; docs/results/ci-time.md). Every test of a group has the same MAIN,
 # ADDRESS_ONLY and kind of labels (emu or not); their LINK targets add up. A file's names at
 # namespace scope (anonymous namespaces too) and its TEST_CASE names must differ from those of the
