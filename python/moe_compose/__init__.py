@@ -1,8 +1,8 @@
 """moe_compose: moe-compose's planners for Python (C++ headers under include/moe, bound with nanobind).
 
 EPLB identical to DeepSeek's eplb.py, rebalancing that moves the fewest expert weights (with the
-transfer list and its modelled time), CRAFT, ILPLoad, the joint planner, topologies, the traffic
-model, and the engines' statistics importers and plan writers. Arrays in: numpy arrays, torch
+transfer list and its modelled time), CRAFT, ILPLoad, the joint planner, the per-batch replica
+split (BatchSplit), topologies, the traffic model, and the engines' statistics importers and plan writers. Arrays in: numpy arrays, torch
 tensors (CPU, without copies where the dtype fits) or anything with the array protocol; arrays out:
 numpy. Errors raise MoeError (a ValueError) with the library's message, or TypeError for a wrong
 dtype. Planners run with the GIL released. Drop-in policies: moe_compose.vllm, moe_compose.sglang.
@@ -33,6 +33,7 @@ __all__ = [
     "paper_cluster", "rebalance_experts", "eplb", "rebalance", "Rebalance", "transfer_time", "evaluate_plan",
     "craft", "ilp_load", "joint", "slot_map", "import_sglang_stat", "import_trtllm_stat",
     "import_vllm_routed_experts", "write_engine_plan", "read_engine_plan", "node_topology", "expert_bytes",
+    "BatchSplit",
 ]
 
 
@@ -220,3 +221,55 @@ def write_engine_plan(format: str, path, phy2log, num_gpus: int, experts: int, h
 
 def read_engine_plan(format: str, path, num_gpus: int, experts: int, hidden_layers: int, first_moe: int = 0) -> np.ndarray:
     return _core.read_engine_plan(format, str(path), int(num_gpus), int(experts), int(hidden_layers), int(first_moe))
+
+
+class BatchSplit:
+    """The per-batch replica split of one MoE layer (moe/replication/batch_split.hpp) over an engine's
+    slots: each batch's pairs of an expert are split over its copies so that the most pairs any GPU
+    receives is the least possible (the LP optimum rounded up); among such splits pairs stay on their
+    own GPU, then on their own server (gpus_per_server GPUs), before crossing the network. Integer
+    and deterministic: every rank computes the same split from the same counts.
+
+    phy2log [P]: the expert of each slot, slot p on GPU p // (P / num_gpus) (one layer of SGLang's
+    physical_to_logical_map or vLLM's; experts are 0 .. max(phy2log)). Two slots of one expert on one
+    GPU serve as one copy, the first of them receiving its pairs. slack_permille > 0 lets the
+    tie-breaks load a GPU up to that many thousandths over the mean load, to keep more pairs off
+    the network (split::Layout::slack_permille).
+
+        split = BatchSplit(phy2log, num_gpus=32, gpus_per_server=8)
+        out = split.plan(counts)            # counts [num_gpus, experts]: every rank's pairs per expert
+        slots = split.dispatch(r, topk_ids) # rank r's [tokens, k] logical ids -> physical slot ids
+
+    plan() returns max_load, local (pairs on their own GPU), same_server (on their own server, local
+    included) and load [num_gpus] (pairs each GPU receives). dispatch() deals rank r's pairs of each
+    expert over the split in token order; topk_ids must hold exactly the pairs counts[r] gave plan()
+    (-1 entries, no expert, stay -1)."""
+
+    def __init__(self, phy2log, num_gpus: int, gpus_per_server: int, slack_permille: int = 0):
+        p = _arrays.indices(phy2log, "phy2log", ndim=1)
+        self._s = _core.SlotSplit(p, _arrays.count(num_gpus, "num_gpus"), _arrays.count(gpus_per_server, "gpus_per_server"),
+                                  _arrays.integer(slack_permille, "slack_permille"))
+
+    @property
+    def num_gpus(self) -> int:
+        return self._s.num_gpus
+
+    @property
+    def experts(self) -> int:
+        return self._s.experts
+
+    def plan(self, counts) -> dict:
+        """Splits the batch of counts [num_gpus, experts] (pairs per source rank and expert)."""
+        return self._s.plan(_arrays.indices(counts, "counts"))
+
+    def dispatch(self, rank: int, topk_ids) -> np.ndarray:
+        """Physical slot ids for rank `rank`'s topk_ids [tokens, k] under the last plan()."""
+        return self._s.dispatch(_arrays.integer(rank, "rank"), _arrays.indices(topk_ids, "topk_ids"))
+
+    def counts(self, topk_ids) -> np.ndarray:
+        """One rank's row of counts from its topk_ids [tokens, k] (-1 entries left out)."""
+        t = _arrays.indices(topk_ids, "topk_ids")
+        t = t[t >= 0]
+        if t.size and t.max() >= self.experts:
+            raise ValueError(f"topk_ids names expert {int(t.max())}, the layer has {self.experts}")
+        return np.bincount(t, minlength=self.experts).astype(np.int64)

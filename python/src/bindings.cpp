@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -30,6 +31,7 @@
 #include <moe/plan/slot_map.hpp>
 #include <moe/interop/engine_stats.hpp>
 #include <moe/profile/load_profile.hpp>
+#include <moe/replication/batch_split.hpp>
 #include <moe/replication/craft.hpp>
 #include <moe/replication/eplb.hpp>
 #include <moe/replication/migration.hpp>
@@ -44,6 +46,7 @@ namespace {
 using F32_2D = nb::ndarray<float const, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
 using F64_2D = nb::ndarray<double const, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
 using F64_3D = nb::ndarray<double const, nb::ndim<3>, nb::c_contig, nb::device::cpu>;
+using I64_1D = nb::ndarray<int64_t const, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using I64_2D = nb::ndarray<int64_t const, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
 
 // Largest arrays the bindings build: 2^28 entries (1 GiB of int32), so that a mistyped size is a
@@ -475,6 +478,124 @@ moe::placement::SlotMap slot_map_of(I64_2D phy2log, long long gpus, long long ex
   return s;
 }
 
+
+/// The per-batch split of one layer (moe/replication/batch_split.hpp) over an engine's slots:
+/// phy2log [P] names the expert of each slot, slots p*S .. p*S + S-1 on GPU p (S = P / num_gpus).
+/// plan(counts) splits a batch; dispatch(rank, topk_ids) then gives each of that rank's pairs the
+/// slot that serves it, in token order. Two slots of one expert on one GPU serve as one copy (the
+/// first of them receives its pairs).
+class SlotSplit {
+public:
+  SlotSplit(I64_1D phy2log, long long gpus, long long gpus_per_server, long long slack_permille) {
+    check_positive(gpus, "num_gpus");
+    check_positive(gpus_per_server, "gpus_per_server");
+    moe::check(gpus % gpus_per_server == 0, "num_gpus (", gpus, ") is not a multiple of gpus_per_server (",
+               gpus_per_server, ")");
+    moe::check(gpus <= 1 << 16, "num_gpus must be at most 65536, got ", gpus);
+    long long P = static_cast<long long>(phy2log.shape(0));
+    moe::check(P > 0 && P <= kMaxEntries, "phy2log must have between 1 and ", kMaxEntries, " slots, got ", P);
+    moe::check(P % gpus == 0, "phy2log's ", P, " slots do not split over ", gpus, " GPUs");
+    check_size(P, gpus, "the slot table (slots x GPUs)");
+    moe::check(slack_permille >= 0 && slack_permille <= 1000000, "slack_permille must be in [0, 1000000], got ",
+               slack_permille);
+    int64_t const* d = phy2log.data();
+    long long E = 0;
+    for (long long p = 0; p < P; ++p) {
+      moe::check(d[p] >= 0 && d[p] < P, "phy2log[", p, "] = ", d[p], " is outside [0, ", P, ") (slots hold experts)");
+      E = std::max<long long>(E, d[p] + 1);
+    }
+    G_ = static_cast<int>(gpus);
+    E_ = static_cast<int>(E);
+    P_ = static_cast<int>(P);
+    long long S = P / gpus;
+    slot_of_.assign(static_cast<std::size_t>(E) * static_cast<std::size_t>(G_), -1);
+    std::vector<std::vector<int>> copies(static_cast<std::size_t>(E));
+    for (long long p = 0; p < P; ++p) {
+      int g = static_cast<int>(p / S);
+      auto at = static_cast<std::size_t>(d[p]) * static_cast<std::size_t>(G_) + static_cast<std::size_t>(g);
+      if (slot_of_[at] >= 0) continue;
+      slot_of_[at] = static_cast<int>(p);
+      copies[static_cast<std::size_t>(d[p])].push_back(g);
+    }
+    for (long long e = 0; e < E; ++e)
+      moe::check(!copies[static_cast<std::size_t>(e)].empty(), "phy2log has no slot for expert ", e, " (experts are 0 .. ",
+                 E - 1, ", the largest id in phy2log)");
+    std::vector<int> server(static_cast<std::size_t>(G_));
+    for (int g = 0; g < G_; ++g) server[static_cast<std::size_t>(g)] = g / static_cast<int>(gpus_per_server);
+    split_ = moe::replication::BatchSplit(std::move(copies), std::move(server), static_cast<int>(slack_permille));
+  }
+
+  [[nodiscard]] int gpus() const { return G_; }
+  [[nodiscard]] int experts() const { return E_; }
+  [[nodiscard]] int slots() const { return P_; }
+
+  nb::dict plan(I64_2D counts) {
+    moe::check(static_cast<long long>(counts.shape(0)) == G_ && static_cast<long long>(counts.shape(1)) == E_,
+               "counts must be num_gpus x experts = ", G_, " x ", E_, ", got ", counts.shape(0), " x ", counts.shape(1));
+    int64_t const* d = counts.data();
+    counts_.resize(static_cast<std::size_t>(G_) * static_cast<std::size_t>(E_));
+    for (std::size_t i = 0; i < counts_.size(); ++i) {
+      moe::check(d[i] >= 0 && d[i] <= std::numeric_limits<std::int32_t>::max(), "counts[", i / static_cast<std::size_t>(E_),
+                 "][", i % static_cast<std::size_t>(E_), "] = ", d[i], " is negative or above 2^31 - 1");
+      counts_[i] = static_cast<std::int32_t>(d[i]);
+    }
+    moe::replication::split::Outcome out;
+    {
+      nb::gil_scoped_release nogil;
+      out = split_.plan_batch(counts_);
+    }
+    planned_ = true;
+    std::vector<int64_t> load(split_.load().begin(), split_.load().end());
+    nb::dict r;
+    r["max_load"] = out.max_load;
+    r["local"] = out.local;
+    r["same_server"] = out.same_server;
+    r["load"] = to_numpy(std::move(load), {static_cast<size_t>(G_)});
+    return r;
+  }
+
+  nb::object dispatch(long long rank, I64_2D topk_ids) {
+    moe::check(planned_, "dispatch before plan: call plan(counts) with this batch's counts first");
+    moe::check(rank >= 0 && rank < G_, "rank ", rank, " is outside [0, ", G_, ")");
+    long long T = static_cast<long long>(topk_ids.shape(0)), K = static_cast<long long>(topk_ids.shape(1));
+    moe::check(T * K <= kMaxEntries, "topk_ids has ", T, " x ", K, " entries, above the limit of ", kMaxEntries);
+    int64_t const* d = topk_ids.data();
+    auto n = static_cast<std::size_t>(T * K);
+    std::vector<int> pairs;
+    pairs.reserve(n);
+    std::vector<long long> seen(static_cast<std::size_t>(E_), 0);
+    for (std::size_t i = 0; i < n; ++i) {
+      moe::check(d[i] >= -1 && d[i] < E_, "topk_ids[", i / static_cast<std::size_t>(K), "][", i % static_cast<std::size_t>(K),
+                 "] = ", d[i], " is outside [0, ", E_, ") (-1 marks no expert)");
+      if (d[i] < 0) continue;
+      pairs.push_back(static_cast<int>(d[i]));
+      ++seen[static_cast<std::size_t>(d[i])];
+    }
+    auto const* row = counts_.data() + static_cast<std::size_t>(rank) * static_cast<std::size_t>(E_);
+    for (int e = 0; e < E_; ++e)
+      moe::check(seen[static_cast<std::size_t>(e)] == row[e], "rank ", rank, "'s topk_ids hold ", seen[static_cast<std::size_t>(e)],
+                 " pairs of expert ", e, ", the counts given to plan() ", row[e]);
+    std::vector<int> serving(pairs.size());
+    split_.deal(static_cast<int>(rank), pairs, serving);
+    std::vector<int64_t> out(n);
+    std::size_t j = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (d[i] < 0) {
+        out[i] = -1;
+        continue;
+      }
+      out[i] = slot_of_[static_cast<std::size_t>(d[i]) * static_cast<std::size_t>(G_) + static_cast<std::size_t>(serving[j++])];
+    }
+    return to_numpy(std::move(out), {static_cast<size_t>(T), static_cast<size_t>(K)});
+  }
+
+private:
+  int G_ = 0, E_ = 0, P_ = 0;
+  std::vector<int> slot_of_;  ///< experts x GPUs: the slot of expert e on GPU g that serves its pairs, or -1
+  std::vector<std::int32_t> counts_;
+  bool planned_ = false;
+  moe::replication::BatchSplit split_;
+};
 }  // namespace
 
 NB_MODULE(_core, m) {
@@ -578,6 +699,15 @@ NB_MODULE(_core, m) {
       },
       "format"_a, "path"_a, "num_gpus"_a, "experts"_a, "hidden_layers"_a, "first_moe"_a = 0,
       "Reads an engine's plan file back into phy2log [moe layers, P], with the engine's load-time checks.");
+
+  nb::class_<SlotSplit>(m, "SlotSplit", "The per-batch replica split of one layer over an engine's slots.")
+      .def(nb::init<I64_1D, long long, long long, long long>(), "phy2log"_a, "num_gpus"_a, "gpus_per_server"_a,
+           "slack_permille"_a = 0)
+      .def_prop_ro("num_gpus", &SlotSplit::gpus)
+      .def_prop_ro("experts", &SlotSplit::experts)
+      .def_prop_ro("slots", &SlotSplit::slots)
+      .def("plan", &SlotSplit::plan, "counts"_a)
+      .def("dispatch", &SlotSplit::dispatch, "rank"_a, "topk_ids"_a);
 
   nb::class_<moe::topology::Topology>(m, "Topology", "A cluster graph of servers and switches (moe/topology/topology.hpp).")
       .def_prop_ro("gpus", &moe::topology::Topology::gpus)
