@@ -5,6 +5,9 @@
 # MOE_ENGINE_VENV chooses another), torch and the vLLM 0.34.0 and SGLang 0.5.23 wheels from PyPI without their
 # dependencies, plus the pure-Python modules their EPLB code imports, then runs
 #   tests/engines/sglang_eplb.py      SGLang's rebalance_experts vs ours, int/float32/float16/bfloat16
+#   benchmarks/python/sglang_lp_dispatch.py --check
+#                                     SGLang's per-batch LP dispatch and static dispatch (its CPU
+#                                     references) vs moe_compose.BatchSplit on seeded batches
 #   tests/engines/vllm_rearrange.py   vLLM's rearrange_expert_weights_inplace on 4 gloo processes:
 #                                     steady state, elastic scale-down and scale-up, ours vs default
 # Nothing of the engines is copied into this repository.
@@ -75,6 +78,7 @@ echo "engine_check: environment ready in $(( $(date +%s) - s )) s"
 export PYTHONWARNINGS=ignore
 s=$(date +%s)
 "$py" tests/engines/sglang_eplb.py
+"$py" benchmarks/python/sglang_lp_dispatch.py --check
 echo "engine_check: SGLang in $(( $(date +%s) - s )) s"
 s=$(date +%s)
 "$py" tests/engines/vllm_rearrange.py
