@@ -31,26 +31,35 @@ runtime context replaced by a stand-in holding what they read (ep_size, nnodes, 
 moe_compose.BatchSplit (exact: the least largest load, then own GPU, then own server) is run on the
 same batches.
 
-Scenario (synthetic, seeded; the scenario of bench_batch_split with numpy's generator): DeepSeek-V3
-at EP32, 256 experts, top-8 distinct experts per token, 32 GPUs in 4 nodes of 8; the plan is
-eplb.py's (moe_compose.rebalance_experts, identical) of 288 slots from the mean popularity, drawn
-Gamma(0.7) (seed 11); each batch multiplies every expert's popularity by U(1 - d, 1 + d) (d = 0,
-0.25, 0.5; seed 1000 + batch) and draws each rank's tokens from it (seed 100000 x batch + 100 +
-rank). Per batch: the largest pairs any GPU receives over the mean, and the share of pairs that
-leave their GPU's node (cross the network); means over the batches. SGLang's draws are seeded
-(torch.Generator, seed 7 + batch).
+Scenarios (--models; seeded):
+  deepseek-v3 (synthetic; the scenario of bench_batch_split with numpy's generator): 256 experts,
+    top-8, 32 GPUs in 4 nodes of 8, 288 slots; popularity Gamma(0.7) (seed 11), and the plan made
+    from it; each batch multiplies every expert's popularity by U(1 - d, 1 + d) (d = 0, 0.25, 0.5;
+    seed 1000 + batch).
+  olmoe (real marginals: tests/data/olmoe-routing, OLMoE-1B-7B layer 7): 64 experts, top-8, 16 GPUs
+    in 2 nodes of 8, 80 slots; the plan from the arxiv counts; batches from arxiv (times the drift
+    as above) and from github (a switch of domain).
+  mixtral (the same data, Mixtral-8x7B layer 7): 8 experts, top-2, 8 GPUs in one node, 16 slots.
+Plans (--plans): eplb.py's (moe_compose.rebalance_experts; DeepSeek-V3 hierarchical with 8 groups,
+every expert's copies on one node) and moe_compose's joint planner (nodes under one switch; copies
+across nodes). Each rank draws its tokens (top-k distinct experts in proportion to the batch's
+popularity) with seed 100000 x batch + 100 + rank. Per batch: the largest pairs any GPU receives
+over the mean, the pairs served on their own GPU and those that leave their node; means over the
+batches. SGLang's draws are seeded (torch.Generator, seed 7 + batch).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import pathlib
 import sys
 import types
 
 import numpy as np
 
-EXPERTS, TOPK, GPUS, PER_NODE, SLOTS = 256, 8, 32, 8, 288
+DATA = pathlib.Path(__file__).resolve().parents[2] / "tests" / "data" / "olmoe-routing"
 METHODS = ["static", "lp, no a2a", "lp, deepep", "BatchSplit"]
 
 
@@ -68,10 +77,10 @@ def sglang_modules():
     return torch, expert_location, lplb_solver, reference
 
 
-def stand_in_context(expert_location, a2a_backend):
+def stand_in_context(expert_location, sc, a2a_backend):
     """What expert_location's functions read from SGLang's runtime context."""
     moe = types.SimpleNamespace(moe_a2a_backend=a2a_backend, ep_join_mode=None)
-    parallel = types.SimpleNamespace(ep_size=GPUS, nnodes=GPUS // PER_NODE)
+    parallel = types.SimpleNamespace(ep_size=sc.gpus, nnodes=sc.gpus // sc.per_node)
     expert_location.get_exec = lambda: types.SimpleNamespace(moe=moe)
     expert_location.get_parallel = lambda: parallel
     expert_location._prefer_same_node_experts = lambda: True
@@ -98,93 +107,95 @@ def shares(torch, solver, x, t1, log2phy):
     return torch.take(phy, log2phy)
 
 
-def draw_batch(rng_seed, weights, tokens):
-    """tokens x TOPK distinct experts, each token drawn from `weights` without repeats."""
+@dataclasses.dataclass
+class Scenario:
+    name: str
+    experts: int
+    topk: int
+    gpus: int
+    per_node: int
+    slots: int
+    groups: int            # eplb.py's expert groups
+    pop: np.ndarray        # the popularity the plan is made from
+    switch: np.ndarray = None  # another domain's popularity (real data), the "switch" row
+
+    def drifts(self, arg):
+        out = [("none" if d == 0 else f"±{d:.0%}", d, None) for d in (float(x) for x in arg.split(","))]
+        if self.switch is not None:
+            out.append(("github", 0.0, self.switch))
+        return out
+
+
+def marginal(model, domain, layer=7):
+    """An expert's share of the layer's top-k choices in the recorded routing (expert_counts.tsv)."""
+    rows = np.loadtxt(DATA / model / domain / "expert_counts.tsv", skiprows=1, dtype=np.int64)
+    rows = rows[rows[:, 0] == layer]
+    counts = np.zeros(int(rows[:, 1].max()) + 1)
+    counts[rows[:, 1]] = rows[:, 2]
+    return counts / counts.sum()
+
+
+def scenario(name):
+    if name == "deepseek-v3":
+        return Scenario(name, 256, 8, 32, 8, 288, 8, np.random.default_rng(11).gamma(0.7, 1.0, size=256))
+    if name == "olmoe":
+        return Scenario(name, 64, 8, 16, 8, 80, 1, marginal("olmoe-1b-7b", "arxiv"), marginal("olmoe-1b-7b", "github"))
+    if name == "mixtral":
+        return Scenario(name, 8, 2, 8, 8, 16, 1, marginal("mixtral-8x7b", "arxiv"), marginal("mixtral-8x7b", "github"))
+    sys.exit(f"sglang_lp_dispatch: unknown model '{name}' (deepseek-v3, olmoe, mixtral)")
+
+
+def draw_batch(rng_seed, weights, tokens, sc):
+    """tokens x topk distinct experts per token, drawn in proportion to `weights` without repeats
+    (Gumbel top-k: the distribution of drawing again whenever an expert repeats)."""
     rng = np.random.default_rng(rng_seed)
-    p = weights / weights.sum()
-    # Sampling without replacement in proportion to p, one token at a time, as the C++ scenario does
-    # (a draw that repeats an expert is drawn again): Gumbel top-k gives the same distribution.
-    g = rng.gumbel(size=(tokens, EXPERTS)) + np.log(p)
-    return np.argsort(-g, axis=1)[:, :TOPK].astype(np.int64)
+    g = rng.gumbel(size=(tokens, sc.experts)) + np.log(weights / weights.sum())
+    return np.argsort(-g, axis=1)[:, :sc.topk].astype(np.int64)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--batches", type=int, default=20, help="batches per (drift, size); 4096 tokens: half")
-    ap.add_argument("--sizes", default="16,64,256,4096")
-    ap.add_argument("--drifts", default="0,0.25,0.5")
-    ap.add_argument("--plans", default="eplb,joint")
-    ap.add_argument("--json", help="write the per-setting means here")
-    ap.add_argument("--check", action="store_true",
-                    help="a short run (2 batches at 16 and 256 tokens, drift +-50 %%) that fails unless BatchSplit's "
-                         "largest GPU load is at most every SGLang dispatch's on every batch (scripts/engine_check.sh)")
-    args = ap.parse_args()
-    if args.check:
-        args.batches, args.sizes, args.drifts = 2, "16,256", "0.5"
-    torch, expert_location, lplb_solver, reference = sglang_modules()
-    import moe_compose as mc
-
-    pop = np.random.default_rng(11).gamma(0.7, 1.0, size=EXPERTS)
-    rows = []
-    for plan in args.plans.split(","):
-        rows += run_plan(args, plan, pop, torch, expert_location, lplb_solver, reference, mc)
-    print("\nlargest GPU load / mean (pairs on their own GPU, pairs leaving their node)")
-    print("\n| plan | drift | tokens/rank | " + " | ".join(METHODS) + " | IPM's value | IPM fallbacks |")
-    print("|---|---|---:|" + "---:|" * len(METHODS) + "---:|---:|")
-    for row in rows:
-        print(f"| {row['plan']} | ±{row['drift']:.0%} | {row['tokens']} | " +
-              " | ".join(f"{row[m]['max_over_mean']:.3f} ({row[m]['own_gpu']:.1%}, {row[m]['cross_node']:.1%})"
-                         for m in METHODS) + f" | {row['ipm_value']:.3f} | {row['ipm_fallbacks']} / {row['batches']} |")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
-    if args.check:
-        print("sglang_lp_dispatch: BatchSplit's largest GPU load at most SGLang's static and LP dispatches' on every batch")
-
-
-def make_plan(plan, pop, mc):
-    """phy2log [SLOTS] of eplb.py's plan or moe_compose's joint plan (4 nodes of 8 under one switch)."""
+def make_plan(plan, sc, mc):
+    """phy2log [slots] of eplb.py's plan or moe_compose's joint plan (the nodes under one switch)."""
+    nodes = sc.gpus // sc.per_node
     if plan == "eplb":
-        return mc.rebalance_experts(pop[None].astype(np.float32), SLOTS, 8, GPUS // PER_NODE, GPUS)[0][0]
+        return mc.rebalance_experts(sc.pop[None].astype(np.float32), sc.slots, sc.groups, nodes, sc.gpus)[0][0]
     if plan == "joint":
-        j = mc.joint(mc.fat_tree(1, GPUS // PER_NODE, PER_NODE, 1), pop[None], SLOTS // GPUS)
-        return mc.slot_map(j["copies"], GPUS, pop[None], SLOTS // GPUS)[0]
+        j = mc.joint(mc.fat_tree(1, nodes, sc.per_node, 1), sc.pop[None], sc.slots // sc.gpus)
+        return mc.slot_map(j["copies"], sc.gpus, sc.pop[None], sc.slots // sc.gpus)[0]
     sys.exit(f"sglang_lp_dispatch: unknown plan '{plan}' (eplb, joint)")
 
 
-def run_plan(args, plan, pop, torch, expert_location, lplb_solver, reference, mc):
-    phy2log = make_plan(plan, pop, mc)
-    S = SLOTS // GPUS
-    node_of_slot = np.arange(SLOTS) // S // PER_NODE
+def run_plan(args, sc, plan, torch, expert_location, lplb_solver, reference, mc):
+    phy2log = make_plan(plan, sc, mc)
+    S = sc.slots // sc.gpus
+    node_of_slot = np.arange(sc.slots) // S // sc.per_node
+    rank = np.arange(sc.gpus)[:, None, None]
     p2l = torch.tensor(phy2log[None])
 
     # SGLang's copy lists: all candidates (no a2a backend) and per rank (DeepEP); its static map.
-    stand_in_context(expert_location, "none")
-    full = expert_location._compute_logical_to_all_physical_map(p2l, EXPERTS, GPUS, moe_ep_rank=0)[0]
-    stand_in_context(expert_location, "deepep")
-    per_rank = [expert_location._compute_logical_to_all_physical_map(p2l, EXPERTS, GPUS, moe_ep_rank=r)[0]
-                for r in range(GPUS)]
-    static = [expert_location.compute_logical_to_rank_dispatch_physical_map(full[None], GPUS, SLOTS, ep_rank=r)[0]
-              for r in range(GPUS)]
+    stand_in_context(expert_location, sc, "none")
+    full = expert_location._compute_logical_to_all_physical_map(p2l, sc.experts, sc.gpus, moe_ep_rank=0)[0]
+    stand_in_context(expert_location, sc, "deepep")
+    per_rank = [expert_location._compute_logical_to_all_physical_map(p2l, sc.experts, sc.gpus, moe_ep_rank=r)[0]
+                for r in range(sc.gpus)]
+    static = [expert_location.compute_logical_to_rank_dispatch_physical_map(full[None], sc.gpus, sc.slots, ep_rank=r)[0]
+              for r in range(sc.gpus)]
     num_valid = (full != -1).sum(dim=1)
-    solver = lplb_solver.LPLBSolver(torch.tensor(phy2log), full, GPUS, None, num_valid)
-    ours = mc.BatchSplit(phy2log, GPUS, PER_NODE)
+    solver = lplb_solver.LPLBSolver(torch.tensor(phy2log), full, sc.gpus, None, num_valid)
+    ours = mc.BatchSplit(phy2log, sc.gpus, sc.per_node)
 
-    methods = METHODS
     rows = []
-    for drift in [float(d) for d in args.drifts.split(",")]:
+    for label, drift, base in sc.drifts(args.drifts):
         for tokens in [int(t) for t in args.sizes.split(",")]:
             batches = args.batches if tokens < 4096 else max(1, args.batches // 2)
-            ratio = {m: [] for m in methods}
-            remote = {m: [] for m in methods}
-            own = {m: [] for m in methods}
+            ratio, remote, own = ({m: [] for m in METHODS} for _ in range(3))
             lp_value = []
             fallbacks = 0
             for b in range(batches):
-                now = pop * np.random.default_rng(1000 + b).uniform(1 - drift, 1 + drift, size=EXPERTS)
-                ids = [draw_batch(100000 * b + 100 + r, now, tokens) for r in range(GPUS)]
-                counts = np.stack([np.bincount(i.ravel(), minlength=EXPERTS) for i in ids])
-                mean = tokens * TOPK
+                now = (sc.pop if base is None else base) * np.random.default_rng(1000 + b).uniform(
+                    1 - drift, 1 + drift, size=sc.experts)
+                ids = [draw_batch(100000 * b + 100 + r, now, tokens, sc) for r in range(sc.gpus)]
+                counts = np.stack([np.bincount(i.ravel(), minlength=sc.experts) for i in ids])
+                mean = tokens * sc.topk
                 # SGLang's LP: one solve from the all-reduced counts, then each rank's draw
                 A, rhs, t1 = prep_inputs(torch, solver, torch.tensor(counts.sum(0), dtype=torch.float32))
                 x = reference.solve_ipm_torch_reference(A, rhs, solver.c_vec)
@@ -192,8 +203,8 @@ def run_plan(args, plan, pop, torch, expert_location, lplb_solver, reference, mc
                 # the LP's own value of the largest GPU load (its variable M, a share of all pairs)
                 lp_value.append(float(x[-2]) * counts.sum() / mean)
                 gen = torch.Generator().manual_seed(7 + b)
-                out = {m: [] for m in methods}
-                for r in range(GPUS):
+                out = {m: [] for m in METHODS}
+                for r in range(sc.gpus):
                     t = torch.tensor(ids[r])
                     u = torch.rand(t.numel(), generator=gen)
                     out["static"].append(static[r][t].numpy())
@@ -202,31 +213,65 @@ def run_plan(args, plan, pop, torch, expert_location, lplb_solver, reference, mc
                     out["lp, deepep"].append(reference.dispatch_probability_torch_reference(
                         t, shares(torch, solver, x, t1, per_rank[r]), per_rank[r], u).numpy())
                 ours.plan(counts)
-                out["BatchSplit"] = [ours.dispatch(r, ids[r]) for r in range(GPUS)]
-                for m in methods:
-                    slots = np.stack(out[m])  # GPUS x tokens x TOPK
+                out["BatchSplit"] = [ours.dispatch(r, ids[r]) for r in range(sc.gpus)]
+                for m in METHODS:
+                    slots = np.stack(out[m])  # gpus x tokens x topk
                     assert (phy2log[slots] == np.stack(ids)).all(), m
-                    load = np.bincount((slots // S).ravel(), minlength=GPUS)
-                    ratio[m].append(load.max() / mean)
-                    src_node = (np.arange(GPUS) // PER_NODE)[:, None, None]
-                    remote[m].append(float((node_of_slot[slots] != src_node).mean()))
-                    own[m].append(float((slots // S == np.arange(GPUS)[:, None, None]).mean()))
-                worse = [m for m in methods if ratio[m][-1] < ratio["BatchSplit"][-1]]
+                    ratio[m].append(np.bincount((slots // S).ravel(), minlength=sc.gpus).max() / mean)
+                    remote[m].append(float((node_of_slot[slots] != rank // sc.per_node).mean()))
+                    own[m].append(float((slots // S == rank).mean()))
+                worse = [m for m in METHODS if ratio[m][-1] < ratio["BatchSplit"][-1]]
                 if args.check and worse:
-                    sys.exit(f"sglang_lp_dispatch: {plan} plan, batch {b} at {tokens} tokens: {', '.join(worse)} "
-                             f"loads its busiest GPU less than BatchSplit ({ratio['BatchSplit'][-1]:.4f} x the mean), "
-                             "which splits at the least largest load")
-            row = {"plan": plan, "drift": drift, "tokens": tokens, "batches": batches, "ipm_fallbacks": fallbacks,
-                   "ipm_value": float(np.mean(lp_value))}
-            for m in methods:
+                    sys.exit(f"sglang_lp_dispatch: {sc.name}, {plan} plan, batch {b} at {tokens} tokens: "
+                             f"{', '.join(worse)} loads its busiest GPU less than BatchSplit "
+                             f"({ratio['BatchSplit'][-1]:.4f} x the mean), which splits at the least largest load")
+            row = {"model": sc.name, "plan": plan, "drift": label, "tokens": tokens, "batches": batches,
+                   "ipm_fallbacks": fallbacks, "ipm_value": float(np.mean(lp_value))}
+            for m in METHODS:
                 row[m] = {"max_over_mean": float(np.mean(ratio[m])), "cross_node": float(np.mean(remote[m])),
                           "own_gpu": float(np.mean(own[m]))}
             rows.append(row)
-            print(f"{plan} drift +-{drift:.0%} tokens {tokens:5d} ({batches} batches, IPM fallbacks {fallbacks}): " +
+            print(f"{sc.name} {plan} drift {label} tokens {tokens:5d} ({batches} batches, IPM fallbacks {fallbacks}): " +
                   "; ".join(f"{m} {row[m]['max_over_mean']:.3f} / {row[m]['own_gpu']:.1%} / {row[m]['cross_node']:.1%}"
-                            for m in methods) + f"; IPM's value {row['ipm_value']:.3f}",
-                  flush=True)
+                            for m in METHODS) + f"; IPM's value {row['ipm_value']:.3f}", flush=True)
     return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default="deepseek-v3,olmoe,mixtral")
+    ap.add_argument("--plans", default="eplb,joint")
+    ap.add_argument("--batches", type=int, default=20, help="batches per row; at 4096 tokens per rank half")
+    ap.add_argument("--sizes", default="16,64,256,4096", help="tokens per rank")
+    ap.add_argument("--drifts", default="0,0.25,0.5", help="d of U(1 - d, 1 + d) per expert")
+    ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--check", action="store_true",
+                    help="a short run (2 batches at 16 and 256 tokens, drift +-50 %%, DeepSeek-V3) that fails "
+                         "unless BatchSplit's largest GPU load is at most every SGLang dispatch's on every batch "
+                         "(scripts/engine_check.sh)")
+    args = ap.parse_args()
+    if args.check:
+        args.models, args.batches, args.sizes, args.drifts = "deepseek-v3", 2, "16,256", "0.5"
+    torch, expert_location, lplb_solver, reference = sglang_modules()
+    import moe_compose as mc
+
+    rows = []
+    for model in args.models.split(","):
+        sc = scenario(model)
+        for plan in args.plans.split(","):
+            rows += run_plan(args, sc, plan, torch, expert_location, lplb_solver, reference, mc)
+    print("\nlargest GPU load / mean (pairs on their own GPU, pairs leaving their node)")
+    print("\n| model | plan | drift | tokens/rank | " + " | ".join(METHODS) + " | IPM's value | IPM fallbacks |")
+    print("|---|---|---|---:|" + "---:|" * len(METHODS) + "---:|---:|")
+    for row in rows:
+        print(f"| {row['model']} | {row['plan']} | {row['drift']} | {row['tokens']} | " +
+              " | ".join(f"{row[m]['max_over_mean']:.3f} ({row[m]['own_gpu']:.1%}, {row[m]['cross_node']:.1%})"
+                         for m in METHODS) + f" | {row['ipm_value']:.3f} | {row['ipm_fallbacks']} / {row['batches']} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    if args.check:
+        print("sglang_lp_dispatch: BatchSplit's largest GPU load at most SGLang's static and LP dispatches' on every batch")
 
 
 if __name__ == "__main__":
