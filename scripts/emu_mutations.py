@@ -86,7 +86,7 @@ MUTATIONS = [
              "include/moe/layer/paths/device.cuh",
              "    if (shared_acc) kc::check_cuda(cudaStreamWaitEvent(s, join_.get(), 0), \"cudaStreamWaitEvent (shared experts)\");",
              "",
-             "tsan", "device_layer_tests_emu", "single-GPU layer matches the host reference (bf16)"),
+             "tsan", "device_layer_tests_emu", "[shared-stream]"),
     Mutation("shuffle-mask", "warp shuffle whose mask leaves out a lane that calls it (gate top-k)",
              "include/moe/kernels/gate.cuh",
              "    int oi = __shfl_xor_sync(0xffffffffu, i, off);",

@@ -717,6 +717,52 @@ TEST_CASE("device layer with replication::BatchSplit: the sort's stream joins th
   }
 }
 
+/// The live tests' model with one shared expert (OLMoE has none).
+struct SharedModel {
+  static constexpr std::string_view name = "olmoe-reduced+shared";
+  static constexpr moe::ShapeSpec spec = [] {
+    moe::ShapeSpec x = Model::spec;
+    x.shared_experts = 1;
+    x.shared_ffn = x.expert_ffn;
+    return x;
+  }();
+};
+
+TEST_CASE("device layer with shared experts: their stream joins the pass before the combine",
+          "[cuda][layer][shared-stream]") {
+  // The shared experts run on a stream of their own beside the routed ones and join the pass's
+  // stream before the combine adds them (paths/device.cuh). One device, a few passes over one
+  // workspace: every pass equals the reference, and under ThreadSanitizer (tests/emu/cuda.cmake
+  // runs this case there) a missing join is a race (scripts/emu_mutations.py, stream-wait).
+  using Router = moe::router::SoftmaxTopK;
+  using LS = moe::Layer<SharedModel, Router, moe::placement::Table, moe::replication::None, moe::schedule::Sequential,
+                        moe::collective::SingleGpu>;
+  constexpr moe::ShapeSpec ss = SharedModel::spec;
+  constexpr int n = 24;
+  moe::RandomLayerWeights<T> weights(ss, 41);
+  auto x = moe::test::random_tokens<T>(n, ss.hidden, 42);
+  std::vector<T> ref(x.size());
+  moe::reference_forward<Router>(ss, weights.view(), n, x.data(), ref.data());
+  auto fragile = moe::test::fragile_tokens<Router>(ss, weights.view(), x, n, 1e-5f);
+  moe::test::DeviceWeights<T> dw(ss, weights.view());
+  moe::collective::SingleGpu gpu;
+  LS layer(gpu, moe::placement::Table::contiguous(ss.experts, 1), moe::replication::None{}, dw.view(),
+           moe::LayerOptions<moe::schedule::Sequential, moe::cuda::DeviceOptions>{.max_tokens = n});
+  moe::test::Device<std::byte> ws(layer.workspace_size());
+  ws.poison();
+  moe::test::Device<T> dx(x), dy(x.size());
+  for (int pass = 0; pass < 3; ++pass) {
+    INFO("pass " << pass);
+    dy.poison();
+    layer.run({.tokens = n, .x = dx.get(), .y = dy.get()}, ws.bytes());
+    auto e = moe::test::token_errors(dy.download(x.size()), ref, fragile, n, ss.hidden);
+    CHECK(layer.errors() == 0u);
+    REQUIRE(e.finite);
+    CHECK(e.worst_stable <= 1e-4);
+    CHECK(e.fragile * 20 <= n);
+  }
+}
+
 #if !defined(MOE_TEST_TSAN)
 TEST_CASE("device live layer on one device: ranks through a staged collective, drifting passes and faults",
           "[cuda][layer][live]") {

@@ -20,8 +20,9 @@ moe_emu_cuda_test(NAME test_nccl_ranks_emu SOURCE test_nccl_ranks.cu LABELS emu_
 # Under ThreadSanitizer, the live layer's cases with the most threads at once per pass: the
 # re-planner's thread, NCCL ranks whose allocations fail in turn, capture refused on staged ranks,
 # and the device disaggregated loop on 4 NCCL ranks (the migration's copies and all-to-all-v on the
-# pass's stream, between the FinDEP pipeline's two communicators); and a few BatchSplit passes,
-# whose sort by expert runs on a stream of its own ([sort-stream]).
+# pass's stream, between the FinDEP pipeline's two communicators); a few BatchSplit passes, whose
+# sort by expert runs on a stream of its own ([sort-stream]); and a few passes of a layer with a
+# shared expert, which runs on a stream of its own ([shared-stream]).
 # test_live_cuda.cu compiles only those cases under ThreadSanitizer.
 if(MOE_SANITIZE STREQUAL "thread")
   moe_emu_cuda_test(NAME test_live_cuda_emu SOURCE test_live_cuda.cu LABELS emu_tsan GROUP device_layer_tests_emu)
