@@ -532,18 +532,22 @@ public:
   nb::dict plan(I64_2D counts) {
     moe::check(static_cast<long long>(counts.shape(0)) == G_ && static_cast<long long>(counts.shape(1)) == E_,
                "counts must be num_gpus x experts = ", G_, " x ", E_, ", got ", counts.shape(0), " x ", counts.shape(1));
+    // Refused counts leave the last plan in force (dispatch still deals it); a split that fails
+    // leaves none.
     int64_t const* d = counts.data();
-    counts_.resize(static_cast<std::size_t>(G_) * static_cast<std::size_t>(E_));
-    for (std::size_t i = 0; i < counts_.size(); ++i) {
+    std::vector<std::int32_t> next(static_cast<std::size_t>(G_) * static_cast<std::size_t>(E_));
+    for (std::size_t i = 0; i < next.size(); ++i) {
       moe::check(d[i] >= 0 && d[i] <= std::numeric_limits<std::int32_t>::max(), "counts[", i / static_cast<std::size_t>(E_),
                  "][", i % static_cast<std::size_t>(E_), "] = ", d[i], " is negative or above 2^31 - 1");
-      counts_[i] = static_cast<std::int32_t>(d[i]);
+      next[i] = static_cast<std::int32_t>(d[i]);
     }
+    planned_ = false;
     moe::replication::split::Outcome out;
     {
       nb::gil_scoped_release nogil;
-      out = split_.plan_batch(counts_);
+      out = split_.plan_batch(next);
     }
+    counts_.swap(next);
     planned_ = true;
     std::vector<int64_t> load(split_.load().begin(), split_.load().end());
     nb::dict r;

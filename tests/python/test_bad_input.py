@@ -77,7 +77,25 @@ FUZZ = textwrap.dedent(
         lambda: mc.ilp_load(mc.fat_tree(1, 2, 2), arr()),
         lambda: mc.joint(mc.fat_tree(1, 2, 2), arr(), num()),
         lambda: mc.slot_map([[[0]]], num(), arr()),
+        lambda: mc.BatchSplit(arr(), num(), num(), num()),
+        lambda: split_plan(),
+        lambda: split_dispatch(),
     ]
+    split = mc.BatchSplit(np.array([0, 1, 2, 3, 4, 5, 0, 1]), 4, 2)  # 4 GPUs, 2 per server, 6 experts
+    planned = {}
+    def split_plan():
+        c = arr() if rng.random() < 0.5 else rng.integers(-int(rng.random() < 0.2), 5, size=(4, 6))
+        split.plan(c)
+        planned["counts"] = np.asarray(c, dtype=np.int64)
+    def split_dispatch():
+        r = num() if rng.random() < 0.3 else int(rng.integers(0, 4))
+        if "counts" in planned and isinstance(r, int) and 0 <= r < 4 and rng.random() < 0.6:
+            t = np.repeat(np.arange(6), planned["counts"][r])  # the pairs plan() was given
+            rng.shuffle(t)
+            t = t.reshape(-1, 1)
+        else:
+            t = arr() if rng.random() < 0.5 else rng.integers(-2, 7, size=(int(rng.integers(0, 5)), 2))
+        split.dispatch(r, t)
     ok = errors = 0
     for i in range(COUNT):
         try:

@@ -180,3 +180,15 @@ def test_dispatch_refuses_pairs_plan_was_not_given():
     with pytest.raises(ValueError) as e:
         split.dispatch(2, np.array([[0]]))
     assert "rank 2 is outside [0, 2)" in str(e.value)
+
+
+def test_refused_counts_leave_the_last_plan_in_force():
+    split = mc.BatchSplit(np.array([0, 1, 2, 0, 1, 2]), 2, 1)
+    counts = np.array([[3, 1, 0], [0, 2, 2]])
+    split.plan(counts)
+    topk = np.array([[0], [0], [1], [0]])
+    before = split.dispatch(0, topk)
+    with pytest.raises(ValueError) as e:
+        split.plan(np.array([[9, 9, 9], [9, 9, -1]]))
+    assert "counts[1][2] = -1" in str(e.value)
+    np.testing.assert_array_equal(split.dispatch(0, topk), before)
