@@ -243,7 +243,9 @@ class BatchSplit:
     plan() returns max_load, local (pairs on their own GPU), same_server (on their own server, local
     included) and load [num_gpus] (pairs each GPU receives). dispatch() deals rank r's pairs of each
     expert over the split in token order; topk_ids must hold exactly the pairs counts[r] gave plan()
-    (-1 entries, no expert, stay -1). Counts that plan() refuses leave the last plan in force."""
+    (-1 entries, no expert, stay -1). Counts that plan() refuses leave the last plan in force. Unlike
+    the planners, plan() holds the GIL (a split takes microseconds): share one object between
+    threads only with a lock."""
 
     def __init__(self, phy2log, num_gpus: int, gpus_per_server: int, slack_permille: int = 0):
         p = _arrays.indices(phy2log, "phy2log", ndim=1)

@@ -541,12 +541,9 @@ public:
                  "][", i % static_cast<std::size_t>(E_), "] = ", d[i], " is negative or above 2^31 - 1");
       next[i] = static_cast<std::int32_t>(d[i]);
     }
+    // The GIL stays held: a split takes microseconds, and the object is not for concurrent calls.
     planned_ = false;
-    moe::replication::split::Outcome out;
-    {
-      nb::gil_scoped_release nogil;
-      out = split_.plan_batch(next);
-    }
+    auto out = split_.plan_batch(next);
     counts_.swap(next);
     planned_ = true;
     std::vector<int64_t> load(split_.load().begin(), split_.load().end());
