@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """moe_compose.BatchSplit against SGLang's own per-batch dispatch (docs/results/batch-balance.md,
-"SGLang's LP dispatch").
+section (4)).
 
   python benchmarks/python/sglang_lp_dispatch.py [--batches 20] [--json out.json]
 
@@ -13,8 +13,9 @@ per logical expert, the counts are all-reduced, and a linear program (sglang/srt
 lplb_solver.py) gives each copy of a replicated expert a share of that expert's tokens, so that
 the largest GPU load is least; each token then draws its copy at random from those shares. The
 solver and the draw are CUDA kernels that need a Hopper GPU; SGLang ships pure-torch references of
-both (sglang/test/kernels/lplb.py: "mirrors the barrier-method iteration ... step-for-step";
-dispatch "bit-equivalent ... for identical random_vals"), and this program runs those on the CPU:
+both (sglang/test/kernels/lplb.py; by its comments the solver's follows the kernel's iterations one
+by one, and the draw's gives the kernel's choices for the same random numbers), and this program
+runs those on the CPU:
   - LPLBSolver.__init__ (SGLang's code) builds the LP from the layout; only its JIT warm-up of the
     CUDA kernel is skipped;
   - the LP's inputs and its output's conversion to per-copy shares are each a short kernel
