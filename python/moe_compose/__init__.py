@@ -2,10 +2,10 @@
 
 EPLB identical to DeepSeek's eplb.py, rebalancing that moves the fewest expert weights (with the
 transfer list and its modelled time), CRAFT, ILPLoad, the joint planner, the per-batch replica
-split (BatchSplit), topologies, the traffic model, and the engines' statistics importers and plan writers. Arrays in: numpy arrays, torch
-tensors (CPU, without copies where the dtype fits) or anything with the array protocol; arrays out:
-numpy. Errors raise MoeError (a ValueError) with the library's message, or TypeError for a wrong
-dtype. Planners run with the GIL released. Drop-in policies: moe_compose.vllm, moe_compose.sglang.
+split (BatchSplit), topologies, the traffic model, and the engines' statistics importers and plan
+writers. Arrays in: numpy arrays, torch tensors (CPU, without copies where the dtype fits) or
+anything with the array protocol; arrays out: numpy. Errors raise MoeError (a ValueError) with the
+library's message, or TypeError for a wrong dtype. Planners run with the GIL released. Drop-in policies: moe_compose.vllm, moe_compose.sglang.
 """
 
 from __future__ import annotations

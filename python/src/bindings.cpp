@@ -478,7 +478,6 @@ moe::placement::SlotMap slot_map_of(I64_2D phy2log, long long gpus, long long ex
   return s;
 }
 
-
 /// The per-batch split of one layer (moe/replication/batch_split.hpp) over an engine's slots:
 /// phy2log [P] names the expert of each slot, slots p*S .. p*S + S-1 on GPU p (S = P / num_gpus).
 /// plan(counts) splits a batch; dispatch(rank, topk_ids) then gives each of that rank's pairs the
@@ -506,7 +505,6 @@ public:
     }
     G_ = static_cast<int>(gpus);
     E_ = static_cast<int>(E);
-    P_ = static_cast<int>(P);
     long long S = P / gpus;
     slot_of_.assign(static_cast<std::size_t>(E) * static_cast<std::size_t>(G_), -1);
     std::vector<std::vector<int>> copies(static_cast<std::size_t>(E));
@@ -527,7 +525,6 @@ public:
 
   [[nodiscard]] int gpus() const { return G_; }
   [[nodiscard]] int experts() const { return E_; }
-  [[nodiscard]] int slots() const { return P_; }
 
   nb::dict plan(I64_2D counts) {
     moe::check(static_cast<long long>(counts.shape(0)) == G_ && static_cast<long long>(counts.shape(1)) == E_,
@@ -591,7 +588,7 @@ public:
   }
 
 private:
-  int G_ = 0, E_ = 0, P_ = 0;
+  int G_ = 0, E_ = 0;
   std::vector<int> slot_of_;  ///< experts x GPUs: the slot of expert e on GPU g that serves its pairs, or -1
   std::vector<std::int32_t> counts_;
   bool planned_ = false;
@@ -706,7 +703,6 @@ NB_MODULE(_core, m) {
            "slack_permille"_a = 0)
       .def_prop_ro("num_gpus", &SlotSplit::gpus)
       .def_prop_ro("experts", &SlotSplit::experts)
-      .def_prop_ro("slots", &SlotSplit::slots)
       .def("plan", &SlotSplit::plan, "counts"_a)
       .def("dispatch", &SlotSplit::dispatch, "rank"_a, "topk_ids"_a);
 
