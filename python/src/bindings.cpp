@@ -19,6 +19,7 @@
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -33,6 +34,7 @@
 #include <moe/profile/load_profile.hpp>
 #include <moe/replication/batch_split.hpp>
 #include <moe/replication/craft.hpp>
+#include <moe/replication/engine_slots.hpp>
 #include <moe/replication/eplb.hpp>
 #include <moe/replication/migration.hpp>
 #include <moe/topology/topology.hpp>
@@ -486,41 +488,13 @@ moe::placement::SlotMap slot_map_of(I64_2D phy2log, long long gpus, long long ex
 class SlotSplit {
 public:
   SlotSplit(I64_1D phy2log, long long gpus, long long gpus_per_server, long long slack_permille) {
-    check_positive(gpus, "num_gpus");
-    check_positive(gpus_per_server, "gpus_per_server");
-    moe::check(gpus % gpus_per_server == 0, "num_gpus (", gpus, ") is not a multiple of gpus_per_server (",
-               gpus_per_server, ")");
-    moe::check(gpus <= 1 << 16, "num_gpus must be at most 65536, got ", gpus);
-    long long P = static_cast<long long>(phy2log.shape(0));
-    moe::check(P > 0 && P <= kMaxEntries, "phy2log must have between 1 and ", kMaxEntries, " slots, got ", P);
-    moe::check(P % gpus == 0, "phy2log's ", P, " slots do not split over ", gpus, " GPUs");
-    check_size(P, gpus, "the slot table (slots x GPUs)");
     moe::check(slack_permille >= 0 && slack_permille <= 1000000, "slack_permille must be in [0, 1000000], got ",
                slack_permille);
-    int64_t const* d = phy2log.data();
-    long long E = 0;
-    for (long long p = 0; p < P; ++p) {
-      moe::check(d[p] >= 0 && d[p] < P, "phy2log[", p, "] = ", d[p], " is outside [0, ", P, ") (slots hold experts)");
-      E = std::max<long long>(E, d[p] + 1);
-    }
-    G_ = static_cast<int>(gpus);
-    E_ = static_cast<int>(E);
-    long long S = P / gpus;
-    slot_of_.assign(static_cast<std::size_t>(E) * static_cast<std::size_t>(G_), -1);
-    std::vector<std::vector<int>> copies(static_cast<std::size_t>(E));
-    for (long long p = 0; p < P; ++p) {
-      int g = static_cast<int>(p / S);
-      auto at = static_cast<std::size_t>(d[p]) * static_cast<std::size_t>(G_) + static_cast<std::size_t>(g);
-      if (slot_of_[at] >= 0) continue;
-      slot_of_[at] = static_cast<int>(p);
-      copies[static_cast<std::size_t>(d[p])].push_back(g);
-    }
-    for (long long e = 0; e < E; ++e)
-      moe::check(!copies[static_cast<std::size_t>(e)].empty(), "phy2log has no slot for expert ", e, " (experts are 0 .. ",
-                 E - 1, ", the largest id in phy2log)");
-    std::vector<int> server(static_cast<std::size_t>(G_));
-    for (int g = 0; g < G_; ++g) server[static_cast<std::size_t>(g)] = g / static_cast<int>(gpus_per_server);
-    split_ = moe::replication::BatchSplit(std::move(copies), std::move(server), static_cast<int>(slack_permille));
+    slots_ = moe::replication::EngineSlots(std::span<int64_t const>(phy2log.data(), phy2log.shape(0)), gpus,
+                                           gpus_per_server);
+    G_ = slots_.gpus();
+    E_ = slots_.experts();
+    split_ = slots_.split(static_cast<int>(slack_permille));
   }
 
   [[nodiscard]] int gpus() const { return G_; }
@@ -582,14 +556,14 @@ public:
         out[i] = -1;
         continue;
       }
-      out[i] = slot_of_[static_cast<std::size_t>(d[i]) * static_cast<std::size_t>(G_) + static_cast<std::size_t>(serving[j++])];
+      out[i] = slots_.slot_of(static_cast<int>(d[i]), serving[j++]);
     }
     return to_numpy(std::move(out), {static_cast<size_t>(T), static_cast<size_t>(K)});
   }
 
 private:
   int G_ = 0, E_ = 0;
-  std::vector<int> slot_of_;  ///< experts x GPUs: the slot of expert e on GPU g that serves its pairs, or -1
+  moe::replication::EngineSlots slots_;
   std::vector<std::int32_t> counts_;
   bool planned_ = false;
   moe::replication::BatchSplit split_;
