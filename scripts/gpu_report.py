@@ -255,13 +255,16 @@ def main():
     # The per-batch replica split (include/moe/kernels/batch_split.cuh, docs/results/batch-balance.md):
     # one block from device counts to the split, DeepSeek-V3 at EP32; target 10 us a layer.
     bdata, bstate = load_bench(os.path.join(results, "bench_cuda_batch_split.json"))
-    bcols = ["graph_us", "deal_us", "reference_us", "shared_bytes", "fixed_max_over_mean", "split_max_over_mean"]
+    bcols = ["graph_us", "deal_us", "reference_us", "count_us", "plan_us", "dispatch_us", "shared_bytes",
+             "fixed_max_over_mean", "split_max_over_mean"]
     lines += ["", "## Per-batch replica split kernel (bench_cuda_batch_split)", "",
               f"- bench_cuda_batch_split JSON: {bstate}",
               "- time: mean of 50 back-to-back launches (CUDA events); graph_us: the same in one CUDA graph; "
               "target (issue 35): 10 us a layer",
               "- DeviceDealSorted: rank 0's pairs put in expert order (CUB sort, beside the split in a layer pass) "
-              "and dealt (deal_us: the deal alone, which a pass waits for after the split)", "",
+              "and dealt (deal_us: the deal alone, which a pass waits for after the split)",
+              "- SlotSplit: the split over an engine's slots (DeviceSlotSplit), rank 0's counts, the split and its "
+              "physical slot ids in one CUDA graph; count_us, plan_us, dispatch_us: each alone", "",
               "| benchmark | time (us) | " + " | ".join(bcols) + " |", "|---|---:|" + "---:|" * len(bcols)]
     stages, series, fetch = [], [], []
     for b in bdata.get("benchmarks", []):

@@ -15,6 +15,12 @@
 // split); checked equal to the reference deal kernel (one block, a thread per expert scanning all
 // pairs) first. The time is both, in one CUDA graph of 50; `deal_us`: the deal alone, what a pass
 // waits for after the split; `reference_us`: the reference kernel.
+// SlotSplit/<tokens>: the split over an engine's slots (kernels::cuda::DeviceSlotSplit,
+// moe/kernels/slot_split.cuh), what an engine such as SGLang would run per layer: rank 0's row of
+// counts from its top-k ids (int32), the split of every rank's counts, and rank 0's pairs turned
+// into physical slot ids (the sort by expert, then the deal); checked equal to the host's
+// (EngineSlots, BatchSplit) first. The time is the three in one CUDA graph of 50; `count_us`,
+// `plan_us`, `dispatch_us`: each alone.
 // Stages: where a split's time goes, from thread 0's clock64 after each stage of the kernel (the
 // mean over 50 splits, in SM cycles and as a share of the whole). Each split four times in the same
 // run: the rank rounds on one warp (/warp) and on the whole block (/block), both with the packed
@@ -50,7 +56,9 @@
 #include "moe/kernels/batch_split.cuh"
 #include "moe/kernels/cuda_common.cuh"
 #include "moe/kernels/dispatch.cuh"
+#include "moe/kernels/slot_split.cuh"
 #include "moe/replication/batch_split.hpp"
+#include "moe/replication/engine_slots.hpp"
 
 namespace kc = moe::kernels::cuda;
 using moe::replication::split::Outcome;
@@ -340,6 +348,41 @@ void BM_DeviceDealSorted(benchmark::State& state, int tokens) {
                  "the reference deal kernel");
 }
 
+void BM_SlotSplit(benchmark::State& state, int tokens) {
+  auto s = moe::bench_split::make(tokens);
+  int const G = moe::bench_split::kRanks, E = moe::bench_split::kExperts;
+  moe::replication::EngineSlots slots(s.phy2log, G, 8);
+  auto host = slots.split();
+  host.plan_batch(s.counts);
+  auto const& ids = s.ids[0];
+  auto const n = static_cast<long long>(ids.size());
+  kc::DeviceSlotSplit dev(slots, n);
+  kc::DeviceArray<std::int32_t> counts(s.counts.size()), d_ids(ids.size()), out(ids.size());
+  counts.upload(s.counts.data(), s.counts.size());
+  d_ids.upload(ids.data(), ids.size());
+  auto count = [&] { dev.count(d_ids.get(), n, counts.get(), stream()); };  // rank 0's row
+  auto plan = [&] { dev.plan(counts.get(), stream()); };
+  auto dispatch = [&] { dev.dispatch(0, d_ids.get(), n, out.get(), stream()); };
+  count(), plan(), dispatch();
+  std::vector<std::int32_t> got(ids.size());
+  kc::check_cuda(cudaStreamSynchronize(stream()), "slot split");
+  kc::check_cuda(cudaMemcpy(got.data(), out.get(), got.size() * sizeof(std::int32_t), cudaMemcpyDeviceToHost), "out");
+  std::vector<int> serving(ids.size());
+  host.deal(0, ids, serving);
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    if (got[i] != slots.slot_of(ids[i], serving[i])) {
+      state.SkipWithError("the device slot split differs from the host's");
+      return;
+    }
+  for (auto _ : state) state.SetIterationTime(graph_us([&](int) { count(), plan(), dispatch(); }) * 1e-6);
+  state.counters["count_us"] = graph_us([&](int) { count(); });
+  state.counters["plan_us"] = graph_us([&](int) { plan(); });
+  state.counters["dispatch_us"] = graph_us([&](int) { dispatch(); });
+  state.counters["pairs"] = static_cast<double>(n);
+  state.SetLabel("rank 0: counts, the split of " + std::to_string(G) + " x " + std::to_string(E) +
+                 " counts, physical slot ids");
+}
+
 template <int KB>
 void BM_CodeFetch(benchmark::State& state, int warps, bool flush) {
   kc::DeviceArray<unsigned> sink(256);
@@ -418,6 +461,10 @@ int main(int argc, char** argv) {
         ->Unit(benchmark::kMicrosecond);
   for (int tokens : {16, 256, 4096})
     benchmark::RegisterBenchmark(("DeviceDealSorted/" + std::to_string(tokens)).c_str(), BM_DeviceDealSorted, tokens)
+        ->UseManualTime()
+        ->Unit(benchmark::kMicrosecond);
+  for (int tokens : {16, 256, 4096})
+    benchmark::RegisterBenchmark(("SlotSplit/" + std::to_string(tokens)).c_str(), BM_SlotSplit, tokens)
         ->UseManualTime()
         ->Unit(benchmark::kMicrosecond);
   // what code run once costs a one-block kernel: 4 to 128 KiB (the split kernel is 131 KiB, its

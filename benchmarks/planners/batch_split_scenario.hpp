@@ -9,6 +9,7 @@
 // whose means docs/results/batch-balance.md reports beside the one batch (kSeriesBatches of them;
 // kSeriesBatches4096 at 4096 tokens per rank).
 #include <algorithm>
+#include <cstdint>
 #include <random>
 #include <vector>
 
@@ -26,6 +27,7 @@ inline int series_batches(int tokens) { return tokens >= 4096 ? kSeriesBatches40
 struct Setup {
   topology::Topology topo;
   std::vector<std::vector<int>> copies;
+  std::vector<std::int64_t> phy2log;  // the same plan as an engine's slots (GPU-major, 9 per GPU)
   std::vector<std::int32_t> counts;  // ranks x experts
   std::vector<std::vector<int>> ids;  // per rank, tokens x k
   double fixed_ratio = 0, mean = 0;
@@ -41,6 +43,7 @@ inline Setup make(int tokens, int batch = -1) {
   for (auto& p : pop) p = gam(rng);
   auto plan = replication::eplb::rebalance_experts(pop, 1, kExperts, kSlots, 8, 4, kRanks);
   s.copies = replication::eplb::layer_tables(plan, 0).replicas.replicas();
+  for (int p = 0; p < kSlots; ++p) s.phy2log.push_back(plan.phy2log(0, p));
   std::mt19937 drift_rng(batch < 0 ? 12u : 1000u + static_cast<unsigned>(batch));
   std::uniform_real_distribution<double> drift(0.75, 1.25);
   std::vector<double> now = pop;

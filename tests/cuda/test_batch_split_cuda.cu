@@ -3,7 +3,9 @@
 // skewed counts, zero tokens, all pairs to one expert, DeepSeek-V3-sized, and a layout whose
 // workspace is too large for shared memory) the device's take (the slots of experts with copies),
 // loads and outcome equal the host's bit for bit; the device deal of one rank's pairs equals the
-// host's deal; a negative count sets outcome.bad and writes nothing.
+// host's deal; a negative count sets outcome.bad and writes nothing. The split over an engine's
+// slots (kernels::cuda::DeviceSlotSplit: counts from top-k ids, the split, physical slot ids) equals
+// the host's replication::EngineSlots and BatchSplit on seeded engine layouts and edge cases.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -13,7 +15,9 @@
 
 #include "cuda_test_support.cuh"
 #include "moe/kernels/batch_split.cuh"
+#include "moe/kernels/slot_split.cuh"
 #include "moe/replication/batch_split.hpp"
+#include "moe/replication/engine_slots.hpp"
 
 namespace {
 
@@ -374,4 +378,184 @@ TEST_CASE("packed labels order as (distance, arcs, last arc) up to their bounds"
         }
       }
     }
+}
+
+// ---- The split over an engine's slots (kernels::cuda::DeviceSlotSplit, moe/kernels/slot_split.cuh)
+
+namespace {
+
+/// An engine layer: phy2log of G GPUs x S slots (every expert at least once, the rest random,
+/// so that an expert may hold two slots of one GPU), and each rank's top-k ids (token-major), some
+/// padding (-1) and, with `stray`, ids past the experts.
+struct SlotCase {
+  int G = 1, per_server = 1, S = 1, E = 1, K = 1;
+  std::vector<std::int64_t> phy2log;
+  std::vector<std::vector<std::int64_t>> ids;  // per rank
+};
+
+SlotCase slot_case(std::mt19937& rng, bool stray) {
+  SlotCase c;
+  c.per_server = 1 + static_cast<int>(rng() % 4);
+  c.G = c.per_server * (1 + static_cast<int>(rng() % 4));
+  c.S = 1 + static_cast<int>(rng() % 6);
+  int P = c.G * c.S;
+  c.E = 1 + static_cast<int>(rng() % static_cast<unsigned>(P));
+  c.phy2log.resize(static_cast<std::size_t>(P));
+  for (int p = 0; p < P; ++p) c.phy2log[static_cast<std::size_t>(p)] = p < c.E ? p : static_cast<std::int64_t>(rng() % c.E);
+  std::shuffle(c.phy2log.begin(), c.phy2log.end(), rng);
+  c.K = 1 + static_cast<int>(rng() % 4);
+  std::gamma_distribution<double> gam(0.6, 1.0);
+  std::vector<double> w(static_cast<std::size_t>(c.E));
+  for (auto& x : w) x = gam(rng) + 1e-9;
+  std::discrete_distribution<int> pick(w.begin(), w.end());
+  for (int r = 0; r < c.G; ++r) {
+    int T = static_cast<int>(rng() % 40);  // zero tokens on some ranks
+    std::vector<std::int64_t> v;
+    for (int t = 0; t < T * c.K; ++t) {
+      unsigned u = rng() % 20;
+      v.push_back(u == 0 ? -1 : stray && u == 1 ? c.E + static_cast<std::int64_t>(rng() % 3) : pick(rng));
+    }
+    c.ids.push_back(std::move(v));
+  }
+  return c;
+}
+
+/// Runs the device slot split on the case (ids as Id, physical ids as Out) and checks it against
+/// the host: EngineSlots + BatchSplit (plan_batch, deal, slot_of) bit for bit, and, without the
+/// split's code, that every pair lands in a slot holding its expert and the slots' GPUs receive
+/// the loads the plan reports.
+template <class Id, class Out>
+void compare_slots(SlotCase const& c) {
+  using moe::replication::EngineSlots;
+  using moe::test::Stream;
+  EngineSlots slots(c.phy2log, c.G, c.per_server);
+  REQUIRE(slots.experts() == c.E);
+  long long most = 1;
+  for (auto const& v : c.ids) most = std::max<long long>(most, static_cast<long long>(v.size()));
+  moe::kernels::cuda::DeviceSlotSplit dev(slots, most);
+  Stream s;
+  // counts: every rank's row from its ids, as the engine's all-gather would put them
+  Device<std::int32_t> counts(static_cast<std::size_t>(c.G * c.E));
+  counts.poison();
+  std::vector<Device<Id>> ids;
+  for (int r = 0; r < c.G; ++r) {
+    std::vector<Id> v(c.ids[static_cast<std::size_t>(r)].begin(), c.ids[static_cast<std::size_t>(r)].end());
+    ids.emplace_back(v.empty() ? std::vector<Id>{0} : v);
+    dev.count(ids.back().get(), static_cast<long long>(v.size()), counts.get() + static_cast<std::size_t>(r * c.E), s);
+  }
+  dev.plan(counts.get(), s);
+  std::vector<Device<Out>> out;
+  for (int r = 0; r < c.G; ++r) {
+    out.emplace_back(std::max<std::size_t>(c.ids[static_cast<std::size_t>(r)].size(), 1));
+    out.back().poison();
+    dev.dispatch(r, ids[static_cast<std::size_t>(r)].get(), static_cast<long long>(c.ids[static_cast<std::size_t>(r)].size()),
+                 out.back().get(), s);
+  }
+  auto dcounts = counts.download();
+  std::vector<long long> dload(static_cast<std::size_t>(c.G));
+  Outcome dout{};
+  moe::kernels::cuda::check_cuda(cudaMemcpy(dload.data(), dev.load(), dload.size() * sizeof(long long), cudaMemcpyDeviceToHost), "load");
+  moe::kernels::cuda::check_cuda(cudaMemcpy(&dout, dev.outcome(), sizeof dout, cudaMemcpyDeviceToHost), "outcome");
+
+  // the counts, by a loop of the test's own
+  std::vector<std::int32_t> want(static_cast<std::size_t>(c.G * c.E), 0);
+  for (int r = 0; r < c.G; ++r)
+    for (auto e : c.ids[static_cast<std::size_t>(r)])
+      if (e >= 0 && e < c.E) ++want[static_cast<std::size_t>(r * c.E + e)];
+  REQUIRE(dcounts == want);
+  // the host's split of the same counts
+  auto host = slots.split();
+  auto hout = host.plan_batch(want);
+  REQUIRE(dout.bad == 0);
+  CHECK(dout.max_load == hout.max_load);
+  CHECK(dout.local == hout.local);
+  CHECK(dout.same_server == hout.same_server);
+  CHECK(dload == host.load());
+  std::vector<long long> got_load(static_cast<std::size_t>(c.G), 0);
+  for (int r = 0; r < c.G; ++r) {
+    auto const& v = c.ids[static_cast<std::size_t>(r)];
+    auto phys = out[static_cast<std::size_t>(r)].download(v.size());
+    std::vector<int> pairs, serving;
+    for (auto e : v)
+      if (e >= 0 && e < c.E) pairs.push_back(static_cast<int>(e));
+    serving.resize(pairs.size());
+    host.deal(r, pairs, serving);
+    std::size_t j = 0;
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      INFO("rank " << r << ", pair " << i << ", id " << v[i]);
+      if (v[i] < 0 || v[i] >= c.E) {
+        REQUIRE(phys[i] == -1);
+        continue;
+      }
+      REQUIRE(phys[i] == slots.slot_of(static_cast<int>(v[i]), serving[j++]));
+      REQUIRE(phys[i] >= 0);
+      REQUIRE(phys[i] < static_cast<Out>(c.phy2log.size()));
+      REQUIRE(c.phy2log[static_cast<std::size_t>(phys[i])] == v[i]);  // a slot holding the pair's expert
+      ++got_load[static_cast<std::size_t>(phys[i] / c.S)];
+    }
+  }
+  CHECK(got_load == dload);
+  CHECK(*std::max_element(got_load.begin(), got_load.end()) == dout.max_load);
+}
+
+}  // namespace
+
+TEST_CASE("device slot split equals the host's engine-slot split", "[batch-split][slots]") {
+#if defined(MOE_EMU_TSAN)
+  constexpr unsigned seeds = 8;
+#else
+  constexpr unsigned seeds = 60;
+#endif
+  for (unsigned seed = 1; seed <= seeds; ++seed) {
+    std::mt19937 rng(seed);
+    auto c = slot_case(rng, seed % 3 == 0);
+    INFO("seed " << seed << ": G " << c.G << " (" << c.per_server << " a server), " << c.S << " slots a GPU, E " << c.E
+                 << ", top-" << c.K);
+    switch (seed % 4) {
+      case 0: compare_slots<std::int64_t, std::int64_t>(c); break;
+      case 1: compare_slots<std::int32_t, std::int32_t>(c); break;
+      case 2: compare_slots<std::int64_t, std::int32_t>(c); break;
+      default: compare_slots<std::int32_t, std::int64_t>(c); break;
+    }
+  }
+}
+
+TEST_CASE("device slot split on the edge cases", "[batch-split][slots]") {
+  std::mt19937 rng(99);
+  SECTION("every pair to one expert with three copies, one of them twice on a GPU") {
+    SlotCase c;
+    c.G = 4, c.per_server = 2, c.S = 2, c.E = 5, c.K = 2;
+    c.phy2log = {0, 1, 0, 0, 2, 3, 4, 0};  // expert 0: GPU 0, GPU 1 (two slots), GPU 3
+    for (int r = 0; r < c.G; ++r) c.ids.emplace_back(static_cast<std::size_t>(2 * (r + 3)), 0);
+    compare_slots<std::int64_t, std::int64_t>(c);
+  }
+  SECTION("no pairs anywhere, and only padding") {
+    SlotCase c;
+    c.G = 2, c.per_server = 1, c.S = 2, c.E = 3, c.K = 1;
+    c.phy2log = {0, 1, 2, 1};
+    c.ids = {{}, {-1, -1, -1}};
+    compare_slots<std::int32_t, std::int32_t>(c);
+  }
+  SECTION("an expert alone on a GPU that holds it in all four slots") {
+    SlotCase c;
+    c.G = 3, c.per_server = 3, c.S = 4, c.E = 5, c.K = 2;
+    c.phy2log = {0, 1, 2, 3, 4, 4, 4, 4, 0, 1, 2, 3};
+    c.ids.resize(static_cast<std::size_t>(c.G));
+    for (auto& v : c.ids)
+      for (int t = 0; t < 30 * c.K; ++t) v.push_back(static_cast<std::int64_t>(rng() % 5));
+    compare_slots<std::int64_t, std::int32_t>(c);
+  }
+  SECTION("bad calls are refused with a message") {
+    std::vector<std::int64_t> phy2log = {0, 1, 1, 0};
+    moe::replication::EngineSlots slots(phy2log, 2, 1);
+    moe::kernels::cuda::DeviceSlotSplit dev(slots, 4);
+    Device<std::int64_t> ids(std::vector<std::int64_t>{0, 1, 0, 1, 0});
+    Device<std::int64_t> out(5);
+    CHECK_THROWS_WITH(dev.dispatch(0, ids.get(), 5, out.get(), nullptr),
+                      Catch::Contains("dispatch of 5 pairs; this split was built for at most 4"));
+    CHECK_THROWS_WITH(dev.dispatch(2, ids.get(), 4, out.get(), nullptr), Catch::Contains("dispatch for rank 2, outside [0, 2)"));
+    CHECK_THROWS_WITH(moe::kernels::cuda::DeviceSlotSplit(slots, 0), Catch::Contains("max_pairs must be in [1, "));
+    CHECK_THROWS_WITH(moe::replication::EngineSlots(std::vector<std::int64_t>{0, 2, 2, 0}, 2, 1),
+                      Catch::Contains("phy2log has no slot for expert 1"));
+  }
 }

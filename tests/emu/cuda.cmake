@@ -49,10 +49,11 @@ if(benchmark_FOUND AND NOT MOE_SANITIZE)
            COMMAND bench_cuda_shuffle_emu "--benchmark_filter=(olmoe/D8/128|Rows/bf16/tokens:128/hidden:2048/devices:8/)"
                    --benchmark_min_time=0.000001)
   # bench_cuda_batch_split: the decode size and the deal (each checks the device split first), and
-  # the series at 64 tokens per rank (40 batches, each checked against the host split), and the
-  # smallest code-fetch kernel on one warp and on eight.
+  # the series at 64 tokens per rank (40 batches, each checked against the host split), the split
+  # over engine slots at 256 (checked against the host's), and the smallest code-fetch kernel on
+  # one warp and on eight.
   add_test(NAME bench_cuda_batch_split_emu_smoke
-           COMMAND bench_cuda_batch_split_emu "--benchmark_filter=(DeviceSplit/16|DeviceSplit/4096|Stages/16|Series/64|Deal|CodeFetch/4/)"
+           COMMAND bench_cuda_batch_split_emu "--benchmark_filter=(DeviceSplit/16|DeviceSplit/4096|Stages/16|Series/64|Deal|SlotSplit/256|CodeFetch/4/)"
                    --benchmark_min_time=0.000001)
   set_tests_properties(bench_cuda_moe_emu_smoke bench_cuda_shuffle_emu_smoke bench_cuda_batch_split_emu_smoke PROPERTIES
                        LABELS emu TIMEOUT 900 FAIL_REGULAR_EXPRESSION "ERROR OCCURRED|moe-emu:")
