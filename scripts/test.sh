@@ -81,4 +81,9 @@ rm -rf python/build/dist
 CMAKE_ARGS="${cache[*]}" CMAKE_BUILD_PARALLEL_LEVEL=$jobs \
   python3 -m pip wheel -q --no-deps --no-build-isolation -w python/build/dist ./python
 moe_pip_install --no-deps --force-reinstall python/build/dist/moe_compose-*.whl
+# moe_compose.device's tests load the device split's library built for the CUDA emulator, when this
+# build made one (tests/emu/cuda.cmake; the emulator needs x86-64); without it they are skipped.
+emu_lib="$build/tests/emu/libmoe_compose_cuda_emu.so"
+case "$emu_lib" in /*) ;; *) emu_lib="$PWD/$emu_lib" ;; esac
+if [ -f "$emu_lib" ]; then export MOE_COMPOSE_DEVICE_LIB="$emu_lib"; fi
 python3 -m pytest -q -rs tests/python  # -rs: every skipped test with its reason

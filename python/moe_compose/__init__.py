@@ -6,6 +6,7 @@ split (BatchSplit), topologies, the traffic model, and the engines' statistics i
 writers. Arrays in: numpy arrays, torch tensors (CPU, without copies where the dtype fits) or
 anything with the array protocol; arrays out: numpy. Errors raise MoeError (a ValueError) with the
 library's message, or TypeError for a wrong dtype. Planners run with the GIL released. Drop-in policies: moe_compose.vllm, moe_compose.sglang.
+The per-batch split on the GPU, on torch CUDA tensors: moe_compose.device (a library built with nvcc).
 """
 
 from __future__ import annotations

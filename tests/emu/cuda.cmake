@@ -127,3 +127,22 @@ TEST_CASE(\"examples/paths/${_example}.cu runs as written and matches the refere
     target_compile_options(example_${_example}_emu PRIVATE -Wno-unknown-pragmas)
   endforeach()
 endif()
+# The device split's C interface (python/src/device_split.cu) for the emulator: a shared library the
+# Python tests load with ctypes (tests/python/test_device_split.py, through moe_compose.device),
+# with the calls for device memory that those tests use. scripts/test.sh points them at it
+# (MOE_COMPOSE_DEVICE_LIB). Plain builds only: a sanitized one would need its runtime in Python.
+if(NOT MOE_SANITIZE)
+  set_target_properties(moe_emu PROPERTIES POSITION_INDEPENDENT_CODE ON)
+  set(_unit ${CMAKE_CURRENT_BINARY_DIR}/gen/moe_compose_cuda_emu.cpp)
+  moe_include_unit(${_unit} "python/src/device_split.cu built for the CUDA emulator" device_split.cu)
+  add_library(moe_compose_cuda_emu SHARED ${_unit})
+  target_include_directories(moe_compose_cuda_emu BEFORE PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/include)
+  target_include_directories(moe_compose_cuda_emu PRIVATE ${PROJECT_SOURCE_DIR}/python/src)
+  target_link_libraries(moe_compose_cuda_emu PRIVATE moe::moe moe_emu)
+  target_compile_definitions(moe_compose_cuda_emu PRIVATE MOE_COMPOSE_TEST_MEMORY=1)
+  target_compile_options(moe_compose_cuda_emu PRIVATE -Wall -Wextra -Wno-unknown-pragmas)
+  if(MOE_EMU_TEST_OPT)
+    separate_arguments(_opt UNIX_COMMAND "${MOE_EMU_TEST_OPT}")
+    target_compile_options(moe_compose_cuda_emu PRIVATE ${_opt})
+  endif()
+endif()

@@ -73,6 +73,13 @@ __global__ void deal_slots_kernel(SplitView v, int rank, int const* __restrict__
   }
 }
 
+__global__ void outcome_words_kernel(replication::split::Outcome const* o, std::int64_t* words) {
+  words[0] = o->max_load;
+  words[1] = o->local;
+  words[2] = o->same_server;
+  words[3] = o->bad;
+}
+
 }  // namespace detail
 
 /// One layer's split over an engine's slots, and its device buffers. Not for concurrent calls from
@@ -137,6 +144,12 @@ public:
   [[nodiscard]] long long const* load() const { return load_.get(); }
   /// The last plan's outcome (device): max_load, local, same_server; bad != 0 on negative counts.
   [[nodiscard]] replication::split::Outcome const* outcome() const { return outcome_.get(); }
+  /// The last plan's outcome as four int64 words (max_load, local, same_server, bad) into `words`
+  /// (device), on `stream`: for callers that do not share the Outcome struct's layout.
+  void outcome_words(std::int64_t* words, cudaStream_t stream) const {
+    launch(detail::outcome_words_kernel, 1, 1, 0, stream, outcome_.get(), words);
+    check_launch("outcome_words_kernel");
+  }
   /// The last plan's take (gpus x copy slots int32, device; split::dealt's form).
   [[nodiscard]] std::int32_t const* take() const { return take_.get(); }
 
