@@ -19,6 +19,8 @@
 #                          on every core, in one build call
 #   test         150   20  ctest -L cuda: every CUDA kernel and the layers against the host reference
 #   split         60   20  bench_cuda_batch_split: the per-batch replica split kernel (DeepSeek-V3, EP32)
+#   torch-split   45   15  the same split from PyTorch (moe_compose.device on torch CUDA tensors, through
+#                          libmoe_compose_cuda.so): checked, captured in a CUDA graph, timed
 #   kernels      150   30  bench_cuda_moe: grouped GEMM (portable and Hopper kernels), permute, packing
 #                          and combine, with the same run's baselines (device copy bandwidth, dense
 #                          cuBLAS GEMM, a loop of per-expert cuBLAS GEMMs)
@@ -36,7 +38,8 @@
 #   bench_cuda_moe.json      raw Google Benchmark JSON of `kernels` (.layer.json: of `layer`)
 #   bench_cuda_shuffle.json  raw JSON of `shuffle`
 #   bench_cuda_batch_split.json  raw JSON of `split`
-#   torch_baselines.json     raw PyTorch timings (both torch steps)
+#   torch_baselines.json     raw PyTorch timings (torch-gemm, torch-layer)
+#   torch_split.json         the rows of torch-split
 #   findep_gpu_models.tsv    the fitted models (findep_gpu_samples.tsv: the measured points)
 #   steps.tsv, run.txt, *.log   step table, run facts, the output of every step (run.log: all of it)
 #
@@ -90,11 +93,11 @@ budget=${BUDGET:-540}
 min_time=${BENCH_MIN_TIME:-0.1}
 reserve=15   # seconds kept for the results file at the end
 
-steps=(configure build test split kernels torch-gemm layer torch-layer shuffle fit)
+steps=(configure build test split torch-split kernels torch-gemm layer torch-layer shuffle fit)
 declare -A cap=([configure]=90 [build]=330 [test]=150 [kernels]=150 [torch-gemm]=90 [layer]=120
-                [torch-layer]=100 [shuffle]=60 [split]=60 [fit]=200)
+                [torch-layer]=100 [shuffle]=60 [split]=60 [torch-split]=45 [fit]=200)
 declare -A need=([configure]=15 [build]=30 [test]=20 [kernels]=30 [torch-gemm]=30 [layer]=30
-                 [torch-layer]=30 [shuffle]=15 [split]=20 [fit]=45)
+                 [torch-layer]=30 [shuffle]=15 [split]=20 [torch-split]=15 [fit]=45)
 declare -A what=([configure]="CMake configure (Release, sm_90a; Ninja when installed)"
                  [build]="build the programs the steps below run (run.txt: targets), all cores"
                  [test]="ctest -L cuda (kernels and layers against the host reference)"
@@ -104,6 +107,7 @@ declare -A what=([configure]="CMake configure (Release, sm_90a; Ninja when insta
                  [torch-layer]="PyTorch layer: eager loop over experts, torch._grouped_mm"
                  [shuffle]="bench_cuda_shuffle: s-TS lookup, shuffle plan, pack/unpack"
                  [split]="bench_cuda_batch_split: per-batch replica split kernel, DeepSeek-V3 EP32"
+                 [torch-split]="the split from PyTorch (moe_compose.device, libmoe_compose_cuda.so)"
                  [fit]="findep_fit_gpu: FinDEP performance models")
 kernel_filter='^(Copy|DenseGemm|CublasExpertLoop|GroupedGemmPortable|GroupedGemm|Permute|PackRecords|Combine)/'
 layer_filter='^(Layer|LayerGraph|GroupedGemmLoad)/'
@@ -116,6 +120,7 @@ rm -f "$results"/{gpu-results.md,steps.tsv,run.txt,run.log,configure.log,build.l
       "$results"/bench_cuda_moe{,.layer}.{json,txt,log} "$results"/bench_cuda_shuffle.{json,txt,log} \
       "$results"/bench_cuda_batch_split.{json,txt,log} \
       "$results"/torch_baselines.json "$results"/torch-{gemm,layer}.log \
+      "$results"/torch_split.json "$results"/torch-split.log \
       "$results"/findep_{gpu_models,gpu_samples}.tsv "$results"/findep_fit_{gpu.txt,status.txt}
 exec > >(tee -a "$results/run.log") 2>&1
 tee_pid=$!
@@ -331,7 +336,7 @@ step_configure() {
   # The targets: what `ctest -L cuda` runs (a cuda test's program has the test's name), the three
   # benchmark programs and the FinDEP fit.
   tests=$(ctest --test-dir "$build" -N -L cuda 2>/dev/null | sed -n 's/^ *Test *#[0-9]*: *//p' | tr '\n' ' ')
-  targets=($tests bench_cuda_moe bench_cuda_shuffle bench_cuda_batch_split findep_fit_gpu)
+  targets=($tests bench_cuda_moe bench_cuda_shuffle bench_cuda_batch_split moe_compose_cuda findep_fit_gpu)
   cmake --build "$build" --target help >"$build/.moe-targets" 2>/dev/null || true
   missing=()
   for t in "${targets[@]}"; do have_target "$t" || missing+=("$t"); done
@@ -349,6 +354,7 @@ program() {
   case $1 in
     test_*) echo "$build/tests/cuda/$1" ;;
     bench_*) echo "$build/benchmarks/cuda/$1" ;;
+    moe_compose_cuda) echo "$build/tests/cuda/libmoe_compose_cuda.so" ;;
     extending_*) echo "$build/examples/extending/$1" ;;
     *) echo "$build/tools/schedule/$1" ;;
   esac
@@ -495,6 +501,20 @@ torch_part() {
   return "$rc"
 }
 step_torch_gemm() { torch_part "$1" gemm; }
+step_torch_split() {
+  local b=$1 rc=0
+  if [[ -n ${SKIP_TORCH:-} ]]; then msg="skipped (SKIP_TORCH)"; return 0; fi
+  PYTHONUNBUFFERED=1 limited "$b" "$results/torch-split.log" "$python" "$root/scripts/gpu_torch_split.py" \
+    --lib "$(program moe_compose_cuda)" --out "$results/torch_split.json" || rc=$?
+  if ((rc == 3)); then
+    msg="NOT MEASURED: $(grep -m1 'gpu_torch_split:' "$results/torch-split.log" | sed 's/^gpu_torch_split: //')"
+    ((rehearsal)) && msg="rehearsal: $msg"
+    return 0
+  fi
+  msg="rows in torch_split.json (see torch-split.log)"
+  ((rc == 0)) || msg="FAILED: a check or an error (see torch-split.log)"
+  return "$rc"
+}
 step_torch_layer() { torch_part "$1" layer; }
 
 step_fit() {

@@ -17,6 +17,7 @@ Inputs (all in RESULTS_DIR):
   findep_fit_gpu.txt, findep_gpu_models.tsv, findep_fit_status.txt
   bench_cuda_shuffle.json
   bench_cuda_batch_split.json        the per-batch replica split kernel (step `split`)
+  torch_split.json                   the same split from PyTorch (step `torch-split`)
 """
 import datetime
 import json
@@ -353,6 +354,24 @@ def main():
             lines.append(f"| {' / '.join(b['name'].split('/')[1:])}{err} | {fmt(b.get('first_pass_cycles'))} "
                          f"| {fmt(b.get('first_pass_min_cycles'))} | {fmt(b.get('second_pass_cycles'))} "
                          f"| {fmt(b.get('first_pass_cycles_per_kib'))} | {fmt(b.get('fetch_cycles_per_kib'))} |")
+    # the same split from PyTorch (scripts/gpu_torch_split.py, step torch-split)
+    tsplit = os.path.join(results, "torch_split.json")
+    if os.path.exists(tsplit):
+        try:
+            ts = json.load(open(tsplit))
+        except ValueError as exc:
+            ts = None
+            lines += ["", f"The split from PyTorch: torch_split.json unreadable ({exc})"]
+        if ts:
+            lines += ["", f"## The split from PyTorch (moe_compose.device, torch {ts['torch']})", "",
+                      "DeepSeek-V3's 256 experts on 32 GPUs of 9 slots (synthetic, seeded); graph_us: rank 0's count, "
+                      "plan and dispatch in a CUDA graph, per layer; eager_us: the three calls from Python.", "",
+                      "| tokens per rank | graph_us | eager_us | max load | mean load | first copy's max | checks |",
+                      "|---:|---:|---:|---:|---:|---:|---|"]
+            for r in ts["rows"]:
+                lines.append(f"| {r['tokens']} | {fmt(r.get('graph_us'))} | {fmt(r.get('eager_us'))} | "
+                             f"{count(r.get('max_load'))} | {fmt(r.get('mean_load'))} | {count(r.get('first_copy_max'))} | "
+                             f"{r.get('checks', '')} |")
     with open(out, "w") as f:
         f.write("\n".join(lines) + "\n")
     print("wrote", out)

@@ -26,7 +26,11 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ._core import MoeError
+try:
+    from ._core import MoeError
+except ImportError:  # this file loaded on its own, without the built package (scripts/gpu_torch_split.py)
+    class MoeError(ValueError):
+        """The device split's refusals (moe_compose.MoeError in the package)."""
 
 __all__ = ["DeviceBatchSplit", "load_library"]
 
