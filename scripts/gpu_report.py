@@ -84,6 +84,18 @@ def load_bench_parts(results, name):
     return data, "merged from " + "; ".join(states)
 
 
+def load_json(path, name, lines):
+    """The JSON file at path, or None when it is absent or unreadable (then a line of the report says so)."""
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except ValueError as exc:
+        lines += ["", f"{name}: {os.path.basename(path)} unreadable ({exc})"]
+        return None
+
+
 def count(v):
     """A tally (a whole number, stored as a float in Google Benchmark's JSON)."""
     return "" if v is None else str(int(round(v)))
@@ -191,40 +203,34 @@ def main():
             bd, lay = bound_ms(m, T), ours.get(("Layer", m, T))
             lines.append(f"| {m} | {T} | {fmt(gb)} | {fmt(gflop)} | {fmt(bd)} | {fmt(lay)} | "
                          f"{fmt(bd / lay) if bd and lay else ''} |")
-    torch_path = os.path.join(results, "torch_baselines.json")
-    if os.path.exists(torch_path):
-        try:
-            tj = json.load(open(torch_path))
-        except ValueError as exc:
-            tj = None
-            lines += ["", f"PyTorch baselines: torch_baselines.json unreadable ({exc})"]
-        if tj:
-            lines += ["", f"## PyTorch baselines (torch {tj['torch']}), same shapes, same run", "",
-                      "| model | tokens | eager layer (ms) | grouped_mm layer (ms) | our layer (ms) | vs eager | "
-                      "vs grouped_mm | eager / bound | grouped_mm GEMMs (ms) | our grouped GEMM (ms) | "
-                      "ours / grouped_mm speed |",
-                      "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-            for r in tj["rows"]:
-                m, T = r["model"], r["tokens"]
-                lay = ours.get(("Layer", m, T)); gg = ours.get(("GroupedGemm", m, T))
-                e, g, gm = r.get("eager_ms"), r.get("grouped_mm_layer_ms"), r.get("grouped_mm_gemms_ms")
-                ratio = lambda a, b: fmt(a / b) if a and b else ""
-                lines.append(f"| {m} | {T} | {fmt(e)} | {fmt(g)} | {fmt(lay)} | {ratio(e, lay)} | {ratio(g, lay)} | "
-                             f"{ratio(e, bound_ms(m, T))} | {fmt(gm)} | {fmt(gg)} | {ratio(gm, gg)} |")
-            lines += ["", "`eager / bound` is the largest speed-up over the eager loop that an implementation of "
-                      "our layer's forward could reach at this run's copy bandwidth and dense rate (previous "
-                      "section); where it is below 2, the issue's 2x target is out of reach for that shape whatever "
-                      "the kernels."]
-            if tj.get("load_rows"):
-                lines += ["", "### Grouped GEMMs under real expert loads (GroupedGemmLoad; rows split by the "
-                          "recorded corpus counts of tests/data/olmoe-routing)", "",
-                          "| model | load | tokens | max/mean load | grouped_mm GEMMs (ms) | ours (ms) | "
-                          "ours / grouped_mm speed |", "|---|---|---:|---:|---:|---:|---:|"]
-                for r in tj["load_rows"]:
-                    m, ld, T = r["model"], r["load"], r["tokens"]
-                    gm, mine = r.get("grouped_mm_gemms_ms"), ours.get(("GroupedGemmLoad", m, ld, T))
-                    sp = fmt(gm / mine) if gm and mine else ""
-                    lines.append(f"| {m} | {ld} | {T} | {fmt(r.get('max_over_mean'))} | {fmt(gm)} | {fmt(mine)} | {sp} |")
+    tj = load_json(os.path.join(results, "torch_baselines.json"), "PyTorch baselines", lines)
+    if tj:
+        lines += ["", f"## PyTorch baselines (torch {tj['torch']}), same shapes, same run", "",
+                  "| model | tokens | eager layer (ms) | grouped_mm layer (ms) | our layer (ms) | vs eager | "
+                  "vs grouped_mm | eager / bound | grouped_mm GEMMs (ms) | our grouped GEMM (ms) | "
+                  "ours / grouped_mm speed |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in tj["rows"]:
+            m, T = r["model"], r["tokens"]
+            lay = ours.get(("Layer", m, T)); gg = ours.get(("GroupedGemm", m, T))
+            e, g, gm = r.get("eager_ms"), r.get("grouped_mm_layer_ms"), r.get("grouped_mm_gemms_ms")
+            ratio = lambda a, b: fmt(a / b) if a and b else ""
+            lines.append(f"| {m} | {T} | {fmt(e)} | {fmt(g)} | {fmt(lay)} | {ratio(e, lay)} | {ratio(g, lay)} | "
+                         f"{ratio(e, bound_ms(m, T))} | {fmt(gm)} | {fmt(gg)} | {ratio(gm, gg)} |")
+        lines += ["", "`eager / bound` is the largest speed-up over the eager loop that an implementation of "
+                  "our layer's forward could reach at this run's copy bandwidth and dense rate (previous "
+                  "section); where it is below 2, the issue's 2x target is out of reach for that shape whatever "
+                  "the kernels."]
+        if tj.get("load_rows"):
+            lines += ["", "### Grouped GEMMs under real expert loads (GroupedGemmLoad; rows split by the "
+                      "recorded corpus counts of tests/data/olmoe-routing)", "",
+                      "| model | load | tokens | max/mean load | grouped_mm GEMMs (ms) | ours (ms) | "
+                      "ours / grouped_mm speed |", "|---|---|---:|---:|---:|---:|---:|"]
+            for r in tj["load_rows"]:
+                m, ld, T = r["model"], r["load"], r["tokens"]
+                gm, mine = r.get("grouped_mm_gemms_ms"), ours.get(("GroupedGemmLoad", m, ld, T))
+                sp = fmt(gm / mine) if gm and mine else ""
+                lines.append(f"| {m} | {ld} | {T} | {fmt(r.get('max_over_mean'))} | {fmt(gm)} | {fmt(mine)} | {sp} |")
     lines += ["", "Targets (issue 6): permute/combine of_copy >= 0.8 (Permute: the whole permutation with its "
               "plan, scan and sort; PackRecords: its data-moving kernel alone); grouped GEMM >= 0.9 of torch._grouped_mm and "
               "of_dense >= 0.6 at prefill; layer >= 2x eager and >= 1x grouped_mm.", ""]
@@ -355,23 +361,17 @@ def main():
                          f"| {fmt(b.get('first_pass_min_cycles'))} | {fmt(b.get('second_pass_cycles'))} "
                          f"| {fmt(b.get('first_pass_cycles_per_kib'))} | {fmt(b.get('fetch_cycles_per_kib'))} |")
     # the same split from PyTorch (scripts/gpu_torch_split.py, step torch-split)
-    tsplit = os.path.join(results, "torch_split.json")
-    if os.path.exists(tsplit):
-        try:
-            ts = json.load(open(tsplit))
-        except ValueError as exc:
-            ts = None
-            lines += ["", f"The split from PyTorch: torch_split.json unreadable ({exc})"]
-        if ts:
-            lines += ["", f"## The split from PyTorch (moe_compose.device, torch {ts['torch']})", "",
-                      "DeepSeek-V3's 256 experts on 32 GPUs of 9 slots (synthetic, seeded); graph_us: rank 0's count, "
-                      "plan and dispatch in a CUDA graph, per layer; eager_us: the three calls from Python.", "",
-                      "| tokens per rank | graph_us | eager_us | max load | mean load | first copy's max | checks |",
-                      "|---:|---:|---:|---:|---:|---:|---|"]
-            for r in ts["rows"]:
-                lines.append(f"| {r['tokens']} | {fmt(r.get('graph_us'))} | {fmt(r.get('eager_us'))} | "
-                             f"{count(r.get('max_load'))} | {fmt(r.get('mean_load'))} | {count(r.get('first_copy_max'))} | "
-                             f"{r.get('checks', '')} |")
+    ts = load_json(os.path.join(results, "torch_split.json"), "The split from PyTorch", lines)
+    if ts:
+        lines += ["", f"## The split from PyTorch (moe_compose.device, torch {ts['torch']})", "",
+                  "DeepSeek-V3's 256 experts on 32 GPUs of 9 slots (synthetic, seeded); graph_us: rank 0's count, "
+                  "plan and dispatch in a CUDA graph, per layer; eager_us: the three calls from Python.", "",
+                  "| tokens per rank | graph_us | eager_us | max load | mean load | first copy's max | checks |",
+                  "|---:|---:|---:|---:|---:|---:|---|"]
+        for r in ts["rows"]:
+            lines.append(f"| {r['tokens']} | {fmt(r.get('graph_us'))} | {fmt(r.get('eager_us'))} | "
+                         f"{count(r.get('max_load'))} | {fmt(r.get('mean_load'))} | {count(r.get('first_copy_max'))} | "
+                         f"{r.get('checks', '')} |")
     with open(out, "w") as f:
         f.write("\n".join(lines) + "\n")
     print("wrote", out)
