@@ -12,10 +12,11 @@
 //                       order goes where the split sends this rank's m-th pair of e.
 // None of them synchronises or copies to the host, so a pass can be captured in a CUDA graph.
 // Ids outside [0, experts) are pairs of no expert (SGLang pads with -1): count() leaves them out
-// and dispatch() writes -1 for them, as the host binding (moe_compose.BatchSplit) does. What the
-// host binding refuses with a message (a dispatch whose ids do not match the counts planned), the
-// device cannot report without a synchronisation: such pairs beyond a copy's share go to the
-// expert's last copy (split::dealt), still a slot holding their expert.
+// and dispatch() writes -1 for them. The host binding (moe_compose.BatchSplit) does the same for
+// -1 and refuses other ids with a message, as it refuses a dispatch whose ids do not match the
+// counts planned; the device cannot report either without a synchronisation. In the latter case
+// the pairs beyond a copy's share go to the expert's last copy (split::dealt), still a slot holding
+// their expert.
 //
 // The result equals the host's replication::EngineSlots + BatchSplit (plan_batch, then deal and
 // slot_of) bit for bit: tests/cuda/test_batch_split_cuda.cu, on the emulator in CI.
