@@ -85,8 +85,8 @@ def _interface(a: Any, what: str) -> dict:
 
 
 def _device_array(a: Any, what: str, dtypes: tuple, shape: Optional[tuple] = None) -> tuple:
-    """(pointer, number of items, item bytes) of a C-contiguous device array of one of `dtypes`
-    ('<i4', '<i8'), of `shape` when given."""
+    """(pointer, number of items, item bytes, shape) of a C-contiguous device array of one of
+    `dtypes` ('<i4', '<i8'), of `shape` when given."""
     cai = _interface(a, what)
     typestr = cai["typestr"]
     if typestr not in dtypes:
@@ -108,7 +108,7 @@ def _device_array(a: Any, what: str, dtypes: tuple, shape: Optional[tuple] = Non
     n = int(np.prod(dims)) if dims else 1
     if n > 0 and ptr == 0:
         raise MoeError(f"{what} has {n} items at a null pointer")
-    return ptr, n, item
+    return ptr, n, item, dims
 
 
 def _stream_of(stream: Any, like: Any) -> int:
@@ -166,8 +166,8 @@ class DeviceBatchSplit:
         """This rank's row of the counts: counts_row (experts int32, device) = the pairs of each
         expert among topk_ids (int32 or int64, device, any shape), ids outside [0, experts) left
         out."""
-        ids, n, item = _device_array(topk_ids, "topk_ids", ("<i4", "<i8"))
-        row, _, _ = _device_array(counts_row, "counts_row", ("<i4",), (self.experts,))
+        ids, n, item, _ = _device_array(topk_ids, "topk_ids", ("<i4", "<i8"))
+        row = _device_array(counts_row, "counts_row", ("<i4",), (self.experts,))[0]
         self._call("count", self._live(), item, ids, n, row, _stream_of(stream, topk_ids))
 
     def plan(self, counts, load=None, outcome=None, stream=None) -> None:
@@ -175,7 +175,7 @@ class DeviceBatchSplit:
         count()). load ([num_gpus] int64, device) and outcome ([4] int64, device: max_load, local,
         same_server, bad; bad != 0: a negative count, nothing split) receive the split's figures
         when given."""
-        c, _, _ = _device_array(counts, "counts", ("<i4",), (self.num_gpus, self.experts))
+        c = _device_array(counts, "counts", ("<i4",), (self.num_gpus, self.experts))[0]
         lp = _device_array(load, "load", ("<i8",), (self.num_gpus,))[0] if load is not None else None
         op = _device_array(outcome, "outcome", ("<i8",), (4,))[0] if outcome is not None else None
         self._call("plan", self._live(), c, lp, op, _stream_of(stream, counts))
@@ -187,9 +187,8 @@ class DeviceBatchSplit:
         rank = int(rank)
         if not 0 <= rank < self.num_gpus:  # before ctypes, which would refuse a rank past int's range
             raise MoeError(f"device slot split: dispatch for rank {rank}, outside [0, {self.num_gpus})")
-        ids, n, item = _device_array(topk_ids, "topk_ids", ("<i4", "<i8"))
-        shape = tuple(int(d) for d in _interface(topk_ids, "topk_ids")["shape"])
-        out, _, out_item = _device_array(physical_ids, "physical_ids", ("<i4", "<i8"), shape)
+        ids, n, item, shape = _device_array(topk_ids, "topk_ids", ("<i4", "<i8"))
+        out, _, out_item, _ = _device_array(physical_ids, "physical_ids", ("<i4", "<i8"), shape)
         self._call("dispatch", self._live(), rank, item, ids, n, out_item, out, _stream_of(stream, topk_ids))
 
     def close(self) -> None:

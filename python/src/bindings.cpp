@@ -488,13 +488,11 @@ moe::placement::SlotMap slot_map_of(I64_2D phy2log, long long gpus, long long ex
 class SlotSplit {
 public:
   SlotSplit(I64_1D phy2log, long long gpus, long long gpus_per_server, long long slack_permille) {
-    moe::check(slack_permille >= 0 && slack_permille <= 1000000, "slack_permille must be in [0, 1000000], got ",
-               slack_permille);
     slots_ = moe::replication::EngineSlots(std::span<int64_t const>(phy2log.data(), phy2log.shape(0)), gpus,
                                            gpus_per_server);
     G_ = slots_.gpus();
     E_ = slots_.experts();
-    split_ = slots_.split(static_cast<int>(slack_permille));
+    split_ = slots_.split(slack_permille);
   }
 
   [[nodiscard]] int gpus() const { return G_; }

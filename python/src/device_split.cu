@@ -11,7 +11,6 @@
 // leaves this file.
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <exception>
 #include <new>
 #include <span>
@@ -70,11 +69,9 @@ int moe_compose_split_create(std::int64_t const* phy2log, std::int64_t slots, st
     moe::check(out != nullptr, "device split: nowhere to put the handle");
     *out = nullptr;
     moe::check(phy2log != nullptr && slots >= 1, "device split: phy2log must have at least one slot");
-    moe::check(slack_permille >= 0 && slack_permille <= 1000000, "device split: slack_permille must be in [0, 1000000], got ",
-               slack_permille);
     moe::replication::EngineSlots layout(std::span<std::int64_t const>(phy2log, static_cast<std::size_t>(slots)), gpus,
                                          gpus_per_server);
-    *out = new DeviceSlotSplit(layout, max_pairs, static_cast<int>(slack_permille));
+    *out = new DeviceSlotSplit(layout, max_pairs, slack_permille);
   });
 }
 

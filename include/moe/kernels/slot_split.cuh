@@ -90,7 +90,7 @@ public:
   /// `slots`: the layer's phy2log read by replication::EngineSlots. `max_pairs`: the most pairs
   /// (tokens x top-k, padding included) one dispatch() takes: the sort's buffers are sized for it
   /// here, once. `slack_permille`: split::Layout's balance slack (0: the least max load).
-  DeviceSlotSplit(replication::EngineSlots const& slots, long long max_pairs, int slack_permille = 0)
+  DeviceSlotSplit(replication::EngineSlots const& slots, long long max_pairs, long long slack_permille = 0)
       : DeviceSlotSplit(slots, slots.split(slack_permille), max_pairs) {}
 
   [[nodiscard]] int gpus() const { return split_.layout().ranks; }

@@ -55,12 +55,12 @@ public:
           " (expert, GPU) entries");
     gpus_ = static_cast<int>(gpus);
     experts_ = static_cast<int>(E);
-    per_gpu_ = P / gpus;
+    long long const per_gpu = P / gpus;
     slot_of_.assign(static_cast<std::size_t>(E * gpus), -1);
     copies_.assign(static_cast<std::size_t>(E), {});
     for (long long p = 0; p < P; ++p) {
       auto e = static_cast<std::size_t>(phy2log[static_cast<std::size_t>(p)]);
-      int g = static_cast<int>(p / per_gpu_);
+      int g = static_cast<int>(p / per_gpu);
       auto at = e * static_cast<std::size_t>(gpus_) + static_cast<std::size_t>(g);
       if (slot_of_[at] >= 0) continue;  // a second slot of e on GPU g: the first serves
       slot_of_[at] = static_cast<int>(p);
@@ -75,8 +75,6 @@ public:
 
   [[nodiscard]] int gpus() const { return gpus_; }
   [[nodiscard]] int experts() const { return experts_; }
-  /// Slots in the table (gpus x slots per GPU).
-  [[nodiscard]] long long slots() const { return per_gpu_ * gpus_; }
   /// The GPUs holding each expert, in GPU order (one entry per GPU, however many slots it has there).
   [[nodiscard]] std::vector<std::vector<int>> const& copies() const { return copies_; }
   /// The server of each GPU.
@@ -87,15 +85,17 @@ public:
   [[nodiscard]] int slot_of(int expert, int gpu) const {
     return slot_of_[static_cast<std::size_t>(expert) * static_cast<std::size_t>(gpus_) + static_cast<std::size_t>(gpu)];
   }
-  /// The per-batch split over these copies and servers (`slack_permille`: see split::Layout).
-  [[nodiscard]] BatchSplit split(int slack_permille = 0) const {
+  /// The per-batch split over these copies and servers (`slack_permille`: see split::Layout; in
+  /// [0, 1000000], checked here before it narrows to BatchSplit's int).
+  [[nodiscard]] BatchSplit split(long long slack_permille = 0) const {
     check(gpus_ > 0, "engine slots: built from nothing (default-constructed)");
-    return BatchSplit(copies_, server_, slack_permille);
+    check(slack_permille >= 0 && slack_permille <= 1000000, "engine slots: slack_permille must be in [0, 1000000], got ",
+          slack_permille);
+    return BatchSplit(copies_, server_, static_cast<int>(slack_permille));
   }
 
 private:
   int gpus_ = 0, experts_ = 0;
-  long long per_gpu_ = 0;
   std::vector<int> slot_of_;
   std::vector<std::vector<int>> copies_;
   std::vector<int> server_;
